@@ -1,0 +1,32 @@
+# mlc: make (examples), make demo, make test, make clean
+CC      ?= cc
+CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
+LDLIBS  := -lm
+BUILD   := build
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits
+
+.PHONY: all examples demo test compile-check clean
+
+all: examples
+examples: $(EXAMPLES)
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+$(BUILD)/%: examples/%.c mlc.h examples/*.h | $(BUILD)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+
+demo: $(BUILD)/digits
+	./$(BUILD)/digits
+
+$(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
+	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(LDLIBS)
+
+compile-check:
+	sh tests/compile_check.sh
+
+test: compile-check $(BUILD)/test
+	./$(BUILD)/test
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,3040 @@
+/* mlc.h - v0.1.0 - machine learning in one C header - MIT licence (see end of file)
+
+   Do this:
+      #define MLC_IMPLEMENTATION
+   before you include this file in *one* C or C++ file to create the implementation.
+   Every other file includes mlc.h without the define. Link with -lm.
+
+QUICK START
+
+      #define MLC_IMPLEMENTATION
+      #include "mlc.h"
+      mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 42 });
+      mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 10, 100), mlc_nn_tanh(ctx),
+                                          mlc_nn_linear(ctx, 100, 1), NULL);
+      mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
+      mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10)), *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
+      for (int epoch = 0; epoch < 100; epoch++) {
+          mlc_frame f = mlc_frame_begin(ctx);          // temporaries of one step
+          mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
+          mlc_zero_grad(opt); mlc_backward(loss); mlc_step(opt);
+          if (epoch % 10 == 0) printf("Epoch %d, Loss: %.4f\n", epoch, mlc_item(loss));
+          mlc_frame_end(f);                            // frees the step's tensors and tape
+      }
+      if (mlc_error(ctx)) printf("%s\n", mlc_error_message(ctx));
+      mlc_destroy(ctx);
+
+WHAT MLC DOES NOT DO
+   No graph compiler, no double backward (gradients of gradients), no dtypes other than float32
+   yet, no views with strides (every tensor is contiguous; reshape shares storage, the other
+   shape ops copy), no threads of its own.
+
+CONFIGURATION MACROS (define before including)
+   MLC_IMPLEMENTATION    emit the implementation in this translation unit
+   MLC_STATIC            make every function static (private copy per translation unit)
+   MLC_ASSERT(x)         internal invariants only (default: assert from <assert.h>)
+   MLC_NO_STDIO          no <stdio.h>: no default logger, no mlc_print
+   MLC_EXPF MLC_LOGF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
+                         maths functions (default: the <math.h> float versions)
+   Memory comes from the allocator in mlc_config (malloc/free when none is given).
+
+MEMORY
+   Op results and the autograd tape live in the context's arena. mlc_frame_begin marks it;
+   mlc_frame_end releases everything allocated since, at once. Frames nest. The arena keeps its
+   blocks, so a steady training loop reaches its high-water mark in the first step and then
+   allocates nothing (mlc_get_stats(ctx).allocs stops growing). Parameters (mlc_parameter,
+   modules) and optimiser state are long-lived and freed by mlc_destroy (or mlc_tensor_free).
+
+ERRORS
+   Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
+   sets a sticky error on the context (a code and a message naming the op and the shapes),
+   logs it, and the op returns NULL. Every op given NULL returns NULL and no op runs while the
+   error is set, so a chained expression fails cleanly and the caller checks once:
+   mlc_error(ctx) / mlc_error_message(ctx), then mlc_clear_error(ctx). Nothing aborts or exits.
+
+BACKENDS
+   The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
+
+LIMITS
+   Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int.
+   Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
+   exact up to 2^24.
+*/
+#ifndef MLC_H
+#define MLC_H
+
+#define MLC_VERSION_MAJOR 0
+#define MLC_VERSION_MINOR 1
+#define MLC_VERSION_PATCH 0
+#define MLC_VERSION_STRING "0.1.0"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef MLCDEF
+#ifdef MLC_STATIC
+#define MLCDEF static
+#else
+#define MLCDEF extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ============================================================================================
+   Public API: context, errors, memory statistics
+   ============================================================================================ */
+
+#define MLC_MAX_DIMS 6
+/* MLC_SHAPE(2, 3) expands to "2, (int[]){2, 3}": the ndim and shape arguments of a creator. */
+#define MLC_SHAPE(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (const int[]){__VA_ARGS__}
+
+typedef struct mlc_ctx mlc_ctx;
+typedef struct mlc_tensor mlc_tensor;
+typedef struct mlc_module mlc_module;
+typedef struct mlc_optim mlc_optim;
+
+typedef enum mlc_result {
+    MLC_OK = 0,
+    MLC_ERR_NULL,     /* an input was NULL                                   */
+    MLC_ERR_SHAPE,    /* shapes or ranks do not fit the op                    */
+    MLC_ERR_INDEX,    /* an index (class, axis, position) is out of range     */
+    MLC_ERR_ARG,      /* another argument is invalid                          */
+    MLC_ERR_MEMORY,   /* an allocation failed                                 */
+    MLC_ERR_STATE,    /* the call does not fit the context's state            */
+    MLC_ERR_DEVICE,   /* a device or backend failed                           */
+    MLC_ERR_IO        /* a file could not be read or is corrupt               */
+} mlc_result;
+
+typedef enum mlc_log_level { MLC_LOG_INFO, MLC_LOG_WARN, MLC_LOG_ERROR } mlc_log_level;
+
+typedef struct mlc_allocator {          /* all or none; user is passed through */
+    void *(*alloc)(size_t bytes, void *user);
+    void (*free)(void *ptr, void *user);
+    void *user;
+} mlc_allocator;
+
+typedef struct mlc_config {             /* zero means default for every field */
+    uint64_t seed;                      /* RNG seed (the same numbers on every platform)     */
+    const char *device;                 /* NULL or "cpu"; mlc_opencl.h adds more             */
+    mlc_allocator allocator;            /* default: malloc/free                              */
+    void (*log)(mlc_log_level level, const char *message, void *user); /* default: stderr */
+    void *log_user;
+    int quiet;                          /* 1: no default logging (errors are still values)  */
+    size_t arena_block_bytes;           /* size of one arena block, default 1 MiB            */
+} mlc_config;
+
+typedef struct mlc_stats {
+    size_t bytes_current, bytes_peak;   /* heap bytes held by the context, now and at most   */
+    size_t allocs, frees;               /* number of calls to the allocator so far           */
+    size_t arena_used, arena_peak;      /* bytes of the arena in use, now and at most        */
+    size_t tape_nodes;                  /* autograd nodes on the tape now                    */
+} mlc_stats;
+
+MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
+MLCDEF void mlc_destroy(mlc_ctx *ctx);
+MLCDEF const char *mlc_device_name(const mlc_ctx *ctx);
+MLCDEF mlc_result mlc_error(const mlc_ctx *ctx);
+MLCDEF const char *mlc_error_message(const mlc_ctx *ctx);
+MLCDEF void mlc_clear_error(mlc_ctx *ctx);
+MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
+
+/* Per-context random numbers (PCG32): reproducible across platforms and runs. */
+MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed);
+MLCDEF uint32_t mlc_rand_u32(mlc_ctx *ctx);
+MLCDEF float mlc_rand_uniform(mlc_ctx *ctx);            /* [0, 1) */
+MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
+
+/* Frames: everything an op allocates between begin and end is released by end. */
+typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; } mlc_frame;
+MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
+MLCDEF void mlc_frame_end(mlc_frame frame);
+
+/* ============================================================================================
+   Public API: tensors
+   ============================================================================================ */
+
+struct mlc_tensor {                     /* read the fields; change them only through the API */
+    mlc_ctx *ctx;
+    int ndim;
+    int shape[MLC_MAX_DIMS];
+    size_t size;                        /* number of elements */
+    float *data;                        /* host data (CPU tensors) */
+    float *grad;                        /* gradient after mlc_backward, or NULL */
+    int requires_grad;
+    int persistent;                     /* 1: heap-owned (parameters), 0: in the frame arena */
+    struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
+};
+
+MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
+MLCDEF mlc_tensor *mlc_zeros(mlc_ctx *ctx, int ndim, const int *shape);
+MLCDEF mlc_tensor *mlc_ones(mlc_ctx *ctx, int ndim, const int *shape);
+MLCDEF mlc_tensor *mlc_full(mlc_ctx *ctx, int ndim, const int *shape, float value);
+MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const float *data);
+MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step);
+MLCDEF mlc_tensor *mlc_rand(mlc_ctx *ctx, int ndim, const int *shape);    /* U[0, 1) */
+MLCDEF mlc_tensor *mlc_randn(mlc_ctx *ctx, int ndim, const int *shape);   /* N(0, 1) */
+/* A long-lived leaf (heap, not the arena) with requires_grad set, filled with zeros. */
+MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape);
+/* A long-lived copy of t (a leaf; requires_grad copied). */
+MLCDEF mlc_tensor *mlc_keep(mlc_tensor *t);
+MLCDEF void mlc_tensor_free(mlc_tensor *t);             /* long-lived tensors only */
+
+MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on);   /* returns t */
+MLCDEF mlc_tensor *mlc_detach(mlc_tensor *t);   /* shares data, cut from the tape */
+MLCDEF float mlc_item(mlc_tensor *t);           /* the value of a one-element tensor (NaN on error) */
+MLCDEF float mlc_get(mlc_tensor *t, size_t flat_index);
+MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count);        /* copy out */
+MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count); /* copy in */
+MLCDEF int mlc_same_shape(const mlc_tensor *a, const mlc_tensor *b);
+#ifndef MLC_NO_STDIO
+MLCDEF void mlc_print(mlc_tensor *t, const char *label);
+#endif
+
+/* ============================================================================================
+   Public API: ops. Each returns a new tensor (NULL on error) and records itself on the tape
+   when an input requires a gradient. Axis arguments may be negative (counted from the end).
+   ============================================================================================ */
+
+/* elementwise, NumPy broadcasting */
+MLCDEF mlc_tensor *mlc_add(mlc_tensor *a, mlc_tensor *b);
+MLCDEF mlc_tensor *mlc_sub(mlc_tensor *a, mlc_tensor *b);
+MLCDEF mlc_tensor *mlc_mul(mlc_tensor *a, mlc_tensor *b);
+MLCDEF mlc_tensor *mlc_div(mlc_tensor *a, mlc_tensor *b);
+MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s);
+MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s);
+MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s);    /* s - x */
+MLCDEF mlc_tensor *mlc_neg(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_exp(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_log(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_sqrt(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent);
+MLCDEF mlc_tensor *mlc_abs(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi);
+MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b); /* cond != 0 ? a : b */
+MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value); /* mask != 0 */
+
+/* activations */
+MLCDEF mlc_tensor *mlc_relu(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope);
+MLCDEF mlc_tensor *mlc_gelu(mlc_tensor *x);          /* exact, with erf */
+MLCDEF mlc_tensor *mlc_gelu_tanh(mlc_tensor *x);     /* the tanh approximation */
+MLCDEF mlc_tensor *mlc_sigmoid(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_tanh(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_silu(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_softmax(mlc_tensor *x, int axis);
+MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis);
+
+/* matrix products: a [..., M, K] @ b [..., K, N] (a or b may be 2-D; batch dims must match);
+   transpose_a / transpose_b read that operand's last two dims swapped */
+MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b);
+MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b);
+MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias); /* x W^T + b */
+
+/* reductions over one axis (keepdim keeps it with size 1) and over everything */
+MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim);
+MLCDEF mlc_tensor *mlc_mean(mlc_tensor *x, int axis, int keepdim);
+MLCDEF mlc_tensor *mlc_max(mlc_tensor *x, int axis, int keepdim);
+MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased);
+MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x);
+MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis);   /* indices as floats; no gradient */
+
+/* losses */
+typedef enum mlc_reduction { MLC_REDUCE_MEAN = 0, MLC_REDUCE_SUM, MLC_REDUCE_NONE } mlc_reduction;
+#define MLC_NO_IGNORE (-2147483647 - 1)
+/* logits [N, C], target [N] class indices; targets equal to ignore_index add nothing */
+MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target,
+                                     mlc_reduction reduction, int ignore_index);
+MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target,
+                                mlc_reduction reduction, int ignore_index);
+MLCDEF mlc_tensor *mlc_mse_loss(mlc_tensor *pred, mlc_tensor *target, mlc_reduction reduction);
+MLCDEF mlc_tensor *mlc_bce_with_logits(mlc_tensor *logits, mlc_tensor *target,
+                                       mlc_reduction reduction);
+
+/* shape ops */
+MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape); /* one dim may be -1 */
+MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis);   /* [N, C, H, W], 1 -> [N, CHW] */
+MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1);
+MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order);
+MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end);   /* Python-style */
+MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis);
+MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index);  /* index 1-D */
+MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index);   /* torch.gather */
+MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x);
+
+/* neural-network ops */
+MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training);
+MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps);
+/* x [N, C, ...]; training: batch statistics, running stats updated with momentum (no gradient);
+   otherwise the running statistics. weight, bias, running stats may be NULL. */
+MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
+                                  mlc_tensor *weight, mlc_tensor *bias, int training,
+                                  float momentum, float eps);
+MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index);   /* [V, D], [...] */
+typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv_opts; /* 0: 1,0,1,1 */
+/* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
+MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
+MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
+MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
+MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
+
+/* ============================================================================================
+   Public API: autograd
+   ============================================================================================ */
+
+MLCDEF mlc_result mlc_backward(mlc_tensor *loss);        /* loss has one element */
+MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out);
+MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled);   /* returns the previous state */
+
+/* Finite-difference gradient check of fn(inputs) against mlc_backward, for any composition.
+   The output is projected on fixed random weights and the sums are taken in double. */
+typedef mlc_tensor *(*mlc_gradcheck_fn)(mlc_tensor **inputs, void *user);
+typedef struct mlc_gradcheck_opts { double eps, atol, rtol; } mlc_gradcheck_opts; /* 0: 1e-3, 1e-3, 1e-2 */
+typedef struct mlc_gradcheck_report {
+    double max_abs_error;               /* worst |analytic - numeric| */
+    int worst_input;                    /* which input it was in (-1: fn failed) */
+    size_t worst_index;                 /* which element */
+    double analytic, numeric;           /* the two values there */
+} mlc_gradcheck_report;
+/* Returns 1 when every gradient element agrees within atol + rtol * |numeric|. */
+MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tensor **inputs,
+                         int count, const mlc_gradcheck_opts *opts, mlc_gradcheck_report *report);
+
+/* ============================================================================================
+   Public API: modules (torch.nn). Parameters are named as in PyTorch ("0.weight"), so a state
+   dict maps one to one. Modules belong to the context and are freed by mlc_destroy.
+   ============================================================================================ */
+
+typedef mlc_tensor *(*mlc_forward_fn)(mlc_module *self, mlc_tensor *x);
+#define MLC_MODULE_MAX_TENSORS 4
+struct mlc_module {
+    mlc_ctx *ctx;
+    const char *type;                   /* "Linear", "Conv2d", ... */
+    mlc_forward_fn forward;
+    int training;
+    int n_params, n_buffers, n_children;
+    mlc_tensor *params[MLC_MODULE_MAX_TENSORS];
+    const char *param_names[MLC_MODULE_MAX_TENSORS];
+    mlc_tensor *buffers[MLC_MODULE_MAX_TENSORS];     /* state without gradient (running stats) */
+    const char *buffer_names[MLC_MODULE_MAX_TENSORS];
+    mlc_module **children;
+    char **child_names;
+    mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
+    int kernel;                         /* pools */
+    float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
+    void *user;                         /* for modules you write */
+};
+
+MLCDEF mlc_module *mlc_nn_linear(mlc_ctx *ctx, int in_features, int out_features);
+MLCDEF mlc_module *mlc_nn_linear_nobias(mlc_ctx *ctx, int in_features, int out_features);
+MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels, int kernel,
+                                 mlc_conv_opts opts);
+MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features);    /* BatchNorm1d/2d */
+MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features);
+MLCDEF mlc_module *mlc_nn_embedding(mlc_ctx *ctx, int count, int dim);
+MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p);
+MLCDEF mlc_module *mlc_nn_relu(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_leaky_relu(mlc_ctx *ctx, float slope);
+MLCDEF mlc_module *mlc_nn_gelu(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_sigmoid(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_tanh(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_silu(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride);
+MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride);
+MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx);
+MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL */
+/* Your own module: forward gets the module; add parameters, buffers and children by name. */
+MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn forward, void *user);
+MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *param);
+MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *buffer);
+MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child);
+
+MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x);
+MLCDEF void mlc_module_train(mlc_module *m, int training);   /* recursive; eval is 0 */
+typedef struct mlc_named_tensor { char name[128]; mlc_tensor *tensor; } mlc_named_tensor;
+/* Fill out[0..max) in PyTorch's order; return the total count (which may exceed max). */
+MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max);
+MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max);  /* params + buffers */
+MLCDEF size_t mlc_module_param_count(mlc_module *m);      /* number of scalars */
+
+/* initialisers (fans from the shape as PyTorch computes them) */
+MLCDEF void mlc_init_uniform(mlc_tensor *t, float lo, float hi);
+MLCDEF void mlc_init_normal(mlc_tensor *t, float mean, float std);
+MLCDEF void mlc_init_constant(mlc_tensor *t, float value);
+MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a);   /* leaky-relu slope a, fan_in */
+MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a);
+MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain);
+MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
+
+/* ============================================================================================
+   Public API: optimisers and schedules (zero fields take PyTorch's defaults)
+   ============================================================================================ */
+
+typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
+typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
+typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
+
+/* module may be NULL: then add parameters with mlc_optim_add_param */
+MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config config);
+MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config config);
+MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config config);
+MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config config);
+MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *param);
+MLCDEF void mlc_zero_grad(mlc_optim *opt);
+MLCDEF void mlc_step(mlc_optim *opt);
+MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr);
+MLCDEF float mlc_optim_lr(const mlc_optim *opt);
+/* Scale all gradients so their global L2 norm is at most max_norm; returns the norm before. */
+MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm);
+/* Learning-rate schedules, as pure functions of the step (or epoch) number. */
+MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma);
+MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLC_H */
+
+/* ============================================================================================
+   Implementation
+   ============================================================================================ */
+#ifdef MLC_IMPLEMENTATION
+#ifndef MLC_IMPLEMENTATION_DONE
+#define MLC_IMPLEMENTATION_DONE
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+#include <float.h>
+#ifndef MLC_NO_STDIO
+#include <stdio.h>
+#endif
+#if !defined(MLC_ALLOCATOR_GIVEN)
+#include <stdlib.h>
+#endif
+#ifndef MLC_ASSERT
+#include <assert.h>
+#define MLC_ASSERT(x) assert(x)
+#endif
+#ifndef MLC_EXPF
+#define MLC_EXPF expf
+#endif
+#ifndef MLC_LOGF
+#define MLC_LOGF logf
+#endif
+#ifndef MLC_SQRTF
+#define MLC_SQRTF sqrtf
+#endif
+#ifndef MLC_TANHF
+#define MLC_TANHF tanhf
+#endif
+#ifndef MLC_ERFF
+#define MLC_ERFF erff
+#endif
+#ifndef MLC_POWF
+#define MLC_POWF powf
+#endif
+#ifndef MLC_COSF
+#define MLC_COSF cosf
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ============================================================================================
+   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   ============================================================================================ */
+
+typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
+    struct mlc__block *next;
+    size_t capacity, used;
+    unsigned char *base;
+} mlc__block;
+
+typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_destroy */
+    struct mlc__owned *prev, *next;
+} mlc__owned;
+
+struct mlc_ctx {
+    mlc_config config;
+    mlc_result error;
+    char message[512];
+    uint64_t rng_state, rng_inc;
+    int grad_enabled;
+    mlc_stats stats;
+    mlc__block *first_block, *block;   /* the arena: a chain, and the block being filled */
+    struct mlc__node *tape;            /* the newest node; nodes link to older ones */
+    mlc__owned owned;                  /* sentinel of the long-lived list */
+};
+
+/* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
+static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
+    size_t n = 0;
+    char tmp[64];
+#define MLC__PUT(ch) do { if (n + 1 < cap) buf[n++] = (ch); } while (0)
+    for (; *fmt; fmt++) {
+        const char *s = tmp;
+        int len = 0;
+        if (*fmt != '%') { MLC__PUT(*fmt); continue; }
+        fmt++;
+        if (*fmt == 'z') fmt++;
+        if (*fmt == 's') {
+            s = va_arg(ap, const char *);
+            if (!s) s = "(null)";
+            len = (int)strlen(s);
+        } else if (*fmt == 'd' || *fmt == 'u') {
+            long long v = *fmt == 'd' ? (long long)va_arg(ap, int) : (long long)va_arg(ap, unsigned);
+            unsigned long long u = v < 0 ? (unsigned long long)(-v) : (unsigned long long)v;
+            char rev[24]; int r = 0;
+            if (fmt[-1] == 'z') u = (unsigned long long)va_arg(ap, size_t), v = 0;
+            do { rev[r++] = (char)('0' + u % 10); u /= 10; } while (u);
+            if (v < 0) tmp[len++] = '-';
+            while (r) tmp[len++] = rev[--r];
+        } else if (*fmt == 'c') {
+            tmp[len++] = (char)va_arg(ap, int);
+        } else if (*fmt == 'g') {          /* up to 6 significant digits, fixed or e-notation */
+            double v = va_arg(ap, double);
+            int e = 0, i, digits;
+            unsigned long long m;
+            if (v != v) { s = "nan"; len = 3; }
+            else {
+                if (v < 0) { tmp[len++] = '-'; v = -v; }
+                if (v > DBL_MAX) { memcpy(tmp + len, "inf", 3); len += 3; }
+                else if (v == 0) tmp[len++] = '0';
+                else {
+                    while (v >= 10) { v /= 10; e++; }
+                    while (v < 1) { v *= 10; e--; }
+                    m = (unsigned long long)(v * 100000 + 0.5);
+                    if (m >= 1000000) { m /= 10; e++; }
+                    digits = 6;
+                    while (digits > 1 && m % 10 == 0) { m /= 10; digits--; }
+                    if (e >= -4 && e < 6) {   /* fixed notation */
+                        char d[8]; int k;
+                        for (k = digits - 1; k >= 0; k--) { d[k] = (char)('0' + m % 10); m /= 10; }
+                        if (e < 0) {
+                            tmp[len++] = '0'; tmp[len++] = '.';
+                            for (i = -1; i > e; i--) tmp[len++] = '0';
+                            for (k = 0; k < digits; k++) tmp[len++] = d[k];
+                        } else {
+                            for (k = 0; k < digits || k <= e; k++) {
+                                if (k == e + 1) tmp[len++] = '.';
+                                tmp[len++] = k < digits ? d[k] : '0';
+                            }
+                        }
+                    } else {
+                        char d[8]; int k;
+                        for (k = digits - 1; k >= 0; k--) { d[k] = (char)('0' + m % 10); m /= 10; }
+                        tmp[len++] = d[0];
+                        if (digits > 1) tmp[len++] = '.';
+                        for (k = 1; k < digits; k++) tmp[len++] = d[k];
+                        tmp[len++] = 'e';
+                        if (e < 0) { tmp[len++] = '-'; e = -e; }
+                        if (e >= 100) tmp[len++] = (char)('0' + e / 100);
+                        if (e >= 10) tmp[len++] = (char)('0' + e / 10 % 10);
+                        tmp[len++] = (char)('0' + e % 10);
+                    }
+                }
+            }
+        } else if (*fmt == 'T') {          /* a tensor's shape: [2, 3] */
+            const mlc_tensor *t = va_arg(ap, const mlc_tensor *);
+            int d;
+            if (!t) { s = "NULL"; len = 4; }
+            else {
+                tmp[len++] = '[';
+                for (d = 0; d < t->ndim; d++) {
+                    int v = t->shape[d], r = 0; char rev[12];
+                    if (d) { tmp[len++] = ','; tmp[len++] = ' '; }
+                    do { rev[r++] = (char)('0' + v % 10); v /= 10; } while (v);
+                    while (r) tmp[len++] = rev[--r];
+                }
+                tmp[len++] = ']';
+            }
+        } else { MLC__PUT('%'); if (!*fmt) break; MLC__PUT(*fmt); continue; }
+        while (len-- > 0) MLC__PUT(*s++);
+    }
+    if (cap) buf[n] = '\0';
+#undef MLC__PUT
+}
+
+static void mlc__format(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mlc__vformat(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+static void mlc__log(mlc_ctx *ctx, mlc_log_level level, const char *message) {
+    if (ctx->config.log) { ctx->config.log(level, message, ctx->config.log_user); return; }
+#ifndef MLC_NO_STDIO
+    if (!ctx->config.quiet && level != MLC_LOG_INFO)
+        fprintf(stderr, "mlc: %s: %s\n", level == MLC_LOG_ERROR ? "error" : "warning", message);
+#endif
+}
+
+/* Set the sticky error (the first one wins), log it, and return NULL for the op to return. */
+static void *mlc__fail(mlc_ctx *ctx, mlc_result code, const char *fmt, ...) {
+    va_list ap;
+    if (!ctx || ctx->error) return NULL;
+    ctx->error = code;
+    va_start(ap, fmt);
+    mlc__vformat(ctx->message, sizeof ctx->message, fmt, ap);
+    va_end(ap);
+    mlc__log(ctx, MLC_LOG_ERROR, ctx->message);
+    return NULL;
+}
+
+/* Every heap allocation carries its size in front, so the statistics stay exact. */
+#define MLC__HEADER 16
+static void *mlc__heap_alloc(mlc_ctx *ctx, size_t bytes) {
+    unsigned char *p;
+    if (bytes > (size_t)-1 - MLC__HEADER) return NULL;
+    p = (unsigned char *)(ctx->config.allocator.alloc
+            ? ctx->config.allocator.alloc(bytes + MLC__HEADER, ctx->config.allocator.user)
+            : malloc(bytes + MLC__HEADER));
+    if (!p) return NULL;
+    memcpy(p, &bytes, sizeof bytes);
+    ctx->stats.allocs++;
+    ctx->stats.bytes_current += bytes;
+    if (ctx->stats.bytes_current > ctx->stats.bytes_peak) ctx->stats.bytes_peak = ctx->stats.bytes_current;
+    return p + MLC__HEADER;
+}
+
+static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
+    unsigned char *p = (unsigned char *)ptr;
+    size_t bytes;
+    if (!p) return;
+    p -= MLC__HEADER;
+    memcpy(&bytes, p, sizeof bytes);
+    ctx->stats.frees++;
+    ctx->stats.bytes_current -= bytes;
+    if (ctx->config.allocator.free) ctx->config.allocator.free(p, ctx->config.allocator.user);
+    else free(p);
+}
+
+/* Long-lived memory: linked into the context so mlc_destroy frees whatever the user kept. */
+static void *mlc__owned_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
+    mlc__owned *o = (mlc__owned *)mlc__heap_alloc(ctx, sizeof(mlc__owned) + 16 + bytes);
+    if (!o) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory allocating %zu bytes", op, bytes);
+    o->next = ctx->owned.next; o->prev = &ctx->owned;
+    ctx->owned.next->prev = o; ctx->owned.next = o;
+    memset((unsigned char *)o + sizeof(mlc__owned) + 16, 0, bytes);
+    return (unsigned char *)o + sizeof(mlc__owned) + 16;
+}
+
+static void mlc__owned_free(mlc_ctx *ctx, void *ptr) {
+    mlc__owned *o;
+    if (!ptr) return;
+    o = (mlc__owned *)((unsigned char *)ptr - 16 - sizeof(mlc__owned));
+    o->prev->next = o->next; o->next->prev = o->prev;
+    mlc__heap_free(ctx, o);
+}
+
+/* The arena: bump allocation in a chain of blocks, 32-byte aligned. */
+static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
+    mlc__block *b = ctx->block;
+    bytes = (bytes + 31) & ~(size_t)31;
+    while (b && b->capacity - b->used < bytes) {      /* try the next kept block */
+        b = b->next;
+        if (b) b->used = 0;
+    }
+    if (!b) {                                        /* grow: append a new block */
+        size_t cap = ctx->config.arena_block_bytes;
+        mlc__block *nb, *last = ctx->block;
+        if (cap < bytes) cap = bytes;
+        nb = (mlc__block *)mlc__heap_alloc(ctx, sizeof(mlc__block) + 32 + cap);
+        if (!nb) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
+        nb->next = NULL; nb->capacity = cap; nb->used = 0;
+        nb->base = (unsigned char *)(((uintptr_t)(nb + 1) + 31) & ~(uintptr_t)31);
+        if (!last) ctx->first_block = nb;
+        else { while (last->next) last = last->next; last->next = nb; }
+        b = nb;
+    }
+    ctx->block = b;
+    b->used += bytes;
+    ctx->stats.arena_used += bytes;
+    if (ctx->stats.arena_used > ctx->stats.arena_peak) ctx->stats.arena_peak = ctx->stats.arena_used;
+    return b->base + b->used - bytes;
+}
+
+/* ============================================================================================
+   Context, random numbers, frames
+   ============================================================================================ */
+
+MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the reference seeding */
+    ctx->rng_state = 0;
+    ctx->rng_inc = (seed << 1u) | 1u;
+    (void)mlc_rand_u32(ctx);
+    ctx->rng_state += 0x853c49e6748fea9bULL ^ seed;
+    (void)mlc_rand_u32(ctx);
+}
+
+MLCDEF uint32_t mlc_rand_u32(mlc_ctx *ctx) {
+    uint64_t old = ctx->rng_state;
+    uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    ctx->rng_state = old * 6364136223846793005ULL + ctx->rng_inc;
+    return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+}
+
+MLCDEF float mlc_rand_uniform(mlc_ctx *ctx) { return (float)(mlc_rand_u32(ctx) >> 8) * (1.0f / 16777216.0f); }
+
+/* Box-Muller in double, rounded once to float, so libm's last bits cannot change the result. */
+MLCDEF float mlc_rand_normal(mlc_ctx *ctx) {
+    double u1 = ((double)(mlc_rand_u32(ctx) >> 8) + 1.0) / 16777217.0;
+    double u2 = (double)(mlc_rand_u32(ctx) >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
+    mlc_config cfg;
+    mlc_ctx *ctx;
+    unsigned char *raw;
+    size_t bytes = sizeof(mlc_ctx) + MLC__HEADER;
+    if (config) cfg = *config; else memset(&cfg, 0, sizeof cfg);
+    if (!cfg.allocator.alloc != !cfg.allocator.free) return NULL;    /* all or none */
+    raw = (unsigned char *)(cfg.allocator.alloc ? cfg.allocator.alloc(bytes, cfg.allocator.user) : malloc(bytes));
+    if (!raw) return NULL;
+    memset(raw, 0, bytes);
+    memcpy(raw, &bytes, sizeof bytes);
+    ctx = (mlc_ctx *)(raw + MLC__HEADER);
+    ctx->config = cfg;
+    if (!ctx->config.arena_block_bytes) ctx->config.arena_block_bytes = (size_t)1 << 20;
+    ctx->stats.allocs = 1;
+    ctx->stats.bytes_current = ctx->stats.bytes_peak = bytes - MLC__HEADER;
+    ctx->grad_enabled = 1;
+    ctx->owned.next = ctx->owned.prev = &ctx->owned;
+    mlc_seed(ctx, cfg.seed);
+    if (cfg.device && strcmp(cfg.device, "cpu") != 0 && strcmp(cfg.device, "best") != 0) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
+                  "define MLC_OPENCL for OpenCL devices)", cfg.device);
+    }
+    return ctx;
+}
+
+MLCDEF void mlc_destroy(mlc_ctx *ctx) {
+    mlc__block *b, *next;
+    mlc_allocator a;
+    if (!ctx) return;
+    while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
+    for (b = ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
+    a = ctx->config.allocator;
+    if (a.free) a.free((unsigned char *)ctx - MLC__HEADER, a.user);
+    else free((unsigned char *)ctx - MLC__HEADER);
+}
+
+MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) { (void)ctx; return "cpu"; }
+MLCDEF mlc_result mlc_error(const mlc_ctx *ctx) { return ctx ? ctx->error : MLC_ERR_NULL; }
+MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
+    return !ctx ? "no context" : ctx->error ? ctx->message : "no error";
+}
+MLCDEF void mlc_clear_error(mlc_ctx *ctx) { if (ctx) { ctx->error = MLC_OK; ctx->message[0] = '\0'; } }
+MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
+    int previous = ctx->grad_enabled;
+    ctx->grad_enabled = enabled;
+    return previous;
+}
+
+typedef struct mlc__node mlc__node;
+typedef void (*mlc__backward_fn)(mlc__node *n);
+struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
+    mlc__node *prev;
+    size_t index;                       /* position on the tape, from 0 */
+    const char *op;
+    mlc__backward_fn backward;
+    mlc_tensor *out;
+    mlc_tensor *in[4];
+    int n_in;
+    int iarg[8];
+    float farg[4];
+    void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
+};
+
+MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
+    mlc_stats s = ctx->stats;
+    s.tape_nodes = ctx->tape ? ctx->tape->index + 1 : 0;
+    return s;
+}
+
+MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
+    mlc_frame f;
+    f.ctx = ctx;
+    f.block = ctx->block;
+    f.block_used = ctx->block ? ctx->block->used : 0;
+    f.arena_used = ctx->stats.arena_used;
+    f.tape = ctx->tape;
+    return f;
+}
+
+MLCDEF void mlc_frame_end(mlc_frame f) {
+    mlc_ctx *ctx = f.ctx;
+    if (!ctx) return;
+    ctx->block = f.block ? (mlc__block *)f.block : ctx->first_block;
+    if (ctx->block) ctx->block->used = f.block_used;
+    ctx->stats.arena_used = f.arena_used;
+    ctx->tape = (mlc__node *)f.tape;
+}
+
+/* ============================================================================================
+   Tensors: creation, shapes, reading and writing
+   ============================================================================================ */
+
+static size_t mlc__numel(int ndim, const int *shape) {
+    size_t n = 1;
+    int d;
+    for (d = 0; d < ndim; d++) n *= (size_t)shape[d];
+    return n;
+}
+
+static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *shape) {
+    int d;
+    if (ndim < 0 || ndim > MLC_MAX_DIMS) { mlc__fail(ctx, MLC_ERR_SHAPE, "%s: rank %d is outside 0..%d", op, ndim, MLC_MAX_DIMS); return 0; }
+    if (ndim && !shape) { mlc__fail(ctx, MLC_ERR_NULL, "%s: shape is NULL", op); return 0; }
+    for (d = 0; d < ndim; d++)
+        if (shape[d] < 0) { mlc__fail(ctx, MLC_ERR_SHAPE, "%s: dimension %d is negative (%d)", op, d, shape[d]); return 0; }
+    return 1;
+}
+
+/* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived). */
+static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
+    mlc_tensor *t;
+    size_t size, bytes;
+    if (!ctx || ctx->error || !mlc__check_shape(ctx, op, ndim, shape)) return NULL;
+    size = mlc__numel(ndim, shape);
+    bytes = ((sizeof(mlc_tensor) + 31) & ~(size_t)31) + size * sizeof(float);
+    t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    t->ctx = ctx;
+    t->ndim = ndim;
+    if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof(int));
+    t->size = size;
+    t->data = (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
+    t->persistent = persistent;
+    return t;
+}
+
+static mlc_tensor *mlc__like(mlc_tensor *x, const char *op) { return mlc__make(x->ctx, op, x->ndim, x->shape, 0); }
+
+static float *mlc__floats(mlc_ctx *ctx, size_t count, const char *op) {   /* arena scratch */
+    return (float *)mlc__arena_alloc(ctx, count * sizeof(float), op);
+}
+
+MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape) { return mlc__make(ctx, "mlc_empty", ndim, shape, 0); }
+
+MLCDEF mlc_tensor *mlc_full(mlc_ctx *ctx, int ndim, const int *shape, float value) {
+    mlc_tensor *t = mlc__make(ctx, "mlc_full", ndim, shape, 0);
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
+    return t;
+}
+MLCDEF mlc_tensor *mlc_zeros(mlc_ctx *ctx, int ndim, const int *shape) { return mlc_full(ctx, ndim, shape, 0.0f); }
+MLCDEF mlc_tensor *mlc_ones(mlc_ctx *ctx, int ndim, const int *shape) { return mlc_full(ctx, ndim, shape, 1.0f); }
+
+MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const float *data) {
+    mlc_tensor *t;
+    if (ctx && !data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_from_data: data is NULL");
+    t = mlc__make(ctx, "mlc_from_data", ndim, shape, 0);
+    if (t && t->size) memcpy(t->data, data, t->size * sizeof(float));
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step) {
+    mlc_tensor *t;
+    double count;
+    int n, i;
+    if (!ctx || ctx->error) return NULL;
+    count = step != 0.0f ? ceil(((double)stop - start) / step) : -1.0;
+    if (step == 0.0f || count > 2147483647.0)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", start, stop, step);
+    n = count > 0 ? (int)count : 0;
+    t = mlc__make(ctx, "mlc_arange", 1, &n, 0);
+    if (t) for (i = 0; i < n; i++) t->data[i] = (float)(start + (double)i * step);
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_rand(mlc_ctx *ctx, int ndim, const int *shape) {
+    mlc_tensor *t = mlc__make(ctx, "mlc_rand", ndim, shape, 0);
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = mlc_rand_uniform(ctx);
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_randn(mlc_ctx *ctx, int ndim, const int *shape) {
+    mlc_tensor *t = mlc__make(ctx, "mlc_randn", ndim, shape, 0);
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = mlc_rand_normal(ctx);
+    return t;
+}
+
+/* Leaves that want a gradient get their buffer now, with the same lifetime as their data. */
+static int mlc__alloc_grad(mlc_tensor *t, const char *op) {
+    if (t->grad) return 1;
+    t->grad = t->persistent ? (float *)mlc__owned_alloc(t->ctx, t->size * sizeof(float), op)
+                            : mlc__floats(t->ctx, t->size, op);
+    if (!t->grad) return 0;
+    memset(t->grad, 0, t->size * sizeof(float));
+    return 1;
+}
+
+MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
+    mlc_tensor *t = mlc__make(ctx, "mlc_parameter", ndim, shape, 1);
+    if (!t) return NULL;
+    t->requires_grad = 1;
+    if (!mlc__alloc_grad(t, "mlc_parameter")) { mlc__owned_free(ctx, t); return NULL; }
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
+    mlc_tensor *t;
+    if (!x || x->ctx->error) return NULL;
+    t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
+    if (!t) return NULL;
+    memcpy(t->data, x->data, x->size * sizeof(float));
+    if (x->requires_grad && !mlc_requires_grad(t, 1)) { mlc_tensor_free(t); return NULL; }
+    return t;
+}
+
+MLCDEF void mlc_tensor_free(mlc_tensor *t) {
+    if (!t) return;
+    if (!t->persistent) { mlc__fail(t->ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t); return; }
+    if (t->grad) mlc__owned_free(t->ctx, t->grad);
+    mlc__owned_free(t->ctx, t);
+}
+
+MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
+    if (!t) return NULL;
+    if (on && t->node == NULL && !mlc__alloc_grad(t, "mlc_requires_grad")) return NULL;
+    t->requires_grad = on || t->node;
+    return t;
+}
+
+MLCDEF float mlc_item(mlc_tensor *t) {
+    if (!t) return NAN;
+    if (t->size != 1) { mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size); return NAN; }
+    return t->data[0];
+}
+
+MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
+    if (!t) return NAN;
+    if (i >= t->size) { mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t, t->size); return NAN; }
+    return t->data[i];
+}
+
+MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
+    if (!t) return MLC_ERR_NULL;
+    if (!dst || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
+    memcpy(dst, t->data, count * sizeof(float));
+    return MLC_OK;
+}
+
+MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
+    if (!t) return MLC_ERR_NULL;
+    if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
+    memcpy(t->data, src, count * sizeof(float));
+    return MLC_OK;
+}
+
+MLCDEF int mlc_same_shape(const mlc_tensor *a, const mlc_tensor *b) {
+    return a && b && a->ndim == b->ndim && memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int)) == 0;
+}
+
+#ifndef MLC_NO_STDIO
+MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
+    char shape[96];
+    size_t i, n;
+    if (!t) { printf("%s: NULL\n", label ? label : "tensor"); return; }
+    mlc__format(shape, sizeof shape, "%T", t);
+    printf("%s %s = [", label ? label : "tensor", shape);
+    n = t->size < 16 ? t->size : 16;
+    for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)t->data[i]);
+    printf("%s]\n", t->size > n ? ", ..." : "");
+}
+#endif
+
+/* ============================================================================================
+   Op plumbing: input checks, the tape, gradient buffers
+   ============================================================================================ */
+
+/* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
+   inputs come from different contexts, or the context already holds an error. */
+static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs) {
+    mlc_ctx *ctx = NULL;
+    int i;
+    for (i = 0; i < count; i++) if (inputs[i]) { ctx = inputs[i]->ctx; break; }
+    if (!ctx || ctx->error) return NULL;
+    for (i = 0; i < count; i++) {
+        if (!inputs[i]) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_NULL, "%s: input %d is NULL", op, i);
+        if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
+    }
+    return ctx;
+}
+#define MLC__ENTER(op, ...) \
+    mlc_tensor *const mlc__in_[] = { __VA_ARGS__ }; \
+    mlc_ctx *ctx = mlc__enter(op, (int)(sizeof mlc__in_ / sizeof mlc__in_[0]), mlc__in_); \
+    if (!ctx) return NULL
+
+/* Record `out = op(inputs)` on the tape when gradients are on and an input needs one.
+   Returns the node (for saved values) or NULL when nothing was recorded. */
+static mlc__node *mlc__record(const char *op, mlc_tensor *out, mlc__backward_fn backward,
+                              mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
+    mlc_ctx *ctx = out->ctx;
+    mlc__node *n;
+    mlc_tensor *in[4];
+    int i, any = 0;
+    in[0] = a; in[1] = b; in[2] = c; in[3] = d;
+    if (!ctx->grad_enabled) return NULL;
+    for (i = 0; i < 4; i++) if (in[i] && in[i]->requires_grad) any = 1;
+    if (!any) return NULL;
+    n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), op);
+    if (!n) return NULL;
+    memset(n, 0, sizeof *n);
+    n->prev = ctx->tape;
+    n->index = ctx->tape ? ctx->tape->index + 1 : 0;
+    n->op = op;
+    n->backward = backward;
+    n->out = out;
+    for (i = 0; i < 4; i++) { n->in[i] = in[i]; if (in[i]) n->n_in = i + 1; }
+    ctx->tape = n;
+    out->node = n;
+    out->requires_grad = 1;
+    return n;
+}
+
+/* The gradient buffer of an input that needs one (zeroed on first use), else NULL. */
+static float *mlc__grad(mlc_tensor *t) {
+    if (!t || !t->requires_grad) return NULL;
+    if (!t->grad) {
+        t->grad = mlc__floats(t->ctx, t->size, "mlc_backward");
+        if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+    }
+    return t->grad;
+}
+
+static int mlc__axis(mlc_ctx *ctx, const char *op, const mlc_tensor *x, int *axis) {
+    int a = *axis < 0 ? *axis + x->ndim : *axis;
+    if (a < 0 || a >= x->ndim) { mlc__fail(ctx, MLC_ERR_INDEX, "%s: axis %d is out of range for %T", op, *axis, x); return 0; }
+    *axis = a;
+    return 1;
+}
+
+/* View x as [outer, n, inner] around axis. */
+static void mlc__split(const mlc_tensor *x, int axis, size_t *outer, int *n, size_t *inner) {
+    *outer = mlc__numel(axis, x->shape);
+    *n = x->shape[axis];
+    *inner = mlc__numel(x->ndim - axis - 1, x->shape + axis + 1);
+}
+
+/* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
+static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
+    if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
+        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, v, where, limit);
+        return -1;
+    }
+    return (int)v;
+}
+
+/* ============================================================================================
+   Elementwise ops with broadcasting
+   Shapes align from the right; a dimension of 1 stretches. Each operand is walked by rows of
+   the output's last dimension, with stride 0 along stretched dimensions.
+     y = a + b   da = g          db = g
+     y = a - b   da = g          db = -g
+     y = a * b   da = g b        db = g a
+     y = a / b   da = g / b      db = -g a / b^2
+   Gradients of a stretched operand are summed over the dimensions it was stretched along.
+   ============================================================================================ */
+
+typedef struct mlc__bcast {
+    int ndim, shape[MLC_MAX_DIMS];
+    size_t stride[3][MLC_MAX_DIMS];     /* per operand; 0 where it is stretched */
+    size_t last[3];                     /* per operand: the stride along the last dimension */
+    size_t rows, inner;                 /* the output as [rows, inner] */
+} mlc__bcast;
+
+static int mlc__broadcast(mlc_ctx *ctx, const char *op, mlc__bcast *bc, int count, mlc_tensor *const *ts) {
+    int d, k;
+    memset(bc, 0, sizeof *bc);
+    for (k = 0; k < count; k++) if (ts[k]->ndim > bc->ndim) bc->ndim = ts[k]->ndim;
+    for (d = 0; d < bc->ndim; d++) {
+        int size = 1;
+        for (k = 0; k < count; k++) {
+            int kd = d - (bc->ndim - ts[k]->ndim), s = kd >= 0 ? ts[k]->shape[kd] : 1;
+            if (s != 1 && size != 1 && s != size) {
+                if (count == 2) mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T and %T do not broadcast", op, ts[0], ts[1]);
+                else mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T, %T and %T do not broadcast", op, ts[0], ts[1], ts[2]);
+                return 0;
+            }
+            if (s != 1) size = s;
+        }
+        bc->shape[d] = size;
+    }
+    for (k = 0; k < count; k++) {
+        size_t s = 1;
+        for (d = bc->ndim - 1; d >= 0; d--) {
+            int kd = d - (bc->ndim - ts[k]->ndim), dim = kd >= 0 ? ts[k]->shape[kd] : 1;
+            bc->stride[k][d] = dim == 1 ? 0 : s;
+            s *= (size_t)dim;
+        }
+    }
+    for (k = 0; k < count; k++) bc->last[k] = bc->ndim ? bc->stride[k][bc->ndim - 1] : 0;
+    bc->inner = bc->ndim ? (size_t)bc->shape[bc->ndim - 1] : 1;
+    bc->rows = bc->inner ? mlc__numel(bc->ndim, bc->shape) / bc->inner : 0;
+    return 1;
+}
+
+/* Offset of operand k at the start of output row r. */
+static size_t mlc__bcast_row(const mlc__bcast *bc, int k, size_t r) {
+    size_t off = 0;
+    int d;
+    for (d = bc->ndim - 2; d >= 0; d--) {
+        off += (r % (size_t)bc->shape[d]) * bc->stride[k][d];
+        r /= (size_t)bc->shape[d];
+    }
+    return off;
+}
+
+enum { MLC__ADD, MLC__SUB, MLC__MUL, MLC__DIV };
+
+static void mlc__binary_backward(mlc__node *n) {
+    mlc_tensor *a = n->in[0], *b = n->in[1];
+    float *ga = mlc__grad(a), *gb = mlc__grad(b);
+    const float *g = n->out->grad;
+    mlc__bcast bc;
+    size_t r, j;
+    int kind = n->iarg[0];
+    mlc__broadcast(n->out->ctx, n->op, &bc, 2, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        size_t oa = mlc__bcast_row(&bc, 0, r), ob = mlc__bcast_row(&bc, 1, r);
+        size_t sa = bc.last[0], sb = bc.last[1];
+        const float *gr = g + r * bc.inner;
+        for (j = 0; j < bc.inner; j++) {
+            float av = a->data[oa + j * sa], bv = b->data[ob + j * sb];
+            if (ga) ga[oa + j * sa] += kind == MLC__MUL ? gr[j] * bv : kind == MLC__DIV ? gr[j] / bv : gr[j];
+            if (gb) gb[ob + j * sb] += kind == MLC__ADD ? gr[j] : kind == MLC__SUB ? -gr[j]
+                                     : kind == MLC__MUL ? gr[j] * av : -gr[j] * av / (bv * bv);
+        }
+    }
+}
+
+static mlc_tensor *mlc__binary(const char *op, int kind, mlc_tensor *a, mlc_tensor *b) {
+    mlc__bcast bc;
+    mlc_tensor *out;
+    size_t r, j;
+    MLC__ENTER(op, a, b);
+    if (!mlc__broadcast(ctx, op, &bc, 2, mlc__in_)) return NULL;
+    out = mlc__make(ctx, op, bc.ndim, bc.shape, 0);
+    if (!out) return NULL;
+    for (r = 0; r < bc.rows; r++) {
+        const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
+        size_t sa = bc.last[0], sb = bc.last[1];
+        float *o = out->data + r * bc.inner;
+        switch (kind) {
+        case MLC__ADD: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] + pb[j * sb]; break;
+        case MLC__SUB: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] - pb[j * sb]; break;
+        case MLC__MUL: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] * pb[j * sb]; break;
+        default:       for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
+        }
+    }
+    { mlc__node *n = mlc__record(op, out, mlc__binary_backward, a, b, NULL, NULL); if (n) n->iarg[0] = kind; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_add(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_add", MLC__ADD, a, b); }
+MLCDEF mlc_tensor *mlc_sub(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_sub", MLC__SUB, a, b); }
+MLCDEF mlc_tensor *mlc_mul(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_mul", MLC__MUL, a, b); }
+MLCDEF mlc_tensor *mlc_div(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_div", MLC__DIV, a, b); }
+
+/* where: y = c ? a : b      da = c ? g : 0      db = c ? 0 : g      (c gets no gradient) */
+static void mlc__where_backward(mlc__node *n) {
+    float *ga = mlc__grad(n->in[1]), *gb = mlc__grad(n->in[2]);
+    const float *g = n->out->grad, *c = n->in[0]->data;
+    mlc__bcast bc;
+    size_t r, j;
+    mlc__broadcast(n->out->ctx, n->op, &bc, 3, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        size_t oc = mlc__bcast_row(&bc, 0, r), oa = mlc__bcast_row(&bc, 1, r), ob = mlc__bcast_row(&bc, 2, r);
+        size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
+        for (j = 0; j < bc.inner; j++) {
+            if (c[oc + j * sc] != 0.0f) { if (ga) ga[oa + j * sa] += g[r * bc.inner + j]; }
+            else if (gb) gb[ob + j * sb] += g[r * bc.inner + j];
+        }
+    }
+}
+
+MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
+    mlc__bcast bc;
+    mlc_tensor *out;
+    size_t r, j;
+    MLC__ENTER("mlc_where", cond, a, b);
+    if (!mlc__broadcast(ctx, "mlc_where", &bc, 3, mlc__in_)) return NULL;
+    out = mlc__make(ctx, "mlc_where", bc.ndim, bc.shape, 0);
+    if (!out) return NULL;
+    for (r = 0; r < bc.rows; r++) {
+        const float *pc = cond->data + mlc__bcast_row(&bc, 0, r), *pa = a->data + mlc__bcast_row(&bc, 1, r),
+                    *pb = b->data + mlc__bcast_row(&bc, 2, r);
+        size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
+        for (j = 0; j < bc.inner; j++) out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
+    }
+    mlc__record("mlc_where", out, mlc__where_backward, cond, a, b, NULL);
+    return out;
+}
+
+/* masked_fill: y = m ? v : x      dx = m ? 0 : g      (m broadcasts to x's shape) */
+static void mlc__masked_fill_backward(mlc__node *n) {
+    float *gx = mlc__grad(n->in[0]);
+    const float *g = n->out->grad;
+    mlc__bcast bc;
+    size_t r, j;
+    mlc__broadcast(n->out->ctx, n->op, &bc, 2, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        const float *pm = n->in[1]->data + mlc__bcast_row(&bc, 1, r);
+        size_t sm = bc.last[1];
+        for (j = 0; j < bc.inner; j++) if (pm[j * sm] == 0.0f) gx[r * bc.inner + j] += g[r * bc.inner + j];
+    }
+}
+
+MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value) {
+    mlc__bcast bc;
+    mlc_tensor *out;
+    size_t r, j;
+    MLC__ENTER("mlc_masked_fill", x, mask);
+    if (!mlc__broadcast(ctx, "mlc_masked_fill", &bc, 2, mlc__in_)) return NULL;
+    if (bc.ndim != x->ndim || memcmp(bc.shape, x->shape, (size_t)x->ndim * sizeof(int)) != 0)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_masked_fill: mask %T does not broadcast to x %T", mask, x);
+    out = mlc__like(x, "mlc_masked_fill");
+    if (!out) return NULL;
+    for (r = 0; r < bc.rows; r++) {
+        const float *pm = mask->data + mlc__bcast_row(&bc, 1, r);
+        size_t sm = bc.last[1];
+        for (j = 0; j < bc.inner; j++)
+            out->data[r * bc.inner + j] = pm[j * sm] != 0.0f ? value : x->data[r * bc.inner + j];
+    }
+    mlc__record("mlc_masked_fill", out, mlc__masked_fill_backward, x, mask, NULL, NULL);
+    return out;
+}
+
+/* ============================================================================================
+   Elementwise ops of one tensor, and activations. y = f(x), dx = g f'(x):
+     neg      y = -x                  dx = -g
+     exp      y = e^x                 dx = g y
+     log      y = ln x                dx = g / x
+     sqrt     y = √x                  dx = g / (2y)
+     pow      y = x^p                 dx = g p x^(p-1)
+     abs      y = |x|                 dx = g sign(x)
+     clamp    y = min(max(x,lo),hi)   dx = g [lo <= x <= hi]
+     +s, *s   y = x + s, x s, s - x   dx = g, g s, -g
+     relu     y = max(x, 0)           dx = g [x > 0]
+     leaky    y = x > 0 ? x : a x     dx = g (x > 0 ? 1 : a)
+     gelu     y = x Φ(x)              dx = g (Φ(x) + x φ(x))
+     gelu_t   y = x (1 + tanh u) / 2, u = √(2/π)(x + 0.044715 x³)
+                                      dx = g ((1 + t)/2 + x (1 - t²) u' / 2)
+     sigmoid  y = 1 / (1 + e^-x)      dx = g y (1 - y)
+     tanh     y = tanh x              dx = g (1 - y²)
+     silu     y = x σ(x)              dx = g σ(x) (1 + x (1 - σ(x)))
+   ============================================================================================ */
+
+typedef enum {
+    MLC__NEG, MLC__EXP, MLC__LOG, MLC__SQRT, MLC__POW, MLC__ABS, MLC__CLAMP, MLC__ADDS, MLC__MULS,
+    MLC__RSUBS, MLC__RELU, MLC__LEAKY, MLC__GELU, MLC__GELU_TANH, MLC__SIGMOID, MLC__TANH, MLC__SILU
+} mlc__unary_kind;
+
+static const char *const mlc__unary_names[] = {
+    "mlc_neg", "mlc_exp", "mlc_log", "mlc_sqrt", "mlc_pow", "mlc_abs", "mlc_clamp", "mlc_add_scalar",
+    "mlc_mul_scalar", "mlc_rsub_scalar", "mlc_relu", "mlc_leaky_relu", "mlc_gelu", "mlc_gelu_tanh",
+    "mlc_sigmoid", "mlc_tanh", "mlc_silu"
+};
+
+#define MLC__SQRT_2_OVER_PI 0.7978845608028654f
+#define MLC__INV_SQRT_2 0.7071067811865476f
+#define MLC__INV_SQRT_2PI 0.3989422804014327f
+
+static float mlc__sigmoidf(float x) {
+    if (x >= 0) return 1.0f / (1.0f + MLC_EXPF(-x));
+    { float e = MLC_EXPF(x); return e / (1.0f + e); }
+}
+
+static float mlc__unary_f(int kind, float x, float p, float q) {
+    switch (kind) {
+    case MLC__NEG: return -x;
+    case MLC__EXP: return MLC_EXPF(x);
+    case MLC__LOG: return MLC_LOGF(x);
+    case MLC__SQRT: return MLC_SQRTF(x);
+    case MLC__POW: return MLC_POWF(x, p);
+    case MLC__ABS: return x < 0 ? -x : x;
+    case MLC__CLAMP: return x < p ? p : x > q ? q : x;
+    case MLC__ADDS: return x + p;
+    case MLC__MULS: return x * p;
+    case MLC__RSUBS: return p - x;
+    case MLC__RELU: return x > 0 ? x : 0.0f;
+    case MLC__LEAKY: return x > 0 ? x : p * x;
+    case MLC__GELU: return 0.5f * x * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2));
+    case MLC__GELU_TANH: return 0.5f * x * (1.0f + MLC_TANHF(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x)));
+    case MLC__SIGMOID: return mlc__sigmoidf(x);
+    case MLC__TANH: return MLC_TANHF(x);
+    default: return x * mlc__sigmoidf(x);
+    }
+}
+
+/* f'(x), given x and y = f(x) */
+static float mlc__unary_df(int kind, float x, float y, float p, float q) {
+    switch (kind) {
+    case MLC__NEG: return -1.0f;
+    case MLC__EXP: return y;
+    case MLC__LOG: return 1.0f / x;
+    case MLC__SQRT: return 0.5f / y;
+    case MLC__POW: return p * MLC_POWF(x, p - 1.0f);
+    case MLC__ABS: return x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f;
+    case MLC__CLAMP: return x >= p && x <= q ? 1.0f : 0.0f;
+    case MLC__ADDS: return 1.0f;
+    case MLC__MULS: return p;
+    case MLC__RSUBS: return -1.0f;
+    case MLC__RELU: return x > 0 ? 1.0f : 0.0f;
+    case MLC__LEAKY: return x > 0 ? 1.0f : p;
+    case MLC__GELU: return 0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x);
+    case MLC__GELU_TANH: {
+        float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case MLC__SIGMOID: return y * (1.0f - y);
+    case MLC__TANH: return 1.0f - y * y;
+    default: { float s = mlc__sigmoidf(x); return s * (1.0f + x * (1.0f - s)); }
+    }
+}
+
+static void mlc__unary_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *y = n->out;
+    float *gx = mlc__grad(x);
+    size_t i;
+    for (i = 0; i < x->size; i++)
+        gx[i] += y->grad[i] * mlc__unary_df(n->iarg[0], x->data[i], y->data[i], n->farg[0], n->farg[1]);
+}
+
+static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
+    const char *op = mlc__unary_names[kind];
+    mlc_tensor *out;
+    mlc__node *n;
+    size_t i;
+    MLC__ENTER(op, x);
+    out = mlc__like(x, op);
+    if (!out) return NULL;
+    for (i = 0; i < x->size; i++) out->data[i] = mlc__unary_f(kind, x->data[i], p, q);
+    n = mlc__record(op, out, mlc__unary_backward, x, NULL, NULL, NULL);
+    if (n) { n->iarg[0] = kind; n->farg[0] = p; n->farg[1] = q; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_neg(mlc_tensor *x) { return mlc__unary(MLC__NEG, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_exp(mlc_tensor *x) { return mlc__unary(MLC__EXP, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_log(mlc_tensor *x) { return mlc__unary(MLC__LOG, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_sqrt(mlc_tensor *x) { return mlc__unary(MLC__SQRT, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
+MLCDEF mlc_tensor *mlc_abs(mlc_tensor *x) { return mlc__unary(MLC__ABS, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
+    if (x && !x->ctx->error && !(lo <= hi))
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", lo, hi);
+    return mlc__unary(MLC__CLAMP, x, lo, hi);
+}
+MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
+MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__MULS, x, s, 0); }
+MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__RSUBS, x, s, 0); }
+MLCDEF mlc_tensor *mlc_relu(mlc_tensor *x) { return mlc__unary(MLC__RELU, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) { return mlc__unary(MLC__LEAKY, x, slope, 0); }
+MLCDEF mlc_tensor *mlc_gelu(mlc_tensor *x) { return mlc__unary(MLC__GELU, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_gelu_tanh(mlc_tensor *x) { return mlc__unary(MLC__GELU_TANH, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_sigmoid(mlc_tensor *x) { return mlc__unary(MLC__SIGMOID, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_tanh(mlc_tensor *x) { return mlc__unary(MLC__TANH, x, 0, 0); }
+MLCDEF mlc_tensor *mlc_silu(mlc_tensor *x) { return mlc__unary(MLC__SILU, x, 0, 0); }
+
+/* ============================================================================================
+   Matrix products
+     C = op(A) op(B)          A [M, K], B [K, N] after the optional transposes
+     dA = dC op(B)^T          dB = op(A)^T dC     (with transposes, worked out per case below)
+   mlc__gemm is the plain loop every faster path is tested against.
+   ============================================================================================ */
+
+/* C[M,N] = op(A) op(B) + beta C; each operand is stored row-major as written, or transposed. */
+static void mlc__gemm(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    int i, j, k;
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    for (i = 0; i < M; i++) {
+        float *c = C + (size_t)i * N;
+        if (beta == 0.0f) memset(c, 0, (size_t)N * sizeof(float));
+        if (tb && !ta) {                             /* rows of A against rows of B */
+            const float *a = A + (size_t)i * lda;
+            for (j = 0; j < N; j++) {
+                const float *b = B + (size_t)j * ldb;
+                float s = 0.0f;
+                for (k = 0; k < K; k++) s += a[k] * b[k];
+                c[j] += s;
+            }
+            continue;
+        }
+        for (k = 0; k < K; k++) {
+            float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+            if (!tb) { const float *b = B + (size_t)k * ldb; for (j = 0; j < N; j++) c[j] += a * b[j]; }
+            else for (j = 0; j < N; j++) c[j] += a * B[(size_t)j * ldb + k];
+        }
+    }
+}
+
+typedef struct mlc__mm { int ta, tb, M, N, K, batches; size_t step_a, step_b, step_c; } mlc__mm;
+
+static void mlc__gemm_batched(const mlc__mm *mm, int ta, int tb, int M, int N, int K,
+                              const float *A, size_t sa, const float *B, size_t sb, float beta, float *C, size_t sc) {
+    int i;
+    for (i = 0; i < mm->batches; i++) mlc__gemm(ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
+}
+
+static void mlc__matmul_backward(mlc__node *n) {
+    const mlc__mm *mm = (const mlc__mm *)n->saved;
+    mlc_tensor *a = n->in[0], *b = n->in[1];
+    float *ga = mlc__grad(a), *gb = mlc__grad(b);
+    const float *gc = n->out->grad;
+    if (ga && !mm->ta) mlc__gemm_batched(mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b, 1.0f, ga, mm->step_a);
+    if (ga && mm->ta)  mlc__gemm_batched(mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c, 1.0f, ga, mm->step_a);
+    if (gb && !mm->tb) mlc__gemm_batched(mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c, 1.0f, gb, mm->step_b);
+    if (gb && mm->tb)  mlc__gemm_batched(mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a, 1.0f, gb, mm->step_b);
+}
+
+MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
+    mlc__mm mm;
+    mlc_tensor *out;
+    mlc__node *n;
+    int shape[MLC_MAX_DIMS], ndim, K2, d;
+    MLC__ENTER("mlc_matmul", a, b);
+    if (a->ndim < 2 || b->ndim < 2)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: operands need rank >= 2, got %T and %T", a, b);
+    mm.ta = transpose_a != 0; mm.tb = transpose_b != 0;
+    mm.M = a->shape[a->ndim - 2 + mm.ta]; mm.K = a->shape[a->ndim - 1 - mm.ta];
+    K2 = b->shape[b->ndim - 2 + mm.tb];   mm.N = b->shape[b->ndim - 1 - mm.tb];
+    if (mm.K != K2)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: inner sizes differ: %T%s @ %T%s (%d vs %d)",
+                                       a, mm.ta ? "^T" : "", b, mm.tb ? "^T" : "", mm.K, K2);
+    if (a->ndim > 2 && b->ndim > 2 && (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)(a->ndim - 2) * sizeof(int))))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: batch dimensions of %T and %T differ", a, b);
+    ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (d = 0; d < ndim - 2; d++) shape[d] = a->ndim > 2 ? a->shape[d] : b->shape[d];
+    shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
+    out = mlc__make(ctx, "mlc_matmul", ndim, shape, 0);
+    if (!out) return NULL;
+    mm.batches = (int)mlc__numel(ndim - 2, shape);
+    mm.step_a = a->ndim > 2 ? (size_t)mm.M * mm.K : 0;
+    mm.step_b = b->ndim > 2 ? (size_t)mm.K * mm.N : 0;
+    mm.step_c = (size_t)mm.M * mm.N;
+    if (b->ndim == 2 && !mm.ta && mm.batches > 1) {   /* [..., M, K] @ [K, N]: one tall product */
+        mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
+    }
+    mlc__gemm_batched(&mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
+    n = mlc__record("mlc_matmul", out, mlc__matmul_backward, a, b, NULL, NULL);
+    if (n) {
+        n->saved = mlc__arena_alloc(ctx, sizeof mm, "mlc_matmul");
+        if (!n->saved) return NULL;
+        memcpy(n->saved, &mm, sizeof mm);
+    }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b) { return mlc_matmul_t(a, b, 0, 0); }
+
+/* linear: y = x W^T + b      x [..., in], W [out, in], b [out] */
+MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias) {
+    mlc_tensor *y = mlc_matmul_t(x, weight, 0, 1);
+    return bias ? mlc_add(y, bias) : y;
+}
+
+/* ============================================================================================
+   Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
+     sum   y = Σ x                  dx = g
+     mean  y = Σ x / n              dx = g / n
+     max   y = max x                dx = g at the (first) argmax, 0 elsewhere
+     var   y = Σ (x - μ)² / (n - c) dx = g 2 (x - μ) / (n - c)     (c = 1 when unbiased)
+   Sums are taken in double.
+   ============================================================================================ */
+
+enum { MLC__SUM, MLC__MEAN, MLC__MAX, MLC__VAR, MLC__ARGMAX };
+
+static void mlc__reduce_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0];
+    float *gx = mlc__grad(x);
+    const float *g = n->out->grad;
+    const int *argmax = (const int *)n->saved;
+    int kind = n->iarg[0], len = n->iarg[1], i;
+    size_t inner = (size_t)n->iarg[3], outer = len && inner ? x->size / ((size_t)len * inner) : 0, o, k;
+    float denom = kind == MLC__VAR ? (float)(len - n->iarg[4]) : (float)len;
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            size_t base = o * len * inner + k;
+            float gv = g[o * inner + k];
+            if (kind == MLC__MAX) { gx[base + (size_t)argmax[o * inner + k] * inner] += gv; continue; }
+            if (kind == MLC__VAR) {
+                double mean = 0.0;
+                for (i = 0; i < len; i++) mean += x->data[base + (size_t)i * inner];
+                mean /= len;
+                for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += gv * 2.0f * (float)(x->data[base + (size_t)i * inner] - mean) / denom;
+                continue;
+            }
+            for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += kind == MLC__SUM ? gv : gv / denom;
+        }
+}
+
+static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis, int keepdim, int unbiased) {
+    int shape[MLC_MAX_DIMS], ndim = 0, d, len, i, *argmax = NULL;
+    size_t outer, inner, o, k;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER(op, x);
+    if (!mlc__axis(ctx, op, x, &axis)) return NULL;
+    mlc__split(x, axis, &outer, &len, &inner);
+    if (len == 0 && kind != MLC__SUM)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: axis %d of %T is empty", op, axis, x);
+    if (kind == MLC__VAR && len <= unbiased)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: unbiased variance needs 2 or more values along axis %d of %T", op, axis, x);
+    for (d = 0; d < x->ndim; d++) {
+        if (d != axis) shape[ndim++] = x->shape[d];
+        else if (keepdim) shape[ndim++] = 1;
+    }
+    out = mlc__make(ctx, op, ndim, shape, 0);
+    if (!out) return NULL;
+    if (kind == MLC__MAX || kind == MLC__ARGMAX) {
+        argmax = (int *)mlc__arena_alloc(ctx, outer * inner * sizeof(int), op);
+        if (!argmax) return NULL;
+    }
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            const float *p = x->data + o * len * inner + k;
+            double s = 0.0, mean;
+            float best;
+            int at = 0;
+            switch (kind) {
+            case MLC__MAX: case MLC__ARGMAX:
+                best = p[0];
+                for (i = 1; i < len; i++) if (p[(size_t)i * inner] > best || best != best) { best = p[(size_t)i * inner]; at = i; }
+                argmax[o * inner + k] = at;
+                out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
+                break;
+            case MLC__VAR:
+                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
+                mean = s / len; s = 0.0;
+                for (i = 0; i < len; i++) s += (p[(size_t)i * inner] - mean) * (p[(size_t)i * inner] - mean);
+                out->data[o * inner + k] = (float)(s / (len - unbiased));
+                break;
+            default:
+                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
+                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / len : s);
+            }
+        }
+    if (kind == MLC__ARGMAX) return out;                 /* indices carry no gradient */
+    n = mlc__record(op, out, mlc__reduce_backward, x, NULL, NULL, NULL);
+    if (n) { n->iarg[0] = kind; n->iarg[1] = len; n->iarg[3] = (int)inner; n->iarg[4] = unbiased; n->saved = argmax; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_sum", MLC__SUM, x, axis, keepdim, 0); }
+MLCDEF mlc_tensor *mlc_mean(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_mean", MLC__MEAN, x, axis, keepdim, 0); }
+MLCDEF mlc_tensor *mlc_max(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_max", MLC__MAX, x, axis, keepdim, 0); }
+MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased) { return mlc__reduce("mlc_var", MLC__VAR, x, axis, keepdim, unbiased != 0); }
+MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis) { return mlc__reduce("mlc_argmax", MLC__ARGMAX, x, axis, 0, 0); }
+MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x) {
+    int n = x ? (int)x->size : 0;
+    return mlc_sum(mlc_reshape(x, 1, &n), 0, 0);
+}
+MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x) {
+    int n = x ? (int)x->size : 0;
+    return mlc_mean(mlc_reshape(x, 1, &n), 0, 0);
+}
+
+/* ============================================================================================
+   Softmax along an axis (max subtracted first, so large logits do not overflow)
+     softmax      y = e^(x - max) / Σ e^(x - max)     dx = y (g - Σ g y)
+     log_softmax  y = x - max - ln Σ e^(x - max)      dx = g - e^y Σ g
+   ============================================================================================ */
+
+static void mlc__softmax_backward(mlc__node *n) {
+    mlc_tensor *y = n->out;
+    float *gx = mlc__grad(n->in[0]);
+    int len = n->iarg[1], i, is_log = n->iarg[0];
+    size_t inner = (size_t)n->iarg[2], outer = y->size / ((size_t)len * inner), o, k;
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            size_t base = o * len * inner + k;
+            double s = 0.0;
+            for (i = 0; i < len; i++) {
+                size_t at = base + (size_t)i * inner;
+                s += is_log ? y->grad[at] : y->grad[at] * y->data[at];
+            }
+            for (i = 0; i < len; i++) {
+                size_t at = base + (size_t)i * inner;
+                gx[at] += is_log ? y->grad[at] - MLC_EXPF(y->data[at]) * (float)s
+                                 : y->data[at] * (y->grad[at] - (float)s);
+            }
+        }
+}
+
+static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int axis) {
+    size_t outer, inner, o, k;
+    int len, i;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER(op, x);
+    if (!mlc__axis(ctx, op, x, &axis)) return NULL;
+    mlc__split(x, axis, &outer, &len, &inner);
+    out = mlc__like(x, op);
+    if (!out || len == 0 || inner == 0) return out;
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            const float *p = x->data + o * len * inner + k;
+            float *q = out->data + o * len * inner + k, m = p[0];
+            double s = 0.0;
+            for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
+            for (i = 0; i < len; i++) s += MLC_EXPF(p[(size_t)i * inner] - m);
+            for (i = 0; i < len; i++)
+                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)log(s)
+                                              : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
+        }
+    n = mlc__record(op, out, mlc__softmax_backward, x, NULL, NULL, NULL);
+    if (n) { n->iarg[0] = is_log; n->iarg[1] = len; n->iarg[2] = (int)inner; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_softmax(mlc_tensor *x, int axis) { return mlc__softmax("mlc_softmax", 0, x, axis); }
+MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) { return mlc__softmax("mlc_log_softmax", 1, x, axis); }
+
+/* ============================================================================================
+   Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
+     cross_entropy  ℓ_i = -log softmax(x_i)[t_i]        dx_i = g (softmax(x_i) - onehot(t_i))
+     nll            ℓ_i = -x_i[t_i]                     dx_i[t_i] = -g
+     mse            ℓ = (p - t)²                        dp = 2 g (p - t)      dt = -dp
+     bce_logits     ℓ = max(x,0) - x t + ln(1 + e^-|x|) dx = g (σ(x) - t)     dt = -g x
+   ============================================================================================ */
+
+/* Per-element weight of the incoming gradient: g_i for none, g / count for mean, g for sum. */
+static float mlc__loss_scale(const mlc__node *n, size_t i) {
+    const float *g = n->out->grad;
+    if (n->iarg[0] == MLC_REDUCE_NONE) return g[i];
+    return n->iarg[0] == MLC_REDUCE_MEAN ? g[0] * n->farg[0] : g[0];
+}
+
+/* The output of a loss from per-element values l[0..count): l itself for none, else a scalar. */
+static mlc_tensor *mlc__loss_out(mlc_ctx *ctx, const char *op, mlc_reduction red, const float *l,
+                                 size_t count, size_t counted, int ndim, const int *shape, float *mean_scale) {
+    mlc_tensor *out = mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
+    double s = 0.0;
+    size_t i;
+    if (!out) return NULL;
+    if ((int)red < MLC_REDUCE_MEAN || (int)red > MLC_REDUCE_NONE)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: unknown reduction %d", op, (int)red);
+    *mean_scale = 1.0f / (float)counted;
+    if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return out; }
+    for (i = 0; i < count; i++) s += l[i];
+    out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (double)counted : s);
+    return out;
+}
+
+static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved probs) and nll */
+    mlc_tensor *x = n->in[0], *t = n->in[1];
+    float *gx = mlc__grad(x);
+    const float *probs = (const float *)n->saved;
+    int N = x->shape[0], C = x->shape[1], i, c;
+    for (i = 0; i < N; i++) {
+        int target = (int)t->data[i];
+        float g;
+        if (target == n->iarg[1]) continue;
+        g = mlc__loss_scale(n, (size_t)i);
+        if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * probs[(size_t)i * C + c];
+        gx[(size_t)i * C + target] -= g;
+    }
+}
+
+static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor *x, mlc_tensor *target,
+                                   mlc_reduction red, int ignore_index) {
+    int N, C, i, c;
+    size_t counted = 0;
+    float *l, *probs = NULL, scale;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER(op, x, target);
+    if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
+    N = x->shape[0]; C = x->shape[1];
+    l = mlc__floats(ctx, (size_t)N, op);
+    if (softmax_first) probs = mlc__floats(ctx, (size_t)N * C, op);
+    if (!l || (softmax_first && !probs)) return NULL;
+    for (i = 0; i < N; i++) {
+        const float *row = x->data + (size_t)i * C;
+        int tc;
+        l[i] = 0.0f;
+        if (target->data[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
+        if ((tc = mlc__index(ctx, op, target->data[i], C, (size_t)i)) < 0) return NULL;
+        counted++;
+        if (softmax_first) {
+            float m = row[0];
+            double s = 0.0;
+            for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
+            for (c = 0; c < C; c++) s += MLC_EXPF(row[c] - m);
+            for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
+            l[i] = (float)(log(s) - (row[tc] - m));
+        } else l[i] = -row[tc];
+    }
+    out = mlc__loss_out(ctx, op, red, l, (size_t)N, counted, 1, target->shape, &scale);
+    if (!out) return NULL;
+    n = mlc__record(op, out, mlc__class_loss_backward, x, NULL, NULL, NULL);
+    if (n) {
+        n->in[1] = target; n->n_in = 2;      /* target is read in backward but gets no gradient */
+        n->iarg[0] = (int)red; n->iarg[1] = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
+        n->farg[0] = scale; n->saved = probs;
+    }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction, int ignore_index) {
+    return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index);
+}
+MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_reduction reduction, int ignore_index) {
+    return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index);
+}
+
+enum { MLC__MSE, MLC__BCE };
+
+static void mlc__pointwise_loss_backward(mlc__node *n) {
+    mlc_tensor *p = n->in[0], *t = n->in[1];
+    float *gp = mlc__grad(p), *gt = mlc__grad(t);
+    size_t i;
+    for (i = 0; i < p->size; i++) {
+        float g = mlc__loss_scale(n, i), x = p->data[i], y = t->data[i];
+        if (n->iarg[2] == MLC__MSE) {
+            if (gp) gp[i] += 2.0f * g * (x - y);
+            if (gt) gt[i] -= 2.0f * g * (x - y);
+        } else {
+            if (gp) gp[i] += g * (mlc__sigmoidf(x) - y);
+            if (gt) gt[i] -= g * x;
+        }
+    }
+}
+
+static mlc_tensor *mlc__pointwise_loss(const char *op, int kind, mlc_tensor *p, mlc_tensor *t, mlc_reduction red) {
+    float *l, scale;
+    mlc_tensor *out;
+    mlc__node *n;
+    size_t i;
+    MLC__ENTER(op, p, t);
+    if (!mlc_same_shape(p, t))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p, t);
+    l = mlc__floats(ctx, p->size, op);
+    if (!l) return NULL;
+    for (i = 0; i < p->size; i++) {
+        float x = p->data[i], y = t->data[i];
+        l[i] = kind == MLC__MSE ? (x - y) * (x - y)
+             : (x > 0 ? x : 0.0f) - x * y + (float)log1p(exp(-(double)(x < 0 ? -x : x)));
+    }
+    out = mlc__loss_out(ctx, op, red, l, p->size, p->size, p->ndim, p->shape, &scale);
+    if (!out) return NULL;
+    n = mlc__record(op, out, mlc__pointwise_loss_backward, p, t, NULL, NULL);
+    if (n) { n->iarg[0] = (int)red; n->iarg[2] = kind; n->farg[0] = scale; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_mse_loss(mlc_tensor *pred, mlc_tensor *target, mlc_reduction reduction) {
+    return mlc__pointwise_loss("mlc_mse_loss", MLC__MSE, pred, target, reduction);
+}
+MLCDEF mlc_tensor *mlc_bce_with_logits(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction) {
+    return mlc__pointwise_loss("mlc_bce_with_logits", MLC__BCE, logits, target, reduction);
+}
+
+/* ============================================================================================
+   Shape ops. reshape shares storage; the others copy. Gradients flow back through the same
+   index map:  y = x[map(i)]   dx[map(i)] += g[i]
+   ============================================================================================ */
+
+static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g */
+    float *gx = mlc__grad(n->in[0]);
+    size_t i;
+    for (i = 0; i < n->out->size; i++) gx[i] += n->out->grad[i];
+}
+
+MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
+    int s[MLC_MAX_DIMS], d, infer = -1;
+    size_t known = 1;
+    mlc_tensor *out;
+    MLC__ENTER("mlc_reshape", x);
+    if (ndim < 0 || ndim > MLC_MAX_DIMS || (ndim && !shape))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: rank %d is outside 0..%d", ndim, MLC_MAX_DIMS);
+    for (d = 0; d < ndim; d++) {
+        s[d] = shape[d];
+        if (s[d] == -1 && infer < 0) infer = d;
+        else if (s[d] < 0) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: bad dimension %d in the new shape of %T", s[d], x);
+        else known *= (size_t)s[d];
+    }
+    if (infer >= 0 && known) s[infer] = (int)(x->size / known);
+    if (mlc__numel(ndim, s) != x->size) {
+        char want[96] = "[", *w = want + 1;
+        for (d = 0; d < ndim && w < want + 80; d++) { mlc__format(w, 12, d ? ", %d" : "%d", shape[d]); w += strlen(w); }
+        strcpy(w, "]");
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: cannot view %T (%zu elements) as %s", x, x->size, want);
+    }
+    out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_reshape");
+    if (!out) return NULL;
+    *out = *x;                          /* same data, new shape, no gradient of its own */
+    out->ndim = ndim;
+    memcpy(out->shape, s, (size_t)ndim * sizeof(int));
+    out->grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
+    mlc__record("mlc_reshape", out, mlc__accumulate_backward, x, NULL, NULL, NULL);
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis) {
+    int shape[MLC_MAX_DIMS], d;
+    if (!x) return NULL;
+    if (!mlc__axis(x->ctx, "mlc_flatten", x, &start_axis)) return NULL;
+    for (d = 0; d < start_axis; d++) shape[d] = x->shape[d];
+    shape[start_axis] = (int)mlc__numel(x->ndim - start_axis, x->shape + start_axis);
+    return mlc_reshape(x, start_axis + 1, shape);
+}
+
+MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
+    mlc_tensor *out;
+    MLC__ENTER("mlc_detach", x);
+    out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_detach");
+    if (!out) return NULL;
+    *out = *x;
+    out->grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
+    mlc_tensor *out;
+    MLC__ENTER("mlc_copy", x);
+    out = mlc__like(x, "mlc_copy");
+    if (!out) return NULL;
+    if (x->size) memcpy(out->data, x->data, x->size * sizeof(float));
+    mlc__record("mlc_copy", out, mlc__accumulate_backward, x, NULL, NULL, NULL);
+    return out;
+}
+
+/* permute: y[i_0..i_n] = x[i_order^-1...]; walks the output in order, the input by strides. */
+static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float *src, float *dst, int backward) {
+    size_t xstride[MLC_MAX_DIMS], ostride[MLC_MAX_DIMS], s = 1, i;
+    int idx[MLC_MAX_DIMS] = {0}, d, nd = x->ndim;
+    for (d = nd - 1; d >= 0; d--) { xstride[d] = s; s *= (size_t)x->shape[d]; }
+    for (d = 0; d < nd; d++) ostride[d] = xstride[order[d]];
+    for (i = 0; i < x->size; i++) {
+        size_t off = 0;
+        for (d = 0; d < nd; d++) off += (size_t)idx[d] * ostride[d];
+        if (backward) dst[off] += src[i]; else dst[i] = src[off];
+        for (d = nd - 1; d >= 0; d--) { if (++idx[d] < x->shape[order[d]]) break; idx[d] = 0; }
+    }
+}
+
+static void mlc__permute_backward(mlc__node *n) {
+    mlc__permute_walk(n->in[0], n->iarg, n->out->grad, mlc__grad(n->in[0]), 1);
+}
+
+MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
+    int shape[MLC_MAX_DIMS], seen[MLC_MAX_DIMS] = {0}, ord[MLC_MAX_DIMS], d;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER("mlc_permute", x);
+    if (!order) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_permute: order is NULL");
+    for (d = 0; d < x->ndim; d++) {
+        ord[d] = order[d] < 0 ? order[d] + x->ndim : order[d];
+        if (ord[d] < 0 || ord[d] >= x->ndim || seen[ord[d]]++)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_INDEX, "mlc_permute: order is not a permutation of the %d axes of %T", x->ndim, x);
+        shape[d] = x->shape[ord[d]];
+    }
+    out = mlc__make(ctx, "mlc_permute", x->ndim, shape, 0);
+    if (!out) return NULL;
+    mlc__permute_walk(x, ord, x->data, out->data, 0);
+    n = mlc__record("mlc_permute", out, mlc__permute_backward, x, NULL, NULL, NULL);
+    if (n) memcpy(n->iarg, ord, sizeof(int) * (size_t)x->ndim);
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1) {
+    int order[MLC_MAX_DIMS], d;
+    MLC__ENTER("mlc_transpose", x);
+    if (!mlc__axis(ctx, "mlc_transpose", x, &axis0) || !mlc__axis(ctx, "mlc_transpose", x, &axis1)) return NULL;
+    for (d = 0; d < x->ndim; d++) order[d] = d;
+    order[axis0] = axis1; order[axis1] = axis0;
+    return mlc_permute(x, order);
+}
+
+/* slice along an axis: y = x[..., start:end, ...], Python's clamping of start and end */
+static void mlc__slice_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0];
+    float *gx = mlc__grad(x);
+    size_t outer, inner, o;
+    int len, start = n->iarg[0], count = n->iarg[1];
+    mlc__split(x, n->iarg[2], &outer, &len, &inner);
+    for (o = 0; o < outer; o++) {
+        const float *g = n->out->grad + o * count * inner;
+        float *d = gx + (o * len + start) * inner;
+        size_t k;
+        for (k = 0; k < (size_t)count * inner; k++) d[k] += g[k];
+    }
+}
+
+MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
+    int shape[MLC_MAX_DIMS], len, count;
+    size_t outer, inner, o;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER("mlc_slice", x);
+    if (!mlc__axis(ctx, "mlc_slice", x, &axis)) return NULL;
+    mlc__split(x, axis, &outer, &len, &inner);
+    if (start < 0) start += len;
+    if (end < 0) end += len;
+    start = start < 0 ? 0 : start > len ? len : start;
+    end = end < start ? start : end > len ? len : end;
+    count = end - start;
+    memcpy(shape, x->shape, sizeof shape);
+    shape[axis] = count;
+    out = mlc__make(ctx, "mlc_slice", x->ndim, shape, 0);
+    if (!out) return NULL;
+    for (o = 0; o < outer; o++)
+        memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner, (size_t)count * inner * sizeof(float));
+    n = mlc__record("mlc_slice", out, mlc__slice_backward, x, NULL, NULL, NULL);
+    if (n) { n->iarg[0] = start; n->iarg[1] = count; n->iarg[2] = axis; }
+    return out;
+}
+
+/* concat along an axis; each input's gradient is its slab of g */
+static void mlc__concat_backward(mlc__node *n) {
+    mlc_tensor **xs = (mlc_tensor **)n->saved;
+    int count = n->iarg[0], axis = n->iarg[1], total = n->out->shape[axis], k, offset = 0;
+    for (k = 0; k < count; k++) {
+        size_t outer, inner, o, j;
+        int len;
+        float *gx = mlc__grad(xs[k]);
+        mlc__split(xs[k], axis, &outer, &len, &inner);
+        if (gx)
+            for (o = 0; o < outer; o++)
+                for (j = 0; j < (size_t)len * inner; j++)
+                    gx[o * len * inner + j] += n->out->grad[(o * total + offset) * inner + j];
+        offset += len;
+    }
+}
+
+MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
+    int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0;
+    mlc_ctx *ctx;
+    mlc_tensor *out, **saved, *needs_grad = NULL;
+    size_t outer, inner, o;
+    if (!xs || count < 1 || !(ctx = mlc__enter("mlc_concat", count, xs))) return NULL;
+    if (!mlc__axis(ctx, "mlc_concat", xs[0], &axis)) return NULL;
+    for (k = 0; k < count; k++) {
+        for (d = 0; d < xs[0]->ndim; d++)
+            if (xs[k]->ndim != xs[0]->ndim || (d != axis && xs[k]->shape[d] != xs[0]->shape[d]))
+                return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_concat: input %d %T does not fit input 0 %T along axis %d", k, xs[k], xs[0], axis);
+        total += xs[k]->shape[axis];
+        if (xs[k]->requires_grad) needs_grad = xs[k];
+    }
+    memcpy(shape, xs[0]->shape, sizeof shape);
+    shape[axis] = total;
+    out = mlc__make(ctx, "mlc_concat", xs[0]->ndim, shape, 0);
+    if (!out) return NULL;
+    for (k = 0; k < count; k++) {
+        int len;
+        mlc__split(xs[k], axis, &outer, &len, &inner);
+        for (o = 0; o < outer; o++)
+            memcpy(out->data + (o * total + offset) * inner, xs[k]->data + o * len * inner, (size_t)len * inner * sizeof(float));
+        offset += len;
+    }
+    if (needs_grad && ctx->grad_enabled) {            /* the inputs are kept in a list of their own */
+        mlc__node *n;
+        saved = (mlc_tensor **)mlc__arena_alloc(ctx, (size_t)count * sizeof(mlc_tensor *), "mlc_concat");
+        if (!saved) return NULL;
+        memcpy(saved, xs, (size_t)count * sizeof(mlc_tensor *));
+        n = mlc__record("mlc_concat", out, mlc__concat_backward, needs_grad, NULL, NULL, NULL);
+        if (n) { n->saved = saved; n->iarg[0] = count; n->iarg[1] = axis; }
+    }
+    return out;
+}
+
+/* ============================================================================================
+   Indexing ops. Indices are float tensors holding whole numbers (checked).
+     index_select  y[.., l, ..] = x[.., idx[l], ..]        dx[.., idx[l], ..] += g[.., l, ..]
+     gather        y[i] = x[i with axis coordinate idx[i]] dx[same] += g[i]
+     embedding     y[..., :] = W[idx[...], :]             (index_select on axis 0)
+   ============================================================================================ */
+
+static void mlc__index_select_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *idx = n->in[1];
+    float *gx = mlc__grad(x);
+    size_t outer, inner, o, k;
+    int len, l, L = (int)idx->size;
+    mlc__split(x, n->iarg[0], &outer, &len, &inner);
+    for (o = 0; o < outer; o++)
+        for (l = 0; l < L; l++) {
+            float *d = gx + (o * len + (size_t)idx->data[l]) * inner;
+            const float *g = n->out->grad + (o * L + l) * inner;
+            for (k = 0; k < inner; k++) d[k] += g[k];
+        }
+}
+
+MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) {
+    int shape[MLC_MAX_DIMS], len, l, L;
+    size_t outer, inner, o;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER("mlc_index_select", x, index);
+    if (!mlc__axis(ctx, "mlc_index_select", x, &axis)) return NULL;
+    if (index->ndim != 1)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_index_select: index must be 1-D, got %T", index);
+    mlc__split(x, axis, &outer, &len, &inner);
+    L = index->shape[0];
+    for (l = 0; l < L; l++) if (mlc__index(ctx, "mlc_index_select", index->data[l], len, (size_t)l) < 0) return NULL;
+    memcpy(shape, x->shape, sizeof shape);
+    shape[axis] = L;
+    out = mlc__make(ctx, "mlc_index_select", x->ndim, shape, 0);
+    if (!out) return NULL;
+    for (o = 0; o < outer; o++)
+        for (l = 0; l < L; l++)
+            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)index->data[l]) * inner, inner * sizeof(float));
+    n = mlc__record("mlc_index_select", out, mlc__index_select_backward, x, NULL, NULL, NULL);
+    if (n) { n->in[1] = index; n->n_in = 2; n->iarg[0] = axis; }
+    return out;
+}
+
+/* Offset into x of every element of index (gather's map), into an arena array. */
+static size_t *mlc__gather_map(mlc_ctx *ctx, const mlc_tensor *x, int axis, const mlc_tensor *index) {
+    size_t *map = (size_t *)mlc__arena_alloc(ctx, index->size * sizeof(size_t) + 1, "mlc_gather"), xs[MLC_MAX_DIMS], s = 1, i;
+    int idx[MLC_MAX_DIMS] = {0}, d;
+    if (!map) return NULL;
+    for (d = x->ndim - 1; d >= 0; d--) { xs[d] = s; s *= (size_t)x->shape[d]; }
+    for (i = 0; i < index->size; i++) {
+        size_t off = 0;
+        int at = mlc__index(ctx, "mlc_gather", index->data[i], x->shape[axis], i);
+        if (at < 0) return NULL;
+        for (d = 0; d < x->ndim; d++) off += (size_t)(d == axis ? at : idx[d]) * xs[d];
+        map[i] = off;
+        for (d = x->ndim - 1; d >= 0; d--) { if (++idx[d] < index->shape[d]) break; idx[d] = 0; }
+    }
+    return map;
+}
+
+static void mlc__gather_backward(mlc__node *n) {
+    const size_t *map = (const size_t *)n->saved;
+    float *gx = mlc__grad(n->in[0]);
+    size_t i;
+    for (i = 0; i < n->out->size; i++) gx[map[i]] += n->out->grad[i];
+}
+
+MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
+    mlc_tensor *out;
+    mlc__node *n;
+    size_t *map, i;
+    int d;
+    MLC__ENTER("mlc_gather", x, index);
+    if (!mlc__axis(ctx, "mlc_gather", x, &axis)) return NULL;
+    if (index->ndim != x->ndim)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T must have the rank of x %T", index, x);
+    for (d = 0; d < x->ndim; d++)
+        if (d != axis && index->shape[d] > x->shape[d])
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T is larger than x %T on axis %d", index, x, d);
+    if (!(map = mlc__gather_map(ctx, x, axis, index))) return NULL;
+    out = mlc__like(index, "mlc_gather");
+    if (!out) return NULL;
+    for (i = 0; i < index->size; i++) out->data[i] = x->data[map[i]];
+    n = mlc__record("mlc_gather", out, mlc__gather_backward, x, NULL, NULL, NULL);
+    if (n) n->saved = map;
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
+    int shape[MLC_MAX_DIMS], d;
+    MLC__ENTER("mlc_embedding", weight, index);
+    if (weight->ndim != 2 || index->ndim + 1 > MLC_MAX_DIMS)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_embedding: weight %T must be [count, dim] and index %T of rank < %d", weight, index, MLC_MAX_DIMS);
+    for (d = 0; d < index->ndim; d++) shape[d] = index->shape[d];
+    shape[index->ndim] = weight->shape[1];
+    d = (int)index->size;
+    return mlc_reshape(mlc_index_select(weight, 0, mlc_reshape(index, 1, &d)), index->ndim + 1, shape);
+}
+
+/* ============================================================================================
+   Dropout and normalisation
+     dropout     y = x m / (1 - p), m ~ Bernoulli(1 - p)      dx = g m / (1 - p)
+     layer_norm  over the last axis (D values):  x̂ = (x - μ) r,  r = 1/√(σ² + eps),  y = x̂ w + b
+                 dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)),  ĝ = g w;   dw = Σ g x̂;   db = Σ g
+     batch_norm  the same per channel (axis 1) over the batch and spatial axes in training;
+                 with the running statistics in eval, where dx = g w r
+   ============================================================================================ */
+
+static void mlc__dropout_backward(mlc__node *n) {
+    float *gx = mlc__grad(n->in[0]);
+    const float *m = (const float *)n->saved;
+    size_t i;
+    for (i = 0; i < n->out->size; i++) gx[i] += n->out->grad[i] * m[i];
+}
+
+MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
+    mlc_tensor *out;
+    mlc__node *n;
+    float *mask, scale;
+    size_t i;
+    MLC__ENTER("mlc_dropout", x);
+    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]", p);
+    if (!training || p == 0.0f) return x;
+    out = mlc__like(x, "mlc_dropout");
+    mask = mlc__floats(ctx, x->size, "mlc_dropout");
+    if (!out || !mask) return NULL;
+    scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    for (i = 0; i < x->size; i++) {
+        mask[i] = mlc_rand_uniform(ctx) >= p ? scale : 0.0f;
+        out->data[i] = x->data[i] * mask[i];
+    }
+    n = mlc__record("mlc_dropout", out, mlc__dropout_backward, x, NULL, NULL, NULL);
+    if (n) n->saved = mask;
+    return out;
+}
+
+static void mlc__layer_norm_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
+    const float *stats = (const float *)n->saved, *g = n->out->grad;
+    int D = x->shape[x->ndim - 1], j;
+    size_t rows = D ? x->size / (size_t)D : 0, r;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x->data + r * D, *gr = g + r * D;
+        float mu = stats[2 * r], rs = stats[2 * r + 1];
+        double mean_gh = 0.0, mean_ghx = 0.0;
+        for (j = 0; j < D; j++) {
+            float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
+            mean_gh += gh; mean_ghx += gh * xh;
+            if (gw) gw[j] += gr[j] * xh;
+            if (gb) gb[j] += gr[j];
+        }
+        mean_gh /= D; mean_ghx /= D;
+        if (gx)
+            for (j = 0; j < D; j++) {
+                float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
+                gx[r * D + j] += rs * (gh - (float)mean_gh - xh * (float)mean_ghx);
+            }
+    }
+}
+
+MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
+    mlc_tensor *out;
+    mlc__node *n;
+    float *stats;
+    int D, j;
+    size_t rows, r;
+    MLC__ENTER("mlc_layer_norm", x);
+    if (x->ndim < 1) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: x %T has no axis to normalise", x);
+    D = x->shape[x->ndim - 1];
+    if ((weight && (weight->ndim != 1 || weight->shape[0] != D)) || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight, bias, D, x);
+    if (eps <= 0.0f) eps = 1e-5f;
+    out = mlc__like(x, "mlc_layer_norm");
+    rows = D ? x->size / (size_t)D : 0;
+    stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm");
+    if (!out || !stats) return NULL;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x->data + r * D;
+        double s = 0.0, v = 0.0, mu;
+        for (j = 0; j < D; j++) s += xr[j];
+        mu = s / D;
+        for (j = 0; j < D; j++) v += (xr[j] - mu) * (xr[j] - mu);
+        stats[2 * r] = (float)mu;
+        stats[2 * r + 1] = (float)(1.0 / sqrt(v / D + eps));
+        for (j = 0; j < D; j++)
+            out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1] * (weight ? weight->data[j] : 1.0f) + (bias ? bias->data[j] : 0.0f);
+    }
+    n = mlc__record("mlc_layer_norm", out, mlc__layer_norm_backward, x, weight, bias, NULL);
+    if (n) n->saved = stats;
+    return out;
+}
+
+static void mlc__batch_norm_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
+    const float *stats = (const float *)n->saved, *g = n->out->grad;
+    int N = x->shape[0], C = x->shape[1], c, i, training = n->iarg[0];
+    size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), k, M = (size_t)N * inner;
+    for (c = 0; c < C; c++) {
+        float mu = stats[2 * c], rs = stats[2 * c + 1], wc = w ? w->data[c] : 1.0f;
+        double sum_g = 0.0, sum_gx = 0.0;
+        for (i = 0; i < N; i++)
+            for (k = 0; k < inner; k++) {
+                size_t at = ((size_t)i * C + c) * inner + k;
+                float xh = (x->data[at] - mu) * rs;
+                sum_g += g[at]; sum_gx += g[at] * xh;
+            }
+        if (gw) gw[c] += (float)sum_gx;
+        if (gb) gb[c] += (float)sum_g;
+        if (!gx) continue;
+        for (i = 0; i < N; i++)
+            for (k = 0; k < inner; k++) {
+                size_t at = ((size_t)i * C + c) * inner + k;
+                float xh = (x->data[at] - mu) * rs;
+                gx[at] += training ? wc * rs * (g[at] - (float)(sum_g / M) - xh * (float)(sum_gx / M))
+                                   : wc * rs * g[at];
+            }
+    }
+}
+
+MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
+                                  mlc_tensor *weight, mlc_tensor *bias, int training, float momentum, float eps) {
+    mlc_tensor *out, *params[4];
+    mlc__node *n;
+    float *stats;
+    int N, C, c, i, p;
+    size_t inner, k, M;
+    MLC__ENTER("mlc_batch_norm", x);
+    if (x->ndim < 2) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]", x);
+    N = x->shape[0]; C = x->shape[1];
+    params[0] = running_mean; params[1] = running_var; params[2] = weight; params[3] = bias;
+    for (p = 0; p < 4; p++)
+        if (params[p] && (params[p]->ndim != 1 || params[p]->shape[0] != C))
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: parameter %T does not match the %d channels of x %T", params[p], C, x);
+    inner = mlc__numel(x->ndim - 2, x->shape + 2);
+    M = (size_t)N * inner;
+    if (!training && (!running_mean || !running_var))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_batch_norm: eval mode needs running_mean and running_var");
+    if (training && M < 2)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
+    if (eps <= 0.0f) eps = 1e-5f;
+    if (momentum <= 0.0f) momentum = 0.1f;
+    out = mlc__like(x, "mlc_batch_norm");
+    stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm");
+    if (!out || !stats) return NULL;
+    for (c = 0; c < C; c++) {
+        double mu, var;
+        if (training) {
+            double s = 0.0, v = 0.0;
+            for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x->data[((size_t)i * C + c) * inner + k];
+            mu = s / M;
+            for (i = 0; i < N; i++)
+                for (k = 0; k < inner; k++) { double d = x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
+            var = v / M;
+            if (running_mean) running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
+            if (running_var) running_var->data[c] = (1.0f - momentum) * running_var->data[c] + momentum * (float)(v / (M - 1));
+        } else { mu = running_mean->data[c]; var = running_var->data[c]; }
+        stats[2 * c] = (float)mu;
+        stats[2 * c + 1] = (float)(1.0 / sqrt(var + eps));
+        for (i = 0; i < N; i++)
+            for (k = 0; k < inner; k++) {
+                size_t at = ((size_t)i * C + c) * inner + k;
+                out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1] * (weight ? weight->data[c] : 1.0f) + (bias ? bias->data[c] : 0.0f);
+            }
+    }
+    n = mlc__record("mlc_batch_norm", out, mlc__batch_norm_backward, x, weight, bias, NULL);
+    if (n) { n->saved = stats; n->iarg[0] = training != 0; }
+    return out;
+}
+
+/* ============================================================================================
+   Convolution and pooling, x [N, C, H, W]
+     conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j] x[n, c, s·h + d·i - p, s·w + d·j - p]
+              computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
+              (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
+     max_pool y = max of the window               dx = g at the window's (first) argmax
+     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window
+   ============================================================================================ */
+
+typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
+
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside) */
+static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float *col) {
+    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+    for (c = 0; c < channels; c++)
+        for (i = 0; i < cv->KH; i++)
+            for (j = 0; j < cv->KW; j++) {
+                float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                for (oh = 0; oh < cv->OH; oh++) {
+                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
+                    for (ow = 0; ow < cv->OW; ow++) {
+                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
+                        row[oh * cv->OW + ow] = ih >= 0 && ih < cv->H && iw >= 0 && iw < cv->W
+                                              ? x[((size_t)c * cv->H + ih) * cv->W + iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {   /* adds */
+    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+    for (c = 0; c < channels; c++)
+        for (i = 0; i < cv->KH; i++)
+            for (j = 0; j < cv->KW; j++) {
+                const float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                for (oh = 0; oh < cv->OH; oh++) {
+                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
+                    if (ih < 0 || ih >= cv->H) continue;
+                    for (ow = 0; ow < cv->OW; ow++) {
+                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
+                        if (iw >= 0 && iw < cv->W) dx[((size_t)c * cv->H + ih) * cv->W + iw] += row[oh * cv->OW + ow];
+                    }
+                }
+            }
+}
+
+static void mlc__conv2d_backward(mlc__node *n) {
+    const mlc__conv *cv = (const mlc__conv *)n->saved;
+    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g, o, q;
+    float *col = mlc__floats(n->out->ctx, (size_t)rows * P, "mlc_conv2d backward");
+    if (!col) return;
+    for (i = 0; i < cv->N; i++)
+        for (g = 0; g < cv->groups; g++) {
+            const float *xg = x->data + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
+            const float *dy = n->out->grad + ((size_t)i * cv->O + (size_t)g * Og) * P;
+            const float *wg = w->data + (size_t)g * Og * rows;
+            if (gw) {
+                mlc__im2col(cv, Cg, xg, col);
+                mlc__gemm(0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows);
+            }
+            if (gx) {
+                mlc__gemm(1, 0, rows, P, Og, wg, dy, 0.0f, col);
+                mlc__col2im(cv, Cg, col, gx + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            }
+            if (gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
+        }
+}
+
+MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
+    mlc__conv cv;
+    mlc_tensor *out;
+    mlc__node *n;
+    int shape[4], Cg, Og, P, rows, i, g, o, q;
+    float *col;
+    MLC__ENTER("mlc_conv2d", x, weight);
+    cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
+    cv.dil = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
+    if (cv.stride < 1 || cv.pad < 0 || cv.dil < 1 || cv.groups < 1)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_conv2d: stride %d, padding %d, dilation %d, groups %d are not valid",
+                                       opts.stride, opts.padding, opts.dilation, opts.groups);
+    if (x->ndim != 4 || weight->ndim != 4)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]", x, weight);
+    cv.N = x->shape[0]; cv.C = x->shape[1]; cv.H = x->shape[2]; cv.W = x->shape[3];
+    cv.O = weight->shape[0]; cv.KH = weight->shape[2]; cv.KW = weight->shape[3];
+    if (cv.C % cv.groups || cv.O % cv.groups || weight->shape[1] * cv.groups != cv.C)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T and weight %T do not fit groups = %d", x, weight, cv.groups);
+    if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
+    cv.OH = (cv.H + 2 * cv.pad - cv.dil * (cv.KH - 1) - 1) / cv.stride + 1;
+    cv.OW = (cv.W + 2 * cv.pad - cv.dil * (cv.KW - 1) - 1) / cv.stride + 1;
+    if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
+    shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
+    Cg = cv.C / cv.groups; Og = cv.O / cv.groups; P = cv.OH * cv.OW; rows = Cg * cv.KH * cv.KW;
+    out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
+    col = mlc__floats(ctx, (size_t)rows * P, "mlc_conv2d");
+    if (!out || !col) return NULL;
+    for (i = 0; i < cv.N; i++)
+        for (g = 0; g < cv.groups; g++) {
+            float *y = out->data + ((size_t)i * cv.O + (size_t)g * Og) * P;
+            mlc__im2col(&cv, Cg, x->data + ((size_t)i * cv.C + (size_t)g * Cg) * cv.H * cv.W, col);
+            mlc__gemm(0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
+            if (bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += bias->data[g * Og + o];
+        }
+    n = mlc__record("mlc_conv2d", out, mlc__conv2d_backward, x, weight, bias, NULL);
+    if (n) {
+        n->saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d");
+        if (!n->saved) return NULL;
+        memcpy(n->saved, &cv, sizeof cv);
+    }
+    return out;
+}
+
+static void mlc__pool_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *y = n->out;
+    float *gx = mlc__grad(x);
+    const int *argmax = (const int *)n->saved;
+    int K = n->iarg[0], S = n->iarg[1], Pd = n->iarg[2], H = x->shape[2], W = x->shape[3];
+    int OH = y->shape[2], OW = y->shape[3], oh, ow, i, j;
+    size_t planes = (size_t)x->shape[0] * x->shape[1], pl;
+    for (pl = 0; pl < planes; pl++)
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
+                float g = y->grad[(pl * OH + oh) * OW + ow];
+                if (argmax) {
+                    int at = argmax[(pl * OH + oh) * OW + ow];
+                    if (at >= 0) gx[pl * H * W + at] += g;
+                    continue;
+                }
+                for (i = 0; i < K; i++)
+                    for (j = 0; j < K; j++) {
+                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
+                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) gx[(pl * H + ih) * W + iw] += g / (float)(K * K);
+                    }
+            }
+}
+
+static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
+    int shape[4], H, W, OH, OW, oh, ow, i, j, *argmax = NULL;
+    size_t planes, pl;
+    mlc_tensor *out;
+    mlc__node *n;
+    MLC__ENTER(op, x);
+    if (S == 0) S = K;
+    if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
+    if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op, K, S, Pd);
+    H = x->shape[2]; W = x->shape[3];
+    if (H + 2 * Pd < K || W + 2 * Pd < K)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T", op, K, x);
+    OH = (H + 2 * Pd - K) / S + 1; OW = (W + 2 * Pd - K) / S + 1;
+    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
+    out = mlc__make(ctx, op, 4, shape, 0);
+    if (!out) return NULL;
+    planes = (size_t)shape[0] * shape[1];
+    if (is_max && !(argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
+    for (pl = 0; pl < planes; pl++)
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
+                const float *p = x->data + pl * H * W;
+                float best = -INFINITY;
+                double s = 0.0;
+                int at = -1;
+                for (i = 0; i < K; i++)
+                    for (j = 0; j < K; j++) {
+                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        s += p[ih * W + iw];
+                        if (at < 0 || p[ih * W + iw] > best) { best = p[ih * W + iw]; at = ih * W + iw; }
+                    }
+                if (is_max) argmax[(pl * OH + oh) * OW + ow] = at;
+                out->data[(pl * OH + oh) * OW + ow] = is_max ? best : (float)(s / (K * K));
+            }
+    n = mlc__record(op, out, mlc__pool_backward, x, NULL, NULL, NULL);
+    if (n) { n->iarg[0] = K; n->iarg[1] = S; n->iarg[2] = Pd; n->saved = argmax; }
+    return out;
+}
+
+MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, stride, padding); }
+MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, stride, padding); }
+
+MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
+    int shape[3];
+    MLC__ENTER("mlc_global_avg_pool2d", x);
+    if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_global_avg_pool2d: x %T must be [N, C, H, W]", x);
+    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = x->shape[2] * x->shape[3];
+    return mlc_mean(mlc_reshape(x, 3, shape), 2, 0);
+}
+
+/* ============================================================================================
+   Autograd: walk the tape from the newest node back. A node runs when its output received a
+   gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
+   Leaves keep their gradients; intermediate gradients are dropped at the end.
+   ============================================================================================ */
+
+MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
+    mlc_ctx *ctx;
+    mlc__node *n;
+    float *g;
+    if (!out) return MLC_ERR_NULL;
+    ctx = out->ctx;
+    if (ctx->error) return ctx->error;
+    if (!out->requires_grad) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: tensor %T does not require a gradient (no input needed one, or gradients were off)", out);
+        return ctx->error;
+    }
+    if (grad_out && !mlc_same_shape(out, grad_out)) {
+        mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_backward: gradient %T does not match output %T", grad_out, out);
+        return ctx->error;
+    }
+    if (!grad_out && out->size != 1) {
+        mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_backward: output %T is not a scalar; use mlc_backward_with", out);
+        return ctx->error;
+    }
+    if (!(g = mlc__grad(out))) return ctx->error;
+    if (grad_out) { size_t i; for (i = 0; i < out->size; i++) g[i] += grad_out->data[i]; }
+    else g[0] += 1.0f;
+    if (!out->node) return MLC_OK;                       /* a leaf: nothing to propagate */
+    for (n = out->node; n; n = n->prev)
+        if (n->out->grad && !ctx->error) n->backward(n);
+    for (n = ctx->tape; n; n = n->prev) n->out->grad = NULL;
+    return ctx->error;
+}
+
+MLCDEF mlc_result mlc_backward(mlc_tensor *loss) { return mlc_backward_with(loss, NULL); }
+
+/* The output projected on weights r, summed in double: L = Σ y·r. */
+static double mlc__project(const mlc_tensor *y, const float *r) {
+    double s = 0.0;
+    size_t i;
+    for (i = 0; i < y->size; i++) s += (double)y->data[i] * r[i];
+    return s;
+}
+
+MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tensor **inputs, int count,
+                         const mlc_gradcheck_opts *opts, mlc_gradcheck_report *report) {
+    mlc_gradcheck_report rep;
+    mlc_frame outer = mlc_frame_begin(ctx);
+    mlc_gradcheck_opts o;
+    uint64_t rng_state = ctx->rng_state, rng_inc = ctx->rng_inc;
+    mlc_tensor *y, *r;
+    float **analytic;
+    int k, ok = 1, grad_was;
+    size_t i;
+    memset(&rep, 0, sizeof rep);
+    rep.worst_input = -1;
+    o.eps = opts && opts->eps > 0 ? opts->eps : 1e-3;
+    o.atol = opts && opts->atol > 0 ? opts->atol : 1e-3;
+    o.rtol = opts && opts->rtol > 0 ? opts->rtol : 1e-2;
+    for (k = 0; k < count; k++) if (inputs[k] && inputs[k]->grad) memset(inputs[k]->grad, 0, inputs[k]->size * sizeof(float));
+    y = fn(inputs, user);
+    if (!y || !y->requires_grad) {
+        if (!y) mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: the function returned NULL");
+        else mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: the output does not depend on an input that requires a gradient");
+        mlc_frame_end(outer);
+        if (report) *report = rep;
+        return 0;
+    }
+    mlc_seed(ctx, 0x9e3779b97f4a7c15ULL);                 /* fixed projection weights */
+    r = mlc_rand(ctx, y->ndim, y->shape);
+    analytic = (float **)mlc__arena_alloc(ctx, (size_t)count * sizeof(float *) + 1, "mlc_gradcheck");
+    if (!r || !analytic) { mlc_frame_end(outer); return 0; }
+    for (i = 0; i < r->size; i++) r->data[i] = r->data[i] * 2.0f - 1.0f;
+    if (mlc_backward_with(y, r) != MLC_OK) { mlc_frame_end(outer); return 0; }
+    for (k = 0; k < count; k++) {
+        analytic[k] = mlc__floats(ctx, inputs[k]->size + 1, "mlc_gradcheck");
+        if (!analytic[k]) { mlc_frame_end(outer); return 0; }
+        if (inputs[k]->grad) memcpy(analytic[k], inputs[k]->grad, inputs[k]->size * sizeof(float));
+        else memset(analytic[k], 0, inputs[k]->size * sizeof(float));
+    }
+    grad_was = mlc_set_grad_enabled(ctx, 0);
+    for (k = 0; k < count && ok; k++) {
+        if (!inputs[k]->requires_grad) continue;
+        for (i = 0; i < inputs[k]->size; i++) {
+            float saved = inputs[k]->data[i];
+            double plus, minus, numeric, err;
+            mlc_frame f = mlc_frame_begin(ctx);
+            inputs[k]->data[i] = saved + (float)o.eps;
+            ctx->rng_state = rng_state; ctx->rng_inc = rng_inc;   /* same dropout masks each time */
+            y = fn(inputs, user);
+            plus = y ? mlc__project(y, r->data) : 0.0;
+            inputs[k]->data[i] = saved - (float)o.eps;
+            ctx->rng_state = rng_state; ctx->rng_inc = rng_inc;
+            y = fn(inputs, user);
+            minus = y ? mlc__project(y, r->data) : 0.0;
+            inputs[k]->data[i] = saved;
+            mlc_frame_end(f);
+            if (ctx->error) { ok = 0; break; }
+            numeric = (plus - minus) / (2.0 * o.eps);
+            err = fabs(analytic[k][i] - numeric);
+            if (rep.worst_input < 0 || err > rep.max_abs_error) {
+                rep.max_abs_error = err; rep.worst_input = k; rep.worst_index = i;
+                rep.analytic = analytic[k][i]; rep.numeric = numeric;
+            }
+            if (err > o.atol + o.rtol * fabs(numeric)) ok = 0;
+        }
+    }
+    mlc_set_grad_enabled(ctx, grad_was);
+    ctx->rng_state = rng_state; ctx->rng_inc = rng_inc;
+    mlc_frame_end(outer);
+    if (report) *report = rep;
+    return ok;
+}
+
+/* ============================================================================================
+   Initialisers (fan_in = shape[1]·receptive field, fan_out = shape[0]·receptive field)
+   ============================================================================================ */
+
+static void mlc__fans(const mlc_tensor *t, double *fan_in, double *fan_out) {
+    double receptive = t->ndim > 2 ? (double)mlc__numel(t->ndim - 2, t->shape + 2) : 1.0;
+    *fan_in = t->ndim >= 2 ? t->shape[1] * receptive : t->ndim == 1 ? t->shape[0] : 1.0;
+    *fan_out = t->ndim >= 2 ? t->shape[0] * receptive : *fan_in;
+    if (*fan_in < 1) *fan_in = 1;
+    if (*fan_out < 1) *fan_out = 1;
+}
+
+MLCDEF void mlc_init_uniform(mlc_tensor *t, float lo, float hi) {
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = lo + (hi - lo) * mlc_rand_uniform(t->ctx);
+}
+MLCDEF void mlc_init_normal(mlc_tensor *t, float mean, float std) {
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = mean + std * mlc_rand_normal(t->ctx);
+}
+MLCDEF void mlc_init_constant(mlc_tensor *t, float value) {
+    size_t i;
+    if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
+}
+MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain √(3 / fan_in) */
+    double fi, fo, bound;
+    if (!t) return;
+    mlc__fans(t, &fi, &fo);
+    bound = sqrt(2.0 / (1.0 + (double)a * a)) * sqrt(3.0 / fi);
+    mlc_init_uniform(t, (float)-bound, (float)bound);
+}
+MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a) {    /* std = gain / √fan_in */
+    double fi, fo;
+    if (!t) return;
+    mlc__fans(t, &fi, &fo);
+    mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * a)) / sqrt(fi)));
+}
+MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) { /* bound = gain √(6 / (fan_in + fan_out)) */
+    double fi, fo, bound;
+    if (!t) return;
+    mlc__fans(t, &fi, &fo);
+    bound = gain * sqrt(6.0 / (fi + fo));
+    mlc_init_uniform(t, (float)-bound, (float)bound);
+}
+MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain) {  /* std = gain √(2 / (fan_in + fan_out)) */
+    double fi, fo;
+    if (!t) return;
+    mlc__fans(t, &fi, &fo);
+    mlc_init_normal(t, 0.0f, (float)(gain * sqrt(2.0 / (fi + fo))));
+}
+
+/* ============================================================================================
+   Modules
+   ============================================================================================ */
+
+static mlc_module *mlc__module(mlc_ctx *ctx, const char *type, mlc_forward_fn forward) {
+    mlc_module *m;
+    if (!ctx || ctx->error) return NULL;
+    m = (mlc_module *)mlc__owned_alloc(ctx, sizeof(mlc_module), type);
+    if (!m) return NULL;
+    m->ctx = ctx; m->type = type; m->forward = forward; m->training = 1;
+    return m;
+}
+
+static char *mlc__strdup(mlc_ctx *ctx, const char *s) {
+    char *d = (char *)mlc__owned_alloc(ctx, strlen(s) + 1, "mlc_module");
+    if (d) memcpy(d, s, strlen(s) + 1);
+    return d;
+}
+
+static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t, int is_buffer) {
+    int *count;
+    if (!m) return MLC_ERR_NULL;
+    if (!t || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add: %s is NULL", t ? "name" : "tensor"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    count = is_buffer ? &m->n_buffers : &m->n_params;
+    if (*count >= MLC_MODULE_MAX_TENSORS) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: %s already holds %d tensors; use a child module", m->type, MLC_MODULE_MAX_TENSORS);
+        return m->ctx->error;
+    }
+    if (!t->persistent) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
+        return m->ctx->error;
+    }
+    if (!(name = mlc__strdup(m->ctx, name))) return m->ctx->error;
+    if (is_buffer) { m->buffers[*count] = t; m->buffer_names[*count] = name; }
+    else { m->params[*count] = t; m->param_names[*count] = name; }
+    ++*count;
+    return MLC_OK;
+}
+MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) { return mlc__module_add(m, name, p, 0); }
+MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) { return mlc__module_add(m, name, b, 1); }
+
+MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child) {
+    mlc_module **children;
+    char **names;
+    if (!m) return MLC_ERR_NULL;
+    if (!child || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
+    names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
+    if (!children || !names || !(names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
+    if (m->n_children) {
+        memcpy(children, m->children, sizeof(mlc_module *) * (size_t)m->n_children);
+        memcpy(names, m->child_names, sizeof(char *) * (size_t)m->n_children);
+        mlc__owned_free(m->ctx, m->children);
+        mlc__owned_free(m->ctx, m->child_names);
+    }
+    children[m->n_children] = child;
+    m->children = children; m->child_names = names;
+    m->n_children++;
+    return MLC_OK;
+}
+
+MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn forward, void *user) {
+    mlc_module *m = mlc__module(ctx, type ? type : "Custom", forward);
+    if (m) m->user = user;
+    return m;
+}
+
+MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
+    if (!m || !x) return NULL;
+    if (!m->forward) return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_forward: module %s has no forward function", m->type);
+    return m->forward(m, x);
+}
+
+/* A parameter with PyTorch's default initialisation U(-1/√fan_in, 1/√fan_in) for biases. */
+static mlc_tensor *mlc__param(mlc_module *m, const char *name, int ndim, const int *shape) {
+    mlc_tensor *p = mlc_parameter(m->ctx, ndim, shape);
+    if (p && mlc__module_add(m, name, p, 0) != MLC_OK) return NULL;
+    return p;
+}
+static mlc_tensor *mlc__buffer(mlc_module *m, const char *name, int ndim, const int *shape, float value) {
+    mlc_tensor *b = mlc__make(m->ctx, name, ndim, shape, 1);
+    if (!b || mlc__module_add(m, name, b, 1) != MLC_OK) return NULL;
+    mlc_init_constant(b, value);
+    return b;
+}
+
+static mlc_tensor *mlc__linear_forward(mlc_module *m, mlc_tensor *x) { return mlc_linear(x, m->params[0], m->n_params > 1 ? m->params[1] : NULL); }
+
+static mlc_module *mlc__nn_linear(mlc_ctx *ctx, int in, int out, int bias) {
+    mlc_module *m = mlc__module(ctx, "Linear", mlc__linear_forward);
+    int shape[2];
+    mlc_tensor *w, *b = NULL;
+    if (!m) return NULL;
+    shape[0] = out; shape[1] = in;
+    if (!(w = mlc__param(m, "weight", 2, shape)) || (bias && !(b = mlc__param(m, "bias", 1, &out)))) return NULL;
+    mlc_init_kaiming_uniform(w, 2.2360679775f);          /* a = √5: bound 1/√in, as PyTorch */
+    if (b) mlc_init_uniform(b, -1.0f / sqrtf((float)(in > 0 ? in : 1)), 1.0f / sqrtf((float)(in > 0 ? in : 1)));
+    return m;
+}
+MLCDEF mlc_module *mlc_nn_linear(mlc_ctx *ctx, int in, int out) { return mlc__nn_linear(ctx, in, out, 1); }
+MLCDEF mlc_module *mlc_nn_linear_nobias(mlc_ctx *ctx, int in, int out) { return mlc__nn_linear(ctx, in, out, 0); }
+
+static mlc_tensor *mlc__conv2d_forward(mlc_module *m, mlc_tensor *x) { return mlc_conv2d(x, m->params[0], m->params[1], m->conv); }
+
+MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels, int kernel, mlc_conv_opts opts) {
+    mlc_module *m = mlc__module(ctx, "Conv2d", mlc__conv2d_forward);
+    int shape[4], groups = opts.groups ? opts.groups : 1;
+    mlc_tensor *w, *b;
+    float bound;
+    if (!m) return NULL;
+    if (groups < 1 || in_channels % groups) return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: %d input channels do not split into %d groups", in_channels, groups);
+    shape[0] = out_channels; shape[1] = in_channels / groups; shape[2] = shape[3] = kernel;
+    m->conv = opts;
+    if (!(w = mlc__param(m, "weight", 4, shape)) || !(b = mlc__param(m, "bias", 1, &out_channels))) return NULL;
+    mlc_init_kaiming_uniform(w, 2.2360679775f);
+    bound = 1.0f / sqrtf((float)(shape[1] * kernel * kernel > 0 ? shape[1] * kernel * kernel : 1));
+    mlc_init_uniform(b, -bound, bound);
+    return m;
+}
+
+static mlc_tensor *mlc__batch_norm_forward(mlc_module *m, mlc_tensor *x) {
+    if (m->training && x && m->buffers[2]) m->buffers[2]->data[0] += 1.0f;   /* num_batches_tracked */
+    return mlc_batch_norm(x, m->buffers[0], m->buffers[1], m->params[0], m->params[1], m->training, m->momentum, m->eps);
+}
+MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features) {
+    mlc_module *m = mlc__module(ctx, "BatchNorm", mlc__batch_norm_forward);
+    mlc_tensor *w, *b;
+    if (!m) return NULL;
+    m->eps = 1e-5f; m->momentum = 0.1f;
+    if (!(w = mlc__param(m, "weight", 1, &features)) || !(b = mlc__param(m, "bias", 1, &features))) return NULL;
+    mlc_init_constant(w, 1.0f);
+    if (!mlc__buffer(m, "running_mean", 1, &features, 0.0f) || !mlc__buffer(m, "running_var", 1, &features, 1.0f) ||
+        !mlc__buffer(m, "num_batches_tracked", 0, NULL, 0.0f)) return NULL;
+    return m;
+}
+
+static mlc_tensor *mlc__layer_norm_forward(mlc_module *m, mlc_tensor *x) { return mlc_layer_norm(x, m->params[0], m->params[1], m->eps); }
+MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features) {
+    mlc_module *m = mlc__module(ctx, "LayerNorm", mlc__layer_norm_forward);
+    mlc_tensor *w;
+    if (!m) return NULL;
+    m->eps = 1e-5f;
+    if (!(w = mlc__param(m, "weight", 1, &features)) || !mlc__param(m, "bias", 1, &features)) return NULL;
+    mlc_init_constant(w, 1.0f);
+    return m;
+}
+
+static mlc_tensor *mlc__embedding_forward(mlc_module *m, mlc_tensor *x) { return mlc_embedding(m->params[0], x); }
+MLCDEF mlc_module *mlc_nn_embedding(mlc_ctx *ctx, int count, int dim) {
+    mlc_module *m = mlc__module(ctx, "Embedding", mlc__embedding_forward);
+    int shape[2];
+    mlc_tensor *w;
+    if (!m) return NULL;
+    shape[0] = count; shape[1] = dim;
+    if (!(w = mlc__param(m, "weight", 2, shape))) return NULL;
+    mlc_init_normal(w, 0.0f, 1.0f);
+    return m;
+}
+
+static mlc_tensor *mlc__dropout_forward(mlc_module *m, mlc_tensor *x) { return mlc_dropout(x, m->alpha, m->training); }
+static mlc_tensor *mlc__relu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_relu(x); }
+static mlc_tensor *mlc__leaky_forward(mlc_module *m, mlc_tensor *x) { return mlc_leaky_relu(x, m->alpha); }
+static mlc_tensor *mlc__gelu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_gelu(x); }
+static mlc_tensor *mlc__sigmoid_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_sigmoid(x); }
+static mlc_tensor *mlc__tanh_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_tanh(x); }
+static mlc_tensor *mlc__silu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_silu(x); }
+static mlc_tensor *mlc__flatten_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_flatten(x, 1); }
+static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_max_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
+static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_avg_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
+static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_global_avg_pool2d(x); }
+
+MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
+    mlc_module *m = mlc__module(ctx, "Dropout", mlc__dropout_forward);
+    if (m) m->alpha = p;
+    return m;
+}
+MLCDEF mlc_module *mlc_nn_relu(mlc_ctx *ctx) { return mlc__module(ctx, "ReLU", mlc__relu_forward); }
+MLCDEF mlc_module *mlc_nn_leaky_relu(mlc_ctx *ctx, float slope) {
+    mlc_module *m = mlc__module(ctx, "LeakyReLU", mlc__leaky_forward);
+    if (m) m->alpha = slope;
+    return m;
+}
+MLCDEF mlc_module *mlc_nn_gelu(mlc_ctx *ctx) { return mlc__module(ctx, "GELU", mlc__gelu_forward); }
+MLCDEF mlc_module *mlc_nn_sigmoid(mlc_ctx *ctx) { return mlc__module(ctx, "Sigmoid", mlc__sigmoid_forward); }
+MLCDEF mlc_module *mlc_nn_tanh(mlc_ctx *ctx) { return mlc__module(ctx, "Tanh", mlc__tanh_forward); }
+MLCDEF mlc_module *mlc_nn_silu(mlc_ctx *ctx) { return mlc__module(ctx, "SiLU", mlc__silu_forward); }
+MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx) { return mlc__module(ctx, "Flatten", mlc__flatten_forward); }
+MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
+    mlc_module *m = mlc__module(ctx, "MaxPool2d", mlc__max_pool_forward);
+    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    return m;
+}
+MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
+    mlc_module *m = mlc__module(ctx, "AvgPool2d", mlc__avg_pool_forward);
+    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    return m;
+}
+MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }
+
+static mlc_tensor *mlc__sequential_forward(mlc_module *m, mlc_tensor *x) {
+    int i;
+    for (i = 0; i < m->n_children && x; i++) x = mlc_forward(m->children[i], x);
+    return x;
+}
+
+MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...) {
+    mlc_module *m = mlc__module(ctx, "Sequential", mlc__sequential_forward), *child;
+    va_list ap;
+    char name[16];
+    int i = 0, ok = m != NULL;
+    va_start(ap, ctx);
+    while ((child = va_arg(ap, mlc_module *)) != NULL) {   /* a NULL child (failed) ends the list early */
+        mlc__format(name, sizeof name, "%d", i++);
+        if (ok && mlc_module_add_child(m, name, child) != MLC_OK) ok = 0;
+    }
+    va_end(ap);
+    if (ok && ctx->error) ok = 0;                          /* a child failed to build */
+    return ok ? m : NULL;
+}
+
+MLCDEF void mlc_module_train(mlc_module *m, int training) {
+    int i;
+    if (!m) return;
+    m->training = training != 0;
+    for (i = 0; i < m->n_children; i++) mlc_module_train(m->children[i], training);
+}
+
+static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max, int count) {
+    int i;
+    char name[128];
+    for (i = 0; i < m->n_params; i++, count++)
+        if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->param_names[i]); out[count].tensor = m->params[i]; }
+    for (i = 0; with_buffers && i < m->n_buffers; i++, count++)
+        if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]); out[count].tensor = m->buffers[i]; }
+    for (i = 0; i < m->n_children; i++) {
+        mlc__format(name, sizeof name, "%s%s.", prefix, m->child_names[i]);
+        count = mlc__collect(m->children[i], name, with_buffers, out, max, count);
+    }
+    return count;
+}
+MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max) { return m ? mlc__collect(m, "", 0, out, out ? max : 0, 0) : 0; }
+MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max) { return m ? mlc__collect(m, "", 1, out, out ? max : 0, 0) : 0; }
+
+MLCDEF size_t mlc_module_param_count(mlc_module *m) {
+    size_t n = 0;
+    int i;
+    if (!m) return 0;
+    for (i = 0; i < m->n_params; i++) n += m->params[i]->size;
+    for (i = 0; i < m->n_children; i++) n += mlc_module_param_count(m->children[i]);
+    return n;
+}
+
+/* ============================================================================================
+   Optimisers (PyTorch's update rules; g = gradient, p = parameter, t = step number)
+     SGD      g += wd p;  b = μ b + (1 - τ) g (b = g at t = 1);  g = nesterov ? g + μ b : b;  p -= lr g
+     Adam     g += wd p;  m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²;
+              p -= lr m/(1-β1^t) / (√(v/(1-β2^t)) + eps)
+     AdamW    p -= lr wd p first; then Adam without the g += wd p
+     RMSprop  g += wd p;  v = α v + (1-α) g²;  a = √(v - ḡ²) + eps (centered, ḡ = α ḡ + (1-α) g)
+              or √v + eps;  with momentum: b = μ b + g/a, p -= lr b;  else p -= lr g/a
+   ============================================================================================ */
+
+typedef enum { MLC__SGD, MLC__ADAM, MLC__ADAMW, MLC__RMSPROP } mlc__optim_kind;
+
+struct mlc_optim {
+    mlc_ctx *ctx;
+    mlc__optim_kind kind;
+    int count, capacity;
+    mlc_tensor **params;
+    float **state;                      /* three buffers per parameter: state[3 i + k] */
+    long long t;
+    float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+    int nesterov, centered;
+};
+
+MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
+    mlc_ctx *ctx;
+    int k;
+    if (!opt) return MLC_ERR_NULL;
+    ctx = opt->ctx;
+    if (!p || !p->persistent || !p->grad) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : "the tensor is not a parameter (use mlc_parameter)");
+        return ctx->error ? ctx->error : MLC_ERR_ARG;
+    }
+    if (opt->count == opt->capacity) {
+        int cap = opt->capacity ? 2 * opt->capacity : 16;
+        mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
+        float **state = (float **)mlc__owned_alloc(ctx, sizeof(float *) * 3 * (size_t)cap, "mlc_optim_add_param");
+        if (!params || !state) return ctx->error;
+        if (opt->count) {
+            memcpy(params, opt->params, sizeof(mlc_tensor *) * (size_t)opt->count);
+            memcpy(state, opt->state, sizeof(float *) * 3 * (size_t)opt->count);
+            mlc__owned_free(ctx, opt->params);
+            mlc__owned_free(ctx, opt->state);
+        }
+        opt->params = params; opt->state = state; opt->capacity = cap;
+    }
+    for (k = 0; k < 3; k++)                             /* zeroed by the allocator */
+        if (!(opt->state[3 * opt->count + k] = (float *)mlc__owned_alloc(ctx, p->size * sizeof(float) + 1, "mlc_optim_add_param"))) return ctx->error;
+    opt->params[opt->count++] = p;
+    return MLC_OK;
+}
+
+static mlc_result mlc__optim_add_module(mlc_optim *opt, mlc_module *m) {   /* PyTorch's order */
+    int i;
+    for (i = 0; i < m->n_params; i++) if (mlc_optim_add_param(opt, m->params[i]) != MLC_OK) return opt->ctx->error;
+    for (i = 0; i < m->n_children; i++) if (mlc__optim_add_module(opt, m->children[i]) != MLC_OK) return opt->ctx->error;
+    return MLC_OK;
+}
+
+static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc_module *module, mlc__optim_kind kind, float lr, float default_lr) {
+    mlc_optim *opt;
+    if (!ctx || ctx->error) return NULL;
+    if (!(opt = (mlc_optim *)mlc__owned_alloc(ctx, sizeof(mlc_optim), "mlc_optim"))) return NULL;
+    opt->ctx = ctx; opt->kind = kind; opt->lr = lr > 0 ? lr : default_lr;
+    if (module && mlc__optim_add_module(opt, module) != MLC_OK) return NULL;
+    return opt;
+}
+
+MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
+    mlc_optim *opt = mlc__optim(ctx, module, MLC__SGD, c.lr, 0.01f);
+    if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
+    return opt;
+}
+
+static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind, float default_wd) {
+    mlc_optim *opt = mlc__optim(ctx, module, kind, c.lr, 1e-3f);
+    if (!opt) return NULL;
+    opt->beta1 = c.beta1 > 0 ? c.beta1 : 0.9f;
+    opt->beta2 = c.beta2 > 0 ? c.beta2 : 0.999f;
+    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
+    opt->weight_decay = c.weight_decay > 0 ? c.weight_decay : default_wd;
+    return opt;
+}
+MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f); }
+MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f); }
+
+MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
+    mlc_optim *opt = mlc__optim(ctx, module, MLC__RMSPROP, c.lr, 0.01f);
+    if (!opt) return NULL;
+    opt->beta2 = c.alpha > 0 ? c.alpha : 0.99f;
+    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
+    opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
+    return opt;
+}
+
+MLCDEF void mlc_zero_grad(mlc_optim *opt) {
+    int i;
+    if (!opt) return;
+    for (i = 0; i < opt->count; i++) memset(opt->params[i]->grad, 0, opt->params[i]->size * sizeof(float));
+}
+
+MLCDEF void mlc_step(mlc_optim *opt) {
+    int i;
+    double bc1, bc2;
+    if (!opt || opt->ctx->error) return;
+    opt->t++;
+    bc1 = 1.0 - pow((double)opt->beta1, (double)opt->t);
+    bc2 = 1.0 - pow((double)opt->beta2, (double)opt->t);
+    for (i = 0; i < opt->count; i++) {
+        mlc_tensor *p = opt->params[i];
+        float *a = opt->state[3 * i], *b = opt->state[3 * i + 1], *c = opt->state[3 * i + 2];
+        float lr = opt->lr, wd = opt->weight_decay;
+        size_t j;
+        for (j = 0; j < p->size; j++) {
+            float g = p->grad[j], x = p->data[j];
+            switch (opt->kind) {
+            case MLC__SGD:
+                g += wd * x;
+                if (opt->momentum != 0.0f) {
+                    a[j] = opt->t == 1 ? g : opt->momentum * a[j] + (1.0f - opt->dampening) * g;
+                    g = opt->nesterov ? g + opt->momentum * a[j] : a[j];
+                }
+                x -= lr * g;
+                break;
+            case MLC__ADAM: case MLC__ADAMW:
+                if (opt->kind == MLC__ADAMW) x *= 1.0f - lr * wd; else g += wd * x;
+                a[j] = opt->beta1 * a[j] + (1.0f - opt->beta1) * g;
+                b[j] = opt->beta2 * b[j] + (1.0f - opt->beta2) * g * g;
+                x -= (float)(lr / bc1) * a[j] / ((float)sqrt(b[j] / bc2) + opt->eps);
+                break;
+            default: {
+                float avg;
+                g += wd * x;
+                b[j] = opt->beta2 * b[j] + (1.0f - opt->beta2) * g * g;
+                if (opt->centered) {
+                    c[j] = opt->beta2 * c[j] + (1.0f - opt->beta2) * g;
+                    avg = MLC_SQRTF(b[j] - c[j] * c[j]) + opt->eps;
+                } else avg = MLC_SQRTF(b[j]) + opt->eps;
+                if (opt->momentum > 0.0f) { a[j] = opt->momentum * a[j] + g / avg; x -= lr * a[j]; }
+                else x -= lr * g / avg;
+            }
+            }
+            p->data[j] = x;
+        }
+    }
+}
+
+MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr) { if (opt) opt->lr = lr; }
+MLCDEF float mlc_optim_lr(const mlc_optim *opt) { return opt ? opt->lr : 0.0f; }
+
+MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
+    double total = 0.0;
+    float scale;
+    int i;
+    size_t j;
+    if (!opt) return 0.0f;
+    for (i = 0; i < opt->count; i++)
+        for (j = 0; j < opt->params[i]->size; j++) total += (double)opt->params[i]->grad[j] * opt->params[i]->grad[j];
+    total = sqrt(total);
+    scale = (float)(max_norm / (total + 1e-6));
+    if (scale < 1.0f)
+        for (i = 0; i < opt->count; i++)
+            for (j = 0; j < opt->params[i]->size; j++) opt->params[i]->grad[j] *= scale;
+    return (float)total;
+}
+
+MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma) {
+    return step_size > 0 ? base_lr * (float)pow((double)gamma, (double)(epoch / step_size)) : base_lr;
+}
+
+MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr) {
+    double progress;
+    if (step < warmup_steps) return base_lr * (float)(step + 1) / (float)warmup_steps;
+    progress = total_steps > warmup_steps ? (double)(step - warmup_steps) / (total_steps - warmup_steps) : 1.0;
+    if (progress > 1.0) progress = 1.0;
+    return min_lr + (base_lr - min_lr) * (float)(0.5 * (1.0 + cos(3.141592653589793 * progress)));
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLC_IMPLEMENTATION_DONE */
+#endif /* MLC_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the mlc authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES
+OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN
+CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

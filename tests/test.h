@@ -1,0 +1,39 @@
+/* A small test runner: each test file defines a table of tests; main.c runs every table and
+   ends with the line "N passed, M failed". A test fails on its first failed CHECK. */
+#ifndef MLC_TEST_H
+#define MLC_TEST_H
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "../mlc.h"
+
+typedef struct test_case { const char *name; int (*run)(void); } test_case;
+
+/* Where a check failed; the runner prints it after the test's name. */
+extern char test_failure[512];
+
+#define CHECK(cond) do { if (!(cond)) { \
+    snprintf(test_failure, sizeof test_failure, "%s:%d: CHECK(%s)", __FILE__, __LINE__, #cond); return 0; } } while (0)
+#define CHECK_MSG(cond, ...) do { if (!(cond)) { \
+    int at_ = snprintf(test_failure, sizeof test_failure, "%s:%d: ", __FILE__, __LINE__); \
+    snprintf(test_failure + at_, sizeof test_failure - (size_t)at_, __VA_ARGS__); return 0; } } while (0)
+#define CHECK_NEAR(a, b, tol) do { double a_ = (a), b_ = (b); if (!(fabs(a_ - b_) <= (tol))) { \
+    snprintf(test_failure, sizeof test_failure, "%s:%d: %s = %.9g, expected %s = %.9g (tol %g)", \
+             __FILE__, __LINE__, #a, a_, #b, b_, (double)(tol)); return 0; } } while (0)
+
+/* A context that keeps errors quiet (tests provoke them on purpose). */
+static inline mlc_ctx *test_ctx(unsigned long long seed) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    return mlc_create(&c);
+}
+
+/* Every element of t equals want[i] within tol. */
+#define CHECK_TENSOR(t, want, tol) do { const mlc_tensor *t_ = (t); size_t i_; CHECK(t_ != NULL); \
+    for (i_ = 0; i_ < t_->size; i_++) if (!(fabs((double)t_->data[i_] - (double)(want)[i_]) <= (tol))) { \
+        snprintf(test_failure, sizeof test_failure, "%s:%d: %s[%zu] = %.9g, expected %.9g", \
+                 __FILE__, __LINE__, #t, i_, (double)t_->data[i_], (double)(want)[i_]); return 0; } } while (0)
+
+#endif
