@@ -5,7 +5,7 @@ LDLIBS  := -lm
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits
 
-.PHONY: all examples demo test compile-check clean
+.PHONY: all examples demo test test-sanitize compile-check clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -27,6 +27,12 @@ compile-check:
 
 test: compile-check $(BUILD)/test
 	./$(BUILD)/test
+
+# The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included).
+test-sanitize: | $(BUILD)
+	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
+	    -o $(BUILD)/test-sanitize tests/*.c $(LDLIBS)
+	./$(BUILD)/test-sanitize
 
 clean:
 	rm -rf $(BUILD)

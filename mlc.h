@@ -72,7 +72,9 @@ LIMITS
 #include <stdint.h>
 
 #ifndef MLCDEF
-#ifdef MLC_STATIC
+#if defined(MLC_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#define MLCDEF static __attribute__((unused))   /* a unit need not call every function */
+#elif defined(MLC_STATIC)
 #define MLCDEF static
 #else
 #define MLCDEF extern
@@ -1756,7 +1758,7 @@ static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g 
 }
 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
-    int s[MLC_MAX_DIMS], d, infer = -1;
+    int s[MLC_MAX_DIMS] = {0}, d, infer = -1;
     size_t known = 1;
     mlc_tensor *out;
     MLC__ENTER("mlc_reshape", x);

@@ -1,0 +1,308 @@
+/* Gradient checks: every op's backward rule against central differences (mlc_gradcheck), on
+   several shapes and broadcasting cases. Inputs come from one of three domains:
+     ANY       N(0, 1)
+     POSITIVE  [0.5, 2)             for log, sqrt, pow, div
+     DISTINCT  k·0.1 + 0.0237, shuffled: no ties and no value within 0.02 of a kink
+               (0, ±0.5, 0.7), for relu, abs, clamp, max, max_pool                       */
+#include "test.h"
+
+enum { ANY, POSITIVE, DISTINCT };
+#define MAXIN 4
+
+static void fill(mlc_tensor *t, int domain) {
+    size_t i, n = t->size;
+    for (i = 0; i < n; i++) {
+        if (domain == ANY) t->data[i] = mlc_rand_normal(t->ctx);
+        else if (domain == POSITIVE) t->data[i] = 0.5f + 1.5f * mlc_rand_uniform(t->ctx);
+        else t->data[i] = ((float)i - (float)n / 2.0f) * 0.1f + 0.0237f;
+    }
+    if (domain == DISTINCT)                                  /* Fisher-Yates shuffle */
+        for (i = n; i > 1; i--) {
+            size_t j = mlc_rand_u32(t->ctx) % i;
+            float tmp = t->data[i - 1]; t->data[i - 1] = t->data[j]; t->data[j] = tmp;
+        }
+}
+
+/* shapes: {ndim, d0, d1, ...} per input */
+static int run_grad(const char *name, mlc_gradcheck_fn fn, int domain, const int (*shapes)[MLC_MAX_DIMS + 1], int count) {
+    mlc_ctx *ctx = test_ctx(7);
+    mlc_tensor *in[MAXIN];
+    mlc_gradcheck_opts opts = { 5e-3, 2e-3, 1e-2 };
+    mlc_gradcheck_report rep;
+    int k, ok;
+    for (k = 0; k < count; k++) {
+        in[k] = mlc_requires_grad(mlc_empty(ctx, shapes[k][0], shapes[k] + 1), 1);
+        CHECK(in[k] != NULL);
+        fill(in[k], domain);
+    }
+    ok = mlc_gradcheck(ctx, fn, NULL, in, count, &opts, &rep);
+    if (!ok) {
+        snprintf(test_failure, sizeof test_failure, "%s: gradient mismatch at input %d element %zu: analytic %.6g numeric %.6g (%s)",
+                 name, rep.worst_input, rep.worst_index, rep.analytic, rep.numeric,
+                 mlc_error(ctx) ? mlc_error_message(ctx) : "no error");
+        mlc_destroy(ctx);
+        return 0;
+    }
+    CHECK_MSG(rep.worst_input >= 0, "%s: nothing was checked", name);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+#define S(...) { __VA_ARGS__ }
+#define GRAD(name, domain, ...) \
+    static int grad_##name(void) { \
+        static const int shapes[][MLC_MAX_DIMS + 1] = { __VA_ARGS__ }; \
+        return run_grad(#name, f_##name, domain, shapes, (int)(sizeof shapes / sizeof shapes[0])); }
+#define FN(name) static mlc_tensor *f_##name(mlc_tensor **x, void *u)
+#define C(x) ((x)->ctx)
+
+/* elementwise, broadcasting */
+FN(add_same) { (void)u; return mlc_add(x[0], x[1]); }
+FN(add_row) { (void)u; return mlc_add(x[0], x[1]); }
+FN(add_both) { (void)u; return mlc_add(x[0], x[1]); }
+FN(add_scalar_tensor) { (void)u; return mlc_add(x[0], x[1]); }
+FN(sub_bcast) { (void)u; return mlc_sub(x[0], x[1]); }
+FN(mul_bcast) { (void)u; return mlc_mul(x[0], x[1]); }
+FN(mul_self) { (void)u; return mlc_mul(x[0], x[0]); }            /* used twice: both parts */
+FN(div_bcast) { (void)u; return mlc_div(x[0], x[1]); }
+GRAD(add_same, ANY, S(2, 3, 4), S(2, 3, 4))
+GRAD(add_row, ANY, S(2, 3, 4), S(1, 4))
+GRAD(add_both, ANY, S(3, 2, 1, 4), S(2, 3, 1))
+GRAD(add_scalar_tensor, ANY, S(0), S(2, 2, 3))
+GRAD(sub_bcast, ANY, S(2, 3, 1), S(2, 1, 4))
+GRAD(mul_bcast, ANY, S(3, 2, 3, 4), S(2, 3, 1))
+GRAD(mul_self, ANY, S(2, 3, 3))
+GRAD(div_bcast, POSITIVE, S(2, 3, 4), S(1, 4))
+
+FN(where3) {
+    static const float c[] = { 1, 0, 1, 0, 0, 1 };
+    (void)u;
+    return mlc_where(mlc_from_data(C(x[0]), MLC_SHAPE(2, 3), c), x[0], x[1]);
+}
+FN(masked_fill) {
+    static const float m[] = { 0, 1, 1, 0, 0, 1, 0, 0, 0 };
+    (void)u;
+    return mlc_masked_fill(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(3, 3), m), -5.0f);
+}
+GRAD(where3, ANY, S(2, 2, 3), S(1, 3))
+GRAD(masked_fill, ANY, S(3, 2, 3, 3))
+
+/* one-input elementwise ops and activations */
+FN(neg) { (void)u; return mlc_neg(x[0]); }
+FN(exp) { (void)u; return mlc_exp(x[0]); }
+FN(log) { (void)u; return mlc_log(x[0]); }
+FN(sqrt) { (void)u; return mlc_sqrt(x[0]); }
+FN(pow) { (void)u; return mlc_pow(x[0], 2.5f); }
+FN(abs) { (void)u; return mlc_abs(x[0]); }
+FN(clamp) { (void)u; return mlc_clamp(x[0], -0.5f, 0.7f); }
+FN(scalars) { (void)u; return mlc_rsub_scalar(mlc_mul_scalar(mlc_add_scalar(x[0], 0.3f), -1.7f), 2.0f); }
+FN(relu) { (void)u; return mlc_relu(x[0]); }
+FN(leaky_relu) { (void)u; return mlc_leaky_relu(x[0], 0.1f); }
+FN(gelu) { (void)u; return mlc_gelu(x[0]); }
+FN(gelu_tanh) { (void)u; return mlc_gelu_tanh(x[0]); }
+FN(sigmoid) { (void)u; return mlc_sigmoid(x[0]); }
+FN(tanh) { (void)u; return mlc_tanh(x[0]); }
+FN(silu) { (void)u; return mlc_silu(x[0]); }
+GRAD(neg, ANY, S(2, 3, 4))
+GRAD(exp, ANY, S(2, 3, 4))
+GRAD(log, POSITIVE, S(2, 3, 4))
+GRAD(sqrt, POSITIVE, S(2, 3, 4))
+GRAD(pow, POSITIVE, S(2, 3, 4))
+GRAD(abs, DISTINCT, S(2, 3, 4))
+GRAD(clamp, DISTINCT, S(2, 3, 6))
+GRAD(scalars, ANY, S(1, 7))
+GRAD(relu, DISTINCT, S(2, 4, 5))
+GRAD(leaky_relu, DISTINCT, S(2, 4, 5))
+GRAD(gelu, ANY, S(2, 4, 5))
+GRAD(gelu_tanh, ANY, S(2, 4, 5))
+GRAD(sigmoid, ANY, S(2, 4, 5))
+GRAD(tanh, ANY, S(2, 4, 5))
+GRAD(silu, ANY, S(2, 4, 5))
+
+/* matrix products */
+FN(matmul) { (void)u; return mlc_matmul(x[0], x[1]); }
+FN(matmul_ta) { (void)u; return mlc_matmul_t(x[0], x[1], 1, 0); }
+FN(matmul_tb) { (void)u; return mlc_matmul_t(x[0], x[1], 0, 1); }
+FN(matmul_tab) { (void)u; return mlc_matmul_t(x[0], x[1], 1, 1); }
+FN(matmul_batched) { (void)u; return mlc_matmul(x[0], x[1]); }
+FN(matmul_batched_tab) { (void)u; return mlc_matmul_t(x[0], x[1], 1, 1); }
+FN(matmul_shared_b) { (void)u; return mlc_matmul(x[0], x[1]); }
+FN(matmul_shared_b_ta) { (void)u; return mlc_matmul_t(x[0], x[1], 1, 0); }
+FN(matmul_shared_a) { (void)u; return mlc_matmul_t(x[0], x[1], 0, 1); }
+FN(linear) { (void)u; return mlc_linear(x[0], x[1], x[2]); }
+GRAD(matmul, ANY, S(2, 3, 4), S(2, 4, 5))
+GRAD(matmul_ta, ANY, S(2, 4, 3), S(2, 4, 5))
+GRAD(matmul_tb, ANY, S(2, 3, 4), S(2, 5, 4))
+GRAD(matmul_tab, ANY, S(2, 4, 3), S(2, 5, 4))
+GRAD(matmul_batched, ANY, S(3, 2, 3, 4), S(3, 2, 4, 2))
+GRAD(matmul_batched_tab, ANY, S(4, 2, 1, 4, 3), S(4, 2, 1, 2, 4))
+GRAD(matmul_shared_b, ANY, S(3, 2, 3, 4), S(2, 4, 5))
+GRAD(matmul_shared_b_ta, ANY, S(3, 2, 4, 3), S(2, 4, 5))
+GRAD(matmul_shared_a, ANY, S(2, 3, 4), S(3, 2, 5, 4))
+GRAD(linear, ANY, S(3, 2, 3, 4), S(2, 5, 4), S(1, 5))
+
+/* reductions */
+FN(sum0) { (void)u; return mlc_sum(x[0], 0, 0); }
+FN(sum1_keep) { (void)u; return mlc_sum(x[0], 1, 1); }
+FN(mean_last) { (void)u; return mlc_mean(x[0], -1, 0); }
+FN(max1) { (void)u; return mlc_max(x[0], 1, 0); }
+FN(max_last_keep) { (void)u; return mlc_max(x[0], -1, 1); }
+FN(var_unbiased) { (void)u; return mlc_var(x[0], 1, 0, 1); }
+FN(var_biased_keep) { (void)u; return mlc_var(x[0], 0, 1, 0); }
+FN(sum_all) { (void)u; return mlc_sum_all(x[0]); }
+FN(mean_all) { (void)u; return mlc_mean_all(x[0]); }
+GRAD(sum0, ANY, S(3, 2, 3, 4))
+GRAD(sum1_keep, ANY, S(3, 2, 3, 4))
+GRAD(mean_last, ANY, S(3, 2, 3, 4))
+GRAD(max1, DISTINCT, S(3, 2, 3, 4))
+GRAD(max_last_keep, DISTINCT, S(2, 3, 4))
+GRAD(var_unbiased, ANY, S(3, 2, 3, 4))
+GRAD(var_biased_keep, ANY, S(2, 3, 4))
+GRAD(sum_all, ANY, S(2, 3, 4))
+GRAD(mean_all, ANY, S(2, 3, 4))
+
+/* softmax and losses */
+FN(softmax_last) { (void)u; return mlc_softmax(x[0], -1); }
+FN(softmax_mid) { (void)u; return mlc_softmax(x[0], 1); }
+FN(log_softmax_last) { (void)u; return mlc_log_softmax(x[0], -1); }
+FN(log_softmax_first) { (void)u; return mlc_log_softmax(x[0], 0); }
+static const float targets5[] = { 2, 0, 3, 3, 1 };
+FN(cross_entropy_mean) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_MEAN, MLC_NO_IGNORE); }
+FN(cross_entropy_sum) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_SUM, MLC_NO_IGNORE); }
+FN(cross_entropy_none) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_NONE, MLC_NO_IGNORE); }
+FN(cross_entropy_ignore) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_MEAN, 3); }
+FN(nll_loss) { (void)u; return mlc_nll_loss(mlc_log_softmax(x[0], 1), mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_MEAN, 0); }
+FN(nll_loss_none) { (void)u; return mlc_nll_loss(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_NONE, MLC_NO_IGNORE); }
+FN(mse_mean) { (void)u; return mlc_mse_loss(x[0], x[1], MLC_REDUCE_MEAN); }
+FN(mse_none) { (void)u; return mlc_mse_loss(x[0], x[1], MLC_REDUCE_NONE); }
+FN(bce_logits_mean) { (void)u; return mlc_bce_with_logits(x[0], mlc_sigmoid(x[1]), MLC_REDUCE_MEAN); }
+FN(bce_logits_sum) { (void)u; return mlc_bce_with_logits(x[0], mlc_sigmoid(x[1]), MLC_REDUCE_SUM); }
+GRAD(softmax_last, ANY, S(2, 3, 4))
+GRAD(softmax_mid, ANY, S(3, 2, 3, 4))
+GRAD(log_softmax_last, ANY, S(2, 3, 4))
+GRAD(log_softmax_first, ANY, S(3, 3, 2, 2))
+GRAD(cross_entropy_mean, ANY, S(2, 5, 4))
+GRAD(cross_entropy_sum, ANY, S(2, 5, 4))
+GRAD(cross_entropy_none, ANY, S(2, 5, 4))
+GRAD(cross_entropy_ignore, ANY, S(2, 5, 4))
+GRAD(nll_loss, ANY, S(2, 5, 4))
+GRAD(nll_loss_none, ANY, S(2, 5, 4))
+GRAD(mse_mean, ANY, S(2, 3, 4), S(2, 3, 4))
+GRAD(mse_none, ANY, S(2, 3, 4), S(2, 3, 4))
+GRAD(bce_logits_mean, ANY, S(2, 3, 4), S(2, 3, 4))
+GRAD(bce_logits_sum, ANY, S(1, 6), S(1, 6))
+
+/* shape and indexing ops */
+FN(reshape) { (void)u; return mlc_mul(mlc_reshape(x[0], MLC_SHAPE(4, -1)), x[1]); }
+FN(flatten) { (void)u; return mlc_flatten(mlc_exp(x[0]), 1); }
+FN(transpose) { (void)u; return mlc_matmul(mlc_transpose(x[0], 0, 1), x[1]); }
+FN(permute) { static const int order[] = { 2, 0, 1 }; (void)u; return mlc_mul(mlc_permute(x[0], order), x[1]); }
+FN(slice) { (void)u; return mlc_mul(mlc_slice(x[0], 1, -3, -1), x[1]); }
+FN(concat) { mlc_tensor *xs[3]; (void)u; xs[0] = x[0]; xs[1] = mlc_exp(x[1]); xs[2] = x[0]; return mlc_concat(xs, 3, 1); }
+static const float picks[] = { 2, 0, 2, 1 };
+FN(index_select) { (void)u; return mlc_index_select(x[0], 1, mlc_from_data(C(x[0]), MLC_SHAPE(4), picks)); }
+FN(gather) {
+    static const float idx[] = { 0, 2, 2, 1, 1, 0 };
+    (void)u;
+    return mlc_gather(x[0], 1, mlc_from_data(C(x[0]), MLC_SHAPE(2, 3), idx));
+}
+FN(copy) { (void)u; return mlc_mul(mlc_copy(x[0]), x[0]); }
+FN(embedding) { (void)u; return mlc_embedding(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(2, 2), picks)); }
+GRAD(reshape, ANY, S(3, 2, 3, 4), S(2, 4, 6))
+GRAD(flatten, ANY, S(4, 2, 3, 2, 2))
+GRAD(transpose, ANY, S(2, 4, 3), S(2, 4, 2))
+GRAD(permute, ANY, S(3, 2, 3, 4), S(3, 4, 2, 3))
+GRAD(slice, ANY, S(3, 2, 5, 2), S(3, 2, 2, 2))
+GRAD(concat, ANY, S(2, 2, 3), S(2, 2, 1))
+GRAD(index_select, ANY, S(3, 2, 3, 2))
+GRAD(gather, ANY, S(2, 2, 4))
+GRAD(copy, ANY, S(2, 3, 4))
+GRAD(embedding, ANY, S(2, 3, 5))
+
+/* neural-network ops */
+FN(dropout) { (void)u; return mlc_dropout(x[0], 0.3f, 1); }
+FN(layer_norm) { (void)u; return mlc_layer_norm(x[0], x[1], x[2], 1e-5f); }
+FN(layer_norm_plain) { (void)u; return mlc_layer_norm(x[0], NULL, NULL, 1e-5f); }
+FN(batch_norm_2d) { (void)u; return mlc_batch_norm(x[0], NULL, NULL, x[1], x[2], 1, 0.1f, 1e-5f); }
+FN(batch_norm_4d) { (void)u; return mlc_batch_norm(x[0], NULL, NULL, x[1], x[2], 1, 0.1f, 1e-5f); }
+FN(batch_norm_eval) {
+    static const float rm[] = { 0.2f, -0.1f, 0.0f }, rv[] = { 1.5f, 0.7f, 1.0f };
+    (void)u;
+    return mlc_batch_norm(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(3), rm), mlc_from_data(C(x[0]), MLC_SHAPE(3), rv), x[1], x[2], 0, 0.1f, 1e-5f);
+}
+static mlc_conv_opts conv_opts(int stride, int padding, int dilation, int groups) {
+    mlc_conv_opts o;
+    o.stride = stride; o.padding = padding; o.dilation = dilation; o.groups = groups;
+    return o;
+}
+FN(conv2d) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(1, 0, 1, 1)); }
+FN(conv2d_stride_pad) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(2, 1, 1, 1)); }
+FN(conv2d_dilation) { (void)u; return mlc_conv2d(x[0], x[1], NULL, conv_opts(1, 2, 2, 1)); }
+FN(conv2d_groups) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(1, 1, 1, 2)); }
+FN(conv2d_depthwise) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(2, 1, 1, 3)); }
+FN(max_pool2d) { (void)u; return mlc_max_pool2d(x[0], 2, 2, 0); }
+FN(max_pool2d_overlap) { (void)u; return mlc_max_pool2d(x[0], 3, 2, 1); }
+FN(avg_pool2d) { (void)u; return mlc_avg_pool2d(x[0], 3, 2, 1); }
+FN(global_avg_pool2d) { (void)u; return mlc_global_avg_pool2d(x[0]); }
+GRAD(dropout, ANY, S(2, 4, 5))
+GRAD(layer_norm, ANY, S(3, 2, 3, 5), S(1, 5), S(1, 5))
+GRAD(layer_norm_plain, ANY, S(2, 3, 6))
+GRAD(batch_norm_2d, ANY, S(2, 4, 3), S(1, 3), S(1, 3))
+GRAD(batch_norm_4d, ANY, S(4, 2, 3, 2, 2), S(1, 3), S(1, 3))
+GRAD(batch_norm_eval, ANY, S(4, 2, 3, 2, 2), S(1, 3), S(1, 3))
+GRAD(conv2d, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3), S(1, 4))
+GRAD(conv2d_stride_pad, ANY, S(4, 1, 2, 6, 5), S(4, 3, 2, 3, 3), S(1, 3))
+GRAD(conv2d_dilation, ANY, S(4, 1, 2, 5, 5), S(4, 2, 2, 2, 3))
+GRAD(conv2d_groups, ANY, S(4, 1, 4, 4, 4), S(4, 6, 2, 3, 3), S(1, 6))
+GRAD(conv2d_depthwise, ANY, S(4, 2, 3, 5, 5), S(4, 3, 1, 3, 3), S(1, 3))
+GRAD(max_pool2d, DISTINCT, S(4, 2, 2, 4, 4))
+GRAD(max_pool2d_overlap, DISTINCT, S(4, 1, 2, 5, 5))
+GRAD(avg_pool2d, ANY, S(4, 1, 2, 5, 5))
+GRAD(global_avg_pool2d, ANY, S(4, 2, 3, 2, 3))
+
+/* a composition: causal self-attention, one head */
+FN(attention) {
+    static const float causal[] = { 0, 1, 1, 0, 0, 1, 0, 0, 0 };
+    mlc_tensor *scores = mlc_mul_scalar(mlc_matmul_t(x[0], x[1], 0, 1), 0.5f);
+    (void)u;
+    scores = mlc_masked_fill(scores, mlc_from_data(C(x[0]), MLC_SHAPE(3, 3), causal), -1e9f);
+    return mlc_matmul(mlc_softmax(scores, -1), x[2]);
+}
+GRAD(attention, ANY, S(3, 2, 3, 4), S(3, 2, 3, 4), S(3, 2, 3, 4))
+
+/* The checker itself must catch a wrong gradient: y = x · detach(x) has dy/dx = 2x, but the
+   tape only sees x, so the analytic gradient is half the numeric one. */
+FN(wrong) { (void)u; return mlc_mul(x[0], mlc_detach(x[0])); }
+static int grad_checker_catches_wrong_gradient(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *in[1];
+    mlc_gradcheck_report rep;
+    int ok;
+    in[0] = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 3)), 1);
+    ok = mlc_gradcheck(ctx, f_wrong, NULL, in, 1, NULL, &rep);
+    CHECK(!ok);
+    CHECK(rep.worst_input == 0);
+    CHECK_NEAR(rep.numeric, 2.0 * rep.analytic, 1e-2 * fabs(rep.numeric) + 1e-3);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+#define T(name) { #name, grad_##name },
+const test_case tests_grad[] = {
+    T(add_same) T(add_row) T(add_both) T(add_scalar_tensor) T(sub_bcast) T(mul_bcast) T(mul_self) T(div_bcast)
+    T(where3) T(masked_fill)
+    T(neg) T(exp) T(log) T(sqrt) T(pow) T(abs) T(clamp) T(scalars) T(relu) T(leaky_relu) T(gelu) T(gelu_tanh)
+    T(sigmoid) T(tanh) T(silu)
+    T(matmul) T(matmul_ta) T(matmul_tb) T(matmul_tab) T(matmul_batched) T(matmul_batched_tab) T(matmul_shared_b)
+    T(matmul_shared_b_ta) T(matmul_shared_a) T(linear)
+    T(sum0) T(sum1_keep) T(mean_last) T(max1) T(max_last_keep) T(var_unbiased) T(var_biased_keep) T(sum_all) T(mean_all)
+    T(softmax_last) T(softmax_mid) T(log_softmax_last) T(log_softmax_first) T(cross_entropy_mean) T(cross_entropy_sum)
+    T(cross_entropy_none) T(cross_entropy_ignore) T(nll_loss) T(nll_loss_none) T(mse_mean) T(mse_none)
+    T(bce_logits_mean) T(bce_logits_sum)
+    T(reshape) T(flatten) T(transpose) T(permute) T(slice) T(concat) T(index_select) T(gather) T(copy) T(embedding)
+    T(dropout) T(layer_norm) T(layer_norm_plain) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
+    T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise)
+    T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d)
+    T(attention) T(checker_catches_wrong_gradient)
+    { NULL, NULL }
+};
