@@ -34,6 +34,8 @@ CONFIGURATION MACROS (define before including)
    MLC_STATIC            make every function static (private copy per translation unit)
    MLC_ASSERT(x)         internal invariants only (default: assert from <assert.h>)
    MLC_NO_STDIO          no <stdio.h>: no default logger, no mlc_print
+   MLC_USE_CBLAS         matrix products through cblas_sgemm (OpenBLAS, MKL; Accelerate on
+                         Apple); link the BLAS. mlc_config.gemm plugs in any other routine.
    MLC_EXPF MLC_LOGF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
                          maths functions (default: the <math.h> float versions)
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
@@ -118,6 +120,11 @@ typedef struct mlc_allocator {          /* all or none; user is passed through *
     void *user;
 } mlc_allocator;
 
+/* A matrix-product routine (a BLAS hook): C[M,N] = op(A) op(B) + beta C, all row-major,
+   op(A) = A [M,K] or, transposed, A stored [K,M]; op(B) = B [K,N] or B stored [N,K]; beta 0 or 1. */
+typedef void (*mlc_gemm_fn)(int transpose_a, int transpose_b, int M, int N, int K, const float *A,
+                            const float *B, float beta, float *C, void *user);
+
 typedef struct mlc_config {             /* zero means default for every field */
     uint64_t seed;                      /* RNG seed (the same numbers on every platform)     */
     const char *device;                 /* NULL or "cpu"; mlc_opencl.h adds more             */
@@ -126,6 +133,8 @@ typedef struct mlc_config {             /* zero means default for every field */
     void *log_user;
     int quiet;                          /* 1: no default logging (errors are still values)  */
     size_t arena_block_bytes;           /* size of one arena block, default 1 MiB            */
+    mlc_gemm_fn gemm;                   /* every matrix product goes here when set (BLAS)    */
+    void *gemm_user;
 } mlc_config;
 
 typedef struct mlc_stats {
@@ -234,6 +243,13 @@ MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis);
 MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b);
 MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b);
 MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias); /* x W^T + b */
+/* The matrix product every op uses, on raw row-major arrays (see mlc_gemm_fn): the config's
+   gemm hook when set, else cblas_sgemm under MLC_USE_CBLAS, else mlc's own loop. */
+MLCDEF void mlc_gemm(mlc_ctx *ctx, int transpose_a, int transpose_b, int M, int N, int K,
+                     const float *A, const float *B, float beta, float *C);
+/* The plain triple loop: the reference every fast path (and your hook) is tested against. */
+MLCDEF void mlc_gemm_reference(int transpose_a, int transpose_b, int M, int N, int K,
+                               const float *A, const float *B, float beta, float *C);
 
 /* reductions over one axis (keepdim keeps it with size 1) and over everything */
 MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim);
@@ -412,11 +428,16 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #include <stdarg.h>
 #include <string.h>
 #include <float.h>
+#include <stdlib.h>
 #ifndef MLC_NO_STDIO
 #include <stdio.h>
 #endif
-#if !defined(MLC_ALLOCATOR_GIVEN)
-#include <stdlib.h>
+#ifdef MLC_USE_CBLAS
+#ifdef __APPLE__
+#include <Accelerate/Accelerate.h>
+#else
+#include <cblas.h>
+#endif
 #endif
 #ifndef MLC_ASSERT
 #include <assert.h>
@@ -1355,11 +1376,12 @@ MLCDEF mlc_tensor *mlc_silu(mlc_tensor *x) { return mlc__unary(MLC__SILU, x, 0, 
    Matrix products
      C = op(A) op(B)          A [M, K], B [K, N] after the optional transposes
      dA = dC op(B)^T          dB = op(A)^T dC     (with transposes, worked out per case below)
-   mlc__gemm is the plain loop every faster path is tested against.
+   mlc_gemm_reference is the plain loop every faster path is tested against; mlc_gemm is the
+   one place every product goes through (the user's hook, BLAS, or mlc's own).
    ============================================================================================ */
 
 /* C[M,N] = op(A) op(B) + beta C; each operand is stored row-major as written, or transposed. */
-static void mlc__gemm(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
     int i, j, k;
     int lda = ta ? M : K, ldb = tb ? K : N;
     for (i = 0; i < M; i++) {
@@ -1383,12 +1405,23 @@ static void mlc__gemm(int ta, int tb, int M, int N, int K, const float *A, const
     }
 }
 
+MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    if (M <= 0 || N <= 0) return;
+    if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
+#ifdef MLC_USE_CBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
+#else
+    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+#endif
+}
+
 typedef struct mlc__mm { int ta, tb, M, N, K, batches; size_t step_a, step_b, step_c; } mlc__mm;
 
-static void mlc__gemm_batched(const mlc__mm *mm, int ta, int tb, int M, int N, int K,
+static void mlc__gemm_batched(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, int M, int N, int K,
                               const float *A, size_t sa, const float *B, size_t sb, float beta, float *C, size_t sc) {
     int i;
-    for (i = 0; i < mm->batches; i++) mlc__gemm(ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
+    for (i = 0; i < mm->batches; i++) mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
 }
 
 static void mlc__matmul_backward(mlc__node *n) {
@@ -1396,10 +1429,10 @@ static void mlc__matmul_backward(mlc__node *n) {
     mlc_tensor *a = n->in[0], *b = n->in[1];
     float *ga = mlc__grad(a), *gb = mlc__grad(b);
     const float *gc = n->out->grad;
-    if (ga && !mm->ta) mlc__gemm_batched(mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b, 1.0f, ga, mm->step_a);
-    if (ga && mm->ta)  mlc__gemm_batched(mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c, 1.0f, ga, mm->step_a);
-    if (gb && !mm->tb) mlc__gemm_batched(mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c, 1.0f, gb, mm->step_b);
-    if (gb && mm->tb)  mlc__gemm_batched(mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a, 1.0f, gb, mm->step_b);
+    if (ga && !mm->ta) mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b, 1.0f, ga, mm->step_a);
+    if (ga && mm->ta)  mlc__gemm_batched(a->ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c, 1.0f, ga, mm->step_a);
+    if (gb && !mm->tb) mlc__gemm_batched(a->ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c, 1.0f, gb, mm->step_b);
+    if (gb && mm->tb)  mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a, 1.0f, gb, mm->step_b);
 }
 
 MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
@@ -1430,7 +1463,7 @@ MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, i
     if (b->ndim == 2 && !mm.ta && mm.batches > 1) {   /* [..., M, K] @ [K, N]: one tall product */
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
-    mlc__gemm_batched(&mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
+    mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
     n = mlc__record("mlc_matmul", out, mlc__matmul_backward, a, b, NULL, NULL);
     if (n) {
         n->saved = mlc__arena_alloc(ctx, sizeof mm, "mlc_matmul");
@@ -2288,10 +2321,10 @@ static void mlc__conv2d_backward(mlc__node *n) {
             const float *wg = w->data + (size_t)g * Og * rows;
             if (gw) {
                 mlc__im2col(cv, Cg, xg, col);
-                mlc__gemm(0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows);
+                mlc_gemm(x->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows);
             }
             if (gx) {
-                mlc__gemm(1, 0, rows, P, Og, wg, dy, 0.0f, col);
+                mlc_gemm(x->ctx, 1, 0, rows, P, Og, wg, dy, 0.0f, col);
                 mlc__col2im(cv, Cg, col, gx + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
             }
             if (gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
@@ -2331,7 +2364,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
         for (g = 0; g < cv.groups; g++) {
             float *y = out->data + ((size_t)i * cv.O + (size_t)g * Og) * P;
             mlc__im2col(&cv, Cg, x->data + ((size_t)i * cv.C + (size_t)g * Cg) * cv.H * cv.W, col);
-            mlc__gemm(0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
+            mlc_gemm(ctx, 0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
             if (bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += bias->data[g * Og + o];
         }
     n = mlc__record("mlc_conv2d", out, mlc__conv2d_backward, x, weight, bias, NULL);
