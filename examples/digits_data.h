@@ -26,6 +26,7 @@
 #define DIGITS_DATA_H
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,15 +55,12 @@ typedef struct {
     unsigned char *labels; /* count, 0..9 */
 } digits_set;
 
-static void digits_err_(char *err, size_t errlen, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-#include <stdarg.h>
-
 static void digits_err_(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#endif
+
+static DIGITS_UNUSED_ void digits_err_(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     if (err == NULL || errlen == 0)
@@ -72,7 +70,7 @@ static void digits_err_(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-static unsigned long digits_u32le_(const unsigned char *p)
+static DIGITS_UNUSED_ unsigned long digits_u32le_(const unsigned char *p)
 {
     return (unsigned long)p[0] | ((unsigned long)p[1] << 8) |
            ((unsigned long)p[2] << 16) | ((unsigned long)p[3] << 24);
@@ -127,10 +125,11 @@ static DIGITS_UNUSED_ int digits_load(const char *path, digits_set *out,
         return -1;
     }
 
+    errno = 0;
     n = fread(hdr, 1, sizeof hdr, f);
     if (n < sizeof hdr && ferror(f)) {
-        digits_err_(err, errlen, "%s: read error at byte offset %lu", path,
-                    (unsigned long)n);
+        digits_err_(err, errlen, "%s: read error at byte offset %lu: %s", path,
+                    (unsigned long)n, errno ? strerror(errno) : "unknown error");
         goto fail;
     }
     if (n >= sizeof magic && memcmp(hdr, magic, sizeof magic) != 0) {
@@ -180,20 +179,22 @@ static DIGITS_UNUSED_ int digits_load(const char *path, digits_set *out,
 
     off = DIGITS_HEADER_SIZE;
     for (i = 0; i < count; i++, off += DIGITS_RECORD_SIZE) {
+        errno = 0;
         n = fread(rec, 1, sizeof rec, f);
         if (n < sizeof rec) {
             if (ferror(f))
                 digits_err_(err, errlen,
-                            "%s: read error at byte offset %lu", path,
-                            off + (unsigned long)n);
+                            "%s: read error at byte offset %lu: %s", path,
+                            off + (unsigned long)n,
+                            errno ? strerror(errno) : "unknown error");
             else
                 digits_err_(err, errlen,
-                            "%s: truncated: file ends at byte offset %lu inside "
-                            "sample %lu, expected %lu bytes for %lu samples",
-                            path, off + (unsigned long)n, i,
+                            "%s: truncated: file ends at byte offset %lu, before "
+                            "the end of sample %lu (header count %lu needs %lu "
+                            "bytes)",
+                            path, off + (unsigned long)n, i, count,
                             (unsigned long)DIGITS_HEADER_SIZE +
-                                count * DIGITS_RECORD_SIZE,
-                            count);
+                                count * DIGITS_RECORD_SIZE);
             goto fail;
         }
         for (j = 0; j < DIGITS_PIXELS; j++) {
@@ -218,15 +219,17 @@ static DIGITS_UNUSED_ int digits_load(const char *path, digits_set *out,
         labels[i] = rec[DIGITS_PIXELS];
     }
 
+    errno = 0;
     if (fgetc(f) != EOF) {
         digits_err_(err, errlen,
                     "%s: unexpected trailing data at byte offset %lu "
-                    "(expected exactly %lu bytes for %lu samples)",
-                    path, off, off, count);
+                    "(header count %lu needs exactly %lu bytes)",
+                    path, off, count, off);
         goto fail;
     }
     if (ferror(f)) {
-        digits_err_(err, errlen, "%s: read error at byte offset %lu", path, off);
+        digits_err_(err, errlen, "%s: read error at byte offset %lu: %s", path,
+                    off, errno ? strerror(errno) : "unknown error");
         goto fail;
     }
 
