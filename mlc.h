@@ -511,10 +511,11 @@ static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
             if (!s) s = "(null)";
             len = (int)strlen(s);
         } else if (*fmt == 'd' || *fmt == 'u') {
-            long long v = *fmt == 'd' ? (long long)va_arg(ap, int) : (long long)va_arg(ap, unsigned);
-            unsigned long long u = v < 0 ? (unsigned long long)(-v) : (unsigned long long)v;
+            int is_size = fmt[-1] == 'z';
+            long long v = is_size ? 0 : *fmt == 'd' ? (long long)va_arg(ap, int) : (long long)va_arg(ap, unsigned);
+            unsigned long long u = is_size ? (unsigned long long)va_arg(ap, size_t)
+                                 : v < 0 ? (unsigned long long)(-v) : (unsigned long long)v;
             char rev[24]; int r = 0;
-            if (fmt[-1] == 'z') u = (unsigned long long)va_arg(ap, size_t), v = 0;
             do { rev[r++] = (char)('0' + u % 10); u /= 10; } while (u);
             if (v < 0) tmp[len++] = '-';
             while (r) tmp[len++] = rev[--r];
@@ -2085,6 +2086,8 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_embedding: weight %T must be [count, dim] and index %T of rank < %d", weight, index, MLC_MAX_DIMS);
     for (d = 0; d < index->ndim; d++) shape[d] = index->shape[d];
     shape[index->ndim] = weight->shape[1];
+    for (d = 0; d < (int)index->size; d++)       /* checked here, so the error names this op */
+        if (mlc__index(ctx, "mlc_embedding", index->data[d], weight->shape[0], (size_t)d) < 0) return NULL;
     d = (int)index->size;
     return mlc_reshape(mlc_index_select(weight, 0, mlc_reshape(index, 1, &d)), index->ndim + 1, shape);
 }
@@ -2481,8 +2484,13 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     if (grad_out) { size_t i; for (i = 0; i < out->size; i++) g[i] += grad_out->data[i]; }
     else g[0] += 1.0f;
     if (!out->node) return MLC_OK;                       /* a leaf: nothing to propagate */
-    for (n = out->node; n; n = n->prev)
-        if (n->out->grad && !ctx->error) n->backward(n);
+    for (n = out->node; n; n = n->prev) {
+        int k;
+        if (!n->out->grad || ctx->error) continue;
+        for (k = 0; k < n->n_in; k++)       /* input gradients first: one that fails to allocate stops here */
+            if (n->in[k] && n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
+        if (!ctx->error) n->backward(n);
+    }
     for (n = ctx->tape; n; n = n->prev) n->out->grad = NULL;
     return ctx->error;
 }

@@ -1,0 +1,510 @@
+/* Optimisers against closed-form updates computed here in double, gradient utilities, the
+   learning-rate schedules, and a regression that must converge. */
+#include "test.h"
+
+#define NP 4
+static const float P0[NP] = { 0.5f, -1.25f, 2.0f, 0.0f };
+static const float C[NP] = { 1.0f, -0.5f, 0.25f, 3.0f };
+
+/* The test objective: L(p) = Σ c p + ½ Σ p², so the gradient is g = c + p. */
+static double grad_of(int j, double p) { return C[j] + p; }
+
+static mlc_tensor *make_param(mlc_ctx *ctx) {
+    mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(NP));
+    if (p && mlc_write(p, P0, NP) != MLC_OK) return NULL;
+    return p;
+}
+
+/* zero_grad, then backward of L: p->grad = c + p. */
+static int compute_grad(mlc_optim *opt, mlc_tensor *p) {
+    mlc_ctx *ctx = p->ctx;
+    mlc_frame f = mlc_frame_begin(ctx);
+    mlc_tensor *c = mlc_from_data(ctx, MLC_SHAPE(NP), C);
+    mlc_tensor *loss = mlc_add(mlc_sum_all(mlc_mul(c, p)), mlc_mul_scalar(mlc_sum_all(mlc_mul(p, p)), 0.5f));
+    mlc_result r;
+    mlc_zero_grad(opt);
+    r = mlc_backward(loss);
+    mlc_frame_end(f);
+    return r == MLC_OK;
+}
+
+/* Runs `steps` steps of opt on a fresh parameter, checking after each step that the parameter
+   equals the reference in want[step][j] (filled by the caller's closed form). */
+static int run_and_compare(mlc_ctx *ctx, mlc_optim *opt, mlc_tensor *p, int steps, double want[][NP], double tol) {
+    int s, j;
+    for (s = 0; s < steps; s++) {
+        CHECK(compute_grad(opt, p));
+        for (j = 0; j < NP; j++) CHECK_NEAR(p->grad[j], grad_of(j, p->data[j]), 1e-6);
+        mlc_step(opt);
+        for (j = 0; j < NP; j++)
+            CHECK_MSG(fabs(p->data[j] - want[s][j]) <= tol, "step %d, element %d: %.9g, expected %.9g",
+                      s + 1, j, (double)p->data[j], want[s][j]);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    return 1;
+}
+
+/* ---------- SGD ---------- */
+
+typedef struct sgd_ref { double lr, mu, damp, wd; int nesterov; } sgd_ref;
+
+static void sgd_reference(sgd_ref c, int steps, double out[][NP]) {
+    double p[NP], buf[NP];
+    int s, j;
+    for (j = 0; j < NP; j++) p[j] = P0[j];
+    for (s = 0; s < steps; s++) {
+        for (j = 0; j < NP; j++) {
+            double g = grad_of(j, p[j]) + c.wd * p[j];
+            if (c.mu != 0) {
+                buf[j] = s == 0 ? g : c.mu * buf[j] + (1 - c.damp) * g;
+                g = c.nesterov ? g + c.mu * buf[j] : buf[j];
+            }
+            p[j] -= c.lr * g;
+            out[s][j] = p[j];
+        }
+    }
+}
+
+static int sgd_case(sgd_ref c, int steps) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt;
+    double want[8][NP];
+    mlc_sgd_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.lr = (float)c.lr; cfg.momentum = (float)c.mu; cfg.dampening = (float)c.damp;
+    cfg.weight_decay = (float)c.wd; cfg.nesterov = c.nesterov;
+    CHECK(p);
+    opt = mlc_sgd(ctx, NULL, cfg);
+    CHECK(opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    /* the reference takes the float-rounded hyperparameters, as mlc does */
+    c.lr = cfg.lr; c.mu = cfg.momentum; c.damp = cfg.dampening; c.wd = cfg.weight_decay;
+    sgd_reference(c, steps, want);
+    if (!run_and_compare(ctx, opt, p, steps, want, 2e-6)) return 0;
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int sgd_plain(void) {
+    /* one step by hand: p1 = p0 - lr (c + p0) */
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f });
+    int j;
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    CHECK(compute_grad(opt, p));
+    mlc_step(opt);
+    for (j = 0; j < NP; j++) CHECK_NEAR(p->data[j], P0[j] - 0.5 * (C[j] + P0[j]), 1e-6);
+    CHECK_NEAR(p->data[0], -0.25, 1e-7);          /* 0.5 - 0.5 (1 + 0.5) */
+    mlc_destroy(ctx);
+    return sgd_case((sgd_ref){ 0.1, 0, 0, 0, 0 }, 5);
+}
+
+static int sgd_weight_decay(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .weight_decay = 0.25f });
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    CHECK(compute_grad(opt, p));
+    mlc_step(opt);
+    /* p1 = p0 - lr (c + p0 + wd p0) = 2 - 0.5 (0.25 + 2 + 0.5) = 0.625 */
+    CHECK_NEAR(p->data[2], 0.625, 1e-6);
+    mlc_destroy(ctx);
+    return sgd_case((sgd_ref){ 0.1, 0, 0, 0.05, 0 }, 5);
+}
+
+static int sgd_momentum(void) {
+    /* first step: buf = g, so p1 equals plain SGD's; second: buf = μ g1 + (1-τ) g2 */
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .momentum = 0.5f, .dampening = 0.5f });
+    double p1, g1, g2;
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    CHECK(compute_grad(opt, p));
+    mlc_step(opt);
+    g1 = C[0] + P0[0];                              /* 1.5 */
+    p1 = P0[0] - 0.5 * g1;                          /* -0.25: no dampening on the first step */
+    CHECK_NEAR(p->data[0], p1, 1e-6);
+    CHECK(compute_grad(opt, p));
+    mlc_step(opt);
+    g2 = C[0] + p1;                                 /* 0.75 */
+    CHECK_NEAR(p->data[0], p1 - 0.5 * (0.5 * g1 + 0.5 * g2), 1e-6);   /* -0.8125 */
+    mlc_destroy(ctx);
+    return sgd_case((sgd_ref){ 0.05, 0.9, 0, 0, 0 }, 6) && sgd_case((sgd_ref){ 0.05, 0.9, 0.3, 0.01, 0 }, 6);
+}
+
+static int sgd_nesterov(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .momentum = 0.5f, .nesterov = 1 });
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    CHECK(compute_grad(opt, p));
+    mlc_step(opt);
+    /* step 1: buf = g = 1.5, update g + μ buf = 2.25: p1 = 0.5 - 0.5 * 2.25 */
+    CHECK_NEAR(p->data[0], -0.625, 1e-6);
+    mlc_destroy(ctx);
+    return sgd_case((sgd_ref){ 0.05, 0.9, 0, 0, 1 }, 6) && sgd_case((sgd_ref){ 0.05, 0.8, 0, 0.1, 1 }, 6);
+}
+
+/* ---------- Adam / AdamW ---------- */
+
+typedef struct adam_ref { double lr, b1, b2, eps, wd; int decoupled; } adam_ref;
+
+static void adam_reference(adam_ref c, int steps, double out[][NP]) {
+    double p[NP], m[NP] = { 0 }, v[NP] = { 0 };
+    int s, j;
+    for (j = 0; j < NP; j++) p[j] = P0[j];
+    for (s = 0; s < steps; s++) {
+        int t = s + 1;
+        for (j = 0; j < NP; j++) {
+            double g = grad_of(j, p[j]), mhat, vhat;
+            if (c.decoupled) p[j] -= c.lr * c.wd * p[j];
+            else g += c.wd * p[j];
+            m[j] = c.b1 * m[j] + (1 - c.b1) * g;
+            v[j] = c.b2 * v[j] + (1 - c.b2) * g * g;
+            mhat = m[j] / (1 - pow(c.b1, t));
+            vhat = v[j] / (1 - pow(c.b2, t));
+            p[j] -= c.lr * mhat / (sqrt(vhat) + c.eps);
+            out[s][j] = p[j];
+        }
+    }
+}
+
+static int adam_three_steps(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });
+    adam_ref c = { 0, 0, 0, 0, 0, 0 };
+    double want[3][NP];
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    c.lr = 0.1f; c.b1 = 0.9f; c.b2 = 0.999f; c.eps = 1e-8f;   /* the defaults, float-rounded */
+    adam_reference(c, 3, want);
+    /* bias correction makes the first step lr · sign(g) (|g| >> eps) */
+    CHECK_NEAR(want[0][0], 0.5 - 0.1, 1e-7);
+    if (!run_and_compare(ctx, opt, p, 3, want, 2e-6)) return 0;
+    /* without bias correction the third step would be far off: the test can tell */
+    { double m = 0, v = 0, q = P0[1]; int s;
+      for (s = 0; s < 3; s++) { double g = grad_of(1, q); m = 0.9 * m + 0.1 * g; v = 0.999 * v + 0.001 * g * g; q -= 0.1 * m / (sqrt(v) + 1e-8); }
+      CHECK(fabs(q - want[2][1]) > 0.01); }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int adam_l2_versus_adamw(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *pa = make_param(ctx), *pw = make_param(ctx);
+    mlc_adam_config cfg = { 0.05f, 0.8f, 0.99f, 1e-6f, 0.3f };
+    mlc_optim *adam = mlc_adam(ctx, NULL, cfg), *adamw = mlc_adamw(ctx, NULL, cfg);
+    adam_ref c = { 0, 0, 0, 0, 0, 0 };
+    double want_a[4][NP], want_w[4][NP];
+    int j, s;
+    CHECK(pa && pw && adam && adamw);
+    CHECK(mlc_optim_add_param(adam, pa) == MLC_OK && mlc_optim_add_param(adamw, pw) == MLC_OK);
+    c.lr = cfg.lr; c.b1 = cfg.beta1; c.b2 = cfg.beta2; c.eps = cfg.eps; c.wd = cfg.weight_decay;
+    adam_reference(c, 4, want_a);
+    c.decoupled = 1;
+    adam_reference(c, 4, want_w);
+    if (!run_and_compare(ctx, adam, pa, 4, want_a, 2e-6)) return 0;
+    if (!run_and_compare(ctx, adamw, pw, 4, want_w, 2e-6)) return 0;
+    /* the two rules really differ here (so the checks above tell them apart) */
+    for (s = 0; s < 4; s++) for (j = 0; j < NP; j++) if (j != 3 || s > 0) CHECK(fabs(want_a[s][j] - want_w[s][j]) > 1e-4);
+    /* step 1 of AdamW by hand for p = 2: p (1 - lr wd) - lr sign(g) = 2 · 0.985 - 0.05 */
+    CHECK_NEAR(want_w[0][2], 2.0 * (1 - 0.05 * 0.3) - 0.05, 1e-6);
+    /* AdamW's default weight decay is 0.01, Adam's 0 */
+    { mlc_tensor *q = make_param(ctx); mlc_optim *w = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });
+      CHECK(q && w && mlc_optim_add_param(w, q) == MLC_OK && compute_grad(w, q));
+      mlc_step(w);
+      CHECK_NEAR(q->data[2], 2.0 * (1 - 0.1 * 0.01) - 0.1, 1e-6); }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---------- RMSprop ---------- */
+
+typedef struct rms_ref { double lr, alpha, eps, wd, mu; int centered; } rms_ref;
+
+static void rms_reference(rms_ref c, int steps, double out[][NP]) {
+    double p[NP], v[NP] = { 0 }, gbar[NP] = { 0 }, buf[NP] = { 0 };
+    int s, j;
+    for (j = 0; j < NP; j++) p[j] = P0[j];
+    for (s = 0; s < steps; s++)
+        for (j = 0; j < NP; j++) {
+            double g = grad_of(j, p[j]) + c.wd * p[j], avg;
+            v[j] = c.alpha * v[j] + (1 - c.alpha) * g * g;
+            if (c.centered) {
+                gbar[j] = c.alpha * gbar[j] + (1 - c.alpha) * g;
+                avg = sqrt(v[j] - gbar[j] * gbar[j]) + c.eps;
+            } else avg = sqrt(v[j]) + c.eps;
+            if (c.mu > 0) { buf[j] = c.mu * buf[j] + g / avg; p[j] -= c.lr * buf[j]; }
+            else p[j] -= c.lr * g / avg;
+            out[s][j] = p[j];
+        }
+}
+
+static int rmsprop_case(mlc_rmsprop_config cfg, int steps, double tol) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_rmsprop(ctx, NULL, cfg);
+    rms_ref c;
+    double want[6][NP];
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+    c.lr = cfg.lr > 0 ? cfg.lr : 0.01f; c.alpha = cfg.alpha > 0 ? cfg.alpha : 0.99f; c.eps = cfg.eps > 0 ? cfg.eps : 1e-8f;
+    c.wd = cfg.weight_decay; c.mu = cfg.momentum; c.centered = cfg.centered;
+    rms_reference(c, steps, want);
+    if (!run_and_compare(ctx, opt, p, steps, want, tol)) return 0;
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int rmsprop_plain(void) {
+    /* step 1 by hand: v = (1-α) g², p -= lr g / √v = lr sign(g) / √(1-α) */
+    double want[1][NP];
+    rms_ref c = { 0.01f, 0.99f, 1e-8f, 0, 0, 0 };
+    rms_reference(c, 1, want);
+    CHECK_NEAR(want[0][0], 0.5 - 0.01f / sqrt(1 - 0.99f), 1e-6);
+    return rmsprop_case((mlc_rmsprop_config){ 0, 0, 0, 0, 0, 0 }, 5, 1e-5) &&      /* all defaults */
+           rmsprop_case((mlc_rmsprop_config){ 0.02f, 0.9f, 1e-6f, 0.1f, 0, 0 }, 5, 1e-5);
+}
+
+static int rmsprop_centered(void) {
+    double a[5][NP], b[5][NP];
+    rms_ref c = { 0.01f, 0.9f, 1e-8f, 0, 0, 1 };
+    rms_reference(c, 5, a);
+    c.centered = 0;
+    rms_reference(c, 5, b);
+    CHECK(fabs(a[4][0] - b[4][0]) > 1e-3);                        /* centering changes the path */
+    return rmsprop_case((mlc_rmsprop_config){ 0.01f, 0.9f, 0, 0, 0, 1 }, 5, 1e-5);
+}
+
+static int rmsprop_momentum(void) {
+    return rmsprop_case((mlc_rmsprop_config){ 0.01f, 0.9f, 0, 0, 0.8f, 0 }, 6, 1e-5) &&
+           rmsprop_case((mlc_rmsprop_config){ 0.005f, 0.95f, 0, 0.02f, 0.5f, 1 }, 6, 1e-5);
+}
+
+/* ---------- gradient utilities ---------- */
+
+static int zero_grad_zeroes(void) {
+    mlc_ctx *ctx = test_ctx(2);
+    mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 3, 4), mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 4, 2), NULL);
+    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_config){ 0 });
+    mlc_named_tensor ps[4];
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(5, 3));
+    int i, n;
+    size_t j;
+    double before = 0, after = 0;
+    CHECK(net && opt && x);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(mlc_forward(net, x), mlc_forward(net, x)))) == MLC_OK);
+    n = mlc_module_parameters(net, ps, 4);
+    CHECK(n == 4);
+    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) before += fabs(ps[i].tensor->grad[j]);
+    CHECK(before > 0);
+    mlc_zero_grad(opt);
+    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) after += fabs(ps[i].tensor->grad[j]);
+    CHECK(after == 0);
+    /* gradients accumulate without zero_grad */
+    CHECK(mlc_backward(mlc_sum_all(ps[3].tensor)) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(ps[3].tensor)) == MLC_OK);
+    CHECK(ps[3].tensor->grad[0] == 2.0f && ps[3].tensor->grad[1] == 2.0f);
+    mlc_zero_grad(NULL);                                          /* harmless */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int clip_grad_norm(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *a = mlc_parameter(ctx, MLC_SHAPE(2)), *b = mlc_parameter(ctx, MLC_SHAPE(2, 2));
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 });
+    const float ga[] = { 3.0f, -4.0f }, gb[] = { 1.0f, 2.0f, -2.0f, 4.0f };
+    double norm = sqrt(9.0 + 16 + 1 + 4 + 4 + 16), scale;     /* √50 */
+    float r;
+    int j;
+    CHECK(a && b && opt && mlc_optim_add_param(opt, a) == MLC_OK && mlc_optim_add_param(opt, b) == MLC_OK);
+    /* grads set by backward of Σ ga·a + Σ gb·b */
+    #define SET_GRADS() do { mlc_frame f_ = mlc_frame_begin(ctx); mlc_zero_grad(opt); \
+        CHECK(mlc_backward(mlc_add(mlc_sum_all(mlc_mul(a, mlc_from_data(ctx, MLC_SHAPE(2), ga))), \
+                                   mlc_sum_all(mlc_mul(b, mlc_from_data(ctx, MLC_SHAPE(2, 2), gb))))) == MLC_OK); \
+        mlc_frame_end(f_); } while (0)
+    SET_GRADS();
+    r = mlc_clip_grad_norm(opt, 1.0f);
+    CHECK_NEAR(r, norm, 1e-5);                                    /* the norm before clipping */
+    scale = 1.0 / (norm + 1e-6);
+    for (j = 0; j < 2; j++) CHECK_NEAR(a->grad[j], ga[j] * scale, 1e-6);
+    for (j = 0; j < 4; j++) CHECK_NEAR(b->grad[j], gb[j] * scale, 1e-6);
+    { double after = 0; for (j = 0; j < 2; j++) after += a->grad[j] * a->grad[j];
+      for (j = 0; j < 4; j++) after += b->grad[j] * b->grad[j];
+      CHECK_NEAR(sqrt(after), 1.0, 1e-5); }
+    /* below the limit: the norm is returned and nothing changes */
+    SET_GRADS();
+    r = mlc_clip_grad_norm(opt, 10.0f);
+    CHECK_NEAR(r, norm, 1e-5);
+    for (j = 0; j < 2; j++) CHECK(a->grad[j] == ga[j]);
+    for (j = 0; j < 4; j++) CHECK(b->grad[j] == gb[j]);
+    /* a second clip sees the clipped norm */
+    SET_GRADS();
+    mlc_clip_grad_norm(opt, 2.0f);
+    CHECK_NEAR(mlc_clip_grad_norm(opt, 100.0f), 2.0, 1e-5);
+    #undef SET_GRADS
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---------- learning rates ---------- */
+
+static int lr_step_schedule(void) {
+    const float want[] = { 0.1f, 0.1f, 0.1f, 0.05f, 0.05f, 0.05f, 0.025f, 0.025f, 0.025f, 0.0125f };
+    int e;
+    for (e = 0; e < 10; e++) CHECK_NEAR(mlc_lr_step(0.1f, e, 3, 0.5f), want[e], 1e-8);
+    CHECK_NEAR(mlc_lr_step(1.0f, 100, 10, 0.1f), 1e-10, 1e-15);
+    CHECK(mlc_lr_step(0.3f, 5, 0, 0.5f) == 0.3f);                 /* step_size 0: constant */
+    return 1;
+}
+
+static int lr_cosine_schedule(void) {
+    const double base = 1.0, min_lr = 0.1, pi = 3.141592653589793;
+    const int warmup = 4, total = 14;
+    int s;
+    double prev = 2;
+    /* warmup: base (step + 1) / warmup, reaching base at step warmup - 1 */
+    CHECK_NEAR(mlc_lr_cosine(1.0f, 0, warmup, total, 0.1f), 0.25, 1e-7);
+    CHECK_NEAR(mlc_lr_cosine(1.0f, 1, warmup, total, 0.1f), 0.5, 1e-7);
+    CHECK_NEAR(mlc_lr_cosine(1.0f, 3, warmup, total, 0.1f), 1.0, 1e-7);
+    /* then min + (base - min) (1 + cos(π (step - warmup) / (total - warmup))) / 2 */
+    for (s = warmup; s <= total; s++) {
+        double want = min_lr + (base - min_lr) * 0.5 * (1 + cos(pi * (s - warmup) / (total - warmup)));
+        double got = mlc_lr_cosine(1.0f, s, warmup, total, 0.1f);
+        CHECK_NEAR(got, want, 1e-6);
+        CHECK(got <= prev);
+        prev = got;
+    }
+    CHECK_NEAR(mlc_lr_cosine(1.0f, warmup, warmup, total, 0.1f), 1.0, 1e-7);
+    CHECK_NEAR(mlc_lr_cosine(1.0f, 9, warmup, total, 0.1f), 0.55, 1e-6);     /* halfway */
+    CHECK_NEAR(mlc_lr_cosine(1.0f, total, warmup, total, 0.1f), 0.1, 1e-7);  /* the end: min_lr */
+    CHECK_NEAR(mlc_lr_cosine(1.0f, total + 50, warmup, total, 0.1f), 0.1, 1e-7);
+    /* no warmup */
+    CHECK_NEAR(mlc_lr_cosine(0.5f, 0, 0, 10, 0.0f), 0.5, 1e-7);
+    CHECK_NEAR(mlc_lr_cosine(0.5f, 5, 0, 10, 0.0f), 0.25, 1e-7);
+    return 1;
+}
+
+static int set_and_get_lr(void) {
+    mlc_ctx *ctx = test_ctx(4);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *sgd = mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 });
+    mlc_optim *adam = mlc_adam(ctx, NULL, (mlc_adam_config){ 0 });
+    mlc_optim *rms = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 });
+    CHECK(p && sgd && adam && rms);
+    CHECK(mlc_optim_lr(sgd) == 0.01f && mlc_optim_lr(adam) == 1e-3f && mlc_optim_lr(rms) == 0.01f);   /* PyTorch's defaults */
+    CHECK(mlc_optim_lr(mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.3f })) == 0.3f);
+    mlc_optim_set_lr(sgd, 0.25f);
+    CHECK(mlc_optim_lr(sgd) == 0.25f);
+    CHECK(mlc_optim_add_param(sgd, p) == MLC_OK);
+    CHECK(compute_grad(sgd, p));
+    mlc_step(sgd);                                                /* the new rate is the one used */
+    CHECK_NEAR(p->data[1], P0[1] - 0.25 * (C[1] + P0[1]), 1e-6);
+    mlc_optim_set_lr(sgd, 0.0f);
+    CHECK(compute_grad(sgd, p));
+    { float keep = p->data[1]; mlc_step(sgd); CHECK(p->data[1] == keep); }
+    CHECK(mlc_optim_lr(NULL) == 0.0f);
+    /* only parameters can be added */
+    CHECK(mlc_optim_add_param(sgd, mlc_ones(ctx, MLC_SHAPE(2))) == MLC_ERR_ARG);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int step_skipped_on_error(void) {
+    mlc_ctx *ctx = test_ctx(5);
+    mlc_tensor *p = make_param(ctx);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f });
+    CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK && compute_grad(opt, p));
+    CHECK(mlc_sum(p, 3, 0) == NULL);                              /* an error is pending */
+    mlc_step(opt);
+    CHECK(p->data[0] == P0[0]);
+    mlc_clear_error(ctx);
+    mlc_step(opt);
+    CHECK_NEAR(p->data[0], -0.25, 1e-7);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---------- training ---------- */
+
+static int linear_regression_converges(void) {
+    mlc_ctx *ctx = test_ctx(6);
+    mlc_module *lin = mlc_nn_linear(ctx, 1, 1);
+    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f });
+    mlc_tensor *x = mlc_empty(ctx, MLC_SHAPE(64, 1)), *y = mlc_empty(ctx, MLC_SHAPE(64, 1));
+    float first = 0, last = 0;
+    int i, step;
+    CHECK(lin && opt && x && y);
+    for (i = 0; i < 64; i++) { x->data[i] = -1.0f + 2.0f * (float)i / 63.0f; y->data[i] = 3.0f * x->data[i] - 2.0f; }
+    for (step = 0; step < 300; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *loss = mlc_mse_loss(mlc_forward(lin, x), y, MLC_REDUCE_MEAN);
+        mlc_zero_grad(opt);
+        CHECK(mlc_backward(loss) == MLC_OK);
+        mlc_step(opt);
+        if (step == 0) first = mlc_item(loss);
+        last = mlc_item(loss);
+        mlc_frame_end(f);
+    }
+    CHECK_MSG(first > 1.0f, "initial loss %g", first);
+    CHECK_MSG(last < 1e-6f * first, "loss went from %g to %g", first, last);
+    CHECK_NEAR(lin->params[0]->data[0], 3.0, 1e-3);
+    CHECK_NEAR(lin->params[1]->data[0], -2.0, 1e-3);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int every_optimiser_reduces_loss(void) {
+    int kind;
+    for (kind = 0; kind < 4; kind++) {
+        mlc_ctx *ctx = test_ctx(7);
+        mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 16), mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 16, 1), NULL);
+        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f })
+                       : kind == 1 ? mlc_adam(ctx, net, (mlc_adam_config){ .lr = 0.01f })
+                       : kind == 2 ? mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 0.01f })
+                       : mlc_rmsprop(ctx, net, (mlc_rmsprop_config){ .lr = 0.005f });
+        mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(32, 4)), *y;
+        float first = 0, last = 0;
+        int step;
+        CHECK(net && opt && x);
+        /* a smooth target the network can fit: y = sin(x0) + x1 x2 / 2 */
+        y = mlc_empty(ctx, MLC_SHAPE(32, 1));
+        CHECK(y);
+        for (step = 0; step < 32; step++) y->data[step] = sinf(x->data[step * 4]) + 0.5f * x->data[step * 4 + 1] * x->data[step * 4 + 2];
+        for (step = 0; step < 200; step++) {
+            mlc_frame f = mlc_frame_begin(ctx);
+            mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
+            mlc_zero_grad(opt);
+            CHECK(mlc_backward(loss) == MLC_OK);
+            mlc_step(opt);
+            if (step == 0) first = mlc_item(loss);
+            last = mlc_item(loss);
+            mlc_frame_end(f);
+        }
+        CHECK_MSG(last < 0.2f * first, "optimiser %d: loss went from %g to %g", kind, first, last);
+        mlc_destroy(ctx);
+    }
+    return 1;
+}
+
+const test_case tests_optim[] = {
+    { "sgd_plain", sgd_plain },
+    { "sgd_weight_decay", sgd_weight_decay },
+    { "sgd_momentum", sgd_momentum },
+    { "sgd_nesterov", sgd_nesterov },
+    { "adam_three_steps", adam_three_steps },
+    { "adam_l2_versus_adamw", adam_l2_versus_adamw },
+    { "rmsprop_plain", rmsprop_plain },
+    { "rmsprop_centered", rmsprop_centered },
+    { "rmsprop_momentum", rmsprop_momentum },
+    { "zero_grad_zeroes", zero_grad_zeroes },
+    { "clip_grad_norm", clip_grad_norm },
+    { "lr_step_schedule", lr_step_schedule },
+    { "lr_cosine_schedule", lr_cosine_schedule },
+    { "set_and_get_lr", set_and_get_lr },
+    { "step_skipped_on_error", step_skipped_on_error },
+    { "linear_regression_converges", linear_regression_converges },
+    { "every_optimiser_reduces_loss", every_optimiser_reduces_loss },
+    { NULL, NULL }
+};
