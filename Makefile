@@ -1,11 +1,11 @@
-# mlc: make (examples), make demo, make test, make clean
+# mlc: make (examples), make demo, make test, make bench, make clean
 CC      ?= cc
 CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits
 
-.PHONY: all examples demo test test-sanitize compile-check clean
+.PHONY: all examples demo test test-sanitize compile-check bench clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -33,6 +33,11 @@ test-sanitize: | $(BUILD)
 	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $(BUILD)/test-sanitize tests/*.c $(LDLIBS)
 	./$(BUILD)/test-sanitize
+
+# The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside
+# mlc when installed; one table (bench/RESULTS.md has a run). BENCH_FLAGS=--quick: short runs.
+bench: | $(BUILD)
+	CC="$(CC)" sh bench/run.sh $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(BUILD)

@@ -1,0 +1,92 @@
+#!/bin/sh
+# bench/run.sh - build and run mlc's benchmark suite and print one table (`make bench` runs it).
+#   sh bench/run.sh [--quick]      --quick: short runs, to try the suite out (numbers are rough)
+# Steps: build build/bench (-O2 -fopenmp, with OpenBLAS and zlib when they are found), run the
+# memory child, run bench/torch_bench.py when a python3 with torch is found, then run
+# build/bench, which measures mlc and prints the table with the other runs' numbers.
+set -e
+cd "$(dirname "$0")/.."
+CC=${CC:-cc}
+BUILD=build
+QUICK=
+[ "$1" = "--quick" ] && QUICK=--quick
+mkdir -p "$BUILD"
+start=$(date +%s)
+
+CFLAGS="-O2 -fopenmp -std=c99 -Wall -Wextra -pedantic -I."
+LIBS="-lm"
+
+# probe NAME PROGRAM FLAGS...: does PROGRAM compile and link with FLAGS?
+probe() {
+    printf '%s\n' "$2" > "$BUILD/probe_$1.c"
+    file="$BUILD/probe_$1.c"; shift 2
+    $CC $CFLAGS -o "$BUILD/probe" "$file" "$@" >/dev/null 2>&1
+}
+openblas_test='#include <cblas.h>
+int main(void) { openblas_set_num_threads(1); return openblas_get_config() == 0; }'
+if probe openblas "$openblas_test" -lopenblas; then
+    CFLAGS="$CFLAGS -DBENCH_OPENBLAS"; LIBS="-lopenblas $LIBS"
+elif probe openblas "$openblas_test" -I/usr/include/openblas -lopenblas; then
+    CFLAGS="$CFLAGS -I/usr/include/openblas -DBENCH_OPENBLAS"; LIBS="-lopenblas $LIBS"
+else
+    echo "bench: OpenBLAS (cblas.h + -lopenblas) not found: its columns are skipped"
+fi
+if probe zlib '#include <zlib.h>
+int main(void) { return zlibVersion() == 0; }' -lz; then
+    CFLAGS="$CFLAGS -DBENCH_ZLIB"; LIBS="$LIBS -lz"
+else
+    echo "bench: zlib not found: the dataset is read through 'gzip -dc'"
+fi
+rm -f "$BUILD"/probe "$BUILD"/probe_*.c
+echo "bench: $CC $CFLAGS -o $BUILD/bench bench/bench.c $LIBS"
+$CC $CFLAGS -o "$BUILD/bench" bench/bench.c $LIBS
+
+# Other processes lower every number, the 2-thread ones most (a thread that waits for its
+# partner at a barrier can lose a whole scheduler time slice), so we say how busy they were:
+# cpu_ticks prints the busy and total ticks of all CPUs so far (/proc/stat), "0 0" without it.
+cpu_ticks() {
+    if [ -r /proc/stat ]; then
+        read -r _ u n s i w q sq st _ < /proc/stat
+        echo "$((u + n + s + q + sq + st)) $((u + n + s + i + w + q + sq + st))"
+    else
+        echo "0 0"
+    fi
+}
+before=$(cpu_ticks); sleep 1; set -- $before $(cpu_ticks)
+[ "$4" -gt "$2" ] && echo "bench: other processes used $(( 100 * ($3 - $1) / ($4 - $2) ))% of the CPUs" \
+    "in the second before the run (above ~10%, expect low and noisy numbers)"
+run_start=$(cpu_ticks)
+
+# 5. memory, in a process of its own
+"$BUILD/bench" --rss-child > "$BUILD/bench_rss.txt"
+
+# 6. PyTorch: the first python3 on PATH that can import torch, else Debian's own
+TORCH_ARGS=
+for py in python3 /usr/bin/python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import torch' >/dev/null 2>&1; then
+        echo "bench: running bench/torch_bench.py with $py"
+        if "$py" bench/torch_bench.py $QUICK > "$BUILD/bench_torch.txt"; then
+            TORCH_ARGS="--torch $BUILD/bench_torch.txt"
+        else
+            echo "bench: bench/torch_bench.py failed: the PyTorch column is skipped"
+        fi
+        break
+    fi
+done
+[ -z "$TORCH_ARGS" ] && echo "bench: no python3 with torch (Debian: apt-get install python3-torch): the PyTorch column is skipped"
+
+# 1-4. mlc (and OpenBLAS), then the table
+echo "bench: measuring mlc ..."
+"$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $TORCH_ARGS
+# CPU time of other processes during the run: all busy ticks minus our own CPU time (`times`:
+# the second line is the children's user and system time, as 1m2.5s).
+set -- $run_start $(cpu_ticks)
+times > "$BUILD/bench_times.txt"    # in this shell: a subshell's children times start at 0
+ours=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { sub(/s$/, "", $i); split($i, t, "m"); s += t[1] * 60 + t[2] } print s }' "$BUILD/bench_times.txt")
+if [ "$4" -gt "$2" ] && [ -n "$ours" ]; then
+    awk -v busy="$(( $3 - $1 ))" -v total="$(( $4 - $2 ))" -v ours="$ours" -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
+        'BEGIN { p = 100 * (busy - ours * hz) / total; if (p < 0) p = 0
+                 printf "bench: other processes used %.0f%% of the CPUs during the run%s\n", p,
+                        (p > 10 ? " (the numbers above are disturbed; run again on a quieter machine)" : "") }'
+fi
+echo "bench: the whole run took $(( $(date +%s) - start )) s"

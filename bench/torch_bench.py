@@ -1,0 +1,161 @@
+"""bench/torch_bench.py - the PyTorch side of mlc's benchmark (bench/run.sh runs it).
+
+The same models, data, batch size, optimiser and timing method as bench/bench.c, so the two
+can be compared line by line. Prints "key value" lines that bench.c reads (--torch FILE):
+
+    torch_version, torch_threads, torch_data,
+    tiny_step_us, mlp_train_sps, cnn_train_sps, mlp_infer_us, cnn_infer_us,
+    others_percent (how much of the CPUs other processes used meanwhile)
+
+Usage: python3 bench/torch_bench.py [--quick]
+"""
+import gzip
+import os
+import struct
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 64
+THREADS = 2
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+QUICK = "--quick" in sys.argv
+
+
+def seconds_per_call(fn, chunk_s, chunks):
+    """Best seconds per call of fn() over `chunks` chunks of about chunk_s seconds (bench.c's
+    method): one warm-up call, then double the call count until a chunk is long enough."""
+    if QUICK:
+        chunk_s /= 4
+    fn()
+    calls = 1
+    while True:
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t = time.perf_counter() - t
+        if t >= chunk_s / 4 or calls >= 1 << 24:
+            break
+        calls *= 2
+    best = t / calls
+    calls = int(calls * chunk_s / t) + 1 if t > 0 else calls
+    for _ in range(chunks):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best
+
+
+def cpu_mark():
+    """(busy seconds of all CPUs, total seconds, this process's CPU seconds), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return ((sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz, own.user + own.system)
+
+
+def others_percent(since):
+    """How much of the CPUs other processes used since `since` (as bench.c computes it)."""
+    now = cpu_mark()
+    if since is None or now is None or now[1] <= since[1]:
+        return -1
+    return max(0.0, 100 * ((now[0] - since[0]) - (now[2] - since[2])) / (now[1] - since[1]))
+
+
+def load_fashion():
+    """Training images as a uint8 [count, 784] tensor and labels as int64, or random bytes of
+    the same shape when the Debian package is not installed."""
+    try:
+        with gzip.open(os.path.join(FASHION_DIR, "train-images-idx3-ubyte.gz")) as f:
+            magic, count, rows, cols = struct.unpack(">IIII", f.read(16))
+            assert magic == 0x803 and rows == 28 and cols == 28
+            images = torch.frombuffer(bytearray(f.read(count * 784)), dtype=torch.uint8).view(count, 784)
+        with gzip.open(os.path.join(FASHION_DIR, "train-labels-idx1-ubyte.gz")) as f:
+            magic, count2 = struct.unpack(">II", f.read(8))
+            assert magic == 0x801 and count2 == count
+            labels = torch.frombuffer(bytearray(f.read(count)), dtype=torch.uint8).long()
+        return images, labels, "Fashion-MNIST, %d training images (gzip module)" % count
+    except (OSError, AssertionError, struct.error):
+        g = torch.Generator().manual_seed(7)
+        images = torch.randint(0, 256, (60000, 784), dtype=torch.uint8, generator=g)
+        labels = torch.randint(0, 10, (60000,), generator=g)
+        return images, labels, "random bytes shaped like Fashion-MNIST (dataset not found)"
+
+
+def tiny_mlp():
+    return nn.Sequential(nn.Linear(10, 100), nn.Tanh(), nn.Linear(100, 1))
+
+
+def fashion_mlp():
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def fashion_cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+class Trainer:
+    """One Adam step per call on the next batch (or on a fixed batch for the tiny MLP)."""
+
+    def __init__(self, model, images=None, labels=None, image_shape=(784,), x=None, y=None):
+        self.model, self.images, self.labels, self.shape = model, images, labels, image_shape
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.x, self.y, self.next = x, y, 0
+
+    def step(self):
+        if self.images is not None:
+            if self.next + BATCH > self.images.shape[0]:
+                self.next = 0
+            i = self.next
+            self.x = self.images[i:i + BATCH].float().div_(255.0).view(BATCH, *self.shape)
+            self.y = self.labels[i:i + BATCH]
+            self.next += BATCH
+            loss = F.cross_entropy(self.model(self.x), self.y)
+        else:
+            loss = F.mse_loss(self.model(self.x), self.y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+
+
+def infer_us(model, image):
+    model.eval()
+    with torch.no_grad():
+        return seconds_per_call(lambda: model(image), 0.2, 7) * 1e6
+
+
+def main():
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(42)
+    images, labels, source = load_fashion()
+    print("torch_version", torch.__version__)
+    print("torch_threads", torch.get_num_threads())
+    print("torch_data", source)
+    sys.stdout.flush()
+
+    start = cpu_mark()
+    tiny = Trainer(tiny_mlp(), x=torch.randn(BATCH, 10), y=torch.randn(BATCH, 1))
+    print("tiny_step_us %.3f" % (seconds_per_call(tiny.step, 0.2, 7) * 1e6))
+    mlp = Trainer(fashion_mlp(), images, labels, (784,))
+    print("mlp_train_sps %.1f" % (BATCH / seconds_per_call(mlp.step, 0.4, 7)))
+    cnn = Trainer(fashion_cnn(), images, labels, (1, 28, 28))
+    print("cnn_train_sps %.1f" % (BATCH / seconds_per_call(cnn.step, 0.4, 7)))
+    first = images[:1].float().div_(255.0)
+    print("mlp_infer_us %.3f" % infer_us(fashion_mlp(), first))
+    print("cnn_infer_us %.3f" % infer_us(fashion_cnn(), first.view(1, 1, 28, 28)))
+    print("others_percent %.1f" % others_percent(start))
+
+
+if __name__ == "__main__":
+    main()
