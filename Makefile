@@ -19,8 +19,13 @@ $(BUILD)/%: examples/%.c mlc.h examples/*.h | $(BUILD)
 demo: $(BUILD)/digits
 	./$(BUILD)/digits
 
+# OpenBLAS is optional: when its header and library link, the BLAS-hook tests run against it.
+OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | \
+              $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
+TEST_BLAS := $(if $(OPENBLAS),-DMLC_TEST_OPENBLAS -lopenblas)
+
 $(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
-	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(LDLIBS)
+	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
 compile-check:
 	sh tests/compile_check.sh
@@ -31,7 +36,7 @@ test: compile-check $(BUILD)/test
 # The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included).
 test-sanitize: | $(BUILD)
 	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
-	    -o $(BUILD)/test-sanitize tests/*.c $(LDLIBS)
+	    -o $(BUILD)/test-sanitize tests/*.c $(TEST_BLAS) $(LDLIBS)
 	./$(BUILD)/test-sanitize
 
 # The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside

@@ -693,7 +693,7 @@ MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the r
     ctx->rng_state = 0;
     ctx->rng_inc = (seed << 1u) | 1u;
     (void)mlc_rand_u32(ctx);
-    ctx->rng_state += 0x853c49e6748fea9bULL ^ seed;
+    ctx->rng_state += seed;
     (void)mlc_rand_u32(ctx);
 }
 
@@ -1406,6 +1406,212 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
     }
 }
 
+#ifndef MLC_USE_CBLAS
+/* mlc's own matrix product: the Goto/BLIS scheme.
+   C is cut into NC-wide column panels and K into KC-deep slices. For each (panel, slice) the
+   KC x NC block of op(B) is packed once (shared by all threads) and every thread packs MC x KC
+   blocks of op(A) into its own part of `work`. Packing copies a block into slivers: strips MR
+   rows (of A) or NR columns (of B) wide, stored k-major, so the micro-kernel reads both
+   operands sequentially whatever the transposes were, and an edge sliver is padded with zeros
+   so the kernel always runs a full tile. The micro-kernel keeps an MR x NR tile of C in
+   registers and adds one rank-1 update (a column of the A sliver times a row of the B sliver)
+   per k; a B sliver stays in L1 while the A slivers of the block stream past it from L2.
+   The x86-64 kernels are compiled for AVX2+FMA and AVX-512 and picked at run time, so a plain
+   -O2 build still runs at full speed; elsewhere the vector-extension kernel is used. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define MLC__GEMM_X86 1
+#include <immintrin.h>
+#else
+#define MLC__GEMM_X86 0
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#define MLC__OMP(x) _Pragma(#x)
+#else
+#define MLC__OMP(x)
+#endif
+
+/* tile bounds; below SMALL multiply-adds the plain loop wins, below PARALLEL one thread does */
+enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 32 * 32 * 32 };
+
+/* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
+typedef void (*mlc__gemm_kernel_fn)(int kc, const float *a, const float *b, float *c, int ldc, int add);
+typedef struct mlc__gemm_arch { mlc__gemm_kernel_fn kernel; int mr, nr, mc, kc, nc; } mlc__gemm_arch;
+
+#if defined(__GNUC__)
+/* 6 x 16 with GCC/Clang vectors of 4 floats (SSE, NEON): 24 accumulators, four B loads per k */
+typedef float mlc__v4 __attribute__((vector_size(16)));
+
+static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    const mlc__v4 zero = { 0.0f, 0.0f, 0.0f, 0.0f };
+    mlc__v4 acc[6][4], bk[4], t;
+    int i, j, k;
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] = zero;
+    for (k = 0; k < kc; k++, a += 6, b += 16) {
+        memcpy(bk, b, sizeof bk);
+        _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] += bk[j] * a[i];
+    }
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
+        if (add) { memcpy(&t, c + 4 * j, sizeof t); acc[i][j] += t; }
+        memcpy(c + 4 * j, &acc[i][j], sizeof t);
+    }
+}
+#else
+static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    float acc[6][16] = {{0}};
+    int i, j, k;
+    for (k = 0; k < kc; k++, a += 6, b += 16)
+        for (i = 0; i < 6; i++)
+            for (j = 0; j < 16; j++) acc[i][j] += a[i] * b[j];
+    for (i = 0; i < 6; i++, c += ldc)
+        for (j = 0; j < 16; j++) c[j] = add ? c[j] + acc[i][j] : acc[i][j];
+}
+#endif
+
+#if MLC__GEMM_X86
+/* 6 x 16: twelve 8-float accumulators, two B loads and six broadcasts of A per k */
+__attribute__((target("avx2,fma")))
+static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    __m256 acc[6][2];
+    int i, k;
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (k = 0; k < kc; k++, a += 6, b += 16) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) {
+            __m256 ai = _mm256_broadcast_ss(a + i);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(c));
+            acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(c + 8));
+        }
+        _mm256_storeu_ps(c, acc[i][0]);
+        _mm256_storeu_ps(c + 8, acc[i][1]);
+    }
+}
+
+/* 12 x 32: twenty-four 16-float accumulators, two B loads and twelve broadcasts of A per k */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    __m512 acc[12][2];
+    int i, k;
+    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (k = 0; k < kc; k++, a += 12, b += 32) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c));
+            acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c + 16));
+        }
+        _mm512_storeu_ps(c, acc[i][0]);
+        _mm512_storeu_ps(c + 16, acc[i][1]);
+    }
+}
+#endif
+
+/* Kernels with their block sizes: KC x NR of B stays in L1, MC x KC of A in L2, KC x NC in L3. */
+static const mlc__gemm_arch mlc__gemm_generic = { mlc__gemm_kernel_6x16, 6, 16, 120, 256, 1024 };
+#if MLC__GEMM_X86
+static const mlc__gemm_arch mlc__gemm_avx2 = { mlc__gemm_kernel_avx2, 6, 16, 120, 256, 1024 };
+static const mlc__gemm_arch mlc__gemm_avx512 = { mlc__gemm_kernel_avx512, 12, 32, 120, 256, 1024 };
+#endif
+
+/* the best kernel this CPU runs */
+static const mlc__gemm_arch *mlc__gemm_pick(void) {
+#if MLC__GEMM_X86
+    if (__builtin_cpu_supports("avx512f")) return &mlc__gemm_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &mlc__gemm_avx2;
+#endif
+    return &mlc__gemm_generic;
+}
+
+/* threads a parallel region will get at most, and this thread's number in one */
+#ifdef _OPENMP
+static int mlc__gemm_threads(void) { return omp_get_max_threads(); }
+static int mlc__gemm_thread(void) { return omp_get_thread_num(); }
+#else
+static int mlc__gemm_threads(void) { return 1; }
+static int mlc__gemm_thread(void) { return 0; }
+#endif
+
+static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* `work` for kernel g holds one packed B panel, then one packed A block per thread; each is
+   rounded to a multiple of 16 floats so that all start 64-byte aligned */
+static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->nc, g->nr) * g->kc + 15) / 16 * 16; }
+static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->mc, g->mr) * g->kc + 15) / 16 * 16; }
+static size_t mlc__gemm_work_for(const mlc__gemm_arch *g) { return mlc__gemm_b_floats(g) + (size_t)mlc__gemm_threads() * mlc__gemm_a_floats(g); }
+
+static size_t mlc__gemm_work_floats(void) { return mlc__gemm_work_for(mlc__gemm_pick()); }
+
+/* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
+static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, int m, int kc, int w) {
+    int k, x;
+    for (k = 0; k < kc; k++, dst += w, src += sk) {
+        if (sx == 1) memcpy(dst, src, (size_t)m * sizeof(float));
+        else for (x = 0; x < m; x++) dst[x] = src[x * sx];
+        for (x = m; x < w; x++) dst[x] = 0.0f;
+    }
+}
+
+/* the packed product with kernel g, for K >= 1 */
+static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                             float beta, float *C, float *work) {
+    const int mr = g->mr, nr = g->nr, nt = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__gemm_threads();
+    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
+    const size_t a_sx = ta ? 1 : lda, a_sk = ta ? lda : 1, b_sx = tb ? ldb : 1, b_sk = tb ? 1 : ldb;
+    int kblocks = (K + g->kc - 1) / g->kc, kc = (K + kblocks - 1) / kblocks;   /* equal slices */
+    int mblocks = (M + g->mc - 1) / g->mc, mc;
+    float *bp = work, *ap_all = work + mlc__gemm_b_floats(g);
+    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
+    if (mblocks < nt) mblocks = nt < (M + mr - 1) / mr ? nt : (M + mr - 1) / mr;
+    else mblocks = mlc__gemm_round_up(mblocks, nt);
+    mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, mr);
+    MLC__OMP(omp parallel num_threads(nt))
+    {
+        float *ap = ap_all + (size_t)mlc__gemm_thread() * mlc__gemm_a_floats(g);
+        int jc, pc;
+        for (jc = 0; jc < N; jc += g->nc) {
+            int nc = N - jc < g->nc ? N - jc : g->nc;
+            for (pc = 0; pc < K; pc += kc) {
+                int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || beta != 0.0f, jr, ic;
+                MLC__OMP(omp for)
+                for (jr = 0; jr < nc; jr += nr)
+                    mlc__gemm_pack(bp + (size_t)jr * kk, B + (size_t)pc * b_sk + (size_t)(jc + jr) * b_sx, b_sx, b_sk,
+                                   nc - jr < nr ? nc - jr : nr, kk, nr);
+                MLC__OMP(omp for)
+                for (ic = 0; ic < M; ic += mc) {
+                    int m = M - ic < mc ? M - ic : mc, ir;
+                    for (ir = 0; ir < m; ir += mr)
+                        mlc__gemm_pack(ap + (size_t)ir * kk, A + (size_t)(ic + ir) * a_sx + (size_t)pc * a_sk, a_sx, a_sk,
+                                       m - ir < mr ? m - ir : mr, kk, mr);
+                    for (jr = 0; jr < nc; jr += nr) {
+                        for (ir = 0; ir < m; ir += mr) {
+                            float *c = C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
+                            int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
+                            if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
+                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
+                            for (i = 0; i < mm; i++)
+                                for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#endif /* !MLC_USE_CBLAS */
+
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
@@ -1413,7 +1619,17 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay the packing */
+        mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+        return;
+    }
+    {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
+        mlc_frame scratch = mlc_frame_begin(ctx);
+        float *work = mlc__floats(ctx, mlc__gemm_work_floats(), "mlc_gemm");
+        if (work) mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work);
+        else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
+        mlc_frame_end(scratch);
+    }
 #endif
 }
 

@@ -44,6 +44,24 @@ if command -v g++ >/dev/null 2>&1; then
     check "g++.two_units" sh -c "g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/ca.o' '$tmp/impl.c' && g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/cb.o' '$tmp/b.c'"
 else skipped="$skipped g++"; fi
 
+# MLC_USE_CBLAS: the header routes products to cblas_sgemm (OpenBLAS here) and gets them right.
+cat >"$tmp/cblas.c" <<'SRC'
+#define MLC_USE_CBLAS
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+int main(void) {
+    static const float a[6] = { 1, 2, 3, 4, 5, 6 }, b[6] = { 1, 0, 0, 1, 1, 1 };
+    float c[4];
+    mlc_ctx *ctx = mlc_create(NULL);
+    mlc_gemm(ctx, 0, 0, 2, 2, 3, a, b, 0.0f, c);
+    mlc_destroy(ctx);
+    return !(c[0] == 4 && c[1] == 5 && c[2] == 10 && c[3] == 11);
+}
+SRC
+if printf '#include <cblas.h>\nint main(void){return 0;}\n' | gcc -x c - -o "$tmp/probe" -lopenblas >/dev/null 2>&1; then
+    check "gcc.use_cblas" sh -c "gcc $strict -I. -o '$tmp/cblas' '$tmp/cblas.c' -lopenblas -lm && '$tmp/cblas'"
+else skipped="$skipped MLC_USE_CBLAS(libopenblas-dev)"; fi
+
 if [ -n "$skipped" ]; then
     echo "compile checks SKIPPED for:$skipped (not installed)"
     if [ "${CI:-}" = "true" ]; then echo "CI=true: nothing may be skipped"; exit 1; fi

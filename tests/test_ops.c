@@ -1,0 +1,971 @@
+/* Forward values of every op against numbers worked out by hand (or by a plain loop here, or
+   by an independent script); shapes of the results; a few error cases. */
+#include "test.h"
+
+static int shape_is(const mlc_tensor *t, int ndim, const int *shape) {
+    int d;
+    if (!t || t->ndim != ndim) return 0;
+    for (d = 0; d < ndim; d++) if (t->shape[d] != shape[d]) return 0;
+    return 1;
+}
+/* CHECK_SHAPE(t, 2, 3): t is [2, 3] */
+#define CHECK_SHAPE(t, ...) do { const int want_shape_[] = { __VA_ARGS__ }; \
+    CHECK_MSG(shape_is((t), (int)(sizeof want_shape_ / sizeof(int)), want_shape_), "%s has the wrong shape", #t); } while (0)
+
+#define T(ctx, data, ...) mlc_from_data(ctx, MLC_SHAPE(__VA_ARGS__), data)
+
+/* ---- elementwise with broadcasting ------------------------------------------------------- */
+
+static int binary_broadcast(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float a[6] = { 1, 2, 3, 4, 5, 6 }, b[3] = { 10, 20, 30 };
+    const float add[6] = { 11, 22, 33, 14, 25, 36 }, sub[6] = { -9, -18, -27, -6, -15, -24 };
+    const float rsub[6] = { 9, 18, 27, 6, 15, 24 };
+    const float c[2] = { 2, 3 }, d[3] = { 1, 10, 100 }, outer[6] = { 2, 20, 200, 3, 30, 300 };
+    const float y[3] = { 1, 2, 4 };
+    float x24[24], div[24];
+    const float s_minus_a[6] = { 1, 0, -1, -2, -3, -4 };
+    mlc_tensor *ta = T(ctx, a, 2, 3), *tb = T(ctx, b, 3), *r;
+    int i, j, k;
+    for (i = 0; i < 24; i++) x24[i] = (float)(i + 1);
+    for (i = 0; i < 2; i++) for (j = 0; j < 3; j++) for (k = 0; k < 4; k++)
+        div[(i * 3 + j) * 4 + k] = x24[(i * 3 + j) * 4 + k] / y[j];
+    r = mlc_add(ta, tb);
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, add, 0);
+    r = mlc_add(tb, ta);
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, add, 0);
+    r = mlc_sub(ta, tb);
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, sub, 0);
+    r = mlc_sub(tb, ta);
+    CHECK_TENSOR(r, rsub, 0);
+    r = mlc_mul(T(ctx, c, 2, 1), T(ctx, d, 1, 3));      /* [2,1] * [1,3] -> [2,3] */
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, outer, 0);
+    r = mlc_div(T(ctx, x24, 2, 3, 4), T(ctx, y, 3, 1));  /* [2,3,4] / [3,1] */
+    CHECK_SHAPE(r, 2, 3, 4);
+    CHECK_TENSOR(r, div, 1e-6);
+    CHECK_NEAR(r->data[4], 5.0 / 2.0, 1e-6);             /* x[0,1,0] / y[1] by hand */
+    CHECK_NEAR(r->data[23], 24.0 / 4.0, 1e-6);
+    {   /* a rank-0 scalar, on either side */
+        mlc_tensor *s = mlc_full(ctx, 0, NULL, 2.0f);
+        r = mlc_sub(s, ta);
+        CHECK_SHAPE(r, 2, 3);
+        CHECK_TENSOR(r, s_minus_a, 0);
+        r = mlc_div(ta, s);
+        CHECK_SHAPE(r, 2, 3);
+        CHECK(r->data[0] == 0.5f && r->data[5] == 3.0f);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_add(ta, mlc_zeros(ctx, MLC_SHAPE(2))) == NULL);   /* [2,3] + [2] */
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int scalar_ops(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[4] = { -1.5f, 0, 2, 10 };
+    const float add[4] = { 1, 2.5f, 4.5f, 12.5f }, mul[4] = { 4.5f, 0, -6, -30 };
+    const float rsub[4] = { 2.5f, 1, -1, -9 }, neg[4] = { 1.5f, 0, -2, -10 };
+    mlc_tensor *t = T(ctx, x, 2, 2), *r;
+    r = mlc_add_scalar(t, 2.5f);
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, add, 0);
+    r = mlc_mul_scalar(t, -3.0f);
+    CHECK_TENSOR(r, mul, 0);
+    r = mlc_rsub_scalar(t, 1.0f);
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, rsub, 0);
+    r = mlc_neg(t);
+    CHECK_TENSOR(r, neg, 0);
+    CHECK(t->data[0] == -1.5f);                         /* inputs are not touched */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int unary_math(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float pos[4] = { 0.25f, 1, 4, 9 };
+    const float lg[4] = { -1.3862944f, 0, 1.3862944f, 2.1972246f }, sq[4] = { 0.5f, 1, 2, 3 };
+    const float p2[4] = { 0.0625f, 1, 16, 81 }, pm[4] = { 2, 1, 0.5f, 0.33333334f };
+    const float xs[7] = { -2, -1, -0.5f, 0, 0.5f, 1, 3 };
+    const float ex[7] = { 0.13533528f, 0.36787944f, 0.60653066f, 1, 1.6487213f, 2.7182818f, 20.085537f };
+    const float ab[7] = { 2, 1, 0.5f, 0, 0.5f, 1, 3 };
+    const float cl[7] = { -1, -1, -0.5f, 0, 0.5f, 0.5f, 0.5f };
+    const float cube[3] = { -8, -1, 27 }, cin[3] = { -2, -1, 3 };
+    mlc_tensor *p = T(ctx, pos, 4), *x = T(ctx, xs, 7), *r;
+    CHECK_TENSOR(mlc_log(p), lg, 1e-6);
+    CHECK_TENSOR(mlc_sqrt(p), sq, 1e-6);
+    CHECK_TENSOR(mlc_pow(p, 2.0f), p2, 1e-5);
+    CHECK_TENSOR(mlc_pow(p, -0.5f), pm, 1e-6);
+    CHECK_TENSOR(mlc_pow(T(ctx, cin, 3), 3.0f), cube, 1e-5);   /* negative base, whole exponent */
+    r = mlc_exp(x);
+    CHECK_SHAPE(r, 7);
+    CHECK_TENSOR(r, ex, 2e-6);
+    CHECK_TENSOR(mlc_abs(x), ab, 0);
+    CHECK_TENSOR(mlc_clamp(x, -1.0f, 0.5f), cl, 0);
+    CHECK_TENSOR(mlc_clamp(x, -5.0f, 5.0f), xs, 0);
+    r = mlc_log(mlc_zeros(ctx, MLC_SHAPE(1)));
+    CHECK(r && isinf(r->data[0]) && r->data[0] < 0);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int where_three_way(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float c1[3] = { 1, 0, 1 }, a1[2] = { 10, 20 };
+    const float w1[6] = { 10, -1, 10, 20, -1, 20 };
+    const float c2[2] = { 0, 1 }, a2[2] = { 5, 6 }, b2[3] = { 7, 8, 9 };
+    const float w2[12] = { 7, 7, 8, 8, 9, 9, 5, 6, 5, 6, 5, 6 };
+    const float c3[4] = { 0, 2, -1, 0 }, a3[4] = { 1, 2, 3, 4 }, b3[4] = { -1, -2, -3, -4 };
+    const float w3[4] = { -1, 2, 3, -4 };
+    mlc_tensor *r;
+    /* cond [1,3], a [2,1], b [] -> [2,3] */
+    r = mlc_where(T(ctx, c1, 1, 3), T(ctx, a1, 2, 1), mlc_full(ctx, 0, NULL, -1.0f));
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, w1, 0);
+    /* cond [2,1,1], a [2], b [3,1] -> [2,3,2] */
+    r = mlc_where(T(ctx, c2, 2, 1, 1), T(ctx, a2, 2), T(ctx, b2, 3, 1));
+    CHECK_SHAPE(r, 2, 3, 2);
+    CHECK_TENSOR(r, w2, 0);
+    /* any nonzero is true */
+    r = mlc_where(T(ctx, c3, 4), T(ctx, a3, 4), T(ctx, b3, 4));
+    CHECK_TENSOR(r, w3, 0);
+    CHECK(mlc_where(T(ctx, c3, 4), T(ctx, a3, 4), T(ctx, b2, 3)) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int masked_fill_causal(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float mask[9] = { 0, 1, 1, 0, 0, 1, 0, 0, 0 };     /* 1 above the diagonal */
+    const float keep[9] = { 1, 0, 0, 4, 5, 0, 7, 8, 9 };
+    const float sm[9] = { 1, 0, 0, 0.26894142f, 0.73105858f, 0, 0.090030573f, 0.24472847f, 0.66524096f };
+    mlc_tensor *x = mlc_reshape(mlc_arange(ctx, 1, 10, 1), MLC_SHAPE(1, 3, 3)), *r;
+    int i, j, pass;
+    CHECK(x);
+    for (pass = 0; pass < 2; pass++) {
+        mlc_tensor *m = pass ? T(ctx, mask, 1, 3, 3) : T(ctx, mask, 3, 3);
+        r = mlc_masked_fill(x, m, -INFINITY);
+        CHECK_SHAPE(r, 1, 3, 3);
+        for (i = 0; i < 3; i++)
+            for (j = 0; j < 3; j++) {
+                float v = r->data[i * 3 + j];
+                if (j > i) CHECK_MSG(isinf(v) && v < 0, "[%d,%d] = %g, expected -inf", i, j, (double)v);
+                else CHECK(v == keep[i * 3 + j]);
+            }
+        CHECK_TENSOR(mlc_softmax(r, -1), sm, 1e-6);      /* attention weights of a causal mask */
+    }
+    r = mlc_masked_fill(x, mlc_full(ctx, MLC_SHAPE(3, 1), 1.0f), 0.5f);   /* [3,1] mask: all */
+    for (i = 0; i < 9; i++) CHECK(r->data[i] == 0.5f);
+    CHECK(x->data[1] == 2.0f);
+    CHECK(mlc_masked_fill(mlc_zeros(ctx, MLC_SHAPE(3)), mlc_zeros(ctx, MLC_SHAPE(2, 3)), 1.0f) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);            /* the mask may not grow x */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- activations ------------------------------------------------------------------------- */
+
+static int activations(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float xs[7] = { -2, -1, -0.5f, 0, 0.5f, 1, 3 };
+    const float relu[7] = { 0, 0, 0, 0, 0.5f, 1, 3 };
+    const float leaky[7] = { -0.2f, -0.1f, -0.05f, 0, 0.5f, 1, 3 };
+    const float gelu[7] = { -0.045500264f, -0.15865525f, -0.15426877f, 0, 0.34573123f, 0.84134475f, 2.9959503f };
+    const float gelu_t[7] = { -0.045402306f, -0.15880801f, -0.15428599f, 0, 0.34571401f, 0.84119199f, 2.9963626f };
+    const float sig[7] = { 0.11920292f, 0.26894142f, 0.37754067f, 0.5f, 0.62245933f, 0.73105858f, 0.95257413f };
+    const float th[7] = { -0.96402758f, -0.76159416f, -0.46211716f, 0, 0.46211716f, 0.76159416f, 0.99505475f };
+    const float silu[7] = { -0.23840584f, -0.26894142f, -0.18877033f, 0, 0.31122967f, 0.73105858f, 2.8577224f };
+    const float big[2] = { -100, 100 };
+    mlc_tensor *x = T(ctx, xs, 7), *b = T(ctx, big, 2), *r;
+    CHECK_TENSOR(mlc_relu(x), relu, 0);
+    CHECK_TENSOR(mlc_leaky_relu(x, 0.1f), leaky, 1e-7);
+    r = mlc_gelu(x);
+    CHECK_TENSOR(r, gelu, 1e-6);
+    CHECK_NEAR(r->data[5], 0.8413447, 1e-6);            /* gelu(1) */
+    CHECK_NEAR(r->data[1], -0.1586553, 1e-6);           /* gelu(-1) */
+    r = mlc_gelu_tanh(x);
+    CHECK_TENSOR(r, gelu_t, 1e-6);
+    CHECK_NEAR(r->data[5], 0.8411920, 1e-6);            /* gelu_tanh(1) */
+    CHECK_TENSOR(mlc_sigmoid(x), sig, 1e-6);
+    CHECK_TENSOR(mlc_tanh(x), th, 1e-6);
+    CHECK_TENSOR(mlc_silu(x), silu, 1e-6);
+    /* large inputs stay finite */
+    r = mlc_sigmoid(b);
+    CHECK(r && r->data[0] >= 0.0f && r->data[0] < 1e-30f && r->data[1] == 1.0f);
+    r = mlc_silu(b);
+    CHECK(r && fabs(r->data[0]) < 1e-30 && r->data[1] == 100.0f);
+    r = mlc_tanh(b);
+    CHECK(r && r->data[0] == -1.0f && r->data[1] == 1.0f);
+    r = mlc_gelu(b);
+    CHECK(r && r->data[0] == 0.0f && r->data[1] == 100.0f);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int softmax_axes(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[6] = { 1, 2, 3, 1, 4, -1 };
+    const float sm_last[6] = { 0.090030573f, 0.24472847f, 0.66524096f, 0.047123417f, 0.94649912f, 0.0063774609f };
+    const float lsm_last[6] = { -2.407606f, -1.407606f, -0.40760596f, -3.0549852f, -0.054985235f, -5.0549852f };
+    const float sm_0[6] = { 0.5f, 0.11920292f, 0.98201379f, 0.5f, 0.88079708f, 0.01798621f };
+    const float lsm_0[6] = { -0.69314718f, -2.126928f, -0.018149928f, -0.69314718f, -0.12692801f, -4.0181499f };
+    const float big[3] = { 1000, 1001, 1002 };
+    const float sm_big[3] = { 0.090030573f, 0.24472847f, 0.66524096f };
+    const float lsm_big[3] = { -2.407606f, -1.407606f, -0.40760596f };
+    mlc_tensor *t = T(ctx, x, 2, 3), *r;
+    r = mlc_softmax(t, -1);
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, sm_last, 1e-6);
+    CHECK_TENSOR(mlc_softmax(t, 1), sm_last, 1e-6);
+    CHECK_TENSOR(mlc_log_softmax(t, -1), lsm_last, 1e-5);
+    r = mlc_softmax(t, 0);
+    CHECK_SHAPE(r, 2, 3);
+    CHECK_TENSOR(r, sm_0, 1e-6);
+    CHECK_TENSOR(mlc_log_softmax(t, 0), lsm_0, 1e-5);
+    r = mlc_softmax(T(ctx, big, 1, 3), -1);             /* no overflow */
+    CHECK_TENSOR(r, sm_big, 1e-6);
+    r = mlc_log_softmax(T(ctx, big, 1, 3), 1);
+    CHECK_TENSOR(r, lsm_big, 1e-5);
+    r = mlc_softmax(mlc_mul_scalar(T(ctx, big, 3), -1.0f), 0);   /* -1000.. : no underflow to 0/0 */
+    CHECK(r && fabs(r->data[0] - 0.66524096) < 1e-6 && fabs(r->data[2] - 0.090030573) < 1e-6);
+    CHECK(mlc_softmax(t, 2) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- matrix products --------------------------------------------------------------------- */
+
+static int matmul_2d_and_transposes(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float a[6] = { 1, 2, 3, 4, 5, 6 };             /* [2,3] */
+    const float at[6] = { 1, 4, 2, 5, 3, 6 };            /* the same, stored [3,2] */
+    const float b[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };   /* [3,4] */
+    const float bt[12] = { 1, 5, 9, 2, 6, 10, 3, 7, 11, 4, 8, 12 };  /* the same, stored [4,3] */
+    const float want[8] = { 38, 44, 50, 56, 83, 98, 113, 128 };
+    mlc_tensor *A = T(ctx, a, 2, 3), *At = T(ctx, at, 3, 2), *B = T(ctx, b, 3, 4), *Bt = T(ctx, bt, 4, 3), *r;
+    r = mlc_matmul(A, B);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_matmul_t(A, B, 0, 0);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_matmul_t(At, B, 1, 0);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_matmul_t(A, Bt, 0, 1);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_matmul_t(At, Bt, 1, 1);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_matmul(A, Bt) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* 3 vs 4 */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int matmul_batched_and_broadcast(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float a[12] = { 1, -2, 3, 0, 4, -1, 2, 2, -3, 1, 0, 5 };      /* [2,2,3] */
+    const float b[12] = { 1, 2, 3, 4, 5, 6, -1, 0, 2, -2, 1, 3 };       /* [2,3,2] */
+    const float bmm[8] = { 10, 12, 7, 10, -1, -13, 4, 15 };
+    const float bmm_bcast[8] = { 10, 12, 7, 10, -7, -6, 26, 32 };      /* a @ b[0] */
+    const float c[6] = { 1, 2, -1, 0, 3, 1 };                            /* [3,2] */
+    const float d[16] = { 1, 0, 2, -1, 3, 1, 0, 2, -2, 1, 1, 0, 0, 4, -1, 2 };   /* [2,2,4] */
+    const float cd[24] = { 7, 2, 2, 3, -1, 0, -2, 1, 6, 1, 6, -1,
+                           -2, 9, -1, 4, 2, -1, -1, 0, -6, 7, 2, 2 };
+    mlc_tensor *r;
+    r = mlc_matmul(T(ctx, a, 2, 2, 3), T(ctx, b, 2, 3, 2));
+    CHECK_SHAPE(r, 2, 2, 2);
+    CHECK_TENSOR(r, bmm, 0);
+    r = mlc_matmul(T(ctx, a, 2, 2, 3), T(ctx, b, 3, 2));   /* b[0] as a 2-D [3,2] */
+    CHECK_SHAPE(r, 2, 2, 2);
+    CHECK_TENSOR(r, bmm_bcast, 0);
+    {   /* the same with transposed operands: a stored [2,3,2] per batch, b[0] stored [2,3] */
+        const float at[12] = { 1, 0, -2, 4, 3, -1, 2, 1, 2, 0, -3, 5 }, b0t[6] = { 1, 3, 5, 2, 4, 6 };
+        r = mlc_matmul_t(T(ctx, at, 2, 3, 2), T(ctx, b, 3, 2), 1, 0);
+        CHECK_SHAPE(r, 2, 2, 2);
+        CHECK_TENSOR(r, bmm_bcast, 0);
+        r = mlc_matmul_t(T(ctx, a, 2, 2, 3), T(ctx, b0t, 2, 3), 0, 1);
+        CHECK_SHAPE(r, 2, 2, 2);
+        CHECK_TENSOR(r, bmm_bcast, 0);
+        r = mlc_matmul_t(T(ctx, at, 2, 3, 2), T(ctx, b, 2, 3, 2), 1, 0);
+        CHECK_SHAPE(r, 2, 2, 2);
+        CHECK_TENSOR(r, bmm, 0);
+    }
+    r = mlc_matmul(T(ctx, c, 3, 2), T(ctx, d, 2, 2, 4));
+    CHECK_SHAPE(r, 2, 3, 4);
+    CHECK_TENSOR(r, cd, 0);
+    r = mlc_matmul(T(ctx, a, 1, 2, 2, 3), T(ctx, b, 1, 2, 3, 2));   /* two batch dims */
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, bmm, 0);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_matmul(T(ctx, a, 2, 2, 3), T(ctx, d, 4, 3, 1)) == NULL);   /* batch [2] vs [4] */
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int linear_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[6] = { 1, 2, 3, -1, 0, 2 };
+    const float w[12] = { 1, 0, -1, 2, 1, 0, 0, 0, 1, -1, 2, 1 };      /* [4,3] */
+    const float b[4] = { 0.5f, -1, 0, 2 };
+    const float want[8] = { -1.5f, 3, 3, 8, -2.5f, -3, 2, 5 };
+    const float nob[8] = { -2, 4, 3, 6, -3, -2, 2, 3 };
+    mlc_tensor *r = mlc_linear(T(ctx, x, 2, 3), T(ctx, w, 4, 3), T(ctx, b, 4));
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_linear(T(ctx, x, 2, 3), T(ctx, w, 4, 3), NULL);
+    CHECK_TENSOR(r, nob, 0);
+    r = mlc_linear(T(ctx, x, 2, 1, 3), T(ctx, w, 4, 3), T(ctx, b, 4));   /* leading dims kept */
+    CHECK_SHAPE(r, 2, 1, 4);
+    CHECK_TENSOR(r, want, 0);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- reductions -------------------------------------------------------------------------- */
+
+static int reductions_each_axis(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[12] = { 1, -2, 3, 4, 0, 5, 2, 2, -6, 1, 7, 3 };        /* [2,3,2] */
+    static const float want[3][6][6] = {
+        {   /* axis 0 -> [3,2] */
+            { 3, 0, -3, 5, 7, 8 }, { 1.5f, 0, -1.5f, 2.5f, 3.5f, 4 }, { 2, 2, 3, 4, 7, 5 },
+            { 0.5f, 8, 40.5f, 4.5f, 24.5f, 2 }, { 0.25f, 4, 20.25f, 2.25f, 12.25f, 1 }, { 1, 1, 0, 0, 1, 0 } },
+        {   /* axis 1 -> [2,2] */
+            { 4, 7, 3, 6 }, { 1.3333333f, 2.3333333f, 1, 2 }, { 3, 5, 7, 3 },
+            { 2.3333333f, 14.333333f, 43, 1 }, { 1.5555556f, 9.5555556f, 28.666667f, 0.66666667f }, { 1, 2, 2, 2 } },
+        {   /* axis 2 -> [2,3] */
+            { -1, 7, 5, 4, -5, 10 }, { -0.5f, 3.5f, 2.5f, 2, -2.5f, 5 }, { 1, 4, 5, 2, 1, 7 },
+            { 4.5f, 0.5f, 12.5f, 0, 24.5f, 8 }, { 2.25f, 0.25f, 6.25f, 0, 12.25f, 4 }, { 0, 1, 1, 0, 1, 0 } },
+    };
+    const int dims[3] = { 2, 3, 2 };
+    mlc_tensor *t = T(ctx, x, 2, 3, 2);
+    int axis, keep, k;
+    for (axis = 0; axis < 3; axis++)
+        for (keep = 0; keep < 2; keep++)
+            for (k = 0; k < 6; k++) {
+                int shape[3], nd = 0, d, ax = keep ? axis - 3 : axis;   /* negative axes too */
+                mlc_tensor *r;
+                if (k == 5 && keep) continue;          /* argmax has no keepdim */
+                r = k == 0 ? mlc_sum(t, ax, keep) : k == 1 ? mlc_mean(t, ax, keep) : k == 2 ? mlc_max(t, ax, keep)
+                  : k == 3 ? mlc_var(t, ax, keep, 1) : k == 4 ? mlc_var(t, ax, keep, 0) : mlc_argmax(t, ax);
+                for (d = 0; d < 3; d++) {
+                    if (d != axis) shape[nd++] = dims[d];
+                    else if (keep) shape[nd++] = 1;
+                }
+                CHECK_MSG(r && shape_is(r, nd, shape), "axis %d keepdim %d op %d: wrong shape", axis, keep, k);
+                {
+                    size_t i;
+                    for (i = 0; i < r->size; i++)
+                        CHECK_MSG(fabs(r->data[i] - want[axis][k][i]) <= 1e-5,
+                                  "axis %d keepdim %d op %d [%zu]: %g, expected %g", axis, keep, k, i,
+                                  (double)r->data[i], (double)want[axis][k][i]);
+                }
+            }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_sum(t, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_clear_error(ctx);
+    CHECK(mlc_var(T(ctx, x, 1, 12), 0, 0, 1) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* one value */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int reductions_all(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[12] = { 1, -2, 3, 4, 0, 5, 2, 2, -6, 1, 7, 3 };
+    const float ties[4] = { 5, 9, 9, 1 };
+    mlc_tensor *t = T(ctx, x, 2, 3, 2), *r;
+    r = mlc_sum_all(t);
+    CHECK(r && r->size == 1 && r->ndim == 0);
+    CHECK_NEAR(mlc_item(r), 20.0, 1e-6);
+    r = mlc_mean_all(t);
+    CHECK(r && r->ndim == 0);
+    CHECK_NEAR(mlc_item(r), 20.0 / 12.0, 1e-6);
+    r = mlc_argmax(T(ctx, ties, 4), 0);                 /* the first of equal maxima */
+    CHECK(r && r->ndim == 0 && mlc_item(r) == 1.0f);
+    r = mlc_max(T(ctx, ties, 2, 2), 1, 1);
+    CHECK_SHAPE(r, 2, 1);
+    CHECK(r->data[0] == 9.0f && r->data[1] == 9.0f);
+    {   /* sums are accurate over many small values */
+        mlc_tensor *many = mlc_full(ctx, MLC_SHAPE(1000000), 0.1f);
+        r = mlc_sum_all(many);
+        CHECK_NEAR(mlc_item(r), 1e6 * (double)0.1f, 0.01);   /* a float running sum is off by ~1000 */
+        r = mlc_mean_all(many);
+        CHECK_NEAR(mlc_item(r), (double)0.1f, 1e-7);
+    }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- losses ------------------------------------------------------------------------------ */
+
+static int cross_entropy_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float logits[6] = { 1, 2, 3, 1, 2, 3 };
+    const float tgt[2] = { 2, 0 }, tgt_ign[2] = { 2, -100 };
+    const float none[2] = { 0.40760596f, 2.407606f };
+    mlc_tensor *x = T(ctx, logits, 2, 3), *r;
+    r = mlc_cross_entropy(x, T(ctx, tgt, 2), MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+    CHECK(r && r->ndim == 0 && r->size == 1);
+    CHECK_NEAR(mlc_item(r), 1.4076059, 1e-6);           /* PyTorch */
+    r = mlc_cross_entropy(x, T(ctx, tgt, 2), MLC_REDUCE_SUM, MLC_NO_IGNORE);
+    CHECK_NEAR(mlc_item(r), 2.8152119, 1e-5);
+    r = mlc_cross_entropy(x, T(ctx, tgt, 2), MLC_REDUCE_NONE, MLC_NO_IGNORE);
+    CHECK_SHAPE(r, 2);
+    CHECK_TENSOR(r, none, 1e-6);
+    /* ignore_index: the row adds nothing and the mean counts the other rows only */
+    r = mlc_cross_entropy(x, T(ctx, tgt_ign, 2), MLC_REDUCE_MEAN, -100);
+    CHECK_NEAR(mlc_item(r), 0.40760596, 1e-6);
+    r = mlc_cross_entropy(x, T(ctx, tgt_ign, 2), MLC_REDUCE_SUM, -100);
+    CHECK_NEAR(mlc_item(r), 0.40760596, 1e-6);
+    r = mlc_cross_entropy(x, T(ctx, tgt_ign, 2), MLC_REDUCE_NONE, -100);
+    CHECK(r && r->data[1] == 0.0f);
+    CHECK_NEAR(r->data[0], 0.40760596, 1e-6);
+    r = mlc_cross_entropy(x, T(ctx, tgt, 2), MLC_REDUCE_MEAN, 0);   /* a real class ignored */
+    CHECK_NEAR(mlc_item(r), 0.40760596, 1e-6);
+    {   /* large logits */
+        const float big[3] = { 1000, 1001, 1002 }, t0[1] = { 0 };
+        r = mlc_cross_entropy(T(ctx, big, 1, 3), T(ctx, t0, 1), MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+        CHECK_NEAR(mlc_item(r), 2.407606, 1e-4);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    {   /* a class out of range is an error */
+        const float bad[2] = { 3, 0 };
+        CHECK(mlc_cross_entropy(x, T(ctx, bad, 2), MLC_REDUCE_MEAN, MLC_NO_IGNORE) == NULL);
+        CHECK(mlc_error(ctx) == MLC_ERR_INDEX);
+    }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int nll_mse_bce(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float lp[6] = { -1, -2, -3, -0.5f, -1.5f, -2.5f }, t[2] = { 1, 2 };
+    const float nll_none[2] = { 2, 2.5f };
+    const float p[4] = { 1, 2, 3, 4 }, q[4] = { 1.5f, 2, 1, 6 }, mse_none[4] = { 0.25f, 0, 4, 4 };
+    const float bx[5] = { 0, 2, -3, 100, -100 }, bt[5] = { 1, 0, 1, 0, 1 };
+    const float bce[5] = { 0.69314718f, 2.126928f, 3.0485874f, 100, 100 };
+    const float hx[2] = { 1e4f, -1e4f }, ht[2] = { 0, 0 };
+    mlc_tensor *r;
+    r = mlc_nll_loss(T(ctx, lp, 2, 3), T(ctx, t, 2), MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+    CHECK(r && r->ndim == 0);
+    CHECK_NEAR(mlc_item(r), 2.25, 1e-6);
+    r = mlc_nll_loss(T(ctx, lp, 2, 3), T(ctx, t, 2), MLC_REDUCE_SUM, MLC_NO_IGNORE);
+    CHECK_NEAR(mlc_item(r), 4.5, 1e-6);
+    r = mlc_nll_loss(T(ctx, lp, 2, 3), T(ctx, t, 2), MLC_REDUCE_NONE, MLC_NO_IGNORE);
+    CHECK_SHAPE(r, 2);
+    CHECK_TENSOR(r, nll_none, 0);
+    r = mlc_nll_loss(T(ctx, lp, 2, 3), T(ctx, t, 2), MLC_REDUCE_MEAN, 2);
+    CHECK_NEAR(mlc_item(r), 2.0, 1e-6);
+    r = mlc_mse_loss(T(ctx, p, 2, 2), T(ctx, q, 2, 2), MLC_REDUCE_MEAN);
+    CHECK(r && r->ndim == 0);
+    CHECK_NEAR(mlc_item(r), 2.0625, 1e-6);
+    r = mlc_mse_loss(T(ctx, p, 2, 2), T(ctx, q, 2, 2), MLC_REDUCE_SUM);
+    CHECK_NEAR(mlc_item(r), 8.25, 1e-6);
+    r = mlc_mse_loss(T(ctx, p, 2, 2), T(ctx, q, 2, 2), MLC_REDUCE_NONE);
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, mse_none, 0);
+    r = mlc_bce_with_logits(T(ctx, bx, 5), T(ctx, bt, 5), MLC_REDUCE_NONE);
+    CHECK_SHAPE(r, 5);
+    CHECK_TENSOR(r, bce, 1e-5);
+    r = mlc_bce_with_logits(T(ctx, bx, 5), T(ctx, bt, 5), MLC_REDUCE_MEAN);
+    CHECK_NEAR(mlc_item(r), 41.173733, 1e-4);
+    r = mlc_bce_with_logits(T(ctx, bx, 5), T(ctx, bt, 5), MLC_REDUCE_SUM);
+    CHECK_NEAR(mlc_item(r), 205.86866, 1e-3);
+    r = mlc_bce_with_logits(T(ctx, hx, 2), T(ctx, ht, 2), MLC_REDUCE_NONE);   /* no overflow */
+    CHECK(r && r->data[0] == 1e4f && r->data[1] == 0.0f);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_mse_loss(T(ctx, p, 4), T(ctx, q, 2, 2), MLC_REDUCE_MEAN) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- shape ops --------------------------------------------------------------------------- */
+
+static int reshape_flatten_transpose_permute(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float perm[24] = { 0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23 };
+    const float tr02[24] = { 0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19, 11, 23 };
+    const float m[6] = { 1, 2, 3, 4, 5, 6 }, mt[6] = { 1, 4, 2, 5, 3, 6 };
+    const int order[3] = { 2, 0, 1 }, neg_order[3] = { -1, 0, -2 };
+    mlc_tensor *x = mlc_reshape(mlc_arange(ctx, 0, 24, 1), MLC_SHAPE(2, 3, 4)), *r;
+    int i;
+    CHECK_SHAPE(x, 2, 3, 4);
+    r = mlc_flatten(x, 1);
+    CHECK_SHAPE(r, 2, 12);
+    for (i = 0; i < 24; i++) CHECK(r->data[i] == (float)i);
+    CHECK_SHAPE(mlc_flatten(x, 0), 24);
+    CHECK_SHAPE(mlc_flatten(x, -1), 2, 3, 4);
+    r = mlc_transpose(T(ctx, m, 2, 3), 0, 1);
+    CHECK_SHAPE(r, 3, 2);
+    CHECK_TENSOR(r, mt, 0);
+    r = mlc_transpose(T(ctx, m, 2, 3), -1, -2);
+    CHECK_TENSOR(r, mt, 0);
+    r = mlc_transpose(x, 0, 2);
+    CHECK_SHAPE(r, 4, 3, 2);
+    CHECK_TENSOR(r, tr02, 0);
+    r = mlc_permute(x, order);                          /* y[k,i,j] = x[i,j,k] */
+    CHECK_SHAPE(r, 4, 2, 3);
+    CHECK_TENSOR(r, perm, 0);
+    CHECK(r->data != x->data);                          /* a copy */
+    r = mlc_permute(x, neg_order);
+    CHECK_SHAPE(r, 4, 2, 3);
+    CHECK_TENSOR(r, perm, 0);
+    {   /* permuting back gives the input */
+        const int back[3] = { 1, 2, 0 };
+        r = mlc_permute(mlc_permute(x, order), back);
+        CHECK_SHAPE(r, 2, 3, 4);
+        for (i = 0; i < 24; i++) CHECK(r->data[i] == (float)i);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    {
+        const int dup[3] = { 0, 0, 1 };
+        CHECK(mlc_permute(x, dup) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int slice_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *x = mlc_reshape(mlc_arange(ctx, 0, 10, 1), MLC_SHAPE(2, 5)), *r;
+    const float s13[4] = { 1, 2, 6, 7 }, tail[4] = { 3, 4, 8, 9 }, head[4] = { 0, 1, 5, 6 };
+    const float row1[5] = { 5, 6, 7, 8, 9 }, mid[4] = { 2, 3, 7, 8 };
+    r = mlc_slice(x, 1, 1, 3);
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, s13, 0);
+    r = mlc_slice(x, 1, -2, 100);                       /* negative start, end clamped */
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, tail, 0);
+    r = mlc_slice(x, -1, -100, 2);                      /* start clamped to 0 */
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, head, 0);
+    r = mlc_slice(x, 1, -3, -1);                        /* both negative */
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, mid, 0);
+    r = mlc_slice(x, 0, 1, 2);
+    CHECK_SHAPE(r, 1, 5);
+    CHECK_TENSOR(r, row1, 0);
+    r = mlc_slice(x, 1, 3, 1);                          /* empty */
+    CHECK_SHAPE(r, 2, 0);
+    CHECK(r->size == 0);
+    r = mlc_slice(x, 0, 5, 9);                          /* start past the end: empty */
+    CHECK_SHAPE(r, 0, 5);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_slice(x, 2, 0, 1) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int concat_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float a[2] = { 1, 2 }, b[4] = { 3, 4, 5, 6 }, c[2] = { 7, 8 };
+    const float rows[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    const float p[2] = { 1, 2 }, q[4] = { 3, 4, 5, 6 }, s[6] = { 7, 8, 9, 10, 11, 12 };
+    const float cols[12] = { 1, 3, 4, 7, 8, 9, 2, 5, 6, 10, 11, 12 };
+    mlc_tensor *xs[3], *r;
+    xs[0] = T(ctx, a, 1, 2); xs[1] = T(ctx, b, 2, 2); xs[2] = T(ctx, c, 1, 2);
+    r = mlc_concat(xs, 3, 0);
+    CHECK_SHAPE(r, 4, 2);
+    CHECK_TENSOR(r, rows, 0);
+    xs[0] = T(ctx, p, 2, 1); xs[1] = T(ctx, q, 2, 2); xs[2] = T(ctx, s, 2, 3);
+    r = mlc_concat(xs, 3, 1);
+    CHECK_SHAPE(r, 2, 6);
+    CHECK_TENSOR(r, cols, 0);
+    r = mlc_concat(xs, 3, -1);
+    CHECK_SHAPE(r, 2, 6);
+    CHECK_TENSOR(r, cols, 0);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_concat(xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int index_select_gather_copy(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *x = mlc_reshape(mlc_arange(ctx, 0, 12, 1), MLC_SHAPE(3, 4)), *r;
+    const float i0[3] = { 2, 0, 2 }, rows[12] = { 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11 };
+    const float i1[2] = { 3, 1 }, cols[6] = { 3, 1, 7, 5, 11, 9 };
+    const float g[6] = { 1, 2, 3, 4, 5, 6 }, gi[4] = { 2, 0, 1, 1 }, gw[4] = { 3, 1, 5, 5 };
+    const float gi_small[2] = { 0, 2 }, gw_small[2] = { 1, 3 };
+    const float gi0[3] = { 1, 0, 1 }, gw0[3] = { 4, 2, 6 };
+    const float bad[1] = { 3 }, frac[1] = { 0.5f };
+    r = mlc_index_select(x, 0, T(ctx, i0, 3));
+    CHECK_SHAPE(r, 3, 4);
+    CHECK_TENSOR(r, rows, 0);
+    r = mlc_index_select(x, 1, T(ctx, i1, 2));
+    CHECK_SHAPE(r, 3, 2);
+    CHECK_TENSOR(r, cols, 0);
+    r = mlc_index_select(x, -1, T(ctx, i1, 2));
+    CHECK_TENSOR(r, cols, 0);
+    /* gather along axis 1: out[i][j] = x[i][index[i][j]] */
+    r = mlc_gather(T(ctx, g, 2, 3), 1, T(ctx, gi, 2, 2));
+    CHECK_SHAPE(r, 2, 2);
+    CHECK_TENSOR(r, gw, 0);
+    r = mlc_gather(T(ctx, g, 2, 3), 1, T(ctx, gi_small, 1, 2));   /* index smaller than x */
+    CHECK_SHAPE(r, 1, 2);
+    CHECK_TENSOR(r, gw_small, 0);
+    r = mlc_gather(T(ctx, g, 2, 3), 0, T(ctx, gi0, 1, 3));        /* out[0][j] = x[index[0][j]][j] */
+    CHECK_SHAPE(r, 1, 3);
+    CHECK_TENSOR(r, gw0, 0);
+    /* copy: same values, its own storage */
+    r = mlc_copy(x);
+    CHECK_SHAPE(r, 3, 4);
+    CHECK(r->data != x->data && memcmp(r->data, x->data, 12 * sizeof(float)) == 0);
+    r->data[0] = 42.0f;
+    CHECK(x->data[0] == 0.0f);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_index_select(x, 0, T(ctx, bad, 1)) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_clear_error(ctx);
+    CHECK(mlc_gather(x, 1, mlc_reshape(T(ctx, frac, 1), MLC_SHAPE(1, 1))) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- neural-network ops ------------------------------------------------------------------ */
+
+static int dropout_values(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *x = mlc_full(ctx, MLC_SHAPE(100, 100), 1.0f), *r;
+    size_t i, zeros = 0;
+    r = mlc_dropout(x, 0.5f, 0);                        /* eval: the input unchanged */
+    CHECK_SHAPE(r, 100, 100);
+    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 1.0f);
+    r = mlc_dropout(x, 0.0f, 1);                        /* p = 0: unchanged too */
+    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 1.0f);
+    r = mlc_dropout(x, 0.5f, 1);
+    CHECK_SHAPE(r, 100, 100);
+    for (i = 0; i < r->size; i++) {
+        CHECK_MSG(r->data[i] == 0.0f || r->data[i] == 2.0f, "[%zu] = %g", i, (double)r->data[i]);
+        zeros += r->data[i] == 0.0f;
+    }
+    CHECK_MSG(zeros > 4700 && zeros < 5300, "%zu of 10000 dropped", zeros);   /* std 50 */
+    for (i = 0; i < x->size; i++) CHECK(x->data[i] == 1.0f);
+    zeros = 0;
+    r = mlc_dropout(x, 0.2f, 1);
+    for (i = 0; i < r->size; i++) {
+        CHECK(r->data[i] == 0.0f || fabs(r->data[i] - 1.25) < 1e-6);
+        zeros += r->data[i] == 0.0f;
+    }
+    CHECK_MSG(zeros > 1800 && zeros < 2200, "%zu of 10000 dropped at p = 0.2", zeros);   /* std 40 */
+    r = mlc_dropout(x, 1.0f, 1);
+    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 0.0f);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_dropout(x, 1.5f, 1) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int layer_norm_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[8] = { 1, 2, 3, 4, -3, 0, 0, 7 };
+    const float w[4] = { 1, 2, 0.5f, -1 }, b[4] = { 0, 1, 0, 2 };
+    const float want[8] = { -1.3416354f, 0.10557639f, 0.2236059f, 0.65836458f,
+                            -1.0886617f, 0.45566915f, -0.13608271f, 0.36700744f };
+    const float plain[8] = { -1.3416354f, -0.44721181f, 0.44721181f, 1.3416354f,
+                             -1.0886617f, -0.27216543f, -0.27216543f, 1.6329926f };
+    mlc_tensor *r = mlc_layer_norm(T(ctx, x, 2, 4), T(ctx, w, 4), T(ctx, b, 4), 1e-5f);
+    CHECK_SHAPE(r, 2, 4);
+    CHECK_TENSOR(r, want, 1e-5);
+    r = mlc_layer_norm(T(ctx, x, 2, 4), NULL, NULL, 1e-5f);
+    CHECK_TENSOR(r, plain, 1e-5);
+    r = mlc_layer_norm(T(ctx, x, 2, 1, 4), NULL, NULL, 0.0f);   /* eps 0: the default 1e-5 */
+    CHECK_SHAPE(r, 2, 1, 4);
+    CHECK_TENSOR(r, plain, 1e-5);
+    CHECK(mlc_layer_norm(T(ctx, x, 4, 2), T(ctx, w, 4), NULL, 1e-5f) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int batch_norm_training(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    /* [4,2]: channel 0 = 1,3,5,7 (mean 4, var 5), channel 1 = 2,6,10,14 (mean 8, var 20) */
+    const float x[8] = { 1, 2, 3, 6, 5, 10, 7, 14 };
+    const float w[2] = { 1.5f, -1 }, b[2] = { 0.5f, 2 };
+    const float zero2[2] = { 0, 0 }, one2[2] = { 1, 1 };
+    const float want[8] = { -1.5124592f, 3.3416405f, -0.17081972f, 2.4472135f,
+                            1.1708197f, 1.5527865f, 2.5124592f, 0.65835955f };
+    const float rm_want[2] = { 0.4f, 0.8f };                  /* 0.9·0 + 0.1·mean */
+    const float rv_want[2] = { 1.5666667f, 3.5666667f };      /* 0.9·1 + 0.1·unbiased var */
+    /* [2,2,2,2] */
+    const float x4[16] = { 0, -1, 0, 2, 0, 0, 1, -2, -3, 4, 0, -2, 4, -1, -4, 1 };
+    const float want4[16] = { 0, -0.48507068f, 0, 0.97014136f, 0.056704739f, 0.056704739f, 0.51034265f, -0.85057109f,
+                              -1.455212f, 1.9402827f, 0, -0.97014136f, 1.8712564f, -0.39693318f, -1.7578469f, 0.51034265f };
+    const float rm4[2] = { 0, -0.0125f }, rv4[2] = { 1.3857143f, 1.4553571f };
+    mlc_tensor *rm = T(ctx, zero2, 2), *rv = T(ctx, one2, 2), *r;
+    int c;
+    r = mlc_batch_norm(T(ctx, x, 4, 2), rm, rv, T(ctx, w, 2), T(ctx, b, 2), 1, 0.1f, 1e-5f);
+    CHECK_SHAPE(r, 4, 2);
+    CHECK_TENSOR(r, want, 1e-5);
+    CHECK_TENSOR(rm, rm_want, 1e-6);
+    CHECK_TENSOR(rv, rv_want, 1e-5);
+    /* the batch statistics by an independent loop: the output has mean b and std |w| */
+    for (c = 0; c < 2; c++) {
+        double s = 0, s2 = 0;
+        int i;
+        for (i = 0; i < 4; i++) { s += r->data[i * 2 + c]; s2 += r->data[i * 2 + c] * r->data[i * 2 + c]; }
+        CHECK_NEAR(s / 4, b[c], 1e-5);
+        CHECK_NEAR(sqrt(s2 / 4 - (s / 4) * (s / 4)), fabs(w[c]), 1e-4);
+    }
+    rm = T(ctx, zero2, 2); rv = T(ctx, one2, 2);
+    r = mlc_batch_norm(T(ctx, x4, 2, 2, 2, 2), rm, rv, NULL, NULL, 1, 0.0f, 0.0f);  /* defaults 0.1, 1e-5 */
+    CHECK_SHAPE(r, 2, 2, 2, 2);
+    CHECK_TENSOR(r, want4, 1e-5);
+    CHECK_TENSOR(rm, rm4, 1e-6);
+    CHECK_TENSOR(rv, rv4, 1e-5);
+    r = mlc_batch_norm(T(ctx, x4, 2, 2, 2, 2), NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f);   /* no running stats */
+    CHECK_TENSOR(r, want4, 1e-5);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int batch_norm_eval(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float x[8] = { 1, 2, 3, 6, 5, 10, 7, 14 };
+    const float m[2] = { 1, -1 }, v[2] = { 4, 0.25f }, w[2] = { 2, 1 }, b[2] = { 0.5f, 0 };
+    /* (x - m) / sqrt(v + 1e-5) · w + b */
+    const float want[8] = { 0.5f, 5.99988f, 2.4999975f, 13.99972f, 4.499995f, 21.99956f, 6.4999925f, 29.9994f };
+    mlc_tensor *rm = T(ctx, m, 2), *rv = T(ctx, v, 2), *r;
+    r = mlc_batch_norm(T(ctx, x, 4, 2), rm, rv, T(ctx, w, 2), T(ctx, b, 2), 0, 0.1f, 1e-5f);
+    CHECK_SHAPE(r, 4, 2);
+    CHECK_TENSOR(r, want, 1e-4);
+    CHECK(rm->data[0] == 1.0f && rm->data[1] == -1.0f && rv->data[0] == 4.0f && rv->data[1] == 0.25f);
+    CHECK(mlc_batch_norm(T(ctx, x, 4, 2), NULL, NULL, NULL, NULL, 0, 0.1f, 1e-5f) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int embedding_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_tensor *w = mlc_reshape(mlc_arange(ctx, 0, 12, 1), MLC_SHAPE(4, 3)), *r;
+    const float idx[4] = { 3, 0, 1, 3 }, bad[1] = { 4 };
+    const float want[12] = { 9, 10, 11, 0, 1, 2, 3, 4, 5, 9, 10, 11 };
+    r = mlc_embedding(w, T(ctx, idx, 2, 2));
+    CHECK_SHAPE(r, 2, 2, 3);
+    CHECK_TENSOR(r, want, 0);
+    r = mlc_embedding(w, T(ctx, idx, 4));
+    CHECK_SHAPE(r, 4, 3);
+    CHECK_TENSOR(r, want, 0);
+    CHECK(mlc_embedding(w, T(ctx, bad, 1)) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* ---- convolution and pooling ------------------------------------------------------------- */
+
+static mlc_conv_opts conv_opts(int stride, int padding, int dilation, int groups) {
+    mlc_conv_opts o;
+    o.stride = stride; o.padding = padding; o.dilation = dilation; o.groups = groups;
+    return o;
+}
+
+static int conv2d_hand_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float k[4] = { 1, 2, 3, 4 };
+    const float plain[4] = { 37, 47, 67, 77 };        /* 1·1+2·2+3·4+4·5, ... */
+    const float strided[4] = { 4, 18, 36, 77 };       /* stride 2, padding 1 */
+    const float dilated[4] = { 78, 88, 118, 128 };    /* 4x4 input, dilation 2 */
+    mlc_tensor *x3 = mlc_reshape(mlc_arange(ctx, 1, 10, 1), MLC_SHAPE(1, 1, 3, 3));
+    mlc_tensor *x4 = mlc_reshape(mlc_arange(ctx, 1, 17, 1), MLC_SHAPE(1, 1, 4, 4));
+    mlc_tensor *w = T(ctx, k, 1, 1, 2, 2), *r;
+    const float bias1[1] = { -10 };
+    r = mlc_conv2d(x3, w, NULL, conv_opts(0, 0, 0, 0));
+    CHECK_SHAPE(r, 1, 1, 2, 2);
+    CHECK_TENSOR(r, plain, 0);
+    r = mlc_conv2d(x3, w, NULL, conv_opts(2, 1, 1, 1));
+    CHECK_SHAPE(r, 1, 1, 2, 2);
+    CHECK_TENSOR(r, strided, 0);
+    r = mlc_conv2d(x4, w, NULL, conv_opts(1, 0, 2, 1));
+    CHECK_SHAPE(r, 1, 1, 2, 2);
+    CHECK_TENSOR(r, dilated, 0);
+    r = mlc_conv2d(x3, w, NULL, conv_opts(1, 0, 2, 1));   /* 3x3 input, dilation 2: one output */
+    CHECK_SHAPE(r, 1, 1, 1, 1);
+    CHECK(r->data[0] == 64.0f);                        /* 1·1 + 3·2 + 7·3 + 9·4 */
+    r = mlc_conv2d(x3, w, T(ctx, bias1, 1), conv_opts(0, 0, 0, 0));
+    CHECK(r && r->data[0] == 27.0f && r->data[3] == 67.0f);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int conv2d_groups_bias(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    /* x [1,4,3,3], values (i·7 mod 11) - 5 */
+    float x[36], wg[16], wg4[32];
+    const float g2[8] = { 29, -25, -1, -11, -2, 1, 29, -23 };
+    const float g2o4[16] = { 15, -10, -5, -30, -20, -20, 2, 2, 22, -30, 20, -10, 17, -12, 7, 0 };
+    const float wd[12] = { 1, 0, 0, -1, 2, 1, 1, 2, 0, -1, 1, 0 };
+    const float dw[12] = { -6, 5, 5, 5, 3, 1, -3, 6, 3, -8, 3, 3 };
+    const float bias[2] = { 0.5f, -1.5f };
+    const float biased[8] = { 29.5f, -24.5f, -0.5f, -10.5f, -24.5f, 11.5f, -4.5f, -1.5f };
+    mlc_tensor *r;
+    int i;
+    for (i = 0; i < 36; i++) x[i] = (float)((i * 7) % 11 - 5);
+    for (i = 0; i < 16; i++) wg[i] = (float)((i * 5) % 7 - 3);
+    for (i = 0; i < 32; i++) wg4[i] = (float)((i * 3) % 5 - 2);
+    r = mlc_conv2d(T(ctx, x, 1, 4, 3, 3), T(ctx, wg, 2, 2, 2, 2), NULL, conv_opts(1, 0, 1, 2));
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, g2, 0);
+    r = mlc_conv2d(T(ctx, x, 1, 4, 3, 3), T(ctx, wg4, 4, 2, 2, 2), NULL, conv_opts(1, 0, 1, 2));
+    CHECK_SHAPE(r, 1, 4, 2, 2);
+    CHECK_TENSOR(r, g2o4, 0);
+    r = mlc_conv2d(T(ctx, x, 1, 3, 3, 3), T(ctx, wd, 3, 1, 2, 2), NULL, conv_opts(1, 0, 1, 3));   /* depthwise */
+    CHECK_SHAPE(r, 1, 3, 2, 2);
+    CHECK_TENSOR(r, dw, 0);
+    r = mlc_conv2d(T(ctx, x, 1, 2, 3, 3), T(ctx, wg, 2, 2, 2, 2), T(ctx, bias, 2), conv_opts(1, 0, 1, 1));
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, biased, 0);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_conv2d(T(ctx, x, 1, 4, 3, 3), T(ctx, wg, 2, 2, 2, 2), NULL, conv_opts(1, 0, 1, 3)) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);            /* 4 channels do not split into 3 groups */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* The direct seven-loop convolution, in double. */
+static void conv_direct(const float *x, const float *w, const float *b, double *y, int N, int C, int H, int W,
+                        int O, int KH, int KW, int s, int p, int d, int g, int OH, int OW) {
+    int n, o, oh, ow, c, i, j, Cg = C / g, Og = O / g;
+    for (n = 0; n < N; n++)
+        for (o = 0; o < O; o++)
+            for (oh = 0; oh < OH; oh++)
+                for (ow = 0; ow < OW; ow++) {
+                    double acc = b ? b[o] : 0.0;
+                    for (c = 0; c < Cg; c++)
+                        for (i = 0; i < KH; i++)
+                            for (j = 0; j < KW; j++) {
+                                int ih = oh * s + i * d - p, iw = ow * s + j * d - p, ci = (o / Og) * Cg + c;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                acc += (double)w[((o * Cg + c) * KH + i) * KW + j] * x[((n * C + ci) * H + ih) * W + iw];
+                            }
+                    y[((n * O + o) * OH + oh) * OW + ow] = acc;
+                }
+}
+
+static int conv2d_against_direct_loop(void) {
+    mlc_ctx *ctx = test_ctx(21);
+    static double want[2 * 6 * 7 * 6];
+    const struct { int s, p, d, g, bias; } cfg[4] = { { 2, 1, 1, 2, 0 }, { 2, 1, 1, 2, 1 }, { 1, 2, 2, 2, 1 }, { 1, 0, 1, 1, 1 } };
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 4, 7, 6)), *w, *w1, *b, *r;
+    int k;
+    CHECK(x);
+    w = mlc_randn(ctx, MLC_SHAPE(6, 2, 3, 3));          /* groups 2: C/g = 2 */
+    w1 = mlc_randn(ctx, MLC_SHAPE(6, 4, 3, 3));         /* groups 1 */
+    b = mlc_randn(ctx, MLC_SHAPE(6));
+    CHECK(w && w1 && b);
+    for (k = 0; k < 4; k++) {
+        mlc_tensor *wk = cfg[k].g == 1 ? w1 : w;
+        int OH = (7 + 2 * cfg[k].p - cfg[k].d * 2 - 1) / cfg[k].s + 1, OW = (6 + 2 * cfg[k].p - cfg[k].d * 2 - 1) / cfg[k].s + 1;
+        size_t i;
+        r = mlc_conv2d(x, wk, cfg[k].bias ? b : NULL, conv_opts(cfg[k].s, cfg[k].p, cfg[k].d, cfg[k].g));
+        CHECK_MSG(r && shape_is(r, 4, (const int[]){ 2, 6, OH, OW }), "config %d: wrong shape", k);
+        if (k == 0) CHECK(OH == 4 && OW == 3);
+        conv_direct(x->data, wk->data, cfg[k].bias ? b->data : NULL, want, 2, 4, 7, 6, 6, 3, 3,
+                    cfg[k].s, cfg[k].p, cfg[k].d, cfg[k].g, OH, OW);
+        for (i = 0; i < r->size; i++)
+            CHECK_MSG(fabs(r->data[i] - want[i]) <= 1e-4 * (1 + fabs(want[i])),
+                      "config %d [%zu]: %g, expected %g", k, i, (double)r->data[i], want[i]);
+    }
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int pooling_values(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    /* [1,2,4,4]: a plane and its negative */
+    const float p[16] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4 };
+    const float max_k2[8] = { 8, 7, 15, 14, -1, 0, -2, -1 }, avg_k2[8] = { 4, 3.5f, 6.5f, 7, -4, -3.5f, -6.5f, -7 };
+    const float max_k3p1[8] = { 8, 7, 15, 15, -1, 0, -2, 0 };
+    const float avg_k3p1[8] = { 1.7777778f, 2.1111111f, 3.6666667f, 6.1111111f, -1.7777778f, -2.1111111f, -3.6666667f, -6.1111111f };
+    const float max_k3s1[8] = { 15, 15, 15, 15, 0, 0, 0, 0 };
+    const float avg_k3s1[8] = { 5.3333333f, 4.8888889f, 6.2222222f, 6.1111111f, -5.3333333f, -4.8888889f, -6.2222222f, -6.1111111f };
+    const float max_k2p1[50] = { 8, 8, 2, 7, 7, 8, 8, 4, 7, 7, 6, 15, 15, 9, 5, 6, 15, 15, 14, 4, 2, 3, 14, 14, 4,
+                                 -8, -1, -1, -2, -7, -3, -1, 0, 0, -5, -3, -3, 0, 0, -1, -2, -2, -3, -1, -1, -2, -2, -3, -4, -4 };
+    const float avg_k2p1[50] = { 2, 2.25f, 0.75f, 2.25f, 1.75f, 2.75f, 4, 1.75f, 3.5f, 3, 2.25f, 7, 7, 3.75f, 1.5f,
+                                 2, 6.5f, 10.25f, 7, 1.25f, 0.5f, 1.25f, 4.25f, 4.5f, 1,
+                                 -2, -2.25f, -0.75f, -2.25f, -1.75f, -2.75f, -4, -1.75f, -3.5f, -3, -2.25f, -7, -7, -3.75f, -1.5f,
+                                 -2, -6.5f, -10.25f, -7, -1.25f, -0.5f, -1.25f, -4.25f, -4.5f, -1 };
+    const float gap[2] = { 5.25f, -5.25f };
+    float x[32];
+    mlc_tensor *t, *r;
+    int i;
+    for (i = 0; i < 16; i++) { x[i] = p[i]; x[16 + i] = -p[i]; }
+    t = T(ctx, x, 1, 2, 4, 4);
+    r = mlc_max_pool2d(t, 2, 0, 0);                     /* stride 0: the kernel */
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, max_k2, 0);
+    r = mlc_avg_pool2d(t, 2, 2, 0);
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, avg_k2, 1e-6);
+    r = mlc_max_pool2d(t, 3, 2, 1);                     /* padding never wins a max */
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, max_k3p1, 0);
+    r = mlc_avg_pool2d(t, 3, 2, 1);                     /* padding counts: sum / 9 */
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, avg_k3p1, 1e-6);
+    r = mlc_max_pool2d(t, 3, 1, 0);
+    CHECK_SHAPE(r, 1, 2, 2, 2);
+    CHECK_TENSOR(r, max_k3s1, 0);
+    r = mlc_avg_pool2d(t, 3, 1, 0);
+    CHECK_TENSOR(r, avg_k3s1, 1e-6);
+    r = mlc_max_pool2d(t, 2, 1, 1);
+    CHECK_SHAPE(r, 1, 2, 5, 5);
+    CHECK_TENSOR(r, max_k2p1, 0);
+    r = mlc_avg_pool2d(t, 2, 1, 1);
+    CHECK_SHAPE(r, 1, 2, 5, 5);
+    CHECK_TENSOR(r, avg_k2p1, 1e-6);
+    r = mlc_global_avg_pool2d(t);
+    CHECK_SHAPE(r, 1, 2);
+    CHECK_TENSOR(r, gap, 1e-6);
+    r = mlc_global_avg_pool2d(mlc_reshape(t, MLC_SHAPE(2, 1, 4, 4)));
+    CHECK_SHAPE(r, 2, 1);
+    CHECK_TENSOR(r, gap, 1e-6);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_max_pool2d(t, 2, 2, 2) == NULL && mlc_error(ctx) == MLC_ERR_ARG);   /* padding > kernel/2 */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+const test_case tests_ops[] = {
+    { "binary_broadcast", binary_broadcast },
+    { "scalar_ops", scalar_ops },
+    { "unary_math", unary_math },
+    { "where_three_way", where_three_way },
+    { "masked_fill_causal", masked_fill_causal },
+    { "activations", activations },
+    { "softmax_axes", softmax_axes },
+    { "matmul_2d_and_transposes", matmul_2d_and_transposes },
+    { "matmul_batched_and_broadcast", matmul_batched_and_broadcast },
+    { "linear_values", linear_values },
+    { "reductions_each_axis", reductions_each_axis },
+    { "reductions_all", reductions_all },
+    { "cross_entropy_values", cross_entropy_values },
+    { "nll_mse_bce", nll_mse_bce },
+    { "reshape_flatten_transpose_permute", reshape_flatten_transpose_permute },
+    { "slice_values", slice_values },
+    { "concat_values", concat_values },
+    { "index_select_gather_copy", index_select_gather_copy },
+    { "dropout_values", dropout_values },
+    { "layer_norm_values", layer_norm_values },
+    { "batch_norm_training", batch_norm_training },
+    { "batch_norm_eval", batch_norm_eval },
+    { "embedding_values", embedding_values },
+    { "conv2d_hand_values", conv2d_hand_values },
+    { "conv2d_groups_bias", conv2d_groups_bias },
+    { "conv2d_against_direct_loop", conv2d_against_direct_loop },
+    { "pooling_values", pooling_values },
+    { NULL, NULL }
+};
