@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench/run.sh - build and run mlc's benchmark suite and print one table (`make bench` runs it).
 #   sh bench/run.sh [--quick]      --quick: short runs, to try the suite out (numbers are rough)
-# Steps: build build/bench (-O2 -fopenmp, with OpenBLAS and zlib when they are found), run the
+# Steps: build build/bench (-O2 -fopenmp -fno-math-errno, with OpenBLAS and zlib when they are found), run the
 # memory child, run bench/torch_bench.py when a python3 with torch is found, then run
 # build/bench, which measures mlc and prints the table with the other runs' numbers.
 set -e
@@ -13,7 +13,7 @@ QUICK=
 mkdir -p "$BUILD"
 start=$(date +%s)
 
-CFLAGS="-O2 -fopenmp -std=c99 -Wall -Wextra -pedantic -I."
+CFLAGS="-O2 -fopenmp -fno-math-errno -std=c99 -Wall -Wextra -pedantic -I."
 LIBS="-lm"
 
 # probe NAME PROGRAM FLAGS...: does PROGRAM compile and link with FLAGS?
