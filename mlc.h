@@ -1137,23 +1137,36 @@ static size_t mlc__bcast_row(const mlc__bcast *bc, int k, size_t r) {
 
 enum { MLC__ADD, MLC__SUB, MLC__MUL, MLC__DIV };
 
+/* Each operand's gradient row by row: its stride is 1, or 0 where it was stretched, and then
+   the row's values sum into one element. */
 static void mlc__binary_backward(mlc__node *n) {
     mlc_tensor *a = n->in[0], *b = n->in[1];
     float *ga = mlc__grad(a), *gb = mlc__grad(b);
-    const float *g = n->out->grad;
     mlc__bcast bc;
-    size_t r, j;
+    size_t r, j, sa, sb;
     int kind = n->iarg[0];
     mlc__broadcast(n->out->ctx, n->op, &bc, 2, n->in);
+    sa = bc.last[0]; sb = bc.last[1];
     for (r = 0; r < bc.rows; r++) {
         size_t oa = mlc__bcast_row(&bc, 0, r), ob = mlc__bcast_row(&bc, 1, r);
-        size_t sa = bc.last[0], sb = bc.last[1];
-        const float *gr = g + r * bc.inner;
-        for (j = 0; j < bc.inner; j++) {
-            float av = a->data[oa + j * sa], bv = b->data[ob + j * sb];
-            if (ga) ga[oa + j * sa] += kind == MLC__MUL ? gr[j] * bv : kind == MLC__DIV ? gr[j] / bv : gr[j];
-            if (gb) gb[ob + j * sb] += kind == MLC__ADD ? gr[j] : kind == MLC__SUB ? -gr[j]
-                                     : kind == MLC__MUL ? gr[j] * av : -gr[j] * av / (bv * bv);
+        const float *g = n->out->grad + r * bc.inner, *pa = a->data + oa, *pb = b->data + ob;
+        float *ra = ga ? ga + oa : NULL, *rb = gb ? gb + ob : NULL;
+        switch (kind) {
+        case MLC__ADD:
+            if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j];
+            if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] += g[j];
+            break;
+        case MLC__SUB:
+            if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j];
+            if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] -= g[j];
+            break;
+        case MLC__MUL:
+            if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j] * pb[j * sb];
+            if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] += g[j] * pa[j * sa];
+            break;
+        default:
+            if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j] / pb[j * sb];
+            if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] -= g[j] * pa[j * sa] / (pb[j * sb] * pb[j * sb]);
         }
     }
 }
@@ -1676,28 +1689,37 @@ static void mlc__matmul_backward(mlc__node *n) {
     if (ga && mm->ta)  mlc__gemm_batched(a->ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c, 1.0f, ga, mm->step_a);
     if (gb && !mm->tb) mlc__gemm_batched(a->ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c, 1.0f, gb, mm->step_b);
     if (gb && mm->tb)  mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a, 1.0f, gb, mm->step_b);
+    if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
+        float *gbias = n->in[2]->grad;
+        size_t rows = n->out->size / (size_t)mm->N, r;
+        int j;
+        for (r = 0; r < rows; r++) for (j = 0; j < mm->N; j++) gbias[j] += gc[r * mm->N + j];
+    }
 }
 
-MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
+/* C = op(A) op(B) (+ bias [N] on every row: linear's bias, fused into the product's pass) */
+static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b, mlc_tensor *bias) {
     mlc__mm mm;
     mlc_tensor *out;
     mlc__node *n;
     int shape[MLC_MAX_DIMS], ndim, K2, d;
-    MLC__ENTER("mlc_matmul", a, b);
+    MLC__ENTER(op, a, b);
     if (a->ndim < 2 || b->ndim < 2)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: operands need rank >= 2, got %T and %T", a, b);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op, a, b);
     mm.ta = transpose_a != 0; mm.tb = transpose_b != 0;
     mm.M = a->shape[a->ndim - 2 + mm.ta]; mm.K = a->shape[a->ndim - 1 - mm.ta];
     K2 = b->shape[b->ndim - 2 + mm.tb];   mm.N = b->shape[b->ndim - 1 - mm.tb];
     if (mm.K != K2)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: inner sizes differ: %T%s @ %T%s (%d vs %d)",
-                                       a, mm.ta ? "^T" : "", b, mm.tb ? "^T" : "", mm.K, K2);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: inner sizes differ: %T%s @ %T%s (%d vs %d)",
+                                       op, a, mm.ta ? "^T" : "", b, mm.tb ? "^T" : "", mm.K, K2);
     if (a->ndim > 2 && b->ndim > 2 && (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)(a->ndim - 2) * sizeof(int))))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_matmul: batch dimensions of %T and %T differ", a, b);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: batch dimensions of %T and %T differ", op, a, b);
     ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (d = 0; d < ndim - 2; d++) shape[d] = a->ndim > 2 ? a->shape[d] : b->shape[d];
     shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
-    out = mlc__make(ctx, "mlc_matmul", ndim, shape, 0);
+    if (bias && (bias->ctx != ctx || bias->ndim != 1 || bias->shape[0] != mm.N))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op, bias, mm.N);
+    out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
     mm.batches = (int)mlc__numel(ndim - 2, shape);
     mm.step_a = a->ndim > 2 ? (size_t)mm.M * mm.K : 0;
@@ -1707,9 +1729,14 @@ MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, i
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
     mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
-    n = mlc__record("mlc_matmul", out, mlc__matmul_backward, a, b, NULL, NULL);
+    if (bias) {
+        size_t rows = out->size / (size_t)mm.N, r;
+        int j;
+        for (r = 0; r < rows; r++) for (j = 0; j < mm.N; j++) out->data[r * mm.N + j] += bias->data[j];
+    }
+    n = mlc__record(op, out, mlc__matmul_backward, a, b, bias, NULL);
     if (n) {
-        n->saved = mlc__arena_alloc(ctx, sizeof mm, "mlc_matmul");
+        n->saved = mlc__arena_alloc(ctx, sizeof mm, op);
         if (!n->saved) return NULL;
         memcpy(n->saved, &mm, sizeof mm);
     }
@@ -1719,9 +1746,12 @@ MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, i
 MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b) { return mlc_matmul_t(a, b, 0, 0); }
 
 /* linear: y = x W^T + b      x [..., in], W [out, in], b [out] */
+MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
+    return mlc__matmul("mlc_matmul", a, b, transpose_a, transpose_b, NULL);
+}
+
 MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias) {
-    mlc_tensor *y = mlc_matmul_t(x, weight, 0, 1);
-    return bias ? mlc_add(y, bias) : y;
+    return mlc__matmul("mlc_linear", x, weight, 0, 1, bias);
 }
 
 /* ============================================================================================

@@ -44,7 +44,9 @@ static int shape_mismatch_matmul(void) {
     CHECK_FAILS(ctx, mlc_matmul(a, b), MLC_ERR_SHAPE, "mlc_matmul", "[2, 3]", "[4, 5]");
     CHECK_FAILS(ctx, mlc_matmul_t(a, b, 0, 1), MLC_ERR_SHAPE, "mlc_matmul", "[2, 3]", "[4, 5]");
     CHECK_FAILS(ctx, mlc_matmul(a3, b3), MLC_ERR_SHAPE, "mlc_matmul", "[2, 2, 3]", "[3, 3, 4]");
-    CHECK_FAILS(ctx, mlc_linear(a, b, NULL), MLC_ERR_SHAPE, "mlc_matmul", "[2, 3]", "[4, 5]");
+    CHECK_FAILS(ctx, mlc_linear(a, b, NULL), MLC_ERR_SHAPE, "mlc_linear", "[2, 3]", "[4, 5]");
+    CHECK_FAILS(ctx, mlc_linear(a, mlc_ones(ctx, MLC_SHAPE(4, 3)), mlc_ones(ctx, MLC_SHAPE(5))), MLC_ERR_SHAPE,
+                "mlc_linear", "bias", "[5]");
     mlc_destroy(ctx);
     return 1;
 }
