@@ -1325,8 +1325,8 @@ static float mlc__gelu_tanh_slope(float x) {
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
    gx += g f'(x) backward, given x and y = f(x). */
-#define MLC__MAP(expr) MLC__OMP(omp simd) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
-#define MLC__MAP_GRAD(expr) MLC__OMP(omp simd) \
+#define MLC__MAP(expr) MLC__OMP(omp parallel for simd if(n > 65536)) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
+#define MLC__MAP_GRAD(expr) MLC__OMP(omp parallel for simd if(n > 65536)) \
     for (i = 0; i < n; i++) { const float x = xs[i], y = ys[i]; gx[i] += g[i] * (expr); (void)x; (void)y; } break
 
 static void mlc__unary_forward(int kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
@@ -1471,7 +1471,7 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
 #endif
 
 /* tile bounds; below SMALL multiply-adds the plain loop wins, below PARALLEL one thread does */
-enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 32 * 32 * 32 };
+enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 64 * 64 * 32 };
 
 /* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
 typedef void (*mlc__gemm_kernel_fn)(int kc, const float *a, const float *b, float *c, int ldc, int add);
