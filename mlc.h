@@ -128,7 +128,7 @@ typedef void (*mlc_gemm_fn)(int transpose_a, int transpose_b, int M, int N, int 
 
 typedef struct mlc_config {             /* zero means default for every field */
     uint64_t seed;                      /* RNG seed (the same numbers on every platform)     */
-    const char *device;                 /* NULL or "cpu"; mlc_opencl.h adds more             */
+    const char *device;                 /* NULL: $MLC_DEVICE, else "cpu"; see Devices below  */
     mlc_allocator allocator;            /* default: malloc/free                              */
     void (*log)(mlc_log_level level, const char *message, void *user); /* default: stderr */
     void *log_user;
@@ -143,6 +143,9 @@ typedef struct mlc_stats {
     size_t allocs, frees;               /* number of calls to the allocator so far           */
     size_t arena_used, arena_peak;      /* bytes of the arena in use, now and at most        */
     size_t tape_nodes;                  /* autograd nodes on the tape now                    */
+    size_t device_bytes_current, device_bytes_peak;   /* device buffers, now and at most   */
+    size_t uploads, downloads;          /* copies host -> device and device -> host          */
+    size_t fallbacks;                   /* device ops that ran on the CPU (no kernel)        */
 } mlc_stats;
 
 MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
@@ -160,7 +163,7 @@ MLCDEF float mlc_rand_uniform(mlc_ctx *ctx);            /* [0, 1) */
 MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
 
 /* Frames: everything an op allocates between begin and end is released by end. */
-typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; } mlc_frame;
+typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; size_t device_mark; } mlc_frame;
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
@@ -173,11 +176,14 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int ndim;
     int shape[MLC_MAX_DIMS];
     size_t size;                        /* number of elements */
-    float *data;                        /* host data (CPU tensors) */
-    float *grad;                        /* gradient after mlc_backward, or NULL */
+    float *data;                        /* host copy (on a device: current after mlc_host_data) */
+    float *grad;                        /* gradient after mlc_backward, or NULL (likewise)  */
     int requires_grad;
     int persistent;                     /* 1: heap-owned (parameters), 0: in the frame arena */
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
+    int on_device;                      /* 1: lives on the context's device (see Devices) */
+    unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
+    void *device_data, *device_grad;    /* the backend's buffers */
 };
 
 MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
@@ -204,6 +210,31 @@ MLCDEF int mlc_same_shape(const mlc_tensor *a, const mlc_tensor *b);
 #ifndef MLC_NO_STDIO
 MLCDEF void mlc_print(mlc_tensor *t, const char *label);
 #endif
+
+/* ---- Devices -------------------------------------------------------------------------------
+   A context runs on one device, picked by config.device or, when that is NULL, by the
+   environment variable MLC_DEVICE: "cpu" (the default); with MLC_OPENCL defined also "opencl"
+   (the first OpenCL device), "opencl:N" (row N of mlc_devices), a piece of a device's name
+   ("Iris", "gfx1030"), or "best" (the first GPU, else the CPU). New tensors live on the
+   context's device; ops run where their inputs live (inputs on two devices are an error); each
+   tensor on a device keeps a host copy that reads (mlc_item, mlc_read, mlc_host_data) bring up
+   to date, so only reads wait for the device. An op the device has no kernel for runs on the
+   CPU through copies: counted in mlc_stats.fallbacks and logged once per op. */
+typedef struct mlc_device_info {
+    int index;                          /* N in "opencl:N" */
+    char platform[64], name[128], version[64];
+    const char *type;                   /* "gpu", "cpu", "accelerator" or "other" */
+    size_t memory_bytes;
+    int compute_units;
+} mlc_device_info;
+/* Fills up to max rows and returns how many devices there are (0 without MLC_OPENCL, or when no
+   OpenCL library or platform is found; one binary runs either way). */
+MLCDEF int mlc_devices(mlc_device_info *out, int max);
+MLCDEF int mlc_has_device(const mlc_ctx *ctx);          /* 1 when the context runs on a device */
+MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device); /* moves t (and its gradient); returns t */
+MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every parameter and buffer */
+MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up to date */
+MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
 /* ============================================================================================
    Public API: ops. Each returns a new tensor (NULL on error) and records itself on the tape
@@ -497,6 +528,27 @@ typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_d
     struct mlc__owned *prev, *next;
 } mlc__owned;
 
+enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
+
+typedef struct mlc__backend {
+    const char *name;
+    int (*forward)(mlc_ctx *ctx, struct mlc__node *call); /* 1: ran on the device, 0: no kernel */
+    int (*backward)(mlc_ctx *ctx, struct mlc__node *n);   /* for nodes with n->device set */
+    int (*step)(mlc_optim *opt, int i);                   /* parameter i's update; 0: no kernel */
+    int (*fill)(mlc_tensor *t, int grad, float value);    /* data or gradient = value */
+    int (*upload)(mlc_tensor *t, int grad);               /* host copy -> device */
+    int (*download)(mlc_tensor *t, int grad);             /* device -> host copy (waits) */
+    void (*release)(mlc_tensor *t);                       /* a long-lived tensor is freed */
+    size_t (*mark)(mlc_ctx *ctx);                         /* frames: device temporaries so far */
+    void (*release_to)(mlc_ctx *ctx, size_t mark);        /* ... and back to that point */
+    void (*destroy)(mlc_ctx *ctx);
+} mlc__backend;
+
+#ifdef MLC_OPENCL
+static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);   /* 1: opened, 0: spec is not OpenCL's */
+static int mlc__opencl_devices(mlc_device_info *out, int max);
+#endif
+
 struct mlc_ctx {
     mlc_config config;
     mlc_result error;
@@ -507,6 +559,11 @@ struct mlc_ctx {
     mlc__block *first_block, *block;   /* the arena: a chain, and the block being filled */
     struct mlc__node *tape;            /* the newest node; nodes link to older ones */
     mlc__owned owned;                  /* sentinel of the long-lived list */
+    const struct mlc__backend *backend; /* NULL: the CPU only */
+    void *device;                      /* the backend's state */
+    int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
+    const char *fell_back[64];         /* ops already logged as falling back */
+    int n_fell_back;
 };
 
 /* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
@@ -731,6 +788,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     mlc_config cfg;
     mlc_ctx *ctx;
     unsigned char *raw;
+    const char *device;
     size_t bytes = sizeof(mlc_ctx) + MLC__HEADER;
     if (config) cfg = *config; else memset(&cfg, 0, sizeof cfg);
     if (!cfg.allocator.alloc != !cfg.allocator.free) return NULL;    /* all or none */
@@ -746,9 +804,19 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->grad_enabled = 1;
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
     mlc_seed(ctx, cfg.seed);
-    if (cfg.device && strcmp(cfg.device, "cpu") != 0 && strcmp(cfg.device, "best") != 0) {
-        mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
-                  "define MLC_OPENCL for OpenCL devices)", cfg.device);
+    device = cfg.device;
+#ifndef MLC_NO_STDIO
+    if (!device) device = getenv("MLC_DEVICE");
+#endif
+    if (device && *device && strcmp(device, "cpu") != 0) {
+#ifdef MLC_OPENCL
+        if (!mlc__opencl_open(ctx, device) && !ctx->error && strcmp(device, "best") != 0)
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\" (see mlc_devices)", device);
+#else
+        if (strcmp(device, "best") != 0)
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
+                      "define MLC_OPENCL for OpenCL devices)", device);
+#endif
     }
     return ctx;
 }
@@ -757,6 +825,7 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     mlc__block *b, *next;
     mlc_allocator a;
     if (!ctx) return;
+    if (ctx->backend) ctx->backend->destroy(ctx);
     while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
     for (b = ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
     a = ctx->config.allocator;
@@ -764,7 +833,7 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     else free((unsigned char *)ctx - MLC__HEADER);
 }
 
-MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) { (void)ctx; return "cpu"; }
+MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) { return ctx && ctx->backend ? ctx->backend->name : "cpu"; }
 MLCDEF mlc_result mlc_error(const mlc_ctx *ctx) { return ctx ? ctx->error : MLC_ERR_NULL; }
 MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
     return !ctx ? "no context" : ctx->error ? ctx->message : "no error";
@@ -784,11 +853,12 @@ struct mlc__node {                      /* one recorded op: its output, inputs a
     const char *op;
     mlc__backward_fn backward;
     mlc_tensor *out;
-    mlc_tensor *in[4];
+    mlc_tensor *in[6];
     int n_in;
     int iarg[8];
     float farg[4];
     void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
+    int device;                         /* 1: ran on the device, and goes back there */
 };
 
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
@@ -804,6 +874,7 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     f.block_used = ctx->block ? ctx->block->used : 0;
     f.arena_used = ctx->stats.arena_used;
     f.tape = ctx->tape;
+    f.device_mark = ctx->backend ? ctx->backend->mark(ctx) : 0;
     return f;
 }
 
@@ -814,6 +885,119 @@ MLCDEF void mlc_frame_end(mlc_frame f) {
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
     ctx->tape = (mlc__node *)f.tape;
+    if (ctx->backend) ctx->backend->release_to(ctx, f.device_mark);
+}
+
+/* ============================================================================================
+   Devices: where tensors live, and the backend table
+   A tensor on the device keeps a host copy too; its `stale` bits say which copy is out of
+   date. An op on device tensors hands its node to the backend; a backend without that kernel
+   declines, the host copies are brought up to date and the CPU code runs (a fallback: counted,
+   logged once). A node whose forward ran on the device runs its backward there too.
+   ============================================================================================ */
+
+
+MLCDEF int mlc_devices(mlc_device_info *out, int max) {
+#ifdef MLC_OPENCL
+    return mlc__opencl_devices(out, max);
+#else
+    (void)out; (void)max;
+    return 0;
+#endif
+}
+
+MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
+
+/* The host copy of t's data (or gradient), brought up to date. */
+static float *mlc__host(mlc_tensor *t) {
+    if ((t->stale & MLC__HOST_STALE) && !t->ctx->error) {
+        if (!t->ctx->backend->download(t, 0)) return t->data;
+        t->stale &= ~(unsigned)MLC__HOST_STALE;
+    }
+    return t->data;
+}
+static float *mlc__host_grad(mlc_tensor *t) {
+    if (t->grad && (t->stale & MLC__GRAD_HOST_STALE) && !t->ctx->error) {
+        if (!t->ctx->backend->download(t, 1)) return t->grad;
+        t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
+    }
+    return t->grad;
+}
+/* The CPU wrote t's host data (or gradient): the device copy is out of date. */
+static void mlc__host_wrote(mlc_tensor *t) {
+    t->stale &= ~(unsigned)MLC__HOST_STALE;
+    if (t->on_device) t->stale |= MLC__DEVICE_STALE;
+}
+static void mlc__host_wrote_grad(mlc_tensor *t) {
+    t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
+    if (t->on_device) t->stale |= MLC__GRAD_DEVICE_STALE;
+}
+
+/* Zero t's gradient (both copies). */
+static void mlc__clear_grad(mlc_tensor *t) {
+    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+    t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+    if (t->device_grad) t->ctx->backend->fill(t, 1, 0.0f);
+    else mlc__host_wrote_grad(t);
+}
+
+MLCDEF float *mlc_host_data(mlc_tensor *t) { return t ? mlc__host(t) : NULL; }
+MLCDEF float *mlc_host_grad(mlc_tensor *t) { return t ? mlc__host_grad(t) : NULL; }
+
+static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
+    int i;
+    ctx->stats.fallbacks++;
+    for (i = 0; i < ctx->n_fell_back; i++) if (ctx->fell_back[i] == op) return;
+    if (ctx->n_fell_back < 64) ctx->fell_back[ctx->n_fell_back++] = op;
+    {
+        char message[160];
+        mlc__format(message, sizeof message, "%s has no kernel on %s: it runs on the CPU, through copies", op, ctx->backend->name);
+        mlc__log(ctx, MLC_LOG_WARN, message);
+    }
+}
+
+/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
+   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
+   -1: the device failed (the error is set). */
+static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
+    int k;
+    mlc_tensor *out = call->out;
+    if (out->on_device) {
+        if (ctx->backend->forward(ctx, call)) {
+            if (ctx->error) return -1;
+            call->device = 1;
+            out->stale = MLC__HOST_STALE;
+            return 1;
+        }
+        if (ctx->error) return -1;
+        mlc__fall_back(ctx, call->op);
+    }
+    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
+    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
+    return ctx->error ? -1 : 0;
+}
+
+MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
+    mlc_ctx *ctx;
+    if (!t || t->ctx->error) return NULL;
+    ctx = t->ctx;
+    on_device = on_device != 0;
+    if (on_device && !ctx->backend) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: context runs on the CPU only (no device)");
+    if (on_device == t->on_device) return t;
+    if (!on_device) {                            /* bring both copies home */
+        mlc__host(t);
+        mlc__host_grad(t);
+        if (t->persistent) ctx->backend->release(t);
+        t->device_data = t->device_grad = NULL;
+        t->stale = 0;
+        t->on_device = 0;
+    } else {
+        t->on_device = 1;
+        t->stale = MLC__DEVICE_STALE | MLC__GRAD_DEVICE_STALE;
+        if (!ctx->backend->upload(t, 0) || (t->grad && !ctx->backend->upload(t, 1))) return NULL;
+        t->stale = 0;
+    }
+    return ctx->error ? NULL : t;
 }
 
 /* ============================================================================================
@@ -852,7 +1036,15 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->size = size;
     t->data = (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
     t->persistent = persistent;
+    t->on_device = ctx->op_device;
+    t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
+}
+
+/* A tensor the user creates: it lives on the context's device. */
+static mlc_tensor *mlc__new(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
+    if (ctx) ctx->op_device = ctx->backend != NULL;
+    return mlc__make(ctx, op, ndim, shape, persistent);
 }
 
 static mlc_tensor *mlc__like(mlc_tensor *x, const char *op) { return mlc__make(x->ctx, op, x->ndim, x->shape, 0); }
@@ -861,10 +1053,10 @@ static float *mlc__floats(mlc_ctx *ctx, size_t count, const char *op) {   /* are
     return (float *)mlc__arena_alloc(ctx, count * sizeof(float), op);
 }
 
-MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape) { return mlc__make(ctx, "mlc_empty", ndim, shape, 0); }
+MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape) { return mlc__new(ctx, "mlc_empty", ndim, shape, 0); }
 
 MLCDEF mlc_tensor *mlc_full(mlc_ctx *ctx, int ndim, const int *shape, float value) {
-    mlc_tensor *t = mlc__make(ctx, "mlc_full", ndim, shape, 0);
+    mlc_tensor *t = mlc__new(ctx, "mlc_full", ndim, shape, 0);
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
     return t;
@@ -875,7 +1067,7 @@ MLCDEF mlc_tensor *mlc_ones(mlc_ctx *ctx, int ndim, const int *shape) { return m
 MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const float *data) {
     mlc_tensor *t;
     if (ctx && !data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_from_data: data is NULL");
-    t = mlc__make(ctx, "mlc_from_data", ndim, shape, 0);
+    t = mlc__new(ctx, "mlc_from_data", ndim, shape, 0);
     if (t && t->size) memcpy(t->data, data, t->size * sizeof(float));
     return t;
 }
@@ -889,20 +1081,20 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     if (step == 0.0f || count > 2147483647.0)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", start, stop, step);
     n = count > 0 ? (int)count : 0;
-    t = mlc__make(ctx, "mlc_arange", 1, &n, 0);
+    t = mlc__new(ctx, "mlc_arange", 1, &n, 0);
     if (t) for (i = 0; i < n; i++) t->data[i] = (float)(start + (double)i * step);
     return t;
 }
 
 MLCDEF mlc_tensor *mlc_rand(mlc_ctx *ctx, int ndim, const int *shape) {
-    mlc_tensor *t = mlc__make(ctx, "mlc_rand", ndim, shape, 0);
+    mlc_tensor *t = mlc__new(ctx, "mlc_rand", ndim, shape, 0);
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = mlc_rand_uniform(ctx);
     return t;
 }
 
 MLCDEF mlc_tensor *mlc_randn(mlc_ctx *ctx, int ndim, const int *shape) {
-    mlc_tensor *t = mlc__make(ctx, "mlc_randn", ndim, shape, 0);
+    mlc_tensor *t = mlc__new(ctx, "mlc_randn", ndim, shape, 0);
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = mlc_rand_normal(ctx);
     return t;
@@ -915,11 +1107,12 @@ static int mlc__alloc_grad(mlc_tensor *t, const char *op) {
                             : mlc__floats(t->ctx, t->size, op);
     if (!t->grad) return 0;
     memset(t->grad, 0, t->size * sizeof(float));
+    mlc__host_wrote_grad(t);
     return 1;
 }
 
 MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
-    mlc_tensor *t = mlc__make(ctx, "mlc_parameter", ndim, shape, 1);
+    mlc_tensor *t = mlc__new(ctx, "mlc_parameter", ndim, shape, 1);
     if (!t) return NULL;
     t->requires_grad = 1;
     if (!mlc__alloc_grad(t, "mlc_parameter")) { mlc__owned_free(ctx, t); return NULL; }
@@ -929,9 +1122,10 @@ MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
 MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     mlc_tensor *t;
     if (!x || x->ctx->error) return NULL;
+    x->ctx->op_device = x->on_device;
     t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
     if (!t) return NULL;
-    memcpy(t->data, x->data, x->size * sizeof(float));
+    memcpy(t->data, mlc__host(x), x->size * sizeof(float));
     if (x->requires_grad && !mlc_requires_grad(t, 1)) { mlc_tensor_free(t); return NULL; }
     return t;
 }
@@ -939,6 +1133,7 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
 MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     if (!t) return;
     if (!t->persistent) { mlc__fail(t->ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t); return; }
+    if (t->on_device) t->ctx->backend->release(t);
     if (t->grad) mlc__owned_free(t->ctx, t->grad);
     mlc__owned_free(t->ctx, t);
 }
@@ -953,19 +1148,19 @@ MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
 MLCDEF float mlc_item(mlc_tensor *t) {
     if (!t) return NAN;
     if (t->size != 1) { mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size); return NAN; }
-    return t->data[0];
+    return mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
     if (!t) return NAN;
     if (i >= t->size) { mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t, t->size); return NAN; }
-    return t->data[i];
+    return mlc__host(t)[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
     if (!t) return MLC_ERR_NULL;
     if (!dst || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
-    memcpy(dst, t->data, count * sizeof(float));
+    memcpy(dst, mlc__host(t), count * sizeof(float));
     return MLC_OK;
 }
 
@@ -973,6 +1168,8 @@ MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
     if (!t) return MLC_ERR_NULL;
     if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
     memcpy(t->data, src, count * sizeof(float));
+    t->stale &= ~(unsigned)MLC__HOST_STALE;
+    mlc__host_wrote(t);
     return MLC_OK;
 }
 
@@ -988,7 +1185,7 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
     mlc__format(shape, sizeof shape, "%T", t);
     printf("%s %s = [", label ? label : "tensor", shape);
     n = t->size < 16 ? t->size : 16;
-    for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)t->data[i]);
+    for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)mlc__host(t)[i]);
     printf("%s]\n", t->size > n ? ", ..." : "");
 }
 #endif
@@ -1007,7 +1204,11 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     for (i = 0; i < count; i++) {
         if (!inputs[i]) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_NULL, "%s: input %d is NULL", op, i);
         if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
+        if (inputs[i]->on_device != inputs[0]->on_device)
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: input 0 is on %s and input %d on %s; move one with mlc_to",
+                                        op, inputs[0]->on_device ? ctx->backend->name : "cpu", i, inputs[i]->on_device ? ctx->backend->name : "cpu");
     }
+    ctx->op_device = inputs[0]->on_device;
     return ctx;
 }
 #define MLC__ENTER(op, ...) \
@@ -1015,31 +1216,34 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     mlc_ctx *ctx = mlc__enter(op, (int)(sizeof mlc__in_ / sizeof mlc__in_[0]), mlc__in_); \
     if (!ctx) return NULL
 
-/* Record `out = op(inputs)` on the tape when gradients are on and an input needs one.
-   Returns the node (for saved values) or NULL when nothing was recorded. */
-static mlc__node *mlc__record(const char *op, mlc_tensor *out, mlc__backward_fn backward,
-                              mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
-    mlc_ctx *ctx = out->ctx;
+/* Describe `out = op(inputs)`: the node the backend runs (mlc__dispatch) and the tape keeps. */
+static void mlc__call(mlc__node *call, const char *op, mlc__backward_fn backward, mlc_tensor *out,
+                      mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
+    int i;
+    memset(call, 0, sizeof *call);
+    call->op = op;
+    call->backward = backward;
+    call->out = out;
+    call->in[0] = a; call->in[1] = b; call->in[2] = c; call->in[3] = d;
+    for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
+}
+
+/* Record the op on the tape when gradients are on and an input needs one. */
+static void mlc__record(const mlc__node *call) {
+    mlc_ctx *ctx = call->out->ctx;
     mlc__node *n;
-    mlc_tensor *in[4];
     int i, any = 0;
-    in[0] = a; in[1] = b; in[2] = c; in[3] = d;
-    if (!ctx->grad_enabled) return NULL;
-    for (i = 0; i < 4; i++) if (in[i] && in[i]->requires_grad) any = 1;
-    if (!any) return NULL;
-    n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), op);
-    if (!n) return NULL;
-    memset(n, 0, sizeof *n);
+    if (!ctx->grad_enabled || ctx->error) return;
+    for (i = 0; i < call->n_in; i++) if (call->in[i] && call->in[i]->requires_grad) any = 1;
+    if (!any) return;
+    n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), call->op);
+    if (!n) return;
+    *n = *call;
     n->prev = ctx->tape;
     n->index = ctx->tape ? ctx->tape->index + 1 : 0;
-    n->op = op;
-    n->backward = backward;
-    n->out = out;
-    for (i = 0; i < 4; i++) { n->in[i] = in[i]; if (in[i]) n->n_in = i + 1; }
     ctx->tape = n;
-    out->node = n;
-    out->requires_grad = 1;
-    return n;
+    call->out->node = n;
+    call->out->requires_grad = 1;
 }
 
 /* The gradient buffer of an input that needs one (zeroed on first use), else NULL. */
@@ -1047,9 +1251,11 @@ static float *mlc__grad(mlc_tensor *t) {
     if (!t || !t->requires_grad) return NULL;
     if (!t->grad) {
         t->grad = mlc__floats(t->ctx, t->size, "mlc_backward");
-        if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+        if (!t->grad) return NULL;
+        memset(t->grad, 0, t->size * sizeof(float));
+        if (!(t->stale & MLC__GRAD_HOST_STALE)) mlc__host_wrote_grad(t);   /* else the device holds it */
     }
-    return t->grad;
+    return mlc__host_grad(t);
 }
 
 static int mlc__axis(mlc_ctx *ctx, const char *op, const mlc_tensor *x, int *axis) {
@@ -1064,6 +1270,13 @@ static void mlc__split(const mlc_tensor *x, int axis, size_t *outer, int *n, siz
     *outer = mlc__numel(axis, x->shape);
     *n = x->shape[axis];
     *inner = mlc__numel(x->ndim - axis - 1, x->shape + axis + 1);
+}
+
+/* An optional input (a norm's weight) must live where x lives. */
+static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, const mlc_tensor *t) {
+    if (!t || t->on_device == x->on_device) return 1;
+    mlc__fail(ctx, MLC_ERR_DEVICE, "%s: %T and %T live on different devices; move one with mlc_to", op, x, t);
+    return 0;
 }
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
@@ -1173,13 +1386,18 @@ static void mlc__binary_backward(mlc__node *n) {
 
 static mlc_tensor *mlc__binary(const char *op, int kind, mlc_tensor *a, mlc_tensor *b) {
     mlc__bcast bc;
+    mlc__node call;
     mlc_tensor *out;
     size_t r, j;
+    int where;
     MLC__ENTER(op, a, b);
     if (!mlc__broadcast(ctx, op, &bc, 2, mlc__in_)) return NULL;
     out = mlc__make(ctx, op, bc.ndim, bc.shape, 0);
     if (!out) return NULL;
-    for (r = 0; r < bc.rows; r++) {
+    mlc__call(&call, op, mlc__binary_backward, out, a, b, NULL, NULL);
+    call.iarg[0] = kind;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
         size_t sa = bc.last[0], sb = bc.last[1];
         float *o = out->data + r * bc.inner;
@@ -1190,7 +1408,7 @@ static mlc_tensor *mlc__binary(const char *op, int kind, mlc_tensor *a, mlc_tens
         default:       for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
         }
     }
-    { mlc__node *n = mlc__record(op, out, mlc__binary_backward, a, b, NULL, NULL); if (n) n->iarg[0] = kind; }
+    mlc__record(&call);
     return out;
 }
 
@@ -1218,19 +1436,23 @@ static void mlc__where_backward(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
     mlc__bcast bc;
+    mlc__node call;
     mlc_tensor *out;
     size_t r, j;
+    int where;
     MLC__ENTER("mlc_where", cond, a, b);
     if (!mlc__broadcast(ctx, "mlc_where", &bc, 3, mlc__in_)) return NULL;
     out = mlc__make(ctx, "mlc_where", bc.ndim, bc.shape, 0);
     if (!out) return NULL;
-    for (r = 0; r < bc.rows; r++) {
+    mlc__call(&call, "mlc_where", mlc__where_backward, out, cond, a, b, NULL);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pc = cond->data + mlc__bcast_row(&bc, 0, r), *pa = a->data + mlc__bcast_row(&bc, 1, r),
                     *pb = b->data + mlc__bcast_row(&bc, 2, r);
         size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
         for (j = 0; j < bc.inner; j++) out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
     }
-    mlc__record("mlc_where", out, mlc__where_backward, cond, a, b, NULL);
+    mlc__record(&call);
     return out;
 }
 
@@ -1250,21 +1472,26 @@ static void mlc__masked_fill_backward(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value) {
     mlc__bcast bc;
+    mlc__node call;
     mlc_tensor *out;
     size_t r, j;
+    int where;
     MLC__ENTER("mlc_masked_fill", x, mask);
     if (!mlc__broadcast(ctx, "mlc_masked_fill", &bc, 2, mlc__in_)) return NULL;
     if (bc.ndim != x->ndim || memcmp(bc.shape, x->shape, (size_t)x->ndim * sizeof(int)) != 0)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_masked_fill: mask %T does not broadcast to x %T", mask, x);
     out = mlc__like(x, "mlc_masked_fill");
     if (!out) return NULL;
-    for (r = 0; r < bc.rows; r++) {
+    mlc__call(&call, "mlc_masked_fill", mlc__masked_fill_backward, out, x, mask, NULL, NULL);
+    call.farg[0] = value;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pm = mask->data + mlc__bcast_row(&bc, 1, r);
         size_t sm = bc.last[1];
         for (j = 0; j < bc.inner; j++)
             out->data[r * bc.inner + j] = pm[j * sm] != 0.0f ? value : x->data[r * bc.inner + j];
     }
-    mlc__record("mlc_masked_fill", out, mlc__masked_fill_backward, x, mask, NULL, NULL);
+    mlc__record(&call);
     return out;
 }
 
@@ -1386,13 +1613,16 @@ static void mlc__unary_backward(mlc__node *n) {
 static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
     const char *op = mlc__unary_names[kind];
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
+    int where;
     MLC__ENTER(op, x);
     out = mlc__like(x, op);
     if (!out) return NULL;
-    mlc__unary_forward(kind, x->size, x->data, out->data, p, q);
-    n = mlc__record(op, out, mlc__unary_backward, x, NULL, NULL, NULL);
-    if (n) { n->iarg[0] = kind; n->farg[0] = p; n->farg[1] = q; }
+    mlc__call(&call, op, mlc__unary_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = kind; call.farg[0] = p; call.farg[1] = q;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) mlc__unary_forward(kind, x->size, x->data, out->data, p, q);
+    mlc__record(&call);
     return out;
 }
 
@@ -1701,8 +1931,8 @@ static void mlc__matmul_backward(mlc__node *n) {
 static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b, mlc_tensor *bias) {
     mlc__mm mm;
     mlc_tensor *out;
-    mlc__node *n;
-    int shape[MLC_MAX_DIMS], ndim, K2, d;
+    mlc__node call;
+    int shape[MLC_MAX_DIMS], ndim, K2, d, where;
     MLC__ENTER(op, a, b);
     if (a->ndim < 2 || b->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op, a, b);
@@ -1719,6 +1949,8 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
     if (bias && (bias->ctx != ctx || bias->ndim != 1 || bias->shape[0] != mm.N))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op, bias, mm.N);
+    if (bias && bias->on_device != a->on_device)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: bias and input live on different devices; move one with mlc_to", op);
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
     mm.batches = (int)mlc__numel(ndim - 2, shape);
@@ -1728,18 +1960,19 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     if (b->ndim == 2 && !mm.ta && mm.batches > 1) {   /* [..., M, K] @ [K, N]: one tall product */
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
-    mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
-    if (bias) {
-        size_t rows = out->size / (size_t)mm.N, r;
-        int j;
-        for (r = 0; r < rows; r++) for (j = 0; j < mm.N; j++) out->data[r * mm.N + j] += bias->data[j];
+    mlc__call(&call, op, mlc__matmul_backward, out, a, b, bias, NULL);
+    if (!(call.saved = mlc__arena_alloc(ctx, sizeof mm, op))) return NULL;
+    memcpy(call.saved, &mm, sizeof mm);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) {
+        mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
+        if (bias) {
+            size_t rows = out->size / (size_t)mm.N, r;
+            int j;
+            for (r = 0; r < rows; r++) for (j = 0; j < mm.N; j++) out->data[r * mm.N + j] += bias->data[j];
+        }
     }
-    n = mlc__record(op, out, mlc__matmul_backward, a, b, bias, NULL);
-    if (n) {
-        n->saved = mlc__arena_alloc(ctx, sizeof mm, op);
-        if (!n->saved) return NULL;
-        memcpy(n->saved, &mm, sizeof mm);
-    }
+    mlc__record(&call);
     return out;
 }
 
@@ -1793,7 +2026,8 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
     int shape[MLC_MAX_DIMS], ndim = 0, d, len, i, *argmax = NULL;
     size_t outer, inner, o, k;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
+    int where;
     MLC__ENTER(op, x);
     if (!mlc__axis(ctx, op, x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
@@ -1807,11 +2041,14 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
     }
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
-    if (kind == MLC__MAX || kind == MLC__ARGMAX) {
+    mlc__call(&call, op, mlc__reduce_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = kind; call.iarg[1] = len; call.iarg[3] = (int)inner; call.iarg[4] = unbiased;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0 && (kind == MLC__MAX || kind == MLC__ARGMAX)) {   /* the device finds it again */
         argmax = (int *)mlc__arena_alloc(ctx, outer * inner * sizeof(int), op);
         if (!argmax) return NULL;
     }
-    for (o = 0; o < outer; o++)
+    for (o = 0; where == 0 && o < outer; o++)
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
             double s = 0.0, mean;
@@ -1836,8 +2073,8 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
             }
         }
     if (kind == MLC__ARGMAX) return out;                 /* indices carry no gradient */
-    n = mlc__record(op, out, mlc__reduce_backward, x, NULL, NULL, NULL);
-    if (n) { n->iarg[0] = kind; n->iarg[1] = len; n->iarg[3] = (int)inner; n->iarg[4] = unbiased; n->saved = argmax; }
+    call.saved = argmax;
+    mlc__record(&call);
     return out;
 }
 
@@ -1884,15 +2121,18 @@ static void mlc__softmax_backward(mlc__node *n) {
 
 static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int axis) {
     size_t outer, inner, o, k;
-    int len, i;
+    int len, i, where;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER(op, x);
     if (!mlc__axis(ctx, op, x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
     out = mlc__like(x, op);
     if (!out || len == 0 || inner == 0) return out;
-    for (o = 0; o < outer; o++)
+    mlc__call(&call, op, mlc__softmax_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = is_log; call.iarg[1] = len; call.iarg[2] = (int)inner;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (o = 0; where == 0 && o < outer; o++)
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
             float *q = out->data + o * len * inner + k, m = p[0];
@@ -1903,8 +2143,7 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
                 q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)log(s)
                                               : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
         }
-    n = mlc__record(op, out, mlc__softmax_backward, x, NULL, NULL, NULL);
-    if (n) { n->iarg[0] = is_log; n->iarg[1] = len; n->iarg[2] = (int)inner; }
+    mlc__record(&call);
     return out;
 }
 
@@ -1926,20 +2165,20 @@ static float mlc__loss_scale(const mlc__node *n, size_t i) {
     return n->iarg[0] == MLC_REDUCE_MEAN ? g[0] * n->farg[0] : g[0];
 }
 
-/* The output of a loss from per-element values l[0..count): l itself for none, else a scalar. */
-static mlc_tensor *mlc__loss_out(mlc_ctx *ctx, const char *op, mlc_reduction red, const float *l,
-                                 size_t count, size_t counted, int ndim, const int *shape, float *mean_scale) {
-    mlc_tensor *out = mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
-    double s = 0.0;
-    size_t i;
-    if (!out) return NULL;
+/* The output of a loss: one value per element (none) or a scalar. */
+static mlc_tensor *mlc__loss_make(mlc_ctx *ctx, const char *op, mlc_reduction red, int ndim, const int *shape) {
     if ((int)red < MLC_REDUCE_MEAN || (int)red > MLC_REDUCE_NONE)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: unknown reduction %d", op, (int)red);
-    *mean_scale = 1.0f / (float)counted;
-    if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return out; }
+    return mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
+}
+
+/* ... filled from per-element values l[0..count): l itself for none, else their sum or mean. */
+static void mlc__loss_reduce(mlc_tensor *out, mlc_reduction red, const float *l, size_t count, size_t counted) {
+    double s = 0.0;
+    size_t i;
+    if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return; }
     for (i = 0; i < count; i++) s += l[i];
     out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (double)counted : s);
-    return out;
 }
 
 static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved probs) and nll */
@@ -1959,25 +2198,36 @@ static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved p
 
 static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor *x, mlc_tensor *target,
                                    mlc_reduction red, int ignore_index) {
-    int N, C, i, c;
+    int N, C, i, c, where;
     size_t counted = 0;
-    float *l, *probs = NULL, scale;
+    float *l, *probs = NULL;
+    const float *tgt;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER(op, x, target);
     if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
     N = x->shape[0]; C = x->shape[1];
+    tgt = mlc__host(target);                             /* targets are checked on the host */
+    for (i = 0; i < N; i++) {
+        if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
+        if (mlc__index(ctx, op, tgt[i], C, (size_t)i) < 0) return NULL;
+        counted++;
+    }
+    if (!(out = mlc__loss_make(ctx, op, red, 1, target->shape))) return NULL;
+    mlc__call(&call, op, mlc__class_loss_backward, out, x, target, NULL, NULL);   /* target gets no gradient */
+    call.iarg[0] = (int)red; call.iarg[1] = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index; call.iarg[2] = softmax_first;
+    call.farg[0] = 1.0f / (float)counted;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, (size_t)N, op);
     if (softmax_first) probs = mlc__floats(ctx, (size_t)N * C, op);
     if (!l || (softmax_first && !probs)) return NULL;
     for (i = 0; i < N; i++) {
         const float *row = x->data + (size_t)i * C;
-        int tc;
+        int tc = (int)tgt[i];
         l[i] = 0.0f;
-        if (target->data[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
-        if ((tc = mlc__index(ctx, op, target->data[i], C, (size_t)i)) < 0) return NULL;
-        counted++;
+        if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
         if (softmax_first) {
             float m = row[0];
             double s = 0.0;
@@ -1987,14 +2237,9 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
             l[i] = (float)(log(s) - (row[tc] - m));
         } else l[i] = -row[tc];
     }
-    out = mlc__loss_out(ctx, op, red, l, (size_t)N, counted, 1, target->shape, &scale);
-    if (!out) return NULL;
-    n = mlc__record(op, out, mlc__class_loss_backward, x, NULL, NULL, NULL);
-    if (n) {
-        n->in[1] = target; n->n_in = 2;      /* target is read in backward but gets no gradient */
-        n->iarg[0] = (int)red; n->iarg[1] = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
-        n->farg[0] = scale; n->saved = probs;
-    }
+    mlc__loss_reduce(out, red, l, (size_t)N, counted);
+    call.saved = probs;
+    mlc__record(&call);
     return out;
 }
 
@@ -2024,13 +2269,19 @@ static void mlc__pointwise_loss_backward(mlc__node *n) {
 }
 
 static mlc_tensor *mlc__pointwise_loss(const char *op, int kind, mlc_tensor *p, mlc_tensor *t, mlc_reduction red) {
-    float *l, scale;
+    float *l;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     size_t i;
+    int where;
     MLC__ENTER(op, p, t);
     if (!mlc_same_shape(p, t))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p, t);
+    if (!(out = mlc__loss_make(ctx, op, red, p->ndim, p->shape))) return NULL;
+    mlc__call(&call, op, mlc__pointwise_loss_backward, out, p, t, NULL, NULL);
+    call.iarg[0] = (int)red; call.iarg[2] = kind; call.farg[0] = 1.0f / (float)p->size;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, p->size, op);
     if (!l) return NULL;
     for (i = 0; i < p->size; i++) {
@@ -2038,10 +2289,8 @@ static mlc_tensor *mlc__pointwise_loss(const char *op, int kind, mlc_tensor *p, 
         l[i] = kind == MLC__MSE ? (x - y) * (x - y)
              : (x > 0 ? x : 0.0f) - x * y + (float)log1p(exp(-(double)(x < 0 ? -x : x)));
     }
-    out = mlc__loss_out(ctx, op, red, l, p->size, p->size, p->ndim, p->shape, &scale);
-    if (!out) return NULL;
-    n = mlc__record(op, out, mlc__pointwise_loss_backward, p, t, NULL, NULL);
-    if (n) { n->iarg[0] = (int)red; n->iarg[2] = kind; n->farg[0] = scale; }
+    mlc__loss_reduce(out, red, l, p->size, p->size);
+    mlc__record(&call);
     return out;
 }
 
@@ -2067,6 +2316,7 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     int s[MLC_MAX_DIMS] = {0}, d, infer = -1;
     size_t known = 1;
     mlc_tensor *out;
+    mlc__node call;
     MLC__ENTER("mlc_reshape", x);
     if (ndim < 0 || ndim > MLC_MAX_DIMS || (ndim && !shape))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: rank %d is outside 0..%d", ndim, MLC_MAX_DIMS);
@@ -2088,8 +2338,11 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     *out = *x;                          /* same data, new shape, no gradient of its own */
     out->ndim = ndim;
     memcpy(out->shape, s, (size_t)ndim * sizeof(int));
-    out->grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
-    mlc__record("mlc_reshape", out, mlc__accumulate_backward, x, NULL, NULL, NULL);
+    out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
+    mlc__call(&call, "mlc_reshape", mlc__accumulate_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = 1;                   /* a view: the device shares x's buffer too */
+    if (mlc__dispatch(ctx, &call) < 0) return NULL;
+    mlc__record(&call);
     return out;
 }
 
@@ -2108,17 +2361,22 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_detach");
     if (!out) return NULL;
     *out = *x;
-    out->grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
+    out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
+    out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     return out;
 }
 
 MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
     mlc_tensor *out;
+    mlc__node call;
+    int where;
     MLC__ENTER("mlc_copy", x);
     out = mlc__like(x, "mlc_copy");
     if (!out) return NULL;
-    if (x->size) memcpy(out->data, x->data, x->size * sizeof(float));
-    mlc__record("mlc_copy", out, mlc__accumulate_backward, x, NULL, NULL, NULL);
+    mlc__call(&call, "mlc_copy", mlc__accumulate_backward, out, x, NULL, NULL, NULL);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0 && x->size) memcpy(out->data, x->data, x->size * sizeof(float));
+    mlc__record(&call);
     return out;
 }
 
@@ -2141,9 +2399,9 @@ static void mlc__permute_backward(mlc__node *n) {
 }
 
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
-    int shape[MLC_MAX_DIMS], seen[MLC_MAX_DIMS] = {0}, ord[MLC_MAX_DIMS], d;
+    int shape[MLC_MAX_DIMS], seen[MLC_MAX_DIMS] = {0}, ord[MLC_MAX_DIMS], d, where;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER("mlc_permute", x);
     if (!order) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_permute: order is NULL");
     for (d = 0; d < x->ndim; d++) {
@@ -2154,9 +2412,11 @@ MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
     }
     out = mlc__make(ctx, "mlc_permute", x->ndim, shape, 0);
     if (!out) return NULL;
-    mlc__permute_walk(x, ord, x->data, out->data, 0);
-    n = mlc__record("mlc_permute", out, mlc__permute_backward, x, NULL, NULL, NULL);
-    if (n) memcpy(n->iarg, ord, sizeof(int) * (size_t)x->ndim);
+    mlc__call(&call, "mlc_permute", mlc__permute_backward, out, x, NULL, NULL, NULL);
+    memcpy(call.iarg, ord, sizeof(int) * (size_t)x->ndim);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) mlc__permute_walk(x, ord, x->data, out->data, 0);
+    mlc__record(&call);
     return out;
 }
 
@@ -2185,10 +2445,10 @@ static void mlc__slice_backward(mlc__node *n) {
 }
 
 MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
-    int shape[MLC_MAX_DIMS], len, count;
+    int shape[MLC_MAX_DIMS], len, count, where;
     size_t outer, inner, o;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER("mlc_slice", x);
     if (!mlc__axis(ctx, "mlc_slice", x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
@@ -2201,10 +2461,12 @@ MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
     shape[axis] = count;
     out = mlc__make(ctx, "mlc_slice", x->ndim, shape, 0);
     if (!out) return NULL;
-    for (o = 0; o < outer; o++)
+    mlc__call(&call, "mlc_slice", mlc__slice_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = start; call.iarg[1] = count; call.iarg[2] = axis;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (o = 0; where == 0 && o < outer; o++)
         memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner, (size_t)count * inner * sizeof(float));
-    n = mlc__record("mlc_slice", out, mlc__slice_backward, x, NULL, NULL, NULL);
-    if (n) { n->iarg[0] = start; n->iarg[1] = count; n->iarg[2] = axis; }
+    mlc__record(&call);
     return out;
 }
 
@@ -2221,14 +2483,16 @@ static void mlc__concat_backward(mlc__node *n) {
             for (o = 0; o < outer; o++)
                 for (j = 0; j < (size_t)len * inner; j++)
                     gx[o * len * inner + j] += n->out->grad[(o * total + offset) * inner + j];
+        if (gx) mlc__host_wrote_grad(xs[k]);          /* the node lists only one of them */
         offset += len;
     }
 }
 
 MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
-    int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0;
+    int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0, where;
     mlc_ctx *ctx;
     mlc_tensor *out, **saved, *needs_grad = NULL;
+    mlc__node call;
     size_t outer, inner, o;
     if (!xs || count < 1 || !(ctx = mlc__enter("mlc_concat", count, xs))) return NULL;
     if (!mlc__axis(ctx, "mlc_concat", xs[0], &axis)) return NULL;
@@ -2243,21 +2507,21 @@ MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
     shape[axis] = total;
     out = mlc__make(ctx, "mlc_concat", xs[0]->ndim, shape, 0);
     if (!out) return NULL;
-    for (k = 0; k < count; k++) {
+    saved = (mlc_tensor **)mlc__arena_alloc(ctx, (size_t)count * sizeof(mlc_tensor *), "mlc_concat");
+    if (!saved) return NULL;
+    memcpy(saved, xs, (size_t)count * sizeof(mlc_tensor *));  /* the inputs, in a list of their own */
+    mlc__call(&call, "mlc_concat", mlc__concat_backward, out, needs_grad ? needs_grad : xs[0], NULL, NULL, NULL);
+    call.saved = saved; call.iarg[0] = count; call.iarg[1] = axis;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (k = 0; where == 0 && k < count; k++) {
         int len;
+        const float *src = mlc__host(xs[k]);
         mlc__split(xs[k], axis, &outer, &len, &inner);
         for (o = 0; o < outer; o++)
-            memcpy(out->data + (o * total + offset) * inner, xs[k]->data + o * len * inner, (size_t)len * inner * sizeof(float));
+            memcpy(out->data + (o * total + offset) * inner, src + o * len * inner, (size_t)len * inner * sizeof(float));
         offset += len;
     }
-    if (needs_grad && ctx->grad_enabled) {            /* the inputs are kept in a list of their own */
-        mlc__node *n;
-        saved = (mlc_tensor **)mlc__arena_alloc(ctx, (size_t)count * sizeof(mlc_tensor *), "mlc_concat");
-        if (!saved) return NULL;
-        memcpy(saved, xs, (size_t)count * sizeof(mlc_tensor *));
-        n = mlc__record("mlc_concat", out, mlc__concat_backward, needs_grad, NULL, NULL, NULL);
-        if (n) { n->saved = saved; n->iarg[0] = count; n->iarg[1] = axis; }
-    }
+    mlc__record(&call);
     return out;
 }
 
@@ -2283,26 +2547,30 @@ static void mlc__index_select_backward(mlc__node *n) {
 }
 
 MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) {
-    int shape[MLC_MAX_DIMS], len, l, L;
+    int shape[MLC_MAX_DIMS], len, l, L, where;
     size_t outer, inner, o;
+    const float *idx;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER("mlc_index_select", x, index);
     if (!mlc__axis(ctx, "mlc_index_select", x, &axis)) return NULL;
     if (index->ndim != 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_index_select: index must be 1-D, got %T", index);
     mlc__split(x, axis, &outer, &len, &inner);
     L = index->shape[0];
-    for (l = 0; l < L; l++) if (mlc__index(ctx, "mlc_index_select", index->data[l], len, (size_t)l) < 0) return NULL;
+    idx = mlc__host(index);                              /* indices are checked on the host */
+    for (l = 0; l < L; l++) if (mlc__index(ctx, "mlc_index_select", idx[l], len, (size_t)l) < 0) return NULL;
     memcpy(shape, x->shape, sizeof shape);
     shape[axis] = L;
     out = mlc__make(ctx, "mlc_index_select", x->ndim, shape, 0);
     if (!out) return NULL;
-    for (o = 0; o < outer; o++)
+    mlc__call(&call, "mlc_index_select", mlc__index_select_backward, out, x, index, NULL, NULL);  /* index gets no gradient */
+    call.iarg[0] = axis;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (o = 0; where == 0 && o < outer; o++)
         for (l = 0; l < L; l++)
-            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)index->data[l]) * inner, inner * sizeof(float));
-    n = mlc__record("mlc_index_select", out, mlc__index_select_backward, x, NULL, NULL, NULL);
-    if (n) { n->in[1] = index; n->n_in = 2; n->iarg[0] = axis; }
+            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)idx[l]) * inner, inner * sizeof(float));
+    mlc__record(&call);
     return out;
 }
 
@@ -2310,11 +2578,12 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
 static size_t *mlc__gather_map(mlc_ctx *ctx, const mlc_tensor *x, int axis, const mlc_tensor *index) {
     size_t *map = (size_t *)mlc__arena_alloc(ctx, index->size * sizeof(size_t) + 1, "mlc_gather"), xs[MLC_MAX_DIMS], s = 1, i;
     int idx[MLC_MAX_DIMS] = {0}, d;
+    const float *where = mlc__host((mlc_tensor *)index);         /* indices are checked on the host */
     if (!map) return NULL;
     for (d = x->ndim - 1; d >= 0; d--) { xs[d] = s; s *= (size_t)x->shape[d]; }
     for (i = 0; i < index->size; i++) {
         size_t off = 0;
-        int at = mlc__index(ctx, "mlc_gather", index->data[i], x->shape[axis], i);
+        int at = mlc__index(ctx, "mlc_gather", where[i], x->shape[axis], i);
         if (at < 0) return NULL;
         for (d = 0; d < x->ndim; d++) off += (size_t)(d == axis ? at : idx[d]) * xs[d];
         map[i] = off;
@@ -2332,9 +2601,9 @@ static void mlc__gather_backward(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     size_t *map, i;
-    int d;
+    int d, where;
     MLC__ENTER("mlc_gather", x, index);
     if (!mlc__axis(ctx, "mlc_gather", x, &axis)) return NULL;
     if (index->ndim != x->ndim)
@@ -2345,9 +2614,11 @@ MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     if (!(map = mlc__gather_map(ctx, x, axis, index))) return NULL;
     out = mlc__like(index, "mlc_gather");
     if (!out) return NULL;
-    for (i = 0; i < index->size; i++) out->data[i] = x->data[map[i]];
-    n = mlc__record("mlc_gather", out, mlc__gather_backward, x, NULL, NULL, NULL);
-    if (n) n->saved = map;
+    mlc__call(&call, "mlc_gather", mlc__gather_backward, out, x, NULL, NULL, NULL);
+    call.saved = map;                   /* the offsets into x, one per output element */
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    for (i = 0; where == 0 && i < index->size; i++) out->data[i] = x->data[map[i]];
+    mlc__record(&call);
     return out;
 }
 
@@ -2359,7 +2630,7 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
     for (d = 0; d < index->ndim; d++) shape[d] = index->shape[d];
     shape[index->ndim] = weight->shape[1];
     for (d = 0; d < (int)index->size; d++)       /* checked here, so the error names this op */
-        if (mlc__index(ctx, "mlc_embedding", index->data[d], weight->shape[0], (size_t)d) < 0) return NULL;
+        if (mlc__index(ctx, "mlc_embedding", mlc__host(index)[d], weight->shape[0], (size_t)d) < 0) return NULL;
     d = (int)index->size;
     return mlc_reshape(mlc_index_select(weight, 0, mlc_reshape(index, 1, &d)), index->ndim + 1, shape);
 }
@@ -2382,22 +2653,29 @@ static void mlc__dropout_backward(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     float *mask, scale;
     size_t i;
+    int where;
     MLC__ENTER("mlc_dropout", x);
     if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]", p);
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
-    mask = mlc__floats(ctx, x->size, "mlc_dropout");
-    if (!out || !mask) return NULL;
-    scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (i = 0; i < x->size; i++) {
-        mask[i] = mlc_rand_uniform(ctx) >= p ? scale : 0.0f;
-        out->data[i] = x->data[i] * mask[i];
+    if (!out) return NULL;
+    mlc__call(&call, "mlc_dropout", mlc__dropout_backward, out, x, NULL, NULL, NULL);
+    call.farg[0] = p;
+    call.iarg[0] = (int)(mlc_rand_u32(ctx) >> 1);      /* a device draws its mask from this seed */
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) {
+        if (!(mask = mlc__floats(ctx, x->size, "mlc_dropout"))) return NULL;
+        scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+        for (i = 0; i < x->size; i++) {
+            mask[i] = mlc_rand_uniform(ctx) >= p ? scale : 0.0f;
+            out->data[i] = x->data[i] * mask[i];
+        }
+        call.saved = mask;
     }
-    n = mlc__record("mlc_dropout", out, mlc__dropout_backward, x, NULL, NULL, NULL);
-    if (n) n->saved = mask;
+    mlc__record(&call);
     return out;
 }
 
@@ -2428,20 +2706,25 @@ static void mlc__layer_norm_backward(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     float *stats;
-    int D, j;
+    int D, j, where;
     size_t rows, r;
     MLC__ENTER("mlc_layer_norm", x);
+    if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight) || !mlc__same_device(ctx, "mlc_layer_norm", x, bias)) return NULL;
     if (x->ndim < 1) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: x %T has no axis to normalise", x);
     D = x->shape[x->ndim - 1];
     if ((weight && (weight->ndim != 1 || weight->shape[0] != D)) || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight, bias, D, x);
     if (eps <= 0.0f) eps = 1e-5f;
     out = mlc__like(x, "mlc_layer_norm");
+    if (!out) return NULL;
+    mlc__call(&call, "mlc_layer_norm", mlc__layer_norm_backward, out, x, weight, bias, NULL);
+    call.farg[0] = eps;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) { mlc__record(&call); return out; }
     rows = D ? x->size / (size_t)D : 0;
-    stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm");
-    if (!out || !stats) return NULL;
+    if (!(stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm"))) return NULL;
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D;
         double s = 0.0, v = 0.0, mu;
@@ -2453,8 +2736,8 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
         for (j = 0; j < D; j++)
             out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1] * (weight ? weight->data[j] : 1.0f) + (bias ? bias->data[j] : 0.0f);
     }
-    n = mlc__record("mlc_layer_norm", out, mlc__layer_norm_backward, x, weight, bias, NULL);
-    if (n) n->saved = stats;
+    call.saved = stats;
+    mlc__record(&call);
     return out;
 }
 
@@ -2489,9 +2772,9 @@ static void mlc__batch_norm_backward(mlc__node *n) {
 MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
                                   mlc_tensor *weight, mlc_tensor *bias, int training, float momentum, float eps) {
     mlc_tensor *out, *params[4];
-    mlc__node *n;
+    mlc__node call;
     float *stats;
-    int N, C, c, i, p;
+    int N, C, c, i, p, where;
     size_t inner, k, M;
     MLC__ENTER("mlc_batch_norm", x);
     if (x->ndim < 2) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]", x);
@@ -2500,6 +2783,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     for (p = 0; p < 4; p++)
         if (params[p] && (params[p]->ndim != 1 || params[p]->shape[0] != C))
             return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: parameter %T does not match the %d channels of x %T", params[p], C, x);
+    for (p = 0; p < 4; p++) if (!mlc__same_device(ctx, "mlc_batch_norm", x, params[p])) return NULL;
     inner = mlc__numel(x->ndim - 2, x->shape + 2);
     M = (size_t)N * inner;
     if (!training && (!running_mean || !running_var))
@@ -2509,8 +2793,20 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (eps <= 0.0f) eps = 1e-5f;
     if (momentum <= 0.0f) momentum = 0.1f;
     out = mlc__like(x, "mlc_batch_norm");
-    stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm");
-    if (!out || !stats) return NULL;
+    if (!out) return NULL;
+    mlc__call(&call, "mlc_batch_norm", mlc__batch_norm_backward, out, x, weight, bias, running_mean);
+    call.in[4] = running_var; call.n_in = 5;   /* the running statistics are updated in place */
+    call.iarg[0] = training != 0; call.farg[0] = momentum; call.farg[1] = eps;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) {
+        if (training && running_mean) running_mean->stale = MLC__HOST_STALE;
+        if (training && running_var) running_var->stale = MLC__HOST_STALE;
+        mlc__record(&call);
+        return out;
+    }
+    if (training && running_mean) mlc__host_wrote(running_mean);
+    if (training && running_var) mlc__host_wrote(running_var);
+    if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
     for (c = 0; c < C; c++) {
         double mu, var;
         if (training) {
@@ -2531,8 +2827,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                 out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1] * (weight ? weight->data[c] : 1.0f) + (bias ? bias->data[c] : 0.0f);
             }
     }
-    n = mlc__record("mlc_batch_norm", out, mlc__batch_norm_backward, x, weight, bias, NULL);
-    if (n) { n->saved = stats; n->iarg[0] = training != 0; }
+    call.saved = stats;
+    mlc__record(&call);
     return out;
 }
 
@@ -2609,10 +2905,11 @@ static void mlc__conv2d_backward(mlc__node *n) {
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
     mlc_tensor *out;
-    mlc__node *n;
-    int shape[4], Cg, Og, P, rows, i, g, o, q;
+    mlc__node call;
+    int shape[4], Cg, Og, P, rows, i, g, o, q, where;
     float *col;
     MLC__ENTER("mlc_conv2d", x, weight);
+    if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
     cv.dil = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
     if (cv.stride < 1 || cv.pad < 0 || cv.dil < 1 || cv.groups < 1)
@@ -2633,8 +2930,13 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
     Cg = cv.C / cv.groups; Og = cv.O / cv.groups; P = cv.OH * cv.OW; rows = Cg * cv.KH * cv.KW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
-    col = mlc__floats(ctx, (size_t)rows * P, "mlc_conv2d");
-    if (!out || !col) return NULL;
+    if (!out) return NULL;
+    mlc__call(&call, "mlc_conv2d", mlc__conv2d_backward, out, x, weight, bias, NULL);
+    if (!(call.saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d"))) return NULL;
+    memcpy(call.saved, &cv, sizeof cv);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) { mlc__record(&call); return out; }
+    if (!(col = mlc__floats(ctx, (size_t)rows * P, "mlc_conv2d"))) return NULL;
     for (i = 0; i < cv.N; i++)
         for (g = 0; g < cv.groups; g++) {
             float *y = out->data + ((size_t)i * cv.O + (size_t)g * Og) * P;
@@ -2642,12 +2944,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
             mlc_gemm(ctx, 0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
             if (bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += bias->data[g * Og + o];
         }
-    n = mlc__record("mlc_conv2d", out, mlc__conv2d_backward, x, weight, bias, NULL);
-    if (n) {
-        n->saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d");
-        if (!n->saved) return NULL;
-        memcpy(n->saved, &cv, sizeof cv);
-    }
+    mlc__record(&call);
     return out;
 }
 
@@ -2676,10 +2973,10 @@ static void mlc__pool_backward(mlc__node *n) {
 }
 
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, oh, ow, i, j, *argmax = NULL;
+    int shape[4], H, W, OH, OW, oh, ow, i, j, *argmax = NULL, where;
     size_t planes, pl;
     mlc_tensor *out;
-    mlc__node *n;
+    mlc__node call;
     MLC__ENTER(op, x);
     if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
@@ -2693,6 +2990,10 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
     planes = (size_t)shape[0] * shape[1];
+    mlc__call(&call, op, mlc__pool_backward, out, x, NULL, NULL, NULL);
+    call.iarg[0] = K; call.iarg[1] = S; call.iarg[2] = Pd; call.iarg[3] = is_max;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
     if (is_max && !(argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
     for (pl = 0; pl < planes; pl++)
         for (oh = 0; oh < OH; oh++)
@@ -2711,8 +3012,8 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
                 if (is_max) argmax[(pl * OH + oh) * OW + ow] = at;
                 out->data[(pl * OH + oh) * OW + ow] = is_max ? best : (float)(s / (K * K));
             }
-    n = mlc__record(op, out, mlc__pool_backward, x, NULL, NULL, NULL);
-    if (n) { n->iarg[0] = K; n->iarg[1] = S; n->iarg[2] = Pd; n->saved = argmax; }
+    call.saved = argmax;
+    mlc__record(&call);
     return out;
 }
 
@@ -2752,28 +3053,50 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_backward: output %T is not a scalar; use mlc_backward_with", out);
         return ctx->error;
     }
+    if (grad_out && grad_out->on_device != out->on_device) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_backward: gradient and output live on different devices; move one with mlc_to");
+        return ctx->error;
+    }
     if (!(g = mlc__grad(out))) return ctx->error;
-    if (grad_out) { size_t i; for (i = 0; i < out->size; i++) g[i] += grad_out->data[i]; }
+    if (grad_out) { size_t i; const float *go = mlc__host(grad_out); for (i = 0; i < out->size; i++) g[i] += go[i]; }
     else g[0] += 1.0f;
+    mlc__host_wrote_grad(out);
     if (!out->node) return MLC_OK;                       /* a leaf: nothing to propagate */
     for (n = out->node; n; n = n->prev) {
         int k;
-        if (!n->out->grad || ctx->error) continue;
-        for (k = 0; k < n->n_in; k++)       /* input gradients first: one that fails to allocate stops here */
-            if (n->in[k] && n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
-        if (!ctx->error) n->backward(n);
+        if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
+        if (n->device) {                                 /* the backend allocates and adds */
+            if (!ctx->backend->backward(ctx, n) && !ctx->error)
+                mlc__fail(ctx, MLC_ERR_DEVICE, "%s: backward failed on %s", n->op, ctx->backend->name);
+            continue;
+        }
+        mlc__host(n->out);
+        mlc__host_grad(n->out);
+        for (k = 0; k < n->n_in; k++) {      /* input gradients first: one that fails to allocate stops here */
+            if (!n->in[k]) continue;
+            mlc__host(n->in[k]);
+            if (n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
+        }
+        if (ctx->error) break;
+        n->backward(n);
+        for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }
-    for (n = ctx->tape; n; n = n->prev) n->out->grad = NULL;
+    for (n = ctx->tape; n; n = n->prev) {
+        n->out->grad = NULL;
+        n->out->device_grad = NULL;
+        n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+    }
     return ctx->error;
 }
 
 MLCDEF mlc_result mlc_backward(mlc_tensor *loss) { return mlc_backward_with(loss, NULL); }
 
 /* The output projected on weights r, summed in double: L = Σ y·r. */
-static double mlc__project(const mlc_tensor *y, const float *r) {
+static double mlc__project(mlc_tensor *y, const float *r) {
+    const float *v = mlc__host(y);
     double s = 0.0;
     size_t i;
-    for (i = 0; i < y->size; i++) s += (double)y->data[i] * r[i];
+    for (i = 0; i < y->size; i++) s += (double)v[i] * r[i];
     return s;
 }
 
@@ -2792,7 +3115,7 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
     o.eps = opts && opts->eps > 0 ? opts->eps : 1e-3;
     o.atol = opts && opts->atol > 0 ? opts->atol : 1e-3;
     o.rtol = opts && opts->rtol > 0 ? opts->rtol : 1e-2;
-    for (k = 0; k < count; k++) if (inputs[k] && inputs[k]->grad) memset(inputs[k]->grad, 0, inputs[k]->size * sizeof(float));
+    for (k = 0; k < count; k++) if (inputs[k]) mlc__clear_grad(inputs[k]);
     y = fn(inputs, user);
     if (!y || !y->requires_grad) {
         if (!y) mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: the function returned NULL");
@@ -2806,29 +3129,34 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
     analytic = (float **)mlc__arena_alloc(ctx, (size_t)count * sizeof(float *) + 1, "mlc_gradcheck");
     if (!r || !analytic) { mlc_frame_end(outer); return 0; }
     for (i = 0; i < r->size; i++) r->data[i] = r->data[i] * 2.0f - 1.0f;
+    mlc__host_wrote(r);
     if (mlc_backward_with(y, r) != MLC_OK) { mlc_frame_end(outer); return 0; }
     for (k = 0; k < count; k++) {
         analytic[k] = mlc__floats(ctx, inputs[k]->size + 1, "mlc_gradcheck");
         if (!analytic[k]) { mlc_frame_end(outer); return 0; }
-        if (inputs[k]->grad) memcpy(analytic[k], inputs[k]->grad, inputs[k]->size * sizeof(float));
+        if (inputs[k]->grad) memcpy(analytic[k], mlc__host_grad(inputs[k]), inputs[k]->size * sizeof(float));
         else memset(analytic[k], 0, inputs[k]->size * sizeof(float));
     }
     grad_was = mlc_set_grad_enabled(ctx, 0);
     for (k = 0; k < count && ok; k++) {
         if (!inputs[k]->requires_grad) continue;
+        mlc__host(inputs[k]);                          /* perturbed on the host, one value at a time */
         for (i = 0; i < inputs[k]->size; i++) {
             float saved = inputs[k]->data[i];
             double plus, minus, numeric, err;
             mlc_frame f = mlc_frame_begin(ctx);
             inputs[k]->data[i] = saved + (float)o.eps;
+            mlc__host_wrote(inputs[k]);
             ctx->rng_state = rng_state; ctx->rng_inc = rng_inc;   /* same dropout masks each time */
             y = fn(inputs, user);
             plus = y ? mlc__project(y, r->data) : 0.0;
             inputs[k]->data[i] = saved - (float)o.eps;
+            mlc__host_wrote(inputs[k]);
             ctx->rng_state = rng_state; ctx->rng_inc = rng_inc;
             y = fn(inputs, user);
             minus = y ? mlc__project(y, r->data) : 0.0;
             inputs[k]->data[i] = saved;
+            mlc__host_wrote(inputs[k]);
             mlc_frame_end(f);
             if (ctx->error) { ok = 0; break; }
             numeric = (plus - minus) / (2.0 * o.eps);
@@ -2862,14 +3190,17 @@ static void mlc__fans(const mlc_tensor *t, double *fan_in, double *fan_out) {
 MLCDEF void mlc_init_uniform(mlc_tensor *t, float lo, float hi) {
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = lo + (hi - lo) * mlc_rand_uniform(t->ctx);
+    if (t) mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_normal(mlc_tensor *t, float mean, float std) {
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = mean + std * mlc_rand_normal(t->ctx);
+    if (t) mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_constant(mlc_tensor *t, float value) {
     size_t i;
     if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
+    if (t) mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain √(3 / fan_in) */
     double fi, fo, bound;
@@ -3019,7 +3350,10 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
 }
 
 static mlc_tensor *mlc__batch_norm_forward(mlc_module *m, mlc_tensor *x) {
-    if (m->training && x && m->buffers[2]) m->buffers[2]->data[0] += 1.0f;   /* num_batches_tracked */
+    if (m->training && x && m->buffers[2]) {                                     /* num_batches_tracked */
+        mlc__host(m->buffers[2])[0] += 1.0f;
+        mlc__host_wrote(m->buffers[2]);
+    }
     return mlc_batch_norm(x, m->buffers[0], m->buffers[1], m->params[0], m->params[1], m->training, m->momentum, m->eps);
 }
 MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features) {
@@ -3125,6 +3459,15 @@ MLCDEF void mlc_module_train(mlc_module *m, int training) {
     for (i = 0; i < m->n_children; i++) mlc_module_train(m->children[i], training);
 }
 
+MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device) {
+    int i;
+    if (!m) return MLC_ERR_NULL;
+    for (i = 0; i < m->n_params; i++) if (!mlc_to(m->params[i], on_device)) return m->ctx->error;
+    for (i = 0; i < m->n_buffers; i++) if (!mlc_to(m->buffers[i], on_device)) return m->ctx->error;
+    for (i = 0; i < m->n_children; i++) if (mlc_module_to(m->children[i], on_device) != MLC_OK) return m->ctx->error;
+    return MLC_OK;
+}
+
 static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max, int count) {
     int i;
     char name[128];
@@ -3167,7 +3510,7 @@ struct mlc_optim {
     mlc__optim_kind kind;
     int count, capacity;
     mlc_tensor **params;
-    float **state;                      /* three buffers per parameter: state[3 i + k] */
+    mlc_tensor **state;                 /* three buffers per parameter: state[3 i + k] */
     long long t;
     float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
     int nesterov, centered;
@@ -3185,18 +3528,24 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     if (opt->count == opt->capacity) {
         int cap = opt->capacity ? 2 * opt->capacity : 16;
         mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
-        float **state = (float **)mlc__owned_alloc(ctx, sizeof(float *) * 3 * (size_t)cap, "mlc_optim_add_param");
+        mlc_tensor **state = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * 3 * (size_t)cap, "mlc_optim_add_param");
         if (!params || !state) return ctx->error;
         if (opt->count) {
             memcpy(params, opt->params, sizeof(mlc_tensor *) * (size_t)opt->count);
-            memcpy(state, opt->state, sizeof(float *) * 3 * (size_t)opt->count);
+            memcpy(state, opt->state, sizeof(mlc_tensor *) * 3 * (size_t)opt->count);
             mlc__owned_free(ctx, opt->params);
             mlc__owned_free(ctx, opt->state);
         }
         opt->params = params; opt->state = state; opt->capacity = cap;
     }
-    for (k = 0; k < 3; k++)                             /* zeroed by the allocator */
-        if (!(opt->state[3 * opt->count + k] = (float *)mlc__owned_alloc(ctx, p->size * sizeof(float) + 1, "mlc_optim_add_param"))) return ctx->error;
+    ctx->op_device = p->on_device;                      /* the state lives with its parameter */
+    for (k = 0; k < 3; k++) {                           /* zeroed by the allocator */
+        mlc_tensor *st = mlc__make(ctx, "mlc_optim_add_param", p->ndim, p->shape, 1);
+        if (!st) return ctx->error;
+        if (st->on_device && !ctx->backend->upload(st, 0)) return ctx->error;   /* zeros on the device */
+        st->stale = 0;
+        opt->state[3 * opt->count + k] = st;
+    }
     opt->params[opt->count++] = p;
     return MLC_OK;
 }
@@ -3247,7 +3596,7 @@ MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_conf
 MLCDEF void mlc_zero_grad(mlc_optim *opt) {
     int i;
     if (!opt) return;
-    for (i = 0; i < opt->count; i++) memset(opt->params[i]->grad, 0, opt->params[i]->size * sizeof(float));
+    for (i = 0; i < opt->count; i++) mlc__clear_grad(opt->params[i]);
 }
 
 /* One parameter's update, a loop per rule over plain arrays, so compilers vectorise it (with
@@ -3311,9 +3660,25 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     if (!opt || opt->ctx->error) return;
     opt->t++;
     for (i = 0; i < opt->count; i++) {
-        mlc_tensor *p = opt->params[i];
-        float **s = opt->state + 3 * i;
+        mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
+        float *s[3];
         long c, chunks = (long)((p->size + MLC__STEP_CHUNK - 1) / MLC__STEP_CHUNK);
+        int k;
+        for (k = 0; k < 3; k++)                         /* the module moved after the optimiser was made */
+            if (st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
+        if (p->on_device) {
+            if (opt->ctx->backend->step(opt, i)) {
+                p->stale = (p->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
+                for (k = 0; k < 3; k++) st[k]->stale = MLC__HOST_STALE;
+                continue;
+            }
+            if (opt->ctx->error) return;
+            mlc__fall_back(opt->ctx, "mlc_step");
+        }
+        mlc__host(p);
+        mlc__host_grad(p);
+        for (k = 0; k < 3; k++) { s[k] = mlc__host(st[k]); mlc__host_wrote(st[k]); }
+        mlc__host_wrote(p);
         MLC__OMP(omp parallel for if(chunks > 1))
         for (c = 0; c < chunks; c++) {
             size_t at = (size_t)c * MLC__STEP_CHUNK, n = p->size - at < MLC__STEP_CHUNK ? p->size - at : MLC__STEP_CHUNK;
@@ -3333,13 +3698,17 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
     int i;
     size_t j;
     if (!opt) return 0.0f;
-    for (i = 0; i < opt->count; i++)
-        for (j = 0; j < opt->params[i]->size; j++) total += (double)opt->params[i]->grad[j] * opt->params[i]->grad[j];
+    for (i = 0; i < opt->count; i++) {
+        const float *g = mlc__host_grad(opt->params[i]);   /* the norm is read on the host */
+        for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * g[j];
+    }
     total = sqrt(total);
     scale = (float)(max_norm / (total + 1e-6));
     if (scale < 1.0f)
-        for (i = 0; i < opt->count; i++)
+        for (i = 0; i < opt->count; i++) {
             for (j = 0; j < opt->params[i]->size; j++) opt->params[i]->grad[j] *= scale;
+            mlc__host_wrote_grad(opt->params[i]);
+        }
     return (float)total;
 }
 
@@ -3357,6 +3726,9 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 
 #ifdef __cplusplus
 }
+#endif
+#ifdef MLC_OPENCL
+#include "mlc_opencl.h"                 /* the OpenCL backend: mlc__opencl_open, mlc__opencl_devices */
 #endif
 #endif /* MLC_IMPLEMENTATION_DONE */
 #endif /* MLC_IMPLEMENTATION */
