@@ -917,6 +917,12 @@ static float *mlc__host(mlc_tensor *t) {
     return t->data;
 }
 static float *mlc__host_grad(mlc_tensor *t) {
+    if (!t->grad && t->device_grad) {                   /* the gradient so far lives on the device only */
+        t->grad = t->persistent ? (float *)mlc__owned_alloc(t->ctx, t->size * sizeof(float), "mlc_host_grad")
+                                : (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float), "mlc_host_grad");
+        if (!t->grad) return NULL;
+        t->stale |= MLC__GRAD_HOST_STALE;
+    }
     if (t->grad && (t->stale & MLC__GRAD_HOST_STALE) && !t->ctx->error) {
         if (!t->ctx->backend->download(t, 1)) return t->grad;
         t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
@@ -3309,7 +3315,7 @@ static mlc_tensor *mlc__param(mlc_module *m, const char *name, int ndim, const i
     return p;
 }
 static mlc_tensor *mlc__buffer(mlc_module *m, const char *name, int ndim, const int *shape, float value) {
-    mlc_tensor *b = mlc__make(m->ctx, name, ndim, shape, 1);
+    mlc_tensor *b = mlc__new(m->ctx, name, ndim, shape, 1);
     if (!b || mlc__module_add(m, name, b, 1) != MLC_OK) return NULL;
     mlc_init_constant(b, value);
     return b;

@@ -25,19 +25,26 @@ extern char test_failure[512];
    counts as a failure, since CI installs everything. */
 #define SKIP(...) do { snprintf(test_failure, sizeof test_failure, __VA_ARGS__); return 2; } while (0)
 
-/* A context that keeps errors quiet (tests provoke them on purpose). */
-static inline mlc_ctx *test_ctx(unsigned long long seed) {
-    mlc_config c;
-    memset(&c, 0, sizeof c);
-    c.seed = seed;
-    c.quiet = 1;
-    return mlc_create(&c);
-}
+/* Contexts for tests (tests/test_device.c). test_ctx keeps errors quiet (tests provoke them on
+   purpose) and leaves config.device NULL, so $MLC_DEVICE picks the device every suite runs on;
+   with MLC_TEST_FAKE_DEVICE=1 it installs the fake device instead (every op falls back to the
+   CPU through copies). test_adopt does the same for a context a test made with mlc_create.
+   test_destroy replaces mlc_destroy: it adds the context's fallbacks to test_fallbacks, which
+   the runner checks after each test when the device is a real one. */
+mlc_ctx *test_ctx(unsigned long long seed);
+mlc_ctx *test_adopt(mlc_ctx *ctx);
+void test_destroy(mlc_ctx *ctx);
+int test_fake_device_wanted(void);                 /* MLC_TEST_FAKE_DEVICE=1 */
+mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
+extern size_t test_fallbacks;                      /* summed by test_destroy */
+extern char test_fallback_op[96];                  /* the first op that fell back */
 
-/* Every element of t equals want[i] within tol. */
-#define CHECK_TENSOR(t, want, tol) do { const mlc_tensor *t_ = (t); size_t i_; CHECK(t_ != NULL); \
-    for (i_ = 0; i_ < t_->size; i_++) if (!(fabs((double)t_->data[i_] - (double)(want)[i_]) <= (tol))) { \
+/* Every element of t equals want[i] within tol (read through mlc_host_data: on a device the
+   host copy may be out of date until then). */
+#define CHECK_TENSOR(t, want, tol) do { mlc_tensor *t_ = (t); const float *d_; size_t i_; CHECK(t_ != NULL); \
+    d_ = mlc_host_data(t_); CHECK(d_ != NULL); \
+    for (i_ = 0; i_ < t_->size; i_++) if (!(fabs((double)d_[i_] - (double)(want)[i_]) <= (tol))) { \
         snprintf(test_failure, sizeof test_failure, "%s:%d: %s[%zu] = %.9g, expected %.9g", \
-                 __FILE__, __LINE__, #t, i_, (double)t_->data[i_], (double)(want)[i_]); return 0; } } while (0)
+                 __FILE__, __LINE__, #t, i_, (double)d_[i_], (double)(want)[i_]); return 0; } } while (0)
 
 #endif

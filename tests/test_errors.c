@@ -32,7 +32,7 @@ static int shape_mismatch_add(void) {
     /* broadcastable shapes still work after the errors were cleared */
     CHECK(mlc_add(a, mlc_ones(ctx, MLC_SHAPE(1, 3))) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -47,7 +47,7 @@ static int shape_mismatch_matmul(void) {
     CHECK_FAILS(ctx, mlc_linear(a, b, NULL), MLC_ERR_SHAPE, "mlc_linear", "[2, 3]", "[4, 5]");
     CHECK_FAILS(ctx, mlc_linear(a, mlc_ones(ctx, MLC_SHAPE(4, 3)), mlc_ones(ctx, MLC_SHAPE(5))), MLC_ERR_SHAPE,
                 "mlc_linear", "bias", "[5]");
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -71,7 +71,7 @@ static int shape_mismatch_conv2d(void) {
     /* the same x and weight fit with 2 groups */
     CHECK(mlc_conv2d(x4, w6, NULL, (mlc_conv_opts){ 0, 0, 0, 2 }) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -85,7 +85,7 @@ static int shape_mismatch_cross_entropy_target(void) {
     CHECK_FAILS(ctx, mlc_cross_entropy(logits, t2x1, MLC_REDUCE_MEAN, MLC_NO_IGNORE), MLC_ERR_SHAPE,
                 "mlc_cross_entropy", "[2, 3]", "[2, 1]");
     CHECK_FAILS(ctx, mlc_nll_loss(l1, t3, MLC_REDUCE_SUM, MLC_NO_IGNORE), MLC_ERR_SHAPE, "mlc_nll_loss", "[6]", "[3]");
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -98,7 +98,7 @@ static int shape_mismatch_reshape(void) {
     CHECK_FAILS(ctx, mlc_reshape(x, MLC_SHAPE(-1, -1)), MLC_ERR_SHAPE, "mlc_reshape", "[2, 3]");
     CHECK_FAILS(ctx, mlc_reshape(x, MLC_SHAPE(3, -2)), MLC_ERR_SHAPE, "mlc_reshape", "[2, 3]");
     CHECK(mlc_reshape(x, MLC_SHAPE(3, -1)) != NULL);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -114,7 +114,7 @@ static int shape_mismatch_concat(void) {
       CHECK_FAILS(ctx, mlc_concat(ys, 2, 1), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 3, 1]"); }
     CHECK_FAILS(ctx, mlc_concat(xs, 2, 2), MLC_ERR_INDEX, "mlc_concat", "[2, 3]");
     { mlc_tensor *ok = mlc_concat(xs, 2, 1); CHECK(ok && ok->shape[0] == 2 && ok->shape[1] == 7); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -131,7 +131,7 @@ static int wrong_rank(void) {
     CHECK_FAILS(ctx, mlc_max_pool2d(x2, 2, 0, 0), MLC_ERR_SHAPE, "mlc_max_pool2d", "[2, 3]");
     CHECK_FAILS(ctx, mlc_global_avg_pool2d(v), MLC_ERR_SHAPE, "mlc_global_avg_pool2d", "[3]");
     CHECK_FAILS(ctx, mlc_batch_norm(v, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f), MLC_ERR_SHAPE, "mlc_batch_norm", "[3]");
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -159,7 +159,7 @@ static int cross_entropy_bad_class(void) {
       mlc_tensor *l = mlc_cross_entropy(logits, mlc_from_data(ctx, MLC_SHAPE(2), d), MLC_REDUCE_MEAN, -100);
       CHECK(l != NULL && mlc_error(ctx) == MLC_OK);
       CHECK_NEAR(mlc_item(l), log(3.0), 1e-5); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -187,8 +187,8 @@ static int index_ops_out_of_range(void) {
     CHECK(mlc_index_select(x, 0, i_neg) == NULL);   /* -1 stays an error on axis 0 too */
     mlc_clear_error(ctx);
     { const float ok[] = { 3, 0 }; mlc_tensor *r = mlc_index_select(x, 0, mlc_from_data(ctx, MLC_SHAPE(2), ok));
-      CHECK(r && r->shape[0] == 2 && r->data[0] == x->data[9]); }
-    mlc_destroy(ctx);
+      CHECK(r && r->shape[0] == 2 && mlc_host_data(r)[0] == mlc_host_data(x)[9]); }
+    test_destroy(ctx);
     return 1;
 }
 
@@ -207,8 +207,8 @@ static int bad_axis(void) {
     { const int order[] = { 0, 0 };
       CHECK_FAILS(ctx, mlc_permute(x, order), MLC_ERR_INDEX, "mlc_permute", "[2, 3]"); }
     /* negative axes in range are fine */
-    { mlc_tensor *s = mlc_sum(x, -1, 0); CHECK(s && s->ndim == 1 && s->shape[0] == 2 && s->data[0] == 3.0f); }
-    mlc_destroy(ctx);
+    { mlc_tensor *s = mlc_sum(x, -1, 0); CHECK(s && s->ndim == 1 && s->shape[0] == 2 && mlc_host_data(s)[0] == 3.0f); }
+    test_destroy(ctx);
     return 1;
 }
 
@@ -229,7 +229,7 @@ static int null_input(void) {
     CHECK(mlc_backward(NULL) == MLC_ERR_NULL);
     CHECK(isnan(mlc_item(NULL)));
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -248,7 +248,7 @@ static int null_chain_keeps_first_error(void) {
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
     CHECK(strstr(mlc_error_message(ctx), "mlc_matmul") != NULL);
     CHECK(strstr(mlc_error_message(ctx), "mlc_softmax") == NULL);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -275,8 +275,8 @@ static int error_is_sticky(void) {
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(strcmp(mlc_error_message(ctx), "no error") == 0);
     y = mlc_add(x, x);
-    CHECK(y != NULL && y->data[0] == 2.0f);
-    mlc_destroy(ctx);
+    CHECK(y != NULL && mlc_host_data(y)[0] == 2.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -286,8 +286,8 @@ static int mixed_contexts(void) {
     CHECK(x && y);
     CHECK_FAILS(a, mlc_add(x, y), MLC_ERR_ARG, "mlc_add", "another context");
     CHECK(mlc_error(b) == MLC_OK);
-    mlc_destroy(a);
-    mlc_destroy(b);
+    test_destroy(a);
+    test_destroy(b);
     return 1;
 }
 
@@ -313,7 +313,7 @@ static int invalid_arguments(void) {
     CHECK(mlc_clamp(x, 1.0f, 1.0f) != NULL);
     CHECK(mlc_conv2d(x, w, NULL, (mlc_conv_opts){ 2, 1, 0, 0 }) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -332,7 +332,7 @@ static int item_of_non_scalar(void) {
     CHECK_FAILS(ctx, (void *)NULL, MLC_ERR_ARG, "mlc_read", "[2, 3]");
     mlc_tensor_free(x);                          /* a frame tensor cannot be freed alone */
     CHECK_FAILS(ctx, (void *)NULL, MLC_ERR_STATE, "mlc_tensor_free", "[2, 3]");
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -364,12 +364,12 @@ static int backward_errors(void) {
     CHECK(y != NULL);
     CHECK(mlc_add(p, mlc_ones(ctx, MLC_SHAPE(4))) == NULL);
     CHECK(mlc_backward(y) == MLC_ERR_SHAPE);
-    CHECK(p->grad[0] == 0.0f);
+    CHECK(mlc_host_grad(p)[0] == 0.0f);
     mlc_clear_error(ctx);
     /* and the right call works */
     CHECK(mlc_backward(mlc_sum_all(mlc_mul_scalar(p, 2.0f))) == MLC_OK);
-    CHECK(p->grad[0] == 2.0f && p->grad[5] == 2.0f);
-    mlc_destroy(ctx);
+    CHECK(mlc_host_grad(p)[0] == 2.0f && mlc_host_grad(p)[5] == 2.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -417,7 +417,7 @@ static mlc_ctx *counting_ctx(counting_alloc *a, size_t arena_block_bytes) {
     c.allocator.alloc = counting_alloc_fn;
     c.allocator.free = counting_free_fn;
     c.allocator.user = a;
-    return mlc_create(&c);
+    return test_adopt(mlc_create(&c));
 }
 
 /* Two training steps of a 2-layer MLP with Adam, everything built from scratch; returns the
@@ -455,7 +455,7 @@ static int allocation_failure_everywhere(void) {
     CHECK(ctx != NULL);
     CHECK(small_training_run(ctx, &loss) == MLC_OK);
     CHECK(isfinite(loss));
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     total = ref.calls;
     CHECK_MSG(total > 20, "only %ld allocations: the run is too small to test much", total);
     CHECK(ref.live == 0 && ref.live_bytes == 0);
@@ -479,7 +479,7 @@ static int allocation_failure_everywhere(void) {
                 } else {
                     CHECK_MSG(r == MLC_OK && isfinite(loss), "with nothing refused the run failed: %s", mlc_error_message(ctx));
                 }
-                mlc_destroy(ctx);
+                test_destroy(ctx);
             }
             CHECK_MSG(n >= total || a.refused > 0, "allocation %ld was never asked for", n);
             CHECK_MSG(a.live == 0 && a.live_bytes == 0, "allocation %ld refused (sticky %d): %ld blocks (%zu bytes) leaked",
@@ -507,8 +507,8 @@ static int allocation_failure_in_op(void) {
     a.fail_at = a.calls;
     CHECK_FAILS(ctx, mlc_nn_linear(ctx, 3, 3), MLC_ERR_MEMORY, "out of memory");
     y = mlc_add(x, x);
-    CHECK(y && y->data[0] == 2.0f);
-    mlc_destroy(ctx);
+    CHECK(y && mlc_host_data(y)[0] == 2.0f);
+    test_destroy(ctx);
     CHECK(a.live == 0);
     return 1;
 }
@@ -547,12 +547,12 @@ static int unknown_device(void) {
     CHECK(strstr(mlc_error_message(ctx), "mlc_create") != NULL);
     CHECK(strstr(mlc_error_message(ctx), "tpu:7") != NULL);
     CHECK(mlc_ones(ctx, MLC_SHAPE(2)) == NULL);  /* sticky like every other error */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     c.device = "cpu";
     ctx = mlc_create(&c);
     CHECK(ctx != NULL && mlc_error(ctx) == MLC_OK);
     CHECK(strcmp(mlc_device_name(ctx), "cpu") == 0);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -573,14 +573,14 @@ static int errors_are_logged(void) {
     memset(&c, 0, sizeof c);
     c.log = record_log;
     c.log_user = &rec;
-    ctx = mlc_create(&c);
+    ctx = test_adopt(mlc_create(&c));
     CHECK(ctx);
     CHECK(mlc_matmul(mlc_ones(ctx, MLC_SHAPE(2, 3)), mlc_ones(ctx, MLC_SHAPE(2, 3))) == NULL);
     CHECK(mlc_relu(NULL) == NULL && mlc_add(mlc_ones(ctx, MLC_SHAPE(1)), NULL) == NULL);  /* sticky: not logged again */
     CHECK(rec.count == 1);
     CHECK(rec.level == MLC_LOG_ERROR);
     CHECK(strcmp(rec.message, mlc_error_message(ctx)) == 0);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -618,7 +618,7 @@ static int no_leak_in_normal_use(void) {
     CHECK_MSG((long)s.allocs == a.calls, "stats count %zu allocations, the allocator saw %ld", s.allocs, a.calls);
     CHECK_MSG((long)(s.allocs - s.frees) == a.live, "stats say %zu live, the allocator %ld", s.allocs - s.frees, a.live);
     CHECK(a.live > 10);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     CHECK_MSG(a.live == 0 && a.live_bytes == 0, "%ld blocks (%zu bytes) not freed", a.live, a.live_bytes);
     return 1;
 }

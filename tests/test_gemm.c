@@ -44,8 +44,8 @@ static int own_gemm_matches_reference(void) {
         for (ta = 0; ta < 2; ta++)
             for (tb = 0; tb < 2; tb++)
                 for (b = 0; b < 2; b++)
-                    if (!compare_with_reference(ctx, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], (float)b)) { mlc_destroy(ctx); return 0; }
-    mlc_destroy(ctx);
+                    if (!compare_with_reference(ctx, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], (float)b)) { test_destroy(ctx); return 0; }
+    test_destroy(ctx);
     return 1;
 }
 
@@ -67,8 +67,8 @@ static float conv_linear_loss(mlc_ctx *ctx, float *grads, size_t *count) {
     loss = mlc_sum_all(mlc_tanh(mlc_linear(mlc_flatten(mlc_conv2d(x, w, b, o), 1), fc, NULL)));
     if (mlc_backward(loss) != MLC_OK) return NAN;
     *count = 0;
-    for (i = 0; i < w->size; i++) grads[(*count)++] = w->grad[i];
-    for (i = 0; i < fc->size; i++) grads[(*count)++] = fc->grad[i];
+    for (i = 0; i < w->size; i++) grads[(*count)++] = mlc_host_grad(w)[i];
+    for (i = 0; i < fc->size; i++) grads[(*count)++] = mlc_host_grad(fc)[i];
     return mlc_item(loss);
 }
 
@@ -88,12 +88,13 @@ static int hook_receives_every_product(void) {
     mlc_ctx *own = test_ctx(5), *hooked;
     memset(&c, 0, sizeof c);
     c.seed = 5; c.quiet = 1; c.gemm = counting_gemm; c.gemm_user = &calls;
+    c.device = "cpu";           /* the hook serves the CPU's products; own may run on a device */
     hooked = mlc_create(&c);
     if (!compare_contexts(own, hooked, 1e-4)) return 0;
     /* forward: 2 images x 1 group + 1 linear; backward: conv dW per image (x needs no
        gradient, so no dcol), linear dA and dB */
     CHECK_MSG(calls == 3 + 2 + 2, "the hook saw %d products", calls);
-    mlc_destroy(own); mlc_destroy(hooked);
+    test_destroy(own); test_destroy(hooked);
     return 1;
 }
 
@@ -112,11 +113,12 @@ static int openblas_hook_matches_own(void) {
     int ta, tb;
     memset(&c, 0, sizeof c);
     c.seed = 9; c.quiet = 1; c.gemm = openblas_gemm;
+    c.device = "cpu";           /* the hook serves the CPU's products; own may run on a device */
     blas = mlc_create(&c);
     if (!compare_contexts(own, blas, 1e-4)) return 0;      /* first: both RNGs in step */
     for (ta = 0; ta < 2; ta++)
         for (tb = 0; tb < 2; tb++) CHECK(compare_with_reference(blas, ta, tb, 70, 33, 129, (float)tb));
-    mlc_destroy(own); mlc_destroy(blas);
+    test_destroy(own); test_destroy(blas);
     return 1;
 #else
     SKIP("built without OpenBLAS (install libopenblas-dev; make test then links it)");

@@ -46,7 +46,7 @@ static int names_like_pytorch(void) {
         CHECK_MSG(strcmp(out[i].name, param_names[i]) == 0, "parameter %d is \"%.120s\", expected \"%s\"", i, out[i].name, param_names[i]);
         CHECK_MSG(out[i].tensor->ndim == param_shapes[i][0], "%.120s has rank %d", out[i].name, out[i].tensor->ndim);
         for (d = 0; d < out[i].tensor->ndim; d++) CHECK_MSG(out[i].tensor->shape[d] == param_shapes[i][1 + d], "%.120s shape", out[i].name);
-        CHECK(out[i].tensor->requires_grad && out[i].tensor->grad != NULL);
+        CHECK(out[i].tensor->requires_grad && mlc_host_grad(out[i].tensor) != NULL);
     }
     /* the names lead to the right tensors */
     CHECK(out[0].tensor == seq->children[0]->params[0]);
@@ -59,7 +59,7 @@ static int names_like_pytorch(void) {
     CHECK(out[4].tensor == seq->children[2]->buffers[0]);
     CHECK(out[6].tensor->ndim == 0 && out[6].tensor->size == 1);            /* num_batches_tracked: a scalar */
     CHECK(!out[4].tensor->requires_grad);                                   /* buffers take no gradient */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -83,19 +83,19 @@ static int count_when_max_is_smaller(void) {
     CHECK(mlc_module_param_count(mlc_nn_conv2d(ctx, 4, 6, 3, (mlc_conv_opts){ 0, 0, 0, 2 })) == (size_t)(6 * 2 * 3 * 3 + 6));
     CHECK(mlc_module_param_count(mlc_nn_linear_nobias(ctx, 7, 5)) == 35);
     CHECK(mlc_module_param_count(mlc_nn_relu(ctx)) == 0);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
 /* ---------- initialisation statistics ---------- */
 
 typedef struct sample_stats { double mean, var, max_abs; } sample_stats;
-static sample_stats stats_of(const mlc_tensor *t) {
+static sample_stats stats_of(mlc_tensor *t) {
     sample_stats s = { 0, 0, 0 };
     size_t i;
-    for (i = 0; i < t->size; i++) { s.mean += t->data[i]; if (fabs(t->data[i]) > s.max_abs) s.max_abs = fabs(t->data[i]); }
+    for (i = 0; i < t->size; i++) { s.mean += mlc_host_data(t)[i]; if (fabs(mlc_host_data(t)[i]) > s.max_abs) s.max_abs = fabs(mlc_host_data(t)[i]); }
     s.mean /= (double)t->size;
-    for (i = 0; i < t->size; i++) s.var += (t->data[i] - s.mean) * (t->data[i] - s.mean);
+    for (i = 0; i < t->size; i++) s.var += (mlc_host_data(t)[i] - s.mean) * (mlc_host_data(t)[i] - s.mean);
     s.var /= (double)t->size;
     return s;
 }
@@ -104,7 +104,7 @@ static sample_stats stats_of(const mlc_tensor *t) {
    b/√(3n); the sample variance (target b²/3) has standard error √(Var X²/n) = b²√(4/(45n)).
    The largest |x| must lie in [0.99 b, b]: P(all n below 0.99 b) = 0.99^n, under e^-40 here.
    A histogram of 8 equal bins must be flat: each count is Binomial(n, 1/8), 5 sd tolerance. */
-static int check_uniform(const mlc_tensor *t, double b, const char *what) {
+static int check_uniform(mlc_tensor *t, double b, const char *what) {
     double n = (double)t->size, se_mean = b / sqrt(3.0 * n), se_var = b * b * sqrt(4.0 / (45.0 * n));
     double expect = n / 8.0, sd_bin = sqrt(n * (1.0 / 8.0) * (7.0 / 8.0));
     sample_stats s = stats_of(t);
@@ -114,7 +114,7 @@ static int check_uniform(const mlc_tensor *t, double b, const char *what) {
     CHECK_MSG(fabs(s.mean) <= 5 * se_mean, "%s: mean %g (tolerance %g)", what, s.mean, 5 * se_mean);
     CHECK_MSG(fabs(s.var - b * b / 3) <= 5 * se_var, "%s: variance %g, expected %g (tolerance %g)", what, s.var, b * b / 3, 5 * se_var);
     for (i = 0; i < t->size; i++) {
-        int k = (int)((t->data[i] + b) / (2 * b) * 8);
+        int k = (int)((mlc_host_data(t)[i] + b) / (2 * b) * 8);
         bins[k < 0 ? 0 : k > 7 ? 7 : k]++;
     }
     for (i = 0; i < 8; i++)
@@ -123,7 +123,7 @@ static int check_uniform(const mlc_tensor *t, double b, const char *what) {
 }
 
 /* t holds n draws of N(0, std²)?  Mean within 5 se (std/√n); sample sd within 5 se (std/√(2n)). */
-static int check_normal(const mlc_tensor *t, double std, const char *what) {
+static int check_normal(mlc_tensor *t, double std, const char *what) {
     double n = (double)t->size;
     sample_stats s = stats_of(t);
     CHECK_MSG(fabs(s.mean) <= 5 * std / sqrt(n), "%s: mean %g", what, s.mean);
@@ -142,7 +142,7 @@ static int linear_default_init(void) {
     /* the bias: 128 draws of U(-1/16, 1/16); only the bound and a nonzero spread are certain */
     { sample_stats s = stats_of(lin->params[1]);
       CHECK(s.max_abs <= bound * (1 + 1e-6) && s.max_abs > 0.5 * bound && s.var > 0); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -161,13 +161,13 @@ static int conv_default_init(void) {
       int i;
       CHECK(bn && ln && emb);
       for (i = 0; i < 5; i++) {
-          CHECK(bn->params[0]->data[i] == 1.0f && bn->params[1]->data[i] == 0.0f);
-          CHECK(bn->buffers[0]->data[i] == 0.0f && bn->buffers[1]->data[i] == 1.0f);
-          CHECK(ln->params[0]->data[i] == 1.0f && ln->params[1]->data[i] == 0.0f);
+          CHECK(mlc_host_data(bn->params[0])[i] == 1.0f && mlc_host_data(bn->params[1])[i] == 0.0f);
+          CHECK(mlc_host_data(bn->buffers[0])[i] == 0.0f && mlc_host_data(bn->buffers[1])[i] == 1.0f);
+          CHECK(mlc_host_data(ln->params[0])[i] == 1.0f && mlc_host_data(ln->params[1])[i] == 0.0f);
       }
-      CHECK(bn->buffers[2]->data[0] == 0.0f);
+      CHECK(mlc_host_data(bn->buffers[2])[0] == 0.0f);
       if (!check_normal(emb->params[0], 1.0, "Embedding.weight")) return 0; }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -195,8 +195,8 @@ static int init_functions(void) {
       CHECK_NEAR(s.mean, 3.0, 5 * 0.5 / sqrt((double)w->size));
       CHECK_NEAR(sqrt(s.var), 0.5, 5 * 0.5 / sqrt(2.0 * w->size)); }
     mlc_init_uniform(w, 1.0f, 3.0f);
-    { size_t i; for (i = 0; i < w->size; i++) CHECK(w->data[i] >= 1.0f && w->data[i] < 3.0f); }
-    mlc_destroy(ctx);
+    { size_t i; for (i = 0; i < w->size; i++) CHECK(mlc_host_data(w)[i] >= 1.0f && mlc_host_data(w)[i] < 3.0f); }
+    test_destroy(ctx);
     return 1;
 }
 
@@ -217,13 +217,13 @@ static int same_seed_same_weights(void) {
     CHECK(na == 10 && nb == na);
     for (i = 0; i < na; i++) {
         CHECK(strcmp(a[i].name, b[i].name) == 0 && a[i].tensor->size == b[i].tensor->size);
-        CHECK_MSG(memcmp(a[i].tensor->data, b[i].tensor->data, a[i].tensor->size * sizeof(float)) == 0, "%.120s differs", a[i].name);
+        CHECK_MSG(memcmp(mlc_host_data(a[i].tensor), mlc_host_data(b[i].tensor), a[i].tensor->size * sizeof(float)) == 0, "%.120s differs", a[i].name);
     }
     nc = mlc_module_state(net[2], b, 16);
     CHECK(nc == na);
-    for (i = 0; i < nc; i++) if (memcmp(a[i].tensor->data, b[i].tensor->data, a[i].tensor->size * sizeof(float)) != 0) differ++;
+    for (i = 0; i < nc; i++) if (memcmp(mlc_host_data(a[i].tensor), mlc_host_data(b[i].tensor), a[i].tensor->size * sizeof(float)) != 0) differ++;
     CHECK_MSG(differ == 5, "%d tensors differ with another seed, expected the 5 random ones", differ);
-    for (k = 0; k < 3; k++) mlc_destroy(ctx[k]);
+    for (k = 0; k < 3; k++) test_destroy(ctx[k]);
     return 1;
 }
 
@@ -249,7 +249,7 @@ static int train_eval_recursive(void) {
     CHECK(inner->training && inner->children[0]->training && !seq->training && !seq->children[0]->training);
     mlc_module_train(seq, 7);                                 /* any nonzero is "train" */
     CHECK(all_training(seq, 1));
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -264,22 +264,22 @@ static int dropout_train_and_eval(void) {
     mlc_module_train(drop, 0);
     y = mlc_forward(drop, x);
     CHECK(y && mlc_same_shape(x, y));
-    for (i = 0; i < n; i++) CHECK(y->data[i] == x->data[i]);  /* identity in eval */
+    for (i = 0; i < n; i++) CHECK(mlc_host_data(y)[i] == mlc_host_data(x)[i]);  /* identity in eval */
     mlc_module_train(drop, 1);
     y = mlc_forward(drop, x);
     CHECK(y && mlc_same_shape(x, y));
     for (i = 0; i < n; i++) {
-        if (y->data[i] == 0.0f) zeros++;
-        else CHECK_NEAR(y->data[i], x->data[i] / (1.0 - p), 1e-6 * x->data[i] / (1.0 - p));
+        if (mlc_host_data(y)[i] == 0.0f) zeros++;
+        else CHECK_NEAR(mlc_host_data(y)[i], mlc_host_data(x)[i] / (1.0 - p), 1e-6 * mlc_host_data(x)[i] / (1.0 - p));
     }
     /* zeros ~ Binomial(n, p): sd √(n p (1-p)) ≈ 65; 5 sd */
     CHECK_MSG(fabs(zeros - n * p) <= 5 * sqrt(n * p * (1 - p)), "%d of %d zeroed, expected about %g", zeros, n, n * p);
     /* a second call draws a new mask */
     { mlc_tensor *y2 = mlc_forward(drop, x); int same = 0;
       CHECK(y2);
-      for (i = 0; i < n; i++) same += (y2->data[i] == 0.0f) == (y->data[i] == 0.0f);
+      for (i = 0; i < n; i++) same += (mlc_host_data(y2)[i] == 0.0f) == (mlc_host_data(y)[i] == 0.0f);
       CHECK(same < n); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -308,24 +308,24 @@ static int batch_norm_train_and_eval(void) {
         for (c = 0; c < 2; c++) {
             rm[c] = 0.9 * rm[c] + 0.1 * mean[c];               /* momentum 0.1, unbiased variance */
             rv[c] = 0.9 * rv[c] + 0.1 * var_u[c];
-            CHECK_NEAR(bn->buffers[0]->data[c], rm[c], 1e-6);
-            CHECK_NEAR(bn->buffers[1]->data[c], rv[c], 1e-6);
+            CHECK_NEAR(mlc_host_data(bn->buffers[0])[c], rm[c], 1e-6);
+            CHECK_NEAR(mlc_host_data(bn->buffers[1])[c], rv[c], 1e-6);
             for (i = 0; i < 4; i++)
-                CHECK_NEAR(y->data[i * 2 + c], (xv[i * 2 + c] - mean[c]) / sqrt(var_b[c] + eps) * w[c] + b[c], 1e-5);
+                CHECK_NEAR(mlc_host_data(y)[i * 2 + c], (xv[i * 2 + c] - mean[c]) / sqrt(var_b[c] + eps) * w[c] + b[c], 1e-5);
         }
-        CHECK(bn->buffers[2]->data[0] == (float)pass);          /* num_batches_tracked */
+        CHECK(mlc_host_data(bn->buffers[2])[0] == (float)pass);          /* num_batches_tracked */
     }
     mlc_module_train(bn, 0);
     y = mlc_forward(bn, x);
     CHECK(y);
     for (c = 0; c < 2; c++) {
-        CHECK_NEAR(bn->buffers[0]->data[c], rm[c], 1e-6);      /* unchanged in eval */
-        CHECK_NEAR(bn->buffers[1]->data[c], rv[c], 1e-6);
+        CHECK_NEAR(mlc_host_data(bn->buffers[0])[c], rm[c], 1e-6);      /* unchanged in eval */
+        CHECK_NEAR(mlc_host_data(bn->buffers[1])[c], rv[c], 1e-6);
         for (i = 0; i < 4; i++)
-            CHECK_NEAR(y->data[i * 2 + c], (xv[i * 2 + c] - rm[c]) / sqrt(rv[c] + eps) * w[c] + b[c], 1e-5);
+            CHECK_NEAR(mlc_host_data(y)[i * 2 + c], (xv[i * 2 + c] - rm[c]) / sqrt(rv[c] + eps) * w[c] + b[c], 1e-5);
     }
-    CHECK(bn->buffers[2]->data[0] == 2.0f);
-    mlc_destroy(ctx);
+    CHECK(mlc_host_data(bn->buffers[2])[0] == 2.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -335,23 +335,25 @@ static int batch_norm_2d_statistics(void) {
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 3, 2, 2)), *y;
     int n, c, k;
     CHECK(bn && x);
-    for (k = 0; k < (int)x->size; k++) x->data[k] = x->data[k] * 2.0f + (float)(k / 4 % 3);   /* channel offsets */
+    { float v[24];                                            /* channel offsets */
+      for (k = 0; k < (int)x->size; k++) v[k] = mlc_host_data(x)[k] * 2.0f + (float)(k / 4 % 3);
+      CHECK(mlc_write(x, v, x->size) == MLC_OK); }
     y = mlc_forward(bn, x);
     CHECK(y && mlc_same_shape(x, y));
     for (c = 0; c < 3; c++) {                                  /* per channel over N, H, W: 8 values */
         double s = 0, v = 0, ys = 0, yv = 0;
-        for (n = 0; n < 2; n++) for (k = 0; k < 4; k++) s += x->data[(n * 3 + c) * 4 + k];
+        for (n = 0; n < 2; n++) for (k = 0; k < 4; k++) s += mlc_host_data(x)[(n * 3 + c) * 4 + k];
         s /= 8;
         for (n = 0; n < 2; n++) for (k = 0; k < 4; k++) {
-            double d = x->data[(n * 3 + c) * 4 + k] - s, o = y->data[(n * 3 + c) * 4 + k];
+            double d = mlc_host_data(x)[(n * 3 + c) * 4 + k] - s, o = mlc_host_data(y)[(n * 3 + c) * 4 + k];
             v += d * d; ys += o; yv += o * o;
         }
-        CHECK_NEAR(bn->buffers[0]->data[c], 0.1 * s, 1e-6);
-        CHECK_NEAR(bn->buffers[1]->data[c], 0.9 + 0.1 * v / 7, 1e-6);
+        CHECK_NEAR(mlc_host_data(bn->buffers[0])[c], 0.1 * s, 1e-6);
+        CHECK_NEAR(mlc_host_data(bn->buffers[1])[c], 0.9 + 0.1 * v / 7, 1e-6);
         CHECK_NEAR(ys / 8, 0.0, 1e-5);                        /* normalised: mean 0, variance v/(v+8eps) */
         CHECK_NEAR(yv / 8, (v / 8) / (v / 8 + 1e-5), 1e-4);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -377,19 +379,19 @@ static int linear_forward(void) {
     CHECK_SHAPE(y2, 4, 3);
     CHECK_SHAPE(y3, 2, 6, 3);
     CHECK_SHAPE(yn, 4, 3);
-    W = lin->params[0]->data; B = lin->params[1]->data;
+    W = mlc_host_data(lin->params[0]); B = mlc_host_data(lin->params[1]);
     for (r = 0; r < 12; r++)                                   /* y = x Wᵀ + b, row by row */
         for (o = 0; o < 3; o++) {
             double s = B[o];
-            for (i = 0; i < 5; i++) s += (double)x3->data[r * 5 + i] * W[o * 5 + i];
-            CHECK_NEAR(y3->data[r * 3 + o], s, 1e-5);
+            for (i = 0; i < 5; i++) s += (double)mlc_host_data(x3)[r * 5 + i] * W[o * 5 + i];
+            CHECK_NEAR(mlc_host_data(y3)[r * 3 + o], s, 1e-5);
             if (r < 4) {
                 double t = 0;
-                for (i = 0; i < 5; i++) t += (double)x2->data[r * 5 + i] * nob->params[0]->data[o * 5 + i];
-                CHECK_NEAR(yn->data[r * 3 + o], t, 1e-5);
+                for (i = 0; i < 5; i++) t += (double)mlc_host_data(x2)[r * 5 + i] * mlc_host_data(nob->params[0])[o * 5 + i];
+                CHECK_NEAR(mlc_host_data(yn)[r * 3 + o], t, 1e-5);
             }
         }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -404,7 +406,7 @@ static int conv2d_forward(void) {
     CHECK_SHAPE(conv->params[0], 6, 2, 3, 3);
     y = mlc_forward(conv, x);
     CHECK_SHAPE(y, 2, 6, 5, 5);
-    W = conv->params[0]->data; B = conv->params[1]->data;
+    W = mlc_host_data(conv->params[0]); B = mlc_host_data(conv->params[1]);
     for (n = 0; n < 2; n++)
         for (o = 0; o < 6; o++)
             for (oh = 0; oh < 5; oh++)
@@ -416,14 +418,14 @@ static int conv2d_forward(void) {
                             for (j = 0; j < 3; j++) {
                                 int ih = oh * 2 + i - 1, iw = ow * 2 + j - 1;
                                 if (ih < 0 || ih >= 9 || iw < 0 || iw >= 9) continue;
-                                s += (double)W[((o * 2 + c) * 3 + i) * 3 + j] * x->data[((n * 4 + g * 2 + c) * 9 + ih) * 9 + iw];
+                                s += (double)W[((o * 2 + c) * 3 + i) * 3 + j] * mlc_host_data(x)[((n * 4 + g * 2 + c) * 9 + ih) * 9 + iw];
                             }
-                    CHECK_NEAR(y->data[((n * 6 + o) * 5 + oh) * 5 + ow], s, 1e-4);
+                    CHECK_NEAR(mlc_host_data(y)[((n * 6 + o) * 5 + oh) * 5 + ow], s, 1e-4);
                 }
     /* defaults: stride 1, no padding */
     { mlc_module *plain = mlc_nn_conv2d(ctx, 4, 2, 3, (mlc_conv_opts){ 0, 0, 0, 0 });
       CHECK_SHAPE(mlc_forward(plain, x), 2, 2, 7, 7); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -442,31 +444,31 @@ static int pool_flatten_forward(void) {
             for (ow = 0; ow < 3; ow++) {
                 float m = -INFINITY;
                 for (i = 0; i < 2; i++) for (j = 0; j < 2; j++) {
-                    float v = x->data[(c * 6 + oh * 2 + i) * 7 + ow * 2 + j];
+                    float v = mlc_host_data(x)[(c * 6 + oh * 2 + i) * 7 + ow * 2 + j];
                     if (v > m) m = v;
                 }
-                CHECK(y->data[(c * 3 + oh) * 3 + ow] == m);
+                CHECK(mlc_host_data(y)[(c * 3 + oh) * 3 + ow] == m);
             }
     y = mlc_forward(avgp, x7);                                 /* (7 - 3) / 2 + 1 = 3 */
     CHECK_SHAPE(y, 1, 1, 3, 3);
     for (oh = 0; oh < 3; oh++)
         for (ow = 0; ow < 3; ow++) {
             double s = 0;
-            for (i = 0; i < 3; i++) for (j = 0; j < 3; j++) s += x7->data[(oh * 2 + i) * 7 + ow * 2 + j];
-            CHECK_NEAR(y->data[oh * 3 + ow], s / 9, 1e-6);
+            for (i = 0; i < 3; i++) for (j = 0; j < 3; j++) s += mlc_host_data(x7)[(oh * 2 + i) * 7 + ow * 2 + j];
+            CHECK_NEAR(mlc_host_data(y)[oh * 3 + ow], s / 9, 1e-6);
         }
     y = mlc_forward(gap, x4);
     CHECK_SHAPE(y, 2, 3);
     for (c = 0; c < 6; c++) {
         double s = 0;
-        for (i = 0; i < 20; i++) s += x4->data[c * 20 + i];
-        CHECK_NEAR(y->data[c], s / 20, 1e-6);
+        for (i = 0; i < 20; i++) s += mlc_host_data(x4)[c * 20 + i];
+        CHECK_NEAR(mlc_host_data(y)[c], s / 20, 1e-6);
     }
     y = mlc_forward(flat, x4);
     CHECK_SHAPE(y, 2, 60);
-    CHECK(memcmp(y->data, x4->data, x4->size * sizeof(float)) == 0);
+    CHECK(memcmp(mlc_host_data(y), mlc_host_data(x4), x4->size * sizeof(float)) == 0);
     CHECK_SHAPE(mlc_forward(flat, mlc_ones(ctx, MLC_SHAPE(5, 3))), 5, 3);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -481,25 +483,27 @@ static int embedding_layer_norm_forward(void) {
     y = mlc_forward(emb, index);
     CHECK_SHAPE(y, 2, 3, 4);
     for (k = 0; k < 6; k++)
-        for (d = 0; d < 4; d++) CHECK(y->data[k * 4 + d] == emb->params[0]->data[(int)idx[k] * 4 + d]);
-    for (k = 0; k < (int)x->size; k++) x->data[k] = x->data[k] * 3.0f + 5.0f;
+        for (d = 0; d < 4; d++) CHECK(mlc_host_data(y)[k * 4 + d] == mlc_host_data(emb->params[0])[(int)idx[k] * 4 + d]);
+    { float v[36];
+      for (k = 0; k < (int)x->size; k++) v[k] = mlc_host_data(x)[k] * 3.0f + 5.0f;
+      CHECK(mlc_write(x, v, x->size) == MLC_OK); }
     y = mlc_forward(ln, x);
     CHECK_SHAPE(y, 2, 3, 6);
     for (k = 0; k < 6; k++) {                                  /* every row: mean 0, variance v/(v+eps) */
         double s = 0, v = 0, ys = 0, yv = 0, mu;
-        for (d = 0; d < 6; d++) s += x->data[k * 6 + d];
+        for (d = 0; d < 6; d++) s += mlc_host_data(x)[k * 6 + d];
         mu = s / 6;
         for (d = 0; d < 6; d++) {
-            double o = y->data[k * 6 + d];
-            v += (x->data[k * 6 + d] - mu) * (x->data[k * 6 + d] - mu);
+            double o = mlc_host_data(y)[k * 6 + d];
+            v += (mlc_host_data(x)[k * 6 + d] - mu) * (mlc_host_data(x)[k * 6 + d] - mu);
             ys += o; yv += o * o;
         }
         CHECK_NEAR(ys / 6, 0.0, 1e-5);
         CHECK_NEAR(yv / 6, (v / 6) / (v / 6 + 1e-5), 1e-4);
         for (d = 0; d < 6; d++)
-            CHECK_NEAR(y->data[k * 6 + d], (x->data[k * 6 + d] - mu) / sqrt(v / 6 + 1e-5), 1e-4);
+            CHECK_NEAR(mlc_host_data(y)[k * 6 + d], (mlc_host_data(x)[k * 6 + d] - mu) / sqrt(v / 6 + 1e-5), 1e-4);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -514,14 +518,14 @@ static int activation_modules_forward(void) {
     CHECK(x && relu && leaky && sig && th && silu && gelu);
     for (i = 0; i < 4; i++) {
         double v = xv[i], s = 1 / (1 + exp(-v));
-        y = mlc_forward(relu, x);  CHECK_SHAPE(y, 2, 2); CHECK_NEAR(y->data[i], v > 0 ? v : 0, 1e-7);
-        y = mlc_forward(leaky, x); CHECK_NEAR(y->data[i], v > 0 ? v : 0.1 * v, 1e-7);
-        y = mlc_forward(sig, x);   CHECK_NEAR(y->data[i], s, 1e-6);
-        y = mlc_forward(th, x);    CHECK_NEAR(y->data[i], tanh(v), 1e-6);
-        y = mlc_forward(silu, x);  CHECK_NEAR(y->data[i], v * s, 1e-6);
-        y = mlc_forward(gelu, x);  CHECK_NEAR(y->data[i], 0.5 * v * (1 + erf(v / sqrt(2.0))), 1e-6);
+        y = mlc_forward(relu, x);  CHECK_SHAPE(y, 2, 2); CHECK_NEAR(mlc_host_data(y)[i], v > 0 ? v : 0, 1e-7);
+        y = mlc_forward(leaky, x); CHECK_NEAR(mlc_host_data(y)[i], v > 0 ? v : 0.1 * v, 1e-7);
+        y = mlc_forward(sig, x);   CHECK_NEAR(mlc_host_data(y)[i], s, 1e-6);
+        y = mlc_forward(th, x);    CHECK_NEAR(mlc_host_data(y)[i], tanh(v), 1e-6);
+        y = mlc_forward(silu, x);  CHECK_NEAR(mlc_host_data(y)[i], v * s, 1e-6);
+        y = mlc_forward(gelu, x);  CHECK_NEAR(mlc_host_data(y)[i], 0.5 * v * (1 + erf(v / sqrt(2.0))), 1e-6);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -548,9 +552,9 @@ static int custom_module_with_optimiser(void) {
     /* y = (x * 2) Wᵀ + b */
     { size_t r, o, i;
       for (r = 0; r < 4; r++) for (o = 0; o < 3; o++) {
-          double s = ps[2].tensor->data[o];
-          for (i = 0; i < 3; i++) s += 2.0 * x->data[r * 3 + i] * ps[1].tensor->data[o * 3 + i];
-          CHECK_NEAR(y->data[r * 3 + o], s, 1e-5);
+          double s = mlc_host_data(ps[2].tensor)[o];
+          for (i = 0; i < 3; i++) s += 2.0 * mlc_host_data(x)[r * 3 + i] * mlc_host_data(ps[1].tensor)[o * 3 + i];
+          CHECK_NEAR(mlc_host_data(y)[r * 3 + o], s, 1e-5);
       } }
     for (k = 0; k < 3; k++) before[k] = mlc_copy(ps[k].tensor);
     mlc_zero_grad(opt);
@@ -559,8 +563,8 @@ static int custom_module_with_optimiser(void) {
     for (k = 0; k < 3; k++) {                                  /* every parameter moved by -lr grad */
         double moved = 0;
         for (j = 0; j < ps[k].tensor->size; j++) {
-            CHECK_NEAR(ps[k].tensor->data[j], before[k]->data[j] - lr * ps[k].tensor->grad[j], 1e-6);
-            moved += fabs(ps[k].tensor->data[j] - before[k]->data[j]);
+            CHECK_NEAR(mlc_host_data(ps[k].tensor)[j], mlc_host_data(before[k])[j] - lr * mlc_host_grad(ps[k].tensor)[j], 1e-6);
+            moved += fabs(mlc_host_data(ps[k].tensor)[j] - mlc_host_data(before[k])[j]);
         }
         CHECK_MSG(moved > 1e-4, "%.120s did not move", ps[k].name);
     }
@@ -572,7 +576,7 @@ static int custom_module_with_optimiser(void) {
     mlc_clear_error(ctx);
     /* a module without forward */
     CHECK(mlc_forward(mlc_nn_custom(ctx, NULL, NULL, NULL), x) == NULL && mlc_error(ctx) == MLC_ERR_STATE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 

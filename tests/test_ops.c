@@ -47,8 +47,8 @@ static int binary_broadcast(void) {
     r = mlc_div(T(ctx, x24, 2, 3, 4), T(ctx, y, 3, 1));  /* [2,3,4] / [3,1] */
     CHECK_SHAPE(r, 2, 3, 4);
     CHECK_TENSOR(r, div, 1e-6);
-    CHECK_NEAR(r->data[4], 5.0 / 2.0, 1e-6);             /* x[0,1,0] / y[1] by hand */
-    CHECK_NEAR(r->data[23], 24.0 / 4.0, 1e-6);
+    CHECK_NEAR(mlc_host_data(r)[4], 5.0 / 2.0, 1e-6);             /* x[0,1,0] / y[1] by hand */
+    CHECK_NEAR(mlc_host_data(r)[23], 24.0 / 4.0, 1e-6);
     {   /* a rank-0 scalar, on either side */
         mlc_tensor *s = mlc_full(ctx, 0, NULL, 2.0f);
         r = mlc_sub(s, ta);
@@ -56,12 +56,12 @@ static int binary_broadcast(void) {
         CHECK_TENSOR(r, s_minus_a, 0);
         r = mlc_div(ta, s);
         CHECK_SHAPE(r, 2, 3);
-        CHECK(r->data[0] == 0.5f && r->data[5] == 3.0f);
+        CHECK(mlc_host_data(r)[0] == 0.5f && mlc_host_data(r)[5] == 3.0f);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_add(ta, mlc_zeros(ctx, MLC_SHAPE(2))) == NULL);   /* [2,3] + [2] */
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -81,8 +81,8 @@ static int scalar_ops(void) {
     CHECK_TENSOR(r, rsub, 0);
     r = mlc_neg(t);
     CHECK_TENSOR(r, neg, 0);
-    CHECK(t->data[0] == -1.5f);                         /* inputs are not touched */
-    mlc_destroy(ctx);
+    CHECK(mlc_host_data(t)[0] == -1.5f);                         /* inputs are not touched */
+    test_destroy(ctx);
     return 1;
 }
 
@@ -109,9 +109,9 @@ static int unary_math(void) {
     CHECK_TENSOR(mlc_clamp(x, -1.0f, 0.5f), cl, 0);
     CHECK_TENSOR(mlc_clamp(x, -5.0f, 5.0f), xs, 0);
     r = mlc_log(mlc_zeros(ctx, MLC_SHAPE(1)));
-    CHECK(r && isinf(r->data[0]) && r->data[0] < 0);
+    CHECK(r && isinf(mlc_host_data(r)[0]) && mlc_host_data(r)[0] < 0);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -137,7 +137,7 @@ static int where_three_way(void) {
     CHECK_TENSOR(r, w3, 0);
     CHECK(mlc_where(T(ctx, c3, 4), T(ctx, a3, 4), T(ctx, b2, 3)) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -155,18 +155,18 @@ static int masked_fill_causal(void) {
         CHECK_SHAPE(r, 1, 3, 3);
         for (i = 0; i < 3; i++)
             for (j = 0; j < 3; j++) {
-                float v = r->data[i * 3 + j];
+                float v = mlc_host_data(r)[i * 3 + j];
                 if (j > i) CHECK_MSG(isinf(v) && v < 0, "[%d,%d] = %g, expected -inf", i, j, (double)v);
                 else CHECK(v == keep[i * 3 + j]);
             }
         CHECK_TENSOR(mlc_softmax(r, -1), sm, 1e-6);      /* attention weights of a causal mask */
     }
     r = mlc_masked_fill(x, mlc_full(ctx, MLC_SHAPE(3, 1), 1.0f), 0.5f);   /* [3,1] mask: all */
-    for (i = 0; i < 9; i++) CHECK(r->data[i] == 0.5f);
-    CHECK(x->data[1] == 2.0f);
+    for (i = 0; i < 9; i++) CHECK(mlc_host_data(r)[i] == 0.5f);
+    CHECK(mlc_host_data(x)[1] == 2.0f);
     CHECK(mlc_masked_fill(mlc_zeros(ctx, MLC_SHAPE(3)), mlc_zeros(ctx, MLC_SHAPE(2, 3)), 1.0f) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);            /* the mask may not grow x */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -188,24 +188,24 @@ static int activations(void) {
     CHECK_TENSOR(mlc_leaky_relu(x, 0.1f), leaky, 1e-7);
     r = mlc_gelu(x);
     CHECK_TENSOR(r, gelu, 1e-6);
-    CHECK_NEAR(r->data[5], 0.8413447, 1e-6);            /* gelu(1) */
-    CHECK_NEAR(r->data[1], -0.1586553, 1e-6);           /* gelu(-1) */
+    CHECK_NEAR(mlc_host_data(r)[5], 0.8413447, 1e-6);            /* gelu(1) */
+    CHECK_NEAR(mlc_host_data(r)[1], -0.1586553, 1e-6);           /* gelu(-1) */
     r = mlc_gelu_tanh(x);
     CHECK_TENSOR(r, gelu_t, 1e-6);
-    CHECK_NEAR(r->data[5], 0.8411920, 1e-6);            /* gelu_tanh(1) */
+    CHECK_NEAR(mlc_host_data(r)[5], 0.8411920, 1e-6);            /* gelu_tanh(1) */
     CHECK_TENSOR(mlc_sigmoid(x), sig, 1e-6);
     CHECK_TENSOR(mlc_tanh(x), th, 1e-6);
     CHECK_TENSOR(mlc_silu(x), silu, 1e-6);
     /* large inputs stay finite */
     r = mlc_sigmoid(b);
-    CHECK(r && r->data[0] >= 0.0f && r->data[0] < 1e-30f && r->data[1] == 1.0f);
+    CHECK(r && mlc_host_data(r)[0] >= 0.0f && mlc_host_data(r)[0] < 1e-30f && mlc_host_data(r)[1] == 1.0f);
     r = mlc_silu(b);
-    CHECK(r && fabs(r->data[0]) < 1e-30 && r->data[1] == 100.0f);
+    CHECK(r && fabs(mlc_host_data(r)[0]) < 1e-30 && mlc_host_data(r)[1] == 100.0f);
     r = mlc_tanh(b);
-    CHECK(r && r->data[0] == -1.0f && r->data[1] == 1.0f);
+    CHECK(r && mlc_host_data(r)[0] == -1.0f && mlc_host_data(r)[1] == 1.0f);
     r = mlc_gelu(b);
-    CHECK(r && r->data[0] == 0.0f && r->data[1] == 100.0f);
-    mlc_destroy(ctx);
+    CHECK(r && mlc_host_data(r)[0] == 0.0f && mlc_host_data(r)[1] == 100.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -234,9 +234,9 @@ static int softmax_axes(void) {
     r = mlc_log_softmax(T(ctx, big, 1, 3), 1);
     CHECK_TENSOR(r, lsm_big, 1e-5);
     r = mlc_softmax(mlc_mul_scalar(T(ctx, big, 3), -1.0f), 0);   /* -1000.. : no underflow to 0/0 */
-    CHECK(r && fabs(r->data[0] - 0.66524096) < 1e-6 && fabs(r->data[2] - 0.090030573) < 1e-6);
+    CHECK(r && fabs(mlc_host_data(r)[0] - 0.66524096) < 1e-6 && fabs(mlc_host_data(r)[2] - 0.090030573) < 1e-6);
     CHECK(mlc_softmax(t, 2) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -267,7 +267,7 @@ static int matmul_2d_and_transposes(void) {
     CHECK_TENSOR(r, want, 0);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_matmul(A, Bt) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* 3 vs 4 */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -309,7 +309,7 @@ static int matmul_batched_and_broadcast(void) {
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_matmul(T(ctx, a, 2, 2, 3), T(ctx, d, 4, 3, 1)) == NULL);   /* batch [2] vs [4] */
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -328,7 +328,7 @@ static int linear_values(void) {
     r = mlc_linear(T(ctx, x, 2, 1, 3), T(ctx, w, 4, 3), T(ctx, b, 4));   /* leading dims kept */
     CHECK_SHAPE(r, 2, 1, 4);
     CHECK_TENSOR(r, want, 0);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -367,16 +367,16 @@ static int reductions_each_axis(void) {
                 {
                     size_t i;
                     for (i = 0; i < r->size; i++)
-                        CHECK_MSG(fabs(r->data[i] - want[axis][k][i]) <= 1e-5,
+                        CHECK_MSG(fabs(mlc_host_data(r)[i] - want[axis][k][i]) <= 1e-5,
                                   "axis %d keepdim %d op %d [%zu]: %g, expected %g", axis, keep, k, i,
-                                  (double)r->data[i], (double)want[axis][k][i]);
+                                  (double)mlc_host_data(r)[i], (double)want[axis][k][i]);
                 }
             }
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_sum(t, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
     mlc_clear_error(ctx);
     CHECK(mlc_var(T(ctx, x, 1, 12), 0, 0, 1) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* one value */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -395,7 +395,7 @@ static int reductions_all(void) {
     CHECK(r && r->ndim == 0 && mlc_item(r) == 1.0f);
     r = mlc_max(T(ctx, ties, 2, 2), 1, 1);
     CHECK_SHAPE(r, 2, 1);
-    CHECK(r->data[0] == 9.0f && r->data[1] == 9.0f);
+    CHECK(mlc_host_data(r)[0] == 9.0f && mlc_host_data(r)[1] == 9.0f);
     {   /* sums are accurate over many small values */
         mlc_tensor *many = mlc_full(ctx, MLC_SHAPE(1000000), 0.1f);
         r = mlc_sum_all(many);
@@ -403,7 +403,7 @@ static int reductions_all(void) {
         r = mlc_mean_all(many);
         CHECK_NEAR(mlc_item(r), (double)0.1f, 1e-7);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -429,8 +429,8 @@ static int cross_entropy_values(void) {
     r = mlc_cross_entropy(x, T(ctx, tgt_ign, 2), MLC_REDUCE_SUM, -100);
     CHECK_NEAR(mlc_item(r), 0.40760596, 1e-6);
     r = mlc_cross_entropy(x, T(ctx, tgt_ign, 2), MLC_REDUCE_NONE, -100);
-    CHECK(r && r->data[1] == 0.0f);
-    CHECK_NEAR(r->data[0], 0.40760596, 1e-6);
+    CHECK(r && mlc_host_data(r)[1] == 0.0f);
+    CHECK_NEAR(mlc_host_data(r)[0], 0.40760596, 1e-6);
     r = mlc_cross_entropy(x, T(ctx, tgt, 2), MLC_REDUCE_MEAN, 0);   /* a real class ignored */
     CHECK_NEAR(mlc_item(r), 0.40760596, 1e-6);
     {   /* large logits */
@@ -444,7 +444,7 @@ static int cross_entropy_values(void) {
         CHECK(mlc_cross_entropy(x, T(ctx, bad, 2), MLC_REDUCE_MEAN, MLC_NO_IGNORE) == NULL);
         CHECK(mlc_error(ctx) == MLC_ERR_INDEX);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -483,11 +483,11 @@ static int nll_mse_bce(void) {
     r = mlc_bce_with_logits(T(ctx, bx, 5), T(ctx, bt, 5), MLC_REDUCE_SUM);
     CHECK_NEAR(mlc_item(r), 205.86866, 1e-3);
     r = mlc_bce_with_logits(T(ctx, hx, 2), T(ctx, ht, 2), MLC_REDUCE_NONE);   /* no overflow */
-    CHECK(r && r->data[0] == 1e4f && r->data[1] == 0.0f);
+    CHECK(r && mlc_host_data(r)[0] == 1e4f && mlc_host_data(r)[1] == 0.0f);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_mse_loss(T(ctx, p, 4), T(ctx, q, 2, 2), MLC_REDUCE_MEAN) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -504,7 +504,7 @@ static int reshape_flatten_transpose_permute(void) {
     CHECK_SHAPE(x, 2, 3, 4);
     r = mlc_flatten(x, 1);
     CHECK_SHAPE(r, 2, 12);
-    for (i = 0; i < 24; i++) CHECK(r->data[i] == (float)i);
+    for (i = 0; i < 24; i++) CHECK(mlc_host_data(r)[i] == (float)i);
     CHECK_SHAPE(mlc_flatten(x, 0), 24);
     CHECK_SHAPE(mlc_flatten(x, -1), 2, 3, 4);
     r = mlc_transpose(T(ctx, m, 2, 3), 0, 1);
@@ -526,14 +526,14 @@ static int reshape_flatten_transpose_permute(void) {
         const int back[3] = { 1, 2, 0 };
         r = mlc_permute(mlc_permute(x, order), back);
         CHECK_SHAPE(r, 2, 3, 4);
-        for (i = 0; i < 24; i++) CHECK(r->data[i] == (float)i);
+        for (i = 0; i < 24; i++) CHECK(mlc_host_data(r)[i] == (float)i);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
     {
         const int dup[3] = { 0, 0, 1 };
         CHECK(mlc_permute(x, dup) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -564,7 +564,7 @@ static int slice_values(void) {
     CHECK_SHAPE(r, 0, 5);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_slice(x, 2, 0, 1) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -588,7 +588,7 @@ static int concat_values(void) {
     CHECK_TENSOR(r, cols, 0);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_concat(xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -622,14 +622,15 @@ static int index_select_gather_copy(void) {
     /* copy: same values, its own storage */
     r = mlc_copy(x);
     CHECK_SHAPE(r, 3, 4);
-    CHECK(r->data != x->data && memcmp(r->data, x->data, 12 * sizeof(float)) == 0);
-    r->data[0] = 42.0f;
-    CHECK(x->data[0] == 0.0f);
+    CHECK(r->data != x->data && memcmp(mlc_host_data(r), mlc_host_data(x), 12 * sizeof(float)) == 0);
+    { float v[12]; memcpy(v, mlc_host_data(r), sizeof v); v[0] = 42.0f;
+      CHECK(mlc_write(r, v, 12) == MLC_OK); }
+    CHECK(mlc_host_data(x)[0] == 0.0f && mlc_item(mlc_sum_all(x)) == 66.0f);   /* x on either side */
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_index_select(x, 0, T(ctx, bad, 1)) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
     mlc_clear_error(ctx);
     CHECK(mlc_gather(x, 1, mlc_reshape(T(ctx, frac, 1), MLC_SHAPE(1, 1))) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -641,29 +642,29 @@ static int dropout_values(void) {
     size_t i, zeros = 0;
     r = mlc_dropout(x, 0.5f, 0);                        /* eval: the input unchanged */
     CHECK_SHAPE(r, 100, 100);
-    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 1.0f);
+    for (i = 0; i < r->size; i++) CHECK(mlc_host_data(r)[i] == 1.0f);
     r = mlc_dropout(x, 0.0f, 1);                        /* p = 0: unchanged too */
-    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 1.0f);
+    for (i = 0; i < r->size; i++) CHECK(mlc_host_data(r)[i] == 1.0f);
     r = mlc_dropout(x, 0.5f, 1);
     CHECK_SHAPE(r, 100, 100);
     for (i = 0; i < r->size; i++) {
-        CHECK_MSG(r->data[i] == 0.0f || r->data[i] == 2.0f, "[%zu] = %g", i, (double)r->data[i]);
-        zeros += r->data[i] == 0.0f;
+        CHECK_MSG(mlc_host_data(r)[i] == 0.0f || mlc_host_data(r)[i] == 2.0f, "[%zu] = %g", i, (double)mlc_host_data(r)[i]);
+        zeros += mlc_host_data(r)[i] == 0.0f;
     }
     CHECK_MSG(zeros > 4700 && zeros < 5300, "%zu of 10000 dropped", zeros);   /* std 50 */
-    for (i = 0; i < x->size; i++) CHECK(x->data[i] == 1.0f);
+    for (i = 0; i < x->size; i++) CHECK(mlc_host_data(x)[i] == 1.0f);
     zeros = 0;
     r = mlc_dropout(x, 0.2f, 1);
     for (i = 0; i < r->size; i++) {
-        CHECK(r->data[i] == 0.0f || fabs(r->data[i] - 1.25) < 1e-6);
-        zeros += r->data[i] == 0.0f;
+        CHECK(mlc_host_data(r)[i] == 0.0f || fabs(mlc_host_data(r)[i] - 1.25) < 1e-6);
+        zeros += mlc_host_data(r)[i] == 0.0f;
     }
     CHECK_MSG(zeros > 1800 && zeros < 2200, "%zu of 10000 dropped at p = 0.2", zeros);   /* std 40 */
     r = mlc_dropout(x, 1.0f, 1);
-    for (i = 0; i < r->size; i++) CHECK(r->data[i] == 0.0f);
+    for (i = 0; i < r->size; i++) CHECK(mlc_host_data(r)[i] == 0.0f);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_dropout(x, 1.5f, 1) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -684,7 +685,7 @@ static int layer_norm_values(void) {
     CHECK_SHAPE(r, 2, 1, 4);
     CHECK_TENSOR(r, plain, 1e-5);
     CHECK(mlc_layer_norm(T(ctx, x, 4, 2), T(ctx, w, 4), NULL, 1e-5f) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -714,7 +715,7 @@ static int batch_norm_training(void) {
     for (c = 0; c < 2; c++) {
         double s = 0, s2 = 0;
         int i;
-        for (i = 0; i < 4; i++) { s += r->data[i * 2 + c]; s2 += r->data[i * 2 + c] * r->data[i * 2 + c]; }
+        for (i = 0; i < 4; i++) { s += mlc_host_data(r)[i * 2 + c]; s2 += mlc_host_data(r)[i * 2 + c] * mlc_host_data(r)[i * 2 + c]; }
         CHECK_NEAR(s / 4, b[c], 1e-5);
         CHECK_NEAR(sqrt(s2 / 4 - (s / 4) * (s / 4)), fabs(w[c]), 1e-4);
     }
@@ -727,7 +728,7 @@ static int batch_norm_training(void) {
     r = mlc_batch_norm(T(ctx, x4, 2, 2, 2, 2), NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f);   /* no running stats */
     CHECK_TENSOR(r, want4, 1e-5);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -741,10 +742,10 @@ static int batch_norm_eval(void) {
     r = mlc_batch_norm(T(ctx, x, 4, 2), rm, rv, T(ctx, w, 2), T(ctx, b, 2), 0, 0.1f, 1e-5f);
     CHECK_SHAPE(r, 4, 2);
     CHECK_TENSOR(r, want, 1e-4);
-    CHECK(rm->data[0] == 1.0f && rm->data[1] == -1.0f && rv->data[0] == 4.0f && rv->data[1] == 0.25f);
+    CHECK(mlc_host_data(rm)[0] == 1.0f && mlc_host_data(rm)[1] == -1.0f && mlc_host_data(rv)[0] == 4.0f && mlc_host_data(rv)[1] == 0.25f);
     CHECK(mlc_batch_norm(T(ctx, x, 4, 2), NULL, NULL, NULL, NULL, 0, 0.1f, 1e-5f) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -760,7 +761,7 @@ static int embedding_values(void) {
     CHECK_SHAPE(r, 4, 3);
     CHECK_TENSOR(r, want, 0);
     CHECK(mlc_embedding(w, T(ctx, bad, 1)) == NULL && mlc_error(ctx) == MLC_ERR_INDEX);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -793,11 +794,11 @@ static int conv2d_hand_values(void) {
     CHECK_TENSOR(r, dilated, 0);
     r = mlc_conv2d(x3, w, NULL, conv_opts(1, 0, 2, 1));   /* 3x3 input, dilation 2: one output */
     CHECK_SHAPE(r, 1, 1, 1, 1);
-    CHECK(r->data[0] == 64.0f);                        /* 1·1 + 3·2 + 7·3 + 9·4 */
+    CHECK(mlc_host_data(r)[0] == 64.0f);                        /* 1·1 + 3·2 + 7·3 + 9·4 */
     r = mlc_conv2d(x3, w, T(ctx, bias1, 1), conv_opts(0, 0, 0, 0));
-    CHECK(r && r->data[0] == 27.0f && r->data[3] == 67.0f);
+    CHECK(r && mlc_host_data(r)[0] == 27.0f && mlc_host_data(r)[3] == 67.0f);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -831,7 +832,7 @@ static int conv2d_groups_bias(void) {
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_conv2d(T(ctx, x, 1, 4, 3, 3), T(ctx, wg, 2, 2, 2, 2), NULL, conv_opts(1, 0, 1, 3)) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);            /* 4 channels do not split into 3 groups */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -873,13 +874,13 @@ static int conv2d_against_direct_loop(void) {
         r = mlc_conv2d(x, wk, cfg[k].bias ? b : NULL, conv_opts(cfg[k].s, cfg[k].p, cfg[k].d, cfg[k].g));
         CHECK_MSG(r && shape_is(r, 4, (const int[]){ 2, 6, OH, OW }), "config %d: wrong shape", k);
         if (k == 0) CHECK(OH == 4 && OW == 3);
-        conv_direct(x->data, wk->data, cfg[k].bias ? b->data : NULL, want, 2, 4, 7, 6, 6, 3, 3,
+        conv_direct(mlc_host_data(x), mlc_host_data(wk), cfg[k].bias ? mlc_host_data(b) : NULL, want, 2, 4, 7, 6, 6, 3, 3,
                     cfg[k].s, cfg[k].p, cfg[k].d, cfg[k].g, OH, OW);
         for (i = 0; i < r->size; i++)
-            CHECK_MSG(fabs(r->data[i] - want[i]) <= 1e-4 * (1 + fabs(want[i])),
-                      "config %d [%zu]: %g, expected %g", k, i, (double)r->data[i], want[i]);
+            CHECK_MSG(fabs(mlc_host_data(r)[i] - want[i]) <= 1e-4 * (1 + fabs(want[i])),
+                      "config %d [%zu]: %g, expected %g", k, i, (double)mlc_host_data(r)[i], want[i]);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -935,7 +936,7 @@ static int pooling_values(void) {
     CHECK_TENSOR(r, gap, 1e-6);
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_max_pool2d(t, 2, 2, 2) == NULL && mlc_error(ctx) == MLC_ERR_ARG);   /* padding > kernel/2 */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 

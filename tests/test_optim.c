@@ -34,11 +34,11 @@ static int run_and_compare(mlc_ctx *ctx, mlc_optim *opt, mlc_tensor *p, int step
     int s, j;
     for (s = 0; s < steps; s++) {
         CHECK(compute_grad(opt, p));
-        for (j = 0; j < NP; j++) CHECK_NEAR(p->grad[j], grad_of(j, p->data[j]), 1e-6);
+        for (j = 0; j < NP; j++) CHECK_NEAR(mlc_host_grad(p)[j], grad_of(j, mlc_host_data(p)[j]), 1e-6);
         mlc_step(opt);
         for (j = 0; j < NP; j++)
-            CHECK_MSG(fabs(p->data[j] - want[s][j]) <= tol, "step %d, element %d: %.9g, expected %.9g",
-                      s + 1, j, (double)p->data[j], want[s][j]);
+            CHECK_MSG(fabs(mlc_host_data(p)[j] - want[s][j]) <= tol, "step %d, element %d: %.9g, expected %.9g",
+                      s + 1, j, (double)mlc_host_data(p)[j], want[s][j]);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
     return 1;
@@ -81,7 +81,7 @@ static int sgd_case(sgd_ref c, int steps) {
     c.lr = cfg.lr; c.mu = cfg.momentum; c.damp = cfg.dampening; c.wd = cfg.weight_decay;
     sgd_reference(c, steps, want);
     if (!run_and_compare(ctx, opt, p, steps, want, 2e-6)) return 0;
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -94,9 +94,9 @@ static int sgd_plain(void) {
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
-    for (j = 0; j < NP; j++) CHECK_NEAR(p->data[j], P0[j] - 0.5 * (C[j] + P0[j]), 1e-6);
-    CHECK_NEAR(p->data[0], -0.25, 1e-7);          /* 0.5 - 0.5 (1 + 0.5) */
-    mlc_destroy(ctx);
+    for (j = 0; j < NP; j++) CHECK_NEAR(mlc_host_data(p)[j], P0[j] - 0.5 * (C[j] + P0[j]), 1e-6);
+    CHECK_NEAR(mlc_host_data(p)[0], -0.25, 1e-7);          /* 0.5 - 0.5 (1 + 0.5) */
+    test_destroy(ctx);
     return sgd_case((sgd_ref){ 0.1, 0, 0, 0, 0 }, 5);
 }
 
@@ -108,8 +108,8 @@ static int sgd_weight_decay(void) {
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
     /* p1 = p0 - lr (c + p0 + wd p0) = 2 - 0.5 (0.25 + 2 + 0.5) = 0.625 */
-    CHECK_NEAR(p->data[2], 0.625, 1e-6);
-    mlc_destroy(ctx);
+    CHECK_NEAR(mlc_host_data(p)[2], 0.625, 1e-6);
+    test_destroy(ctx);
     return sgd_case((sgd_ref){ 0.1, 0, 0, 0.05, 0 }, 5);
 }
 
@@ -124,12 +124,12 @@ static int sgd_momentum(void) {
     mlc_step(opt);
     g1 = C[0] + P0[0];                              /* 1.5 */
     p1 = P0[0] - 0.5 * g1;                          /* -0.25: no dampening on the first step */
-    CHECK_NEAR(p->data[0], p1, 1e-6);
+    CHECK_NEAR(mlc_host_data(p)[0], p1, 1e-6);
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
     g2 = C[0] + p1;                                 /* 0.75 */
-    CHECK_NEAR(p->data[0], p1 - 0.5 * (0.5 * g1 + 0.5 * g2), 1e-6);   /* -0.8125 */
-    mlc_destroy(ctx);
+    CHECK_NEAR(mlc_host_data(p)[0], p1 - 0.5 * (0.5 * g1 + 0.5 * g2), 1e-6);   /* -0.8125 */
+    test_destroy(ctx);
     return sgd_case((sgd_ref){ 0.05, 0.9, 0, 0, 0 }, 6) && sgd_case((sgd_ref){ 0.05, 0.9, 0.3, 0.01, 0 }, 6);
 }
 
@@ -141,8 +141,8 @@ static int sgd_nesterov(void) {
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
     /* step 1: buf = g = 1.5, update g + μ buf = 2.25: p1 = 0.5 - 0.5 * 2.25 */
-    CHECK_NEAR(p->data[0], -0.625, 1e-6);
-    mlc_destroy(ctx);
+    CHECK_NEAR(mlc_host_data(p)[0], -0.625, 1e-6);
+    test_destroy(ctx);
     return sgd_case((sgd_ref){ 0.05, 0.9, 0, 0, 1 }, 6) && sgd_case((sgd_ref){ 0.05, 0.8, 0, 0.1, 1 }, 6);
 }
 
@@ -186,7 +186,7 @@ static int adam_three_steps(void) {
     { double m = 0, v = 0, q = P0[1]; int s;
       for (s = 0; s < 3; s++) { double g = grad_of(1, q); m = 0.9 * m + 0.1 * g; v = 0.999 * v + 0.001 * g * g; q -= 0.1 * m / (sqrt(v) + 1e-8); }
       CHECK(fabs(q - want[2][1]) > 0.01); }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -214,8 +214,8 @@ static int adam_l2_versus_adamw(void) {
     { mlc_tensor *q = make_param(ctx); mlc_optim *w = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });
       CHECK(q && w && mlc_optim_add_param(w, q) == MLC_OK && compute_grad(w, q));
       mlc_step(w);
-      CHECK_NEAR(q->data[2], 2.0 * (1 - 0.1 * 0.01) - 0.1, 1e-6); }
-    mlc_destroy(ctx);
+      CHECK_NEAR(mlc_host_data(q)[2], 2.0 * (1 - 0.1 * 0.01) - 0.1, 1e-6); }
+    test_destroy(ctx);
     return 1;
 }
 
@@ -252,7 +252,7 @@ static int rmsprop_case(mlc_rmsprop_config cfg, int steps, double tol) {
     c.wd = cfg.weight_decay; c.mu = cfg.momentum; c.centered = cfg.centered;
     rms_reference(c, steps, want);
     if (!run_and_compare(ctx, opt, p, steps, want, tol)) return 0;
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -296,17 +296,17 @@ static int zero_grad_zeroes(void) {
     CHECK(mlc_backward(mlc_sum_all(mlc_mul(mlc_forward(net, x), mlc_forward(net, x)))) == MLC_OK);
     n = mlc_module_parameters(net, ps, 4);
     CHECK(n == 4);
-    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) before += fabs(ps[i].tensor->grad[j]);
+    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) before += fabs(mlc_host_grad(ps[i].tensor)[j]);
     CHECK(before > 0);
     mlc_zero_grad(opt);
-    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) after += fabs(ps[i].tensor->grad[j]);
+    for (i = 0; i < n; i++) for (j = 0; j < ps[i].tensor->size; j++) after += fabs(mlc_host_grad(ps[i].tensor)[j]);
     CHECK(after == 0);
     /* gradients accumulate without zero_grad */
     CHECK(mlc_backward(mlc_sum_all(ps[3].tensor)) == MLC_OK);
     CHECK(mlc_backward(mlc_sum_all(ps[3].tensor)) == MLC_OK);
-    CHECK(ps[3].tensor->grad[0] == 2.0f && ps[3].tensor->grad[1] == 2.0f);
+    CHECK(mlc_host_grad(ps[3].tensor)[0] == 2.0f && mlc_host_grad(ps[3].tensor)[1] == 2.0f);
     mlc_zero_grad(NULL);                                          /* harmless */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -328,23 +328,23 @@ static int clip_grad_norm(void) {
     r = mlc_clip_grad_norm(opt, 1.0f);
     CHECK_NEAR(r, norm, 1e-5);                                    /* the norm before clipping */
     scale = 1.0 / (norm + 1e-6);
-    for (j = 0; j < 2; j++) CHECK_NEAR(a->grad[j], ga[j] * scale, 1e-6);
-    for (j = 0; j < 4; j++) CHECK_NEAR(b->grad[j], gb[j] * scale, 1e-6);
-    { double after = 0; for (j = 0; j < 2; j++) after += a->grad[j] * a->grad[j];
-      for (j = 0; j < 4; j++) after += b->grad[j] * b->grad[j];
+    for (j = 0; j < 2; j++) CHECK_NEAR(mlc_host_grad(a)[j], ga[j] * scale, 1e-6);
+    for (j = 0; j < 4; j++) CHECK_NEAR(mlc_host_grad(b)[j], gb[j] * scale, 1e-6);
+    { double after = 0; for (j = 0; j < 2; j++) after += mlc_host_grad(a)[j] * mlc_host_grad(a)[j];
+      for (j = 0; j < 4; j++) after += mlc_host_grad(b)[j] * mlc_host_grad(b)[j];
       CHECK_NEAR(sqrt(after), 1.0, 1e-5); }
     /* below the limit: the norm is returned and nothing changes */
     SET_GRADS();
     r = mlc_clip_grad_norm(opt, 10.0f);
     CHECK_NEAR(r, norm, 1e-5);
-    for (j = 0; j < 2; j++) CHECK(a->grad[j] == ga[j]);
-    for (j = 0; j < 4; j++) CHECK(b->grad[j] == gb[j]);
+    for (j = 0; j < 2; j++) CHECK(mlc_host_grad(a)[j] == ga[j]);
+    for (j = 0; j < 4; j++) CHECK(mlc_host_grad(b)[j] == gb[j]);
     /* a second clip sees the clipped norm */
     SET_GRADS();
     mlc_clip_grad_norm(opt, 2.0f);
     CHECK_NEAR(mlc_clip_grad_norm(opt, 100.0f), 2.0, 1e-5);
     #undef SET_GRADS
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -400,14 +400,14 @@ static int set_and_get_lr(void) {
     CHECK(mlc_optim_add_param(sgd, p) == MLC_OK);
     CHECK(compute_grad(sgd, p));
     mlc_step(sgd);                                                /* the new rate is the one used */
-    CHECK_NEAR(p->data[1], P0[1] - 0.25 * (C[1] + P0[1]), 1e-6);
+    CHECK_NEAR(mlc_host_data(p)[1], P0[1] - 0.25 * (C[1] + P0[1]), 1e-6);
     mlc_optim_set_lr(sgd, 0.0f);
     CHECK(compute_grad(sgd, p));
-    { float keep = p->data[1]; mlc_step(sgd); CHECK(p->data[1] == keep); }
+    { float keep = mlc_host_data(p)[1]; mlc_step(sgd); CHECK(mlc_host_data(p)[1] == keep); }
     CHECK(mlc_optim_lr(NULL) == 0.0f);
     /* only parameters can be added */
     CHECK(mlc_optim_add_param(sgd, mlc_ones(ctx, MLC_SHAPE(2))) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -418,11 +418,11 @@ static int step_skipped_on_error(void) {
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK && compute_grad(opt, p));
     CHECK(mlc_sum(p, 3, 0) == NULL);                              /* an error is pending */
     mlc_step(opt);
-    CHECK(p->data[0] == P0[0]);
+    CHECK(mlc_host_data(p)[0] == P0[0]);
     mlc_clear_error(ctx);
     mlc_step(opt);
-    CHECK_NEAR(p->data[0], -0.25, 1e-7);
-    mlc_destroy(ctx);
+    CHECK_NEAR(mlc_host_data(p)[0], -0.25, 1e-7);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -436,7 +436,9 @@ static int linear_regression_converges(void) {
     float first = 0, last = 0;
     int i, step;
     CHECK(lin && opt && x && y);
-    for (i = 0; i < 64; i++) { x->data[i] = -1.0f + 2.0f * (float)i / 63.0f; y->data[i] = 3.0f * x->data[i] - 2.0f; }
+    { float xv[64], yv[64];
+      for (i = 0; i < 64; i++) { xv[i] = -1.0f + 2.0f * (float)i / 63.0f; yv[i] = 3.0f * xv[i] - 2.0f; }
+      CHECK(mlc_write(x, xv, 64) == MLC_OK && mlc_write(y, yv, 64) == MLC_OK); }
     for (step = 0; step < 300; step++) {
         mlc_frame f = mlc_frame_begin(ctx);
         mlc_tensor *loss = mlc_mse_loss(mlc_forward(lin, x), y, MLC_REDUCE_MEAN);
@@ -449,9 +451,9 @@ static int linear_regression_converges(void) {
     }
     CHECK_MSG(first > 1.0f, "initial loss %g", first);
     CHECK_MSG(last < 1e-6f * first, "loss went from %g to %g", first, last);
-    CHECK_NEAR(lin->params[0]->data[0], 3.0, 1e-3);
-    CHECK_NEAR(lin->params[1]->data[0], -2.0, 1e-3);
-    mlc_destroy(ctx);
+    CHECK_NEAR(mlc_host_data(lin->params[0])[0], 3.0, 1e-3);
+    CHECK_NEAR(mlc_host_data(lin->params[1])[0], -2.0, 1e-3);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -471,7 +473,9 @@ static int every_optimiser_reduces_loss(void) {
         /* a smooth target the network can fit: y = sin(x0) + x1 x2 / 2 */
         y = mlc_empty(ctx, MLC_SHAPE(32, 1));
         CHECK(y);
-        for (step = 0; step < 32; step++) y->data[step] = sinf(x->data[step * 4]) + 0.5f * x->data[step * 4 + 1] * x->data[step * 4 + 2];
+        { const float *xv = mlc_host_data(x); float yv[32];
+          for (step = 0; step < 32; step++) yv[step] = sinf(xv[step * 4]) + 0.5f * xv[step * 4 + 1] * xv[step * 4 + 2];
+          CHECK(mlc_write(y, yv, 32) == MLC_OK); }
         for (step = 0; step < 200; step++) {
             mlc_frame f = mlc_frame_begin(ctx);
             mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
@@ -483,7 +487,7 @@ static int every_optimiser_reduces_loss(void) {
             mlc_frame_end(f);
         }
         CHECK_MSG(last < 0.2f * first, "optimiser %d: loss went from %g to %g", kind, first, last);
-        mlc_destroy(ctx);
+        test_destroy(ctx);
     }
     return 1;
 }

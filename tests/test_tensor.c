@@ -17,10 +17,10 @@ static int creation_fill(void) {
     CHECK(o->ndim == 1 && o->shape[0] == 4 && o->size == 4);
     CHECK(f->ndim == 3 && f->shape[0] == 3 && f->shape[1] == 1 && f->shape[2] == 2 && f->size == 6);
     CHECK(d->ndim == 2 && d->shape[0] == 3 && d->shape[1] == 2 && d->size == 6);
-    for (i = 0; i < 6; i++) CHECK(z->data[i] == 0.0f);
-    for (i = 0; i < 4; i++) CHECK(o->data[i] == 1.0f);
-    for (i = 0; i < 6; i++) CHECK(f->data[i] == -2.5f);
-    for (i = 0; i < 6; i++) CHECK(d->data[i] == src[i]);
+    for (i = 0; i < 6; i++) CHECK(mlc_host_data(z)[i] == 0.0f);
+    for (i = 0; i < 4; i++) CHECK(mlc_host_data(o)[i] == 1.0f);
+    for (i = 0; i < 6; i++) CHECK(mlc_host_data(f)[i] == -2.5f);
+    for (i = 0; i < 6; i++) CHECK(mlc_host_data(d)[i] == src[i]);
     CHECK(d->data != src);                          /* a copy, not the caller's array */
     CHECK(!z->persistent && !z->requires_grad && z->grad == NULL && z->node == NULL && z->ctx == ctx);
     /* empty tensors are fine */
@@ -30,7 +30,7 @@ static int creation_fill(void) {
     /* a negative dimension is an error */
     CHECK(mlc_zeros(ctx, MLC_SHAPE(2, -1)) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -68,7 +68,7 @@ static int arange_values(void) {
     /* step 0 is an error */
     CHECK(mlc_arange(ctx, 0, 1, 0) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -80,7 +80,7 @@ static int rand_uniform_range(void) {
     size_t i;
     CHECK(t && t->size == 10000);
     for (i = 0; i < t->size; i++) {
-        float v = t->data[i];
+        float v = mlc_host_data(t)[i];
         CHECK_MSG(v >= 0.0f && v < 1.0f, "rand[%zu] = %g outside [0, 1)", i, (double)v);
         s += v; s2 += (double)v * v;
         below_quarter += v < 0.25f;
@@ -88,7 +88,7 @@ static int rand_uniform_range(void) {
     CHECK_NEAR(s / 10000, 0.5, 0.015);                       /* std error 0.0029 */
     CHECK_NEAR(s2 / 10000 - (s / 10000) * (s / 10000), 1.0 / 12, 0.005);
     CHECK_NEAR(below_quarter / 10000.0, 0.25, 0.02);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -100,7 +100,7 @@ static int randn_moments(void) {
     size_t i;
     CHECK(t && t->size == 100000);
     for (i = 0; i < t->size; i++) {
-        double v = t->data[i];
+        double v = mlc_host_data(t)[i];
         CHECK(v == v && fabs(v) < 10.0);
         s += v; s2 += v * v;
         within1 += fabs(v) < 1.0;
@@ -110,7 +110,7 @@ static int randn_moments(void) {
     CHECK_NEAR(mean, 0.0, 0.015);                            /* std error 0.0032 */
     CHECK_NEAR(sd, 1.0, 0.015);
     CHECK_NEAR(within1 / 100000.0, 0.682689, 0.01);          /* P(|z| < 1) */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -150,12 +150,12 @@ static int rng_same_seed_same_sequence(void) {
         mlc_seed(a, 5); mlc_seed(b, 5);
         ta = mlc_randn(a, MLC_SHAPE(50)); tb = mlc_randn(b, MLC_SHAPE(50));
         CHECK(ta && tb);
-        CHECK(memcmp(ta->data, tb->data, 50 * sizeof(float)) == 0);
+        CHECK(memcmp(mlc_host_data(ta), mlc_host_data(tb), 50 * sizeof(float)) == 0);
         ta = mlc_rand(a, MLC_SHAPE(50)); tb = mlc_rand(b, MLC_SHAPE(50));
         CHECK(ta && tb);
-        CHECK(memcmp(ta->data, tb->data, 50 * sizeof(float)) == 0);
+        CHECK(memcmp(mlc_host_data(ta), mlc_host_data(tb), 50 * sizeof(float)) == 0);
     }
-    mlc_destroy(a); mlc_destroy(b); mlc_destroy(c);
+    test_destroy(a); test_destroy(b); test_destroy(c);
     return 1;
 }
 
@@ -214,7 +214,7 @@ static int rng_pcg32_reference_values(void) {
         float u = mlc_rand_uniform(ctx);
         CHECK(u == (float)((double)(ref_pcg32_random(&r) >> 8) / 16777216.0));
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -233,7 +233,7 @@ static int item_get_read_write(void) {
     CHECK(mlc_read(t, out, 6) == MLC_OK);
     CHECK(memcmp(out, src, sizeof out) == 0);
     CHECK(mlc_write(t, in, 6) == MLC_OK);
-    CHECK(t->data[0] == -1.0f && t->data[5] == -6.0f);
+    CHECK(mlc_host_data(t)[0] == -1.0f && mlc_host_data(t)[5] == -6.0f);
     CHECK(mlc_read(t, out, 6) == MLC_OK && memcmp(out, in, sizeof out) == 0);
     CHECK(mlc_error(ctx) == MLC_OK);
     /* errors: item of a 6-element tensor, index past the end, wrong counts */
@@ -246,10 +246,10 @@ static int item_get_read_write(void) {
     CHECK(mlc_read(t, out, 5) == MLC_ERR_ARG);
     mlc_clear_error(ctx);
     CHECK(mlc_write(t, src, 7) == MLC_ERR_ARG);
-    CHECK(t->data[0] == -1.0f);                     /* a refused write changes nothing */
+    CHECK(mlc_host_data(t)[0] == -1.0f);                     /* a refused write changes nothing */
     mlc_clear_error(ctx);
     CHECK(isnan(mlc_item(NULL)) && mlc_read(NULL, out, 6) == MLC_ERR_NULL);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -267,8 +267,9 @@ static int reshape_shares_and_infers(void) {
     CHECK(b->ndim == 2 && b->shape[0] == 6 && b->shape[1] == 4);
     CHECK(c->ndim == 3 && c->shape[0] == 4 && c->shape[1] == 3 && c->shape[2] == 2);
     CHECK(a->data == x->data && b->data == x->data && c->data == x->data);
-    b->data[5] = 100.0f;                            /* the storage is shared */
-    CHECK(x->data[5] == 100.0f && c->data[5] == 100.0f);
+    { float v[24]; memcpy(v, mlc_host_data(b), sizeof v); v[5] = 100.0f;
+      CHECK(mlc_write(b, v, 24) == MLC_OK); }       /* the storage is shared */
+    CHECK(mlc_host_data(x)[5] == 100.0f && mlc_host_data(c)[5] == 100.0f);
     CHECK(x->ndim == 1 && x->shape[0] == 24);       /* the input keeps its shape */
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_reshape(x, MLC_SHAPE(5, -1)) == NULL);   /* 24 is not a multiple of 5 */
@@ -279,7 +280,7 @@ static int reshape_shares_and_infers(void) {
     mlc_clear_error(ctx);
     CHECK(mlc_reshape(x, MLC_SHAPE(5, 5)) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -287,18 +288,18 @@ static int detach_cuts_tape(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(3)), *y, *d;
     CHECK(p);
-    p->data[0] = 1; p->data[1] = 2; p->data[2] = 3;
+    CHECK(mlc_write(p, (const float[]){ 1, 2, 3 }, 3) == MLC_OK);
     y = mlc_mul_scalar(p, 2.0f);
     CHECK(y && y->requires_grad && y->node != NULL);
     d = mlc_detach(y);
     CHECK(d && d != y);
     CHECK(d->data == y->data);                      /* shares data */
     CHECK(!d->requires_grad && d->node == NULL && d->grad == NULL && !d->persistent);
-    CHECK(d->ndim == 1 && d->shape[0] == 3 && d->data[2] == 6.0f);
+    CHECK(d->ndim == 1 && d->shape[0] == 3 && mlc_host_data(d)[2] == 6.0f);
     y = mlc_mul_scalar(d, 3.0f);                    /* ops on it record nothing */
-    CHECK(y && !y->requires_grad && y->node == NULL && y->data[1] == 12.0f);
+    CHECK(y && !y->requires_grad && y->node == NULL && mlc_host_data(y)[1] == 12.0f);
     CHECK(mlc_backward(mlc_sum_all(y)) == MLC_ERR_STATE);   /* there is no path back */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -318,19 +319,19 @@ static int keep_survives_frame_end(void) {
     /* the arena memory is reused: fill it, then check the kept copy */
     f = mlc_frame_begin(ctx);
     for (i = 0; i < 4; i++) CHECK(mlc_full(ctx, MLC_SHAPE(64), -1.0f) != NULL);
-    for (i = 0; i < 10; i++) CHECK(k->data[i] == 2.0f * (float)i);
+    for (i = 0; i < 10; i++) CHECK(mlc_host_data(k)[i] == 2.0f * (float)i);
     mlc_frame_end(f);
     /* keeping a tensor that requires a gradient gives a leaf with a zeroed gradient */
     g = mlc_parameter(ctx, MLC_SHAPE(2));
     CHECK(g);
-    g->data[0] = 4; g->data[1] = 5;
+    CHECK(mlc_write(g, (const float[]){ 4, 5 }, 2) == MLC_OK);
     f = mlc_frame_begin(ctx);
     k = mlc_keep(mlc_add_scalar(g, 1.0f));
     mlc_frame_end(f);
-    CHECK(k && k->persistent && k->requires_grad && k->node == NULL && k->grad != NULL);
-    CHECK(k->grad[0] == 0.0f && k->grad[1] == 0.0f && k->data[0] == 5.0f && k->data[1] == 6.0f);
+    CHECK(k && k->persistent && k->requires_grad && k->node == NULL && mlc_host_grad(k) != NULL);
+    CHECK(mlc_host_grad(k)[0] == 0.0f && mlc_host_grad(k)[1] == 0.0f && mlc_host_data(k)[0] == 5.0f && mlc_host_data(k)[1] == 6.0f);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -357,7 +358,7 @@ static int frames_release(void) {
     CHECK(after.tape_nodes == before.tape_nodes);
     CHECK(after.arena_peak >= inside.arena_used);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -376,7 +377,7 @@ static int frames_nest(void) {
     CHECK(s1.arena_used > s0.arena_used && s1.tape_nodes == s0.tape_nodes + 1);
     inner = mlc_frame_begin(ctx);
     b = mlc_mul(a, mlc_full(ctx, MLC_SHAPE(8), 2.0f));
-    CHECK(b && b->data[0] == 6.0f);
+    CHECK(b && mlc_host_data(b)[0] == 6.0f);
     CHECK(mlc_full(ctx, MLC_SHAPE(1000), 9.0f) != NULL);
     s2 = mlc_get_stats(ctx);
     CHECK(s2.arena_used > s1.arena_used && s2.tape_nodes == s1.tape_nodes + 1);
@@ -384,16 +385,16 @@ static int frames_nest(void) {
     s3 = mlc_get_stats(ctx);
     CHECK(s3.arena_used == s1.arena_used && s3.tape_nodes == s1.tape_nodes);
     /* the outer frame's tensor is intact, and can still be used and differentiated */
-    for (i = 0; i < 8; i++) CHECK(a->data[i] == 3.0f);
+    for (i = 0; i < 8; i++) CHECK(mlc_host_data(a)[i] == 3.0f);
     CHECK(mlc_full(ctx, MLC_SHAPE(1000), -9.0f) != NULL);   /* reuses the inner frame's memory */
-    for (i = 0; i < 8; i++) CHECK(a->data[i] == 3.0f);
+    for (i = 0; i < 8; i++) CHECK(mlc_host_data(a)[i] == 3.0f);
     CHECK(mlc_backward(mlc_sum_all(a)) == MLC_OK);
-    for (i = 0; i < 8; i++) CHECK(p->grad[i] == 1.0f);
+    for (i = 0; i < 8; i++) CHECK(mlc_host_grad(p)[i] == 1.0f);
     mlc_frame_end(outer);
     s3 = mlc_get_stats(ctx);
     CHECK(s3.arena_used == s0.arena_used && s3.tape_nodes == s0.tape_nodes);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -418,7 +419,7 @@ static int frames_repeat_without_allocating(void) {
     memset(&c, 0, sizeof c);
     c.quiet = 1;
     c.arena_block_bytes = 4096;                     /* small blocks: a step spans several */
-    ctx = mlc_create(&c);
+    ctx = test_adopt(mlc_create(&c));
     CHECK(ctx);
     w = mlc_parameter(ctx, MLC_SHAPE(4, 4));
     CHECK(w);
@@ -435,7 +436,7 @@ static int frames_repeat_without_allocating(void) {
         CHECK(s.arena_used == arena && s.tape_nodes == 0);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -448,8 +449,8 @@ static int parameter_and_free(void) {
     size_t i;
     CHECK(p);
     CHECK(p->ndim == 2 && p->shape[0] == 3 && p->shape[1] == 5 && p->size == 15);
-    CHECK(p->persistent && p->requires_grad && p->grad != NULL && p->node == NULL);
-    for (i = 0; i < 15; i++) CHECK(p->data[i] == 0.0f && p->grad[i] == 0.0f);
+    CHECK(p->persistent && p->requires_grad && mlc_host_grad(p) != NULL && p->node == NULL);
+    for (i = 0; i < 15; i++) CHECK(mlc_host_data(p)[i] == 0.0f && mlc_host_grad(p)[i] == 0.0f);
     s1 = mlc_get_stats(ctx);
     CHECK(s1.bytes_current >= s0.bytes_current + 2 * 15 * sizeof(float));   /* data and grad */
     CHECK(s1.allocs > s0.allocs);
@@ -468,8 +469,8 @@ static int parameter_and_free(void) {
     CHECK(mlc_error(ctx) == MLC_ERR_STATE);
     CHECK_MSG(strstr(mlc_error_message(ctx), "[2, 3]") != NULL, "message: %s", mlc_error_message(ctx));
     s2 = mlc_get_stats(ctx);
-    CHECK(s2.bytes_current == s1.bytes_current && s2.frees == s1.frees && t->data[0] == 0.0f);
-    mlc_destroy(ctx);
+    CHECK(s2.bytes_current == s1.bytes_current && s2.frees == s1.frees && mlc_host_data(t)[0] == 0.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -523,7 +524,7 @@ static int error_message_format(void) {
     CHECK(mlc_sum(s, 0, 0) == NULL);                /* a rank-0 shape prints as [] */
     m = mlc_error_message(ctx);
     CHECK_MSG(mlc_error(ctx) == MLC_ERR_INDEX && contains(m, "[]"), "message: %s", m);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -550,7 +551,7 @@ static int scalar_tensor_broadcasts(void) {
     y = mlc_add(mlc_full(ctx, MLC_SHAPE(1), 1.0f), s);   /* [1] + [] -> [1] */
     CHECK(y && y->ndim == 1 && y->shape[0] == 1 && mlc_item(y) == 3.0f);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 

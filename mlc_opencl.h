@@ -1,0 +1,2126 @@
+/* mlc_opencl.h - the OpenCL backend of mlc.h - MIT licence (see the end of mlc.h)
+
+   Do this:
+      #define MLC_IMPLEMENTATION
+      #define MLC_OPENCL
+      #include "mlc.h"
+   in the one file that holds mlc's implementation; mlc.h includes this header at the end of its
+   implementation. Nothing else changes: mlc_devices lists the OpenCL devices, and
+   config.device (or $MLC_DEVICE) = "opencl", "opencl:N", "best" or a piece of a device's name
+   puts a context on one of them.
+
+LINKING
+   Nothing at build time: the OpenCL library (libOpenCL.so.1, OpenCL.framework, OpenCL.dll) is
+   opened at run time, so one binary runs with or without an OpenCL driver (mlc_devices then
+   returns 0). On glibc before 2.34 link with -ldl for dlopen.
+
+WHAT RUNS ON THE DEVICE
+   OpenCL 1.2 and OpenCL C 1.2, float32 only, no relaxed maths (the CPU loops are the reference
+   and tests compare against them). Kernels so far: every unary op and activation (neg ... silu),
+   broadcasting add/sub/mul/div, copy, forward and backward of each; the SGD/Adam/AdamW/RMSprop
+   steps; fills. Any other op runs on the CPU
+   through copies (mlc_stats.fallbacks).
+   Gradients of broadcast operands are summed by one work-item per operand element, in the
+   CPU's order, without atomics, so results are deterministic run to run.
+
+MEMORY
+   Long-lived tensors (parameters, optimiser state) own their buffers, freed by
+   mlc_tensor_free, mlc_to(t, 0) or mlc_destroy. Frame temporaries' buffers live in a stack per
+   context, each below the marks of the frames opened after its tensor was made (so a buffer
+   made late for an older tensor lives as long as the tensor); mlc_frame_end pops back to the
+   frame's mark and keeps the popped buffers in a free list keyed by exact size, so a steady
+   training loop creates no buffers after its first step.
+   mlc_stats.device_bytes_current counts the bytes of every live buffer, the free list included.
+   Frame temporaries are uploaded without waiting; mlc_frame_end waits for those copies before
+   the arena's host memory is reused.
+
+LIMITS
+   The library table is global and loaded once, on the first mlc_devices or mlc_create that
+   asks for OpenCL; make that first call from one thread. Each context is single-threaded.
+   The kernels use mlc's own tanh (MLC_TANHF overrides only the CPU's).
+*/
+#ifndef MLC_OPENCL_H
+#define MLC_OPENCL_H
+
+#ifndef MLC_IMPLEMENTATION_DONE
+#error "mlc_opencl.h is part of mlc's implementation: #define MLC_OPENCL before including mlc.h instead"
+#endif
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#ifdef __APPLE__
+#include <OpenCL/opencl.h>
+#else
+#include <CL/cl.h>
+#endif
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#endif
+
+/* ============================================================================================
+   The OpenCL library, opened at run time: every entry point mlc uses, in one table
+   ============================================================================================ */
+
+typedef struct mlc__cl_api {
+    int state;                          /* 0: not tried yet, 1: loaded, -1: not available */
+    cl_int (CL_API_CALL *GetPlatformIDs)(cl_uint, cl_platform_id *, cl_uint *);
+    cl_int (CL_API_CALL *GetPlatformInfo)(cl_platform_id, cl_platform_info, size_t, void *, size_t *);
+    cl_int (CL_API_CALL *GetDeviceIDs)(cl_platform_id, cl_device_type, cl_uint, cl_device_id *, cl_uint *);
+    cl_int (CL_API_CALL *GetDeviceInfo)(cl_device_id, cl_device_info, size_t, void *, size_t *);
+    cl_context (CL_API_CALL *CreateContext)(const cl_context_properties *, cl_uint, const cl_device_id *,
+                                            void (CL_CALLBACK *)(const char *, const void *, size_t, void *), void *, cl_int *);
+    cl_int (CL_API_CALL *ReleaseContext)(cl_context);
+    cl_command_queue (CL_API_CALL *CreateCommandQueue)(cl_context, cl_device_id, cl_command_queue_properties, cl_int *);
+    cl_int (CL_API_CALL *ReleaseCommandQueue)(cl_command_queue);
+    cl_mem (CL_API_CALL *CreateBuffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
+    cl_int (CL_API_CALL *ReleaseMemObject)(cl_mem);
+    cl_int (CL_API_CALL *EnqueueWriteBuffer)(cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void *,
+                                             cl_uint, const cl_event *, cl_event *);
+    cl_int (CL_API_CALL *EnqueueReadBuffer)(cl_command_queue, cl_mem, cl_bool, size_t, size_t, void *,
+                                            cl_uint, const cl_event *, cl_event *);
+    cl_program (CL_API_CALL *CreateProgramWithSource)(cl_context, cl_uint, const char **, const size_t *, cl_int *);
+    cl_int (CL_API_CALL *BuildProgram)(cl_program, cl_uint, const cl_device_id *, const char *,
+                                       void (CL_CALLBACK *)(cl_program, void *), void *);
+    cl_int (CL_API_CALL *GetProgramBuildInfo)(cl_program, cl_device_id, cl_program_build_info, size_t, void *, size_t *);
+    cl_int (CL_API_CALL *ReleaseProgram)(cl_program);
+    cl_kernel (CL_API_CALL *CreateKernel)(cl_program, const char *, cl_int *);
+    cl_int (CL_API_CALL *ReleaseKernel)(cl_kernel);
+    cl_int (CL_API_CALL *SetKernelArg)(cl_kernel, cl_uint, size_t, const void *);
+    cl_int (CL_API_CALL *GetKernelWorkGroupInfo)(cl_kernel, cl_device_id, cl_kernel_work_group_info, size_t, void *, size_t *);
+    cl_int (CL_API_CALL *EnqueueNDRangeKernel)(cl_command_queue, cl_kernel, cl_uint, const size_t *, const size_t *,
+                                               const size_t *, cl_uint, const cl_event *, cl_event *);
+    cl_int (CL_API_CALL *Finish)(cl_command_queue);
+} mlc__cl_api;
+
+/* The one mutable global: filled once by mlc__cl_load, never closed (the process keeps it). */
+static mlc__cl_api mlc__cl;
+
+/* Open the library and fetch every entry point; 1 when all are there. */
+static int mlc__cl_load(void) {
+#ifdef _WIN32
+    HMODULE lib;
+#define MLC__CL_SYM(name) (lib ? (void *)GetProcAddress(lib, name) : NULL)
+#else
+    void *lib;
+#define MLC__CL_SYM(name) (lib ? dlsym(lib, name) : NULL)
+#endif
+    /* memcpy: ISO C has no cast from an object pointer to a function pointer */
+#define MLC__CL_FETCH(field) do { void *sym_ = MLC__CL_SYM("cl" #field); \
+        if (!sym_) ok = 0; else memcpy(&mlc__cl.field, &sym_, sizeof sym_); } while (0)
+    int ok = 1;
+    if (mlc__cl.state) return mlc__cl.state > 0;
+#if defined(_WIN32)
+    lib = LoadLibraryA("OpenCL.dll");
+#elif defined(__APPLE__)
+    lib = dlopen("/System/Library/Frameworks/OpenCL.framework/OpenCL", RTLD_NOW | RTLD_LOCAL);
+#else
+    lib = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libOpenCL.so", RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!lib) { mlc__cl.state = -1; return 0; }
+    MLC__CL_FETCH(GetPlatformIDs);      MLC__CL_FETCH(GetPlatformInfo);
+    MLC__CL_FETCH(GetDeviceIDs);        MLC__CL_FETCH(GetDeviceInfo);
+    MLC__CL_FETCH(CreateContext);       MLC__CL_FETCH(ReleaseContext);
+    MLC__CL_FETCH(CreateCommandQueue);  MLC__CL_FETCH(ReleaseCommandQueue);
+    MLC__CL_FETCH(CreateBuffer);        MLC__CL_FETCH(ReleaseMemObject);
+    MLC__CL_FETCH(EnqueueWriteBuffer);  MLC__CL_FETCH(EnqueueReadBuffer);
+    MLC__CL_FETCH(CreateProgramWithSource); MLC__CL_FETCH(BuildProgram);
+    MLC__CL_FETCH(GetProgramBuildInfo); MLC__CL_FETCH(ReleaseProgram);
+    MLC__CL_FETCH(CreateKernel);        MLC__CL_FETCH(ReleaseKernel);
+    MLC__CL_FETCH(SetKernelArg);        MLC__CL_FETCH(GetKernelWorkGroupInfo);
+    MLC__CL_FETCH(EnqueueNDRangeKernel); MLC__CL_FETCH(Finish);
+#undef MLC__CL_FETCH
+#undef MLC__CL_SYM
+    mlc__cl.state = ok ? 1 : -1;
+    return ok;
+}
+
+/* ============================================================================================
+   Devices: every platform's devices, numbered in order (N in "opencl:N")
+   ============================================================================================ */
+
+#define MLC__CL_MAX_DEVICES 64
+
+/* Fill ids (up to MLC__CL_MAX_DEVICES) and return how many devices there are. */
+static int mlc__cl_enumerate(cl_platform_id *platforms, cl_device_id *devices) {
+    cl_platform_id ps[16];
+    cl_uint np = 0, p;
+    int count = 0;
+    if (!mlc__cl_load() || mlc__cl.GetPlatformIDs(16, ps, &np) != CL_SUCCESS) return 0;
+    if (np > 16) np = 16;
+    for (p = 0; p < np; p++) {
+        cl_device_id ds[MLC__CL_MAX_DEVICES];
+        cl_uint nd = 0, d;
+        if (mlc__cl.GetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, MLC__CL_MAX_DEVICES, ds, &nd) != CL_SUCCESS) continue;
+        if (nd > MLC__CL_MAX_DEVICES) nd = MLC__CL_MAX_DEVICES;
+        for (d = 0; d < nd && count < MLC__CL_MAX_DEVICES; d++, count++) {
+            platforms[count] = ps[p];
+            devices[count] = ds[d];
+        }
+    }
+    return count;
+}
+
+/* A string property of a platform (device NULL) or a device, trimmed, cut to fit. */
+static void mlc__cl_string(cl_platform_id platform, cl_device_id device, cl_uint param, char *out, size_t cap) {
+    char tmp[1024];
+    size_t size = 0, start = 0;
+    cl_int err = device ? mlc__cl.GetDeviceInfo(device, param, sizeof tmp - 1, tmp, &size)
+                        : mlc__cl.GetPlatformInfo(platform, param, sizeof tmp - 1, tmp, &size);
+    if (err != CL_SUCCESS || size > sizeof tmp - 1) size = 0;
+    tmp[size] = '\0';
+    while (size && (tmp[size - 1] == '\0' || tmp[size - 1] == ' ' || tmp[size - 1] == '\n')) tmp[--size] = '\0';
+    while (tmp[start] == ' ') start++;
+    if (size - start >= cap) size = start + cap - 1;
+    memcpy(out, tmp + start, size - start);
+    out[size - start] = '\0';
+}
+
+static void mlc__cl_describe(cl_platform_id platform, cl_device_id device, int index, mlc_device_info *info) {
+    cl_device_type type = 0;
+    cl_ulong memory = 0;
+    cl_uint units = 0;
+    memset(info, 0, sizeof *info);
+    info->index = index;
+    mlc__cl_string(platform, NULL, CL_PLATFORM_NAME, info->platform, sizeof info->platform);
+    mlc__cl_string(platform, device, CL_DEVICE_NAME, info->name, sizeof info->name);
+    mlc__cl_string(platform, device, CL_DEVICE_VERSION, info->version, sizeof info->version);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof memory, &memory, NULL);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+    info->type = type & CL_DEVICE_TYPE_GPU ? "gpu" : type & CL_DEVICE_TYPE_CPU ? "cpu"
+               : type & CL_DEVICE_TYPE_ACCELERATOR ? "accelerator" : "other";
+    info->memory_bytes = memory > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)memory;
+    info->compute_units = (int)units;
+}
+
+static int mlc__opencl_devices(mlc_device_info *out, int max) {
+    cl_platform_id platforms[MLC__CL_MAX_DEVICES];
+    cl_device_id devices[MLC__CL_MAX_DEVICES];
+    int count = mlc__cl_enumerate(platforms, devices), i;
+    for (i = 0; out && i < max && i < count; i++) mlc__cl_describe(platforms[i], devices[i], i, &out[i]);
+    return count;
+}
+
+/* ============================================================================================
+   The context's state: queue, program, kernels, and the buffer lists
+   ============================================================================================ */
+
+typedef struct mlc__cl_buf { cl_mem mem; size_t bytes; } mlc__cl_buf;
+typedef struct mlc__cl_list { mlc__cl_buf *items; size_t count, capacity; } mlc__cl_list;
+/* An open frame: the stack's height and the arena's position when it began. */
+typedef struct mlc__cl_frame_mark { size_t depth; long block; size_t used; } mlc__cl_frame_mark;
+
+#define MLC__CL_MAX_KERNELS 32
+
+typedef struct mlc__cl_state {
+    cl_context context;
+    cl_command_queue queue;             /* in order: each command sees the ones before it */
+    cl_device_id device;
+    cl_program program;                 /* built on the first kernel use */
+    struct { const char *name; cl_kernel kernel; size_t local; } kernels[MLC__CL_MAX_KERNELS];
+    int n_kernels;
+    mlc__cl_list frame;                 /* frame temporaries, a stack, oldest tensors first */
+    mlc__cl_frame_mark *marks;          /* one per open frame, oldest first */
+    size_t n_marks, cap_marks;
+    mlc__cl_list spare;                 /* popped temporaries kept for reuse, by exact size */
+    mlc__cl_list owned;                 /* buffers of long-lived tensors */
+    size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    int exact_divide;                   /* the device can round / and sqrt correctly */
+    int pending;                        /* uploads not waited for since the last wait */
+    const char *op;                     /* the op being run, for messages */
+    char name[128];
+} mlc__cl_state;
+
+static mlc__cl_state *mlc__cl_st(mlc_ctx *ctx) { return (mlc__cl_state *)ctx->device; }
+
+static const char *mlc__cl_error_name(cl_int err) {
+    switch (err) {
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_ARG_SIZE: return "CL_INVALID_ARG_SIZE";
+    case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    default: return "see CL/cl.h";
+    }
+}
+
+/* Turn an OpenCL result into mlc's error; 1 when it is CL_SUCCESS. */
+static int mlc__cl_check(mlc_ctx *ctx, cl_int err, const char *what) {
+    const char *op = ctx->device && mlc__cl_st(ctx)->op ? mlc__cl_st(ctx)->op : "opencl";
+    if (err == CL_SUCCESS) return 1;
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
+        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory: %s failed (%d) in %s (%s)", what, (int)err, op, mlc__cl_error_name(err));
+    else
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s failed (%d) in %s (%s)", what, (int)err, op, mlc__cl_error_name(err));
+    return 0;
+}
+
+/* Room for `need` items of `size` bytes in a heap array (doubling); 0 when out of memory. */
+static int mlc__cl_grow(mlc_ctx *ctx, void **items, size_t *capacity, size_t need, size_t size) {
+    size_t cap = *capacity ? *capacity : 64, used = *capacity;
+    void *p;
+    if (need <= *capacity) return 1;
+    while (cap < need) cap *= 2;
+    if (!(p = mlc__heap_alloc(ctx, cap * size))) return 0;
+    if (used) memcpy(p, *items, used * size);
+    mlc__heap_free(ctx, *items);
+    *items = p;
+    *capacity = cap;
+    return 1;
+}
+
+/* Insert a buffer at position `at` of a list. */
+static int mlc__cl_insert(mlc_ctx *ctx, mlc__cl_list *list, size_t at, cl_mem mem, size_t bytes) {
+    void *items = list->items;
+    if (!mlc__cl_grow(ctx, &items, &list->capacity, list->count + 1, sizeof(mlc__cl_buf))) return 0;
+    list->items = (mlc__cl_buf *)items;
+    memmove(list->items + at + 1, list->items + at, (list->count - at) * sizeof(mlc__cl_buf));
+    list->items[at].mem = mem;
+    list->items[at].bytes = bytes;
+    list->count++;
+    return 1;
+}
+static int mlc__cl_push(mlc_ctx *ctx, mlc__cl_list *list, cl_mem mem, size_t bytes) {
+    return mlc__cl_insert(ctx, list, list->count, mem, bytes);
+}
+
+static void mlc__cl_free_buffer(mlc_ctx *ctx, cl_mem mem, size_t bytes) {
+    mlc__cl.ReleaseMemObject(mem);
+    ctx->stats.device_bytes_current -= bytes;
+}
+
+static void mlc__cl_free_list(mlc_ctx *ctx, mlc__cl_list *list) {
+    while (list->count) { list->count--; mlc__cl_free_buffer(ctx, list->items[list->count].mem, list->items[list->count].bytes); }
+}
+
+/* Where p lies in the arena: block number and offset (-1: not in the arena). */
+static long mlc__cl_arena_pos(const mlc_ctx *ctx, const void *p, size_t *offset) {
+    const mlc__block *b;
+    long i = 0;
+    *offset = 0;
+    for (b = ctx->first_block; b; b = b->next, i++)
+        if ((const unsigned char *)p >= b->base && (const unsigned char *)p < b->base + b->capacity) {
+            *offset = (size_t)((const unsigned char *)p - b->base);
+            return i;
+        }
+    return -1;
+}
+
+/* The first frame opened after frame tensor t was made (n_marks: none): t's buffer goes below
+   that frame's mark and those of the frames after it, so it lives exactly as long as t. The
+   tensor's place in the arena says when it was made. */
+static size_t mlc__cl_first_newer(mlc_ctx *ctx, const mlc_tensor *t) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t offset, k;
+    long block;
+    if (!st->n_marks) return 0;
+    block = mlc__cl_arena_pos(ctx, t, &offset);
+    for (k = 0; k < st->n_marks; k++) {
+        const mlc__cl_frame_mark *m = &st->marks[k];
+        if (block < m->block || (block == m->block && offset < m->used)) return k;
+    }
+    return st->n_marks;
+}
+
+/* Put frame tensor t's buffer into the stack; the marks above it move up by one. */
+static int mlc__cl_place(mlc_ctx *ctx, const mlc_tensor *t, cl_mem mem, size_t bytes) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t k = mlc__cl_first_newer(ctx, t), at = k < st->n_marks ? st->marks[k].depth : st->frame.count;
+    if (!mlc__cl_insert(ctx, &st->frame, at, mem, bytes)) return 0;
+    for (; k < st->n_marks; k++) st->marks[k].depth++;
+    return 1;
+}
+
+/* A device buffer for tensor t (4 bytes at least): a spare one of that size, else a new one.
+   Long-lived tensors' buffers go on the owned list, the others into the frame stack. */
+static cl_mem mlc__cl_alloc(mlc_ctx *ctx, const mlc_tensor *t) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    cl_mem mem = NULL;
+    cl_int err = CL_SUCCESS;
+    size_t i, bytes = t->size * sizeof(float);
+    int persistent = t->persistent;
+    if (ctx->error) return NULL;
+    if (bytes < 4) bytes = 4;
+    if (!persistent) {          /* room in the spare list for every frame buffer: release_to never allocates */
+        void *items = st->spare.items;
+        if (!mlc__cl_grow(ctx, &items, &st->spare.capacity, st->frame.count + st->spare.count + 1, sizeof(mlc__cl_buf))) {
+            mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of memory recording a device buffer for %s", st->op);
+            return NULL;
+        }
+        st->spare.items = (mlc__cl_buf *)items;
+    }
+    for (i = st->spare.count; !persistent && i-- > 0;)
+        if (st->spare.items[i].bytes == bytes) {
+            mem = st->spare.items[i].mem;
+            st->spare.items[i] = st->spare.items[--st->spare.count];
+            break;
+        }
+    if (!mem) {
+        if (bytes > st->max_alloc) {
+            mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory allocating %zu bytes for %s "
+                      "(the largest buffer %s allows is %zu bytes)", bytes, st->op, st->name, st->max_alloc);
+            return NULL;
+        }
+        mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        if (!mem && st->spare.count) {                   /* give the spares back and try again */
+            mlc__cl_free_list(ctx, &st->spare);
+            mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        }
+        if (!mem) {
+            if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY ||
+                err == CL_INVALID_BUFFER_SIZE)
+                mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory allocating %zu bytes for %s", bytes, st->op);
+            else
+                mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");
+            return NULL;
+        }
+        ctx->stats.device_bytes_current += bytes;
+        if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak)
+            ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
+    }
+    if (persistent ? !mlc__cl_push(ctx, &st->owned, mem, bytes) : !mlc__cl_place(ctx, t, mem, bytes)) {
+        mlc__cl_free_buffer(ctx, mem, bytes);
+        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of memory recording a device buffer for %s", st->op);
+        return NULL;
+    }
+    return mem;
+}
+
+/* ============================================================================================
+   Kernels: the source, the lazy build, and the launcher
+   Every kernel is 1-D over n elements, its global size rounded up to the work-group size and
+   guarded with `if (i >= n) return;`. The formulas are mlc.h's, in the same order of
+   operations, with contraction into fma turned off, so results match the CPU to a few ulp.
+   ============================================================================================ */
+
+#define MLC__CL_STR_(x) #x
+#define MLC__CL_STR(x) MLC__CL_STR_(x)
+
+/* Pieces of the program, each under the 4095 characters C99 promises for one literal. */
+static const char *const mlc__cl_source[] = {
+"/* mlc.h's sigmoid, tanh and gelu-tanh slope, so device and CPU agree */\n"
+"#define MLC__SQRT_2_OVER_PI " MLC__CL_STR(MLC__SQRT_2_OVER_PI) "\n"
+"#define MLC__INV_SQRT_2 " MLC__CL_STR(MLC__INV_SQRT_2) "\n"
+"#define MLC__INV_SQRT_2PI " MLC__CL_STR(MLC__INV_SQRT_2PI) "\n"
+"float mlc_sigmoid(float x) {\n"
+"    if (x >= 0) return 1.0f / (1.0f + exp(-x));\n"
+"    { float e = exp(x); return e / (1.0f + e); }\n"
+"}\n"
+"/* tanh|x| = 1 - 2 / (e^(2|x|) + 1), the odd Taylor series below 0.3 */\n"
+"float mlc_tanh(float x) {\n"
+"    float a = x < 0 ? -x : x, x2 = x * x, t;\n"
+"    if (a < 0.3f) return x + x * x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835 + x2 * (-1382.0f / 155925)))));\n"
+"    t = a > 9.0f ? 1.0f : 1.0f - 2.0f / (exp(2.0f * a) + 1.0f);\n"
+"    return x < 0 ? -t : t;\n"
+"}\n"
+"/* d/dx of x (1 + tanh u) / 2 with u = sqrt(2/pi)(x + 0.044715 x^3) */\n"
+"float mlc_gelu_tanh_slope(float x) {\n"
+"    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = mlc_tanh(u);\n"
+"    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);\n"
+"}\n"
+"/* fill: x = v */\n"
+"__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) x[i] = v;\n"
+"}\n"
+"/* copy: y = x;  accumulate, the backward of reshape and copy: dx += g */\n"
+"__kernel void mlc_copy(ulong n, __global const float *x, __global float *y) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) y[i] = x[i];\n"
+"}\n"
+"__kernel void mlc_accumulate(ulong n, __global const float *g, __global float *gx) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) gx[i] += g[i];\n"
+"}\n",
+
+"/* unary: y = f(x), the kinds of mlc__unary_forward; p, q are the op's parameters */\n"
+"__kernel void mlc_unary(int kind, ulong n, __global const float *xs, __global float *ys, float p, float q) {\n"
+"    size_t i = get_global_id(0);\n"
+"    float x, y;\n"
+"    if (i >= n) return;\n"
+"    x = xs[i];\n"
+"    switch (kind) {\n"
+"    case MLC__NEG:       y = -x; break;\n"
+"    case MLC__EXP:       y = exp(x); break;\n"
+"    case MLC__LOG:       y = log(x); break;\n"
+"    case MLC__SQRT:      y = sqrt(x); break;\n"
+"    case MLC__POW:       y = pow(x, p); break;\n"
+"    case MLC__ABS:       y = x < 0 ? -x : x; break;\n"
+"    case MLC__CLAMP:     y = x < p ? p : x > q ? q : x; break;\n"
+"    case MLC__ADDS:      y = x + p; break;\n"
+"    case MLC__MULS:      y = x * p; break;\n"
+"    case MLC__RSUBS:     y = p - x; break;\n"
+"    case MLC__RELU:      y = x > 0 ? x : 0.0f; break;\n"
+"    case MLC__LEAKY:     y = x > 0 ? x : p * x; break;\n"
+"    case MLC__GELU:      y = 0.5f * x * (1.0f + erf(x * MLC__INV_SQRT_2)); break;\n"
+"    case MLC__GELU_TANH: y = 0.5f * x * (1.0f + mlc_tanh(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))); break;\n"
+"    case MLC__SIGMOID:   y = mlc_sigmoid(x); break;\n"
+"    case MLC__TANH:      y = mlc_tanh(x); break;\n"
+"    default:             y = x * mlc_sigmoid(x); break;   /* silu */\n"
+"    }\n"
+"    ys[i] = y;\n"
+"}\n"
+"/* unary backward: gx += g f'(x), given x and y = f(x), as in mlc__unary_grad */\n"
+"__kernel void mlc_unary_grad(int kind, ulong n, __global const float *xs, __global const float *ys,\n"
+"                             __global const float *g, __global float *gx, float p, float q) {\n"
+"    size_t i = get_global_id(0);\n"
+"    float x, y, d;\n"
+"    if (i >= n) return;\n"
+"    x = xs[i]; y = ys[i];\n"
+"    switch (kind) {\n"
+"    case MLC__NEG:       d = -1.0f; break;\n"
+"    case MLC__EXP:       d = y; break;\n"
+"    case MLC__LOG:       d = 1.0f / x; break;\n"
+"    case MLC__SQRT:      d = 0.5f / y; break;\n"
+"    case MLC__POW:       d = p * pow(x, p - 1.0f); break;\n"
+"    case MLC__ABS:       d = x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f; break;\n"
+"    case MLC__CLAMP:     d = x >= p && x <= q ? 1.0f : 0.0f; break;\n"
+"    case MLC__ADDS:      d = 1.0f; break;\n"
+"    case MLC__MULS:      d = p; break;\n"
+"    case MLC__RSUBS:     d = -1.0f; break;\n"
+"    case MLC__RELU:      d = x > 0 ? 1.0f : 0.0f; break;\n"
+"    case MLC__LEAKY:     d = x > 0 ? 1.0f : p; break;\n"
+"    case MLC__GELU:      d = 0.5f * (1.0f + erf(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * exp(-0.5f * x * x); break;\n"
+"    case MLC__GELU_TANH: d = mlc_gelu_tanh_slope(x); break;\n"
+"    case MLC__SIGMOID:   d = y * (1.0f - y); break;\n"
+"    case MLC__TANH:      d = 1.0f - y * y; break;\n"
+"    default:             d = mlc_sigmoid(x) * (1.0f + x * (1.0f - mlc_sigmoid(x))); break;   /* silu */\n"
+"    }\n"
+"    gx[i] += g[i] * d;\n"
+"}\n",
+
+"/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
+"   runs merged): operand k's element at output index i is at sum_d c_d stride_k[d], with\n"
+"   stride 0 where it is stretched.\n"
+"     y = a + b   da = g      db = g\n"
+"     y = a - b   da = g      db = -g\n"
+"     y = a * b   da = g b    db = g a\n"
+"     y = a / b   da = g / b  db = -g a / b^2 */\n"
+"#define MLC_LANES(v) { v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7 }   /* a ulong8 as an array */\n"
+"__kernel void mlc_binary(int kind, ulong n, int nd, ulong8 shape8, ulong8 sa8, ulong8 sb8,\n"
+"                         __global const float *a, __global const float *b, __global float *y) {\n"
+"    size_t i = get_global_id(0);\n"
+"    ulong shape[8] = MLC_LANES(shape8), sa[8] = MLC_LANES(sa8), sb[8] = MLC_LANES(sb8), r = i, oa = 0, ob = 0;\n"
+"    float x, z;\n"
+"    int d;\n"
+"    if (i >= n) return;\n"
+"    for (d = nd - 1; d >= 0; d--) {\n"
+"        ulong c = r % shape[d];\n"
+"        r /= shape[d];\n"
+"        oa += c * sa[d]; ob += c * sb[d];\n"
+"    }\n"
+"    x = a[oa]; z = b[ob];\n"
+"    y[i] = kind == MLC__ADD ? x + z : kind == MLC__SUB ? x - z : kind == MLC__MUL ? x * z : x / z;\n"
+"}\n"
+"/* binary backward for one operand (side 0: a, 1: b): one work-item per element j of it,\n"
+"   summing over the positions it was stretched to, in the output's order (as the CPU does) */\n"
+"__kernel void mlc_binary_grad(int kind, int side, ulong n, int nd, ulong8 shape8, ulong8 self8, ulong8 other8,\n"
+"                              __global const float *g, __global const float *a, __global const float *b,\n"
+"                              __global float *gs) {\n"
+"    size_t j = get_global_id(0);\n"
+"    ulong shape[8] = MLC_LANES(shape8), sself[8] = MLC_LANES(self8), sother[8] = MLC_LANES(other8);\n"
+"    ulong sout[8], r = j, m = 1, out0 = 0, other0 = 0, s;\n"
+"    float acc;\n"
+"    int d;\n"
+"    if (j >= n) return;\n"
+"    for (d = nd - 1, s = 1; d >= 0; d--) { sout[d] = s; s *= shape[d]; }\n"
+"    for (d = nd - 1; d >= 0; d--) {             /* j's own coordinates */\n"
+"        ulong c;\n"
+"        if (sself[d] == 0) { m *= shape[d]; continue; }\n"
+"        c = r % shape[d]; r /= shape[d];\n"
+"        out0 += c * sout[d]; other0 += c * sother[d];\n"
+"    }\n"
+"    acc = gs[j];\n"
+"    for (s = 0; s < m; s++) {                   /* the stretched coordinates */\n"
+"        ulong t = s, o = out0, q = other0;\n"
+"        float gv;\n"
+"        for (d = nd - 1; d >= 0; d--) if (sself[d] == 0) {\n"
+"            ulong c = t % shape[d];\n"
+"            t /= shape[d];\n"
+"            o += c * sout[d]; q += c * sother[d];\n"
+"        }\n"
+"        gv = g[o];\n"
+"        if (kind == MLC__ADD) acc += gv;\n"
+"        else if (kind == MLC__SUB) acc = side == 0 ? acc + gv : acc - gv;\n"
+"        else if (kind == MLC__MUL) acc += gv * (side == 0 ? b[q] : a[q]);\n"
+"        else if (side == 0) acc += gv / b[q];\n"
+"        else acc -= gv * a[q] / (b[j] * b[j]);\n"
+"    }\n"
+"    gs[j] = acc;\n"
+"}\n",
+
+"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update:\n"
+"   SGD   g += wd p;  b = mu b + (1 - tau) g (b = g at t = 1);  g = nesterov ? g + mu b : b;  p -= lr g */\n"
+"__kernel void mlc_sgd(ulong n, __global float *p, __global const float *g, __global float *buf,\n"
+"                      float lr, float wd, float mu, float keep, int first, int nesterov) {\n"
+"    size_t j = get_global_id(0);\n"
+"    float gj;\n"
+"    if (j >= n) return;\n"
+"    if (mu == 0.0f) { p[j] -= lr * (g[j] + wd * p[j]); return; }\n"
+"    gj = g[j] + wd * p[j];\n"
+"    buf[j] = first ? gj : mu * buf[j] + keep * gj;\n"
+"    p[j] -= lr * (nesterov ? gj + mu * buf[j] : buf[j]);\n"
+"}\n"
+"/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2) + eps)\n"
+"   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1 - b2^t)) */\n"
+"__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global float *v,\n"
+"                       float b1, float b2, float eps, float l2, float shrink, float step, float inv_bc2) {\n"
+"    size_t j = get_global_id(0);\n"
+"    float gj;\n"
+"    if (j >= n) return;\n"
+"    gj = g[j] + l2 * p[j];\n"
+"    m[j] = b1 * m[j] + (1.0f - b1) * gj;\n"
+"    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;\n"
+"    p[j] = p[j] * shrink - step * m[j] / (sqrt(v[j] * inv_bc2) + eps);\n"
+"}\n"
+"/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a) g)\n"
+"   or sqrt(v) + eps;  with momentum: b = mu b + g / avg, p -= lr b;  else p -= lr g / avg */\n"
+"__kernel void mlc_rmsprop(ulong n, __global float *p, __global const float *g, __global float *buf,\n"
+"                          __global float *sq, __global float *mean, float lr, float wd, float a, float eps,\n"
+"                          float mu, int centered) {\n"
+"    size_t j = get_global_id(0);\n"
+"    float gj, avg;\n"
+"    if (j >= n) return;\n"
+"    gj = g[j] + wd * p[j];\n"
+"    sq[j] = a * sq[j] + (1.0f - a) * gj * gj;\n"
+"    if (centered) mean[j] = a * mean[j] + (1.0f - a) * gj;\n"
+"    avg = sqrt(centered ? sq[j] - mean[j] * mean[j] : sq[j]) + eps;\n"
+"    if (mu > 0.0f) { buf[j] = mu * buf[j] + gj / avg; p[j] -= lr * buf[j]; }\n"
+"    else p[j] -= lr * gj / avg;\n"
+"}\n",
+"/* ---- matrix products: C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias[j]); 16x16 tiles ---- */\n"
+"#define MLC_TILE 16\n"
+"__kernel void mlc_gemm(int M, int N, int K, int ta, int tb,\n"
+"                       __global const float *A, int offA, int stepA,\n"
+"                       __global const float *B, int offB, int stepB,\n"
+"                       __global float *C, int offC, int stepC, float beta,\n"
+"                       __global const float *bias, int has_bias) {\n"
+"    __local float As[MLC_TILE][MLC_TILE + 1], Bs[MLC_TILE][MLC_TILE + 1];\n"
+"    int col = get_global_id(0), row = get_global_id(1), batch = get_global_id(2);\n"
+"    int lc = get_local_id(0), lr = get_local_id(1), k0, k;\n"
+"    float acc = 0.0f;\n"
+"    A += offA + batch * stepA; B += offB + batch * stepB; C += offC + batch * stepC;\n"
+"    for (k0 = 0; k0 < K; k0 += MLC_TILE) {\n"
+"        int ka = k0 + lc, kb = k0 + lr;\n"
+"        /* As[lr][lc] = op(A)[row, k0 + lc];  Bs[lr][lc] = op(B)[k0 + lr, col] */\n"
+"        As[lr][lc] = row < M && ka < K ? (ta ? A[ka * M + row] : A[row * K + ka]) : 0.0f;\n"
+"        Bs[lr][lc] = col < N && kb < K ? (tb ? B[col * K + kb] : B[kb * N + col]) : 0.0f;\n"
+"        barrier(CLK_LOCAL_MEM_FENCE);\n"
+"        for (k = 0; k < MLC_TILE; k++) acc += As[lr][k] * Bs[k][lc];\n"
+"        barrier(CLK_LOCAL_MEM_FENCE);\n"
+"    }\n"
+"    if (row < M && col < N) {\n"
+"        float c = acc + (has_bias ? bias[col] : 0.0f);\n"
+"        C[row * N + col] = beta != 0.0f ? c + beta * C[row * N + col] : c;\n"
+"    }\n"
+"}\n"
+"\n"
+"/* db[j] += Σ_r dC[r, j]  (linear's bias) */\n"
+"__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db) {\n"
+"    int j = get_global_id(0), r;\n"
+"    float s = 0.0f;\n"
+"    if (j >= N) return;\n"
+"    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
+"    db[j] += s;\n"
+"}\n"
+"\n"
+"/* ---- convolution: im2col per image and group, col2im as a gather (no atomics) ---- */\n"
+"/* q: C H W KH KW OH OW stride pad dilation Cg (mlc__conv's fields); x points at the image's group */\n"
+"__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, int x_off, __global float *col) {\n"
+"    int H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7, pad = r.s0, d = r.s1, Cg = r.s2;\n"
+"    int P = OH * OW, at = get_global_id(0), p, k, c, i, j, oh, ow, ih, iw;\n"
+"    if (at >= Cg * KH * KW * P) return;\n"
+"    p = at % P; k = at / P;\n"
+"    j = k % KW; i = (k / KW) % KH; c = k / (KW * KH);\n"
+"    oh = p / OW; ow = p % OW;\n"
+"    ih = oh * s + i * d - pad; iw = ow * s + j * d - pad;\n"
+"    x += x_off + c * H * W;\n"
+"    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
+"}\n"
+"\n"
+"/* dx[c, ih, iw] += Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, oh OW + ow] */\n"
+"__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, int dx_off) {\n"
+"    int H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7, pad = r.s0, d = r.s1, Cg = r.s2;\n"
+"    int P = OH * OW, at = get_global_id(0), c, ih, iw, i, j;\n"
+"    float sum = 0.0f;\n"
+"    if (at >= Cg * H * W) return;\n"
+"    iw = at % W; ih = (at / W) % H; c = at / (W * H);\n"
+"    for (i = 0; i < KH; i++) {\n"
+"        int th = ih + pad - i * d, oh;\n"
+"        if (th < 0 || th % s) continue;\n"
+"        oh = th / s;\n"
+"        if (oh >= OH) continue;\n"
+"        for (j = 0; j < KW; j++) {\n"
+"            int tw = iw + pad - j * d, ow;\n"
+"            if (tw < 0 || tw % s) continue;\n"
+"            ow = tw / s;\n"
+"            if (ow >= OW) continue;\n"
+"            sum += col[((c * KH + i) * KW + j) * P + oh * OW + ow];\n"
+"        }\n"
+"    }\n"
+"    dx[dx_off + at] += sum;\n"
+"}\n",
+"/* y[n, o, q] += b[o];  db[o] += Σ_{n, q} dy[n, o, q] */\n"
+"__kernel void mlc_conv_bias(int N, int O, int P, __global float *y, __global const float *b) {\n"
+"    int at = get_global_id(0);\n"
+"    if (at < N * O * P) y[at] += b[(at / P) % O];\n"
+"}\n"
+"__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db) {\n"
+"    int o = get_global_id(0), n, q;\n"
+"    float s = 0.0f;\n"
+"    if (o >= O) return;\n"
+"    for (n = 0; n < N; n++) for (q = 0; q < P; q++) s += dy[(n * O + o) * P + q];\n"
+"    db[o] += s;\n"
+"}\n"
+"\n"
+"/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
+"int mlc_pool_argmax(__global const float *x, int H, int W, int K, int S, int Pd, int oh, int ow) {\n"
+"    int i, j, at = -1;\n"
+"    float best = 0.0f;\n"
+"    for (i = 0; i < K; i++)\n"
+"        for (j = 0; j < K; j++) {\n"
+"            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
+"            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;\n"
+"            if (at < 0 || x[ih * W + iw] > best) { best = x[ih * W + iw]; at = ih * W + iw; }\n"
+"        }\n"
+"    return at;\n"
+"}\n"
+"\n"
+"__kernel void mlc_pool(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                       __global const float *x, __global float *y) {\n"
+"    int at = get_global_id(0), pl, oh, ow, i, j;\n"
+"    float s = 0.0f;\n"
+"    if (at >= planes * OH * OW) return;\n"
+"    ow = at % OW; oh = (at / OW) % OH; pl = at / (OW * OH);\n"
+"    x += pl * H * W;\n"
+"    if (is_max) { int a = mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow); y[at] = a < 0 ? -INFINITY : x[a]; return; }\n"
+"    for (i = 0; i < K; i++)\n"
+"        for (j = 0; j < K; j++) {\n"
+"            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
+"            if (ih >= 0 && ih < H && iw >= 0 && iw < W) s += x[ih * W + iw];\n"
+"        }\n"
+"    y[at] = s / (float)(K * K);\n"
+"}\n"
+"\n"
+"/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / K² (avg) */\n"
+"__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                            __global const float *x, __global const float *g, __global float *dx) {\n"
+"    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
+"    float s = 0.0f;\n"
+"    if (at >= planes * H * W) return;\n"
+"    iw = at % W; ih = (at / W) % H; pl = at / (W * H);\n"
+"    x += pl * H * W; g += pl * OH * OW;\n"
+"    for (oh = 0; oh < OH; oh++) {\n"
+"        int i = ih + Pd - oh * S;\n"
+"        if (i < 0 || i >= K) continue;\n"
+"        for (ow = 0; ow < OW; ow++) {\n"
+"            int j = iw + Pd - ow * S;\n"
+"            if (j < 0 || j >= K) continue;\n"
+"            if (!is_max) s += g[oh * OW + ow] / (float)(K * K);\n"
+"            else if (mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
+"        }\n"
+"    }\n"
+"    dx[pl * H * W + ih * W + iw] += s;\n"
+"}\n",
+"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ---- */\n"
+"__kernel void mlc_reduce(int kind, int outer, int len, int inner, int unbiased,\n"
+"                         __global const float *x, __global float *y) {\n"
+"    int at = get_global_id(0), o, k, i, best_at = 0;\n"
+"    float s = 0.0f, mean, best;\n"
+"    if (at >= outer * inner) return;\n"
+"    o = at / inner; k = at % inner;\n"
+"    x += o * len * inner + k;\n"
+"    if (kind == 2 || kind == 4) {                     /* max, argmax (NaN wins, like the CPU) */\n"
+"        best = x[0];\n"
+"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        y[at] = kind == 2 ? best : (float)best_at;\n"
+"        return;\n"
+"    }\n"
+"    for (i = 0; i < len; i++) s += x[i * inner];\n"
+"    if (kind == 3) {\n"
+"        mean = s / len; s = 0.0f;\n"
+"        for (i = 0; i < len; i++) s += (x[i * inner] - mean) * (x[i * inner] - mean);\n"
+"        y[at] = s / (float)(len - unbiased);\n"
+"        return;\n"
+"    }\n"
+"    y[at] = kind == 1 ? s / len : s;\n"
+"}\n"
+"\n"
+"__kernel void mlc_reduce_grad(int kind, int outer, int len, int inner, int unbiased,\n"
+"                              __global const float *x, __global const float *g, __global float *dx) {\n"
+"    int at = get_global_id(0), o, k, i, me, best_at = 0;\n"
+"    float gv, s = 0.0f, mean, best;\n"
+"    if (at >= outer * len * inner) return;\n"
+"    k = at % inner; me = (at / inner) % len; o = at / (inner * len);\n"
+"    gv = g[o * inner + k];\n"
+"    x += o * len * inner + k;\n"
+"    if (kind == 2) {\n"
+"        best = x[0];\n"
+"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        if (best_at == me) dx[at] += gv;\n"
+"        return;\n"
+"    }\n"
+"    if (kind == 3) {\n"
+"        for (i = 0; i < len; i++) s += x[i * inner];\n"
+"        mean = s / len;\n"
+"        dx[at] += gv * 2.0f * (x[me * inner] - mean) / (float)(len - unbiased);\n"
+"        return;\n"
+"    }\n"
+"    dx[at] += kind == 1 ? gv / len : gv;\n"
+"}\n"
+"\n"
+"/* ---- softmax over an axis: y = e^(x - m) / Σ, log: x - m - log Σ ---- */\n"
+"__kernel void mlc_softmax(int is_log, int outer, int len, int inner, __global const float *x, __global float *y) {\n"
+"    int at = get_global_id(0), i;\n"
+"    float m, s = 0.0f;\n"
+"    if (at >= outer * inner) return;\n"
+"    x += (at / inner) * len * inner + at % inner;\n"
+"    y += (at / inner) * len * inner + at % inner;\n"
+"    m = x[0];\n"
+"    for (i = 1; i < len; i++) m = fmax(m, x[i * inner]);\n"
+"    for (i = 0; i < len; i++) s += exp(x[i * inner] - m);\n"
+"    for (i = 0; i < len; i++) y[i * inner] = is_log ? x[i * inner] - m - log(s) : exp(x[i * inner] - m) / s;\n"
+"}\n"
+"\n"
+"/* dx = y (g - Σ g y)  or, for log_softmax, g - e^y Σ g */\n"
+"__kernel void mlc_softmax_grad(int is_log, int outer, int len, int inner, __global const float *y,\n"
+"                               __global const float *g, __global float *dx) {\n"
+"    int at = get_global_id(0), i, base;\n"
+"    float s = 0.0f;\n"
+"    if (at >= outer * inner) return;\n"
+"    base = (at / inner) * len * inner + at % inner;\n"
+"    y += base; g += base; dx += base;\n"
+"    for (i = 0; i < len; i++) s += is_log ? g[i * inner] : g[i * inner] * y[i * inner];\n"
+"    for (i = 0; i < len; i++) dx[i * inner] += is_log ? g[i * inner] - exp(y[i * inner]) * s : y[i * inner] * (g[i * inner] - s);\n"
+"}\n",
+"/* ---- losses: per-element values l, then reduced (red: 0 mean, 1 sum, 2 none, as mlc_reduction) ---- */\n"
+"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, __global const float *x,\n"
+"                             __global const float *t, __global float *l) {\n"
+"    int i = get_global_id(0), c, tc;\n"
+"    float m, s = 0.0f;\n"
+"    if (i >= N) return;\n"
+"    tc = (int)t[i];\n"
+"    if (tc == ignore) { l[i] = 0.0f; return; }\n"
+"    x += i * C;\n"
+"    if (!softmax_first) { l[i] = -x[tc]; return; }\n"
+"    m = x[0];\n"
+"    for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
+"    for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
+"    l[i] = log(s) - (x[tc] - m);\n"
+"}\n"
+"\n"
+"/* dx[i, c] += g_i (softmax(x_i)[c] - [c = t_i])  (nll: only the -g_i at t_i) */\n"
+"__kernel void mlc_class_loss_grad(int softmax_first, int N, int C, int ignore, int red, float scale,\n"
+"                                  __global const float *x, __global const float *t, __global const float *g,\n"
+"                                  __global float *dx) {\n"
+"    int i = get_global_id(0), c, tc;\n"
+"    float m, s = 0.0f, gi;\n"
+"    if (i >= N) return;\n"
+"    tc = (int)t[i];\n"
+"    if (tc == ignore) return;\n"
+"    gi = red == 2 ? g[i] : red == 0 ? g[0] * scale : g[0];\n"
+"    x += i * C; dx += i * C;\n"
+"    if (softmax_first) {\n"
+"        m = x[0];\n"
+"        for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
+"        for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
+"        for (c = 0; c < C; c++) dx[c] += gi * exp(x[c] - m) / s;\n"
+"    }\n"
+"    dx[tc] -= gi;\n"
+"}\n"
+"\n"
+"/* mse: (p - t)²;  bce with logits: max(x, 0) - x t + log(1 + e^-|x|) */\n"
+"__kernel void mlc_pointwise_loss(int kind, int n, __global const float *p, __global const float *t, __global float *l) {\n"
+"    int i = get_global_id(0);\n"
+"    float x, y;\n"
+"    if (i >= n) return;\n"
+"    x = p[i]; y = t[i];\n"
+"    l[i] = kind == 0 ? (x - y) * (x - y) : fmax(x, 0.0f) - x * y + log1p(exp(-fabs(x)));\n"
+"}\n"
+"\n"
+"__kernel void mlc_pointwise_loss_grad(int kind, int n, int red, float scale, __global const float *p,\n"
+"                                      __global const float *t, __global const float *g,\n"
+"                                      __global float *dp, __global float *dt, int want_dp, int want_dt) {\n"
+"    int i = get_global_id(0);\n"
+"    float gi, x, y, d;\n"
+"    if (i >= n) return;\n"
+"    gi = red == 2 ? g[i] : red == 0 ? g[0] * scale : g[0];\n"
+"    x = p[i]; y = t[i];\n"
+"    if (kind == 0) { d = 2.0f * gi * (x - y); if (want_dp) dp[i] += d; if (want_dt) dt[i] -= d; }\n"
+"    else { if (want_dp) dp[i] += gi * (1.0f / (1.0f + exp(-x)) - y); if (want_dt) dt[i] -= gi * x; }\n"
+"}\n"
+"\n"
+"/* y = Σ l (sum), Σ l / counted (mean); one work-item: losses are small */\n"
+"__kernel void mlc_loss_total(int n, int red, float scale, __global const float *l, __global float *y) {\n"
+"    int i;\n"
+"    float s = 0.0f;\n"
+"    if (get_global_id(0) != 0) return;\n"
+"    for (i = 0; i < n; i++) s += l[i];\n"
+"    y[0] = red == 0 ? s * scale : s;\n"
+"}\n"
+"\n"
+"/* ---- normalisation ---- */\n"
+"/* layer_norm over rows of D: y = (x - μ) r w + b */\n"
+"__kernel void mlc_layer_norm(int rows, int D, float eps, __global const float *x, __global const float *w, int has_w,\n"
+"                             __global const float *b, int has_b, __global float *y) {\n"
+"    int r = get_global_id(0), j;\n"
+"    float mu = 0.0f, v = 0.0f, rs;\n"
+"    if (r >= rows) return;\n"
+"    x += r * D; y += r * D;\n"
+"    for (j = 0; j < D; j++) mu += x[j];\n"
+"    mu /= D;\n"
+"    for (j = 0; j < D; j++) v += (x[j] - mu) * (x[j] - mu);\n"
+"    rs = rsqrt(v / D + eps);\n"
+"    for (j = 0; j < D; j++) y[j] = (x[j] - mu) * rs * (has_w ? w[j] : 1.0f) + (has_b ? b[j] : 0.0f);\n"
+"}\n",
+"/* dx = r (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = g w */\n"
+"__kernel void mlc_layer_norm_grad(int rows, int D, float eps, __global const float *x, __global const float *w, int has_w,\n"
+"                                  __global const float *g, __global float *dx) {\n"
+"    int r = get_global_id(0), j;\n"
+"    float mu = 0.0f, v = 0.0f, rs, mg = 0.0f, mgx = 0.0f;\n"
+"    if (r >= rows) return;\n"
+"    x += r * D; g += r * D; dx += r * D;\n"
+"    for (j = 0; j < D; j++) mu += x[j];\n"
+"    mu /= D;\n"
+"    for (j = 0; j < D; j++) v += (x[j] - mu) * (x[j] - mu);\n"
+"    rs = rsqrt(v / D + eps);\n"
+"    for (j = 0; j < D; j++) { float gh = g[j] * (has_w ? w[j] : 1.0f); mg += gh; mgx += gh * (x[j] - mu) * rs; }\n"
+"    mg /= D; mgx /= D;\n"
+"    for (j = 0; j < D; j++) dx[j] += rs * (g[j] * (has_w ? w[j] : 1.0f) - mg - (x[j] - mu) * rs * mgx);\n"
+"}\n"
+"\n"
+"/* dw[j] += Σ_r g x̂,  db[j] += Σ_r g  (x̂ recomputed per row) */\n"
+"__kernel void mlc_layer_norm_param_grad(int rows, int D, float eps, __global const float *x, __global const float *g,\n"
+"                                        __global float *dw, int want_w, __global float *db, int want_b) {\n"
+"    int j = get_global_id(0), r, k;\n"
+"    float sw = 0.0f, sb = 0.0f;\n"
+"    if (j >= D) return;\n"
+"    for (r = 0; r < rows; r++) {\n"
+"        __global const float *xr = x + r * D;\n"
+"        float mu = 0.0f, v = 0.0f;\n"
+"        for (k = 0; k < D; k++) mu += xr[k];\n"
+"        mu /= D;\n"
+"        for (k = 0; k < D; k++) v += (xr[k] - mu) * (xr[k] - mu);\n"
+"        sw += g[r * D + j] * (xr[j] - mu) * rsqrt(v / D + eps);\n"
+"        sb += g[r * D + j];\n"
+"    }\n"
+"    if (want_w) dw[j] += sw;\n"
+"    if (want_b) db[j] += sb;\n"
+"}\n"
+"\n"
+"/* batch statistics of channel c over [N, C, inner]: μ and the biased variance */\n"
+"void mlc_channel_stats(__global const float *x, int N, int C, int inner, int c, float *mu, float *var) {\n"
+"    int i, k;\n"
+"    float s = 0.0f, v = 0.0f, M = (float)N * inner;\n"
+"    for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x[(i * C + c) * inner + k];\n"
+"    *mu = s / M;\n"
+"    for (i = 0; i < N; i++) for (k = 0; k < inner; k++) { float d = x[(i * C + c) * inner + k] - *mu; v += d * d; }\n"
+"    *var = v / M;\n"
+"}\n"
+"\n"
+"/* one work-item per channel: y = (x - μ) r w + b; in training, the running statistics move */\n"
+"__kernel void mlc_batch_norm(int N, int C, int inner, int training, float momentum, float eps,\n"
+"                             __global const float *x, __global const float *w, int has_w, __global const float *b, int has_b,\n"
+"                             __global float *rmean, int has_rmean, __global float *rvar, int has_rvar, __global float *y) {\n"
+"    int c = get_global_id(0), i, k;\n"
+"    float mu, var, rs, M = (float)N * inner;\n"
+"    if (c >= C) return;\n"
+"    if (training) {\n"
+"        mlc_channel_stats(x, N, C, inner, c, &mu, &var);\n"
+"        if (has_rmean) rmean[c] = (1.0f - momentum) * rmean[c] + momentum * mu;\n"
+"        if (has_rvar) rvar[c] = (1.0f - momentum) * rvar[c] + momentum * var * M / (M - 1.0f);\n"
+"    } else { mu = rmean[c]; var = rvar[c]; }\n"
+"    rs = rsqrt(var + eps);\n"
+"    for (i = 0; i < N; i++)\n"
+"        for (k = 0; k < inner; k++) {\n"
+"            int at = (i * C + c) * inner + k;\n"
+"            y[at] = (x[at] - mu) * rs * (has_w ? w[c] : 1.0f) + (has_b ? b[c] : 0.0f);\n"
+"        }\n"
+"}\n",
+"/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw += Σ g x̂;  db += Σ g */\n"
+"__kernel void mlc_batch_norm_grad(int N, int C, int inner, int training, float eps,\n"
+"                                  __global const float *x, __global const float *w, int has_w,\n"
+"                                  __global const float *rmean, __global const float *rvar, __global const float *g,\n"
+"                                  __global float *dx, int want_x, __global float *dw, int want_w, __global float *db, int want_b) {\n"
+"    int c = get_global_id(0), i, k;\n"
+"    float mu, var, rs, sg = 0.0f, sgx = 0.0f, wc, M = (float)N * inner;\n"
+"    if (c >= C) return;\n"
+"    if (training) mlc_channel_stats(x, N, C, inner, c, &mu, &var);\n"
+"    else { mu = rmean[c]; var = rvar[c]; }\n"
+"    rs = rsqrt(var + eps);\n"
+"    wc = has_w ? w[c] : 1.0f;\n"
+"    for (i = 0; i < N; i++)\n"
+"        for (k = 0; k < inner; k++) { int at = (i * C + c) * inner + k; sg += g[at]; sgx += g[at] * (x[at] - mu) * rs; }\n"
+"    if (want_w) dw[c] += sgx;\n"
+"    if (want_b) db[c] += sg;\n"
+"    if (!want_x) return;\n"
+"    for (i = 0; i < N; i++)\n"
+"        for (k = 0; k < inner; k++) {\n"
+"            int at = (i * C + c) * inner + k;\n"
+"            dx[at] += training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs * g[at];\n"
+"        }\n"
+"}\n"
+"\n"
+"/* ---- dropout: the mask comes from a hash of (seed, i), so backward draws the same one ---- */\n"
+"float mlc_dropout_scale(uint seed, int i, float p) {\n"
+"    uint h = seed ^ ((uint)i * 0x9E3779B9u);\n"
+"    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;\n"
+"    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f;\n"
+"}\n"
+"__kernel void mlc_dropout(int n, uint seed, float p, __global const float *x, __global float *y) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < n) y[i] = x[i] * mlc_dropout_scale(seed, i, p);\n"
+"}\n"
+"__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < n) dx[i] += g[i] * mlc_dropout_scale(seed, i, p);\n"
+"}\n"
+"\n"
+"/* ---- copies and index maps ---- */\n"
+"/* strided block copy: y[o, yoff + j] = x[o, xoff + j] for j < width, rows of ylen / xlen\n"
+"   (slice, concat: forward adds = 0, backward adds = 1 with the roles swapped) */\n"
+"__kernel void mlc_copy_rows(int outer, int width, __global const float *x, int xlen, int xoff,\n"
+"                            __global float *y, int ylen, int yoff, int add) {\n"
+"    int at = get_global_id(0), o, j;\n"
+"    if (at >= outer * width) return;\n"
+"    o = at / width; j = at % width;\n"
+"    if (add) y[o * ylen + yoff + j] += x[o * xlen + xoff + j];\n"
+"    else y[o * ylen + yoff + j] = x[o * xlen + xoff + j];\n"
+"}\n",
+"/* permute: y[i] = x[Σ_d idx_d(i) stride_d], strides of x in the output's axis order (a\n"
+"   bijection, so backward adds back through the same map without conflicts) */\n"
+"__kernel void mlc_permute(int n, int nd, int s0, int s1, int s2, int s3, int s4, int s5,\n"
+"                          int d0, int d1, int d2, int d3, int d4, int d5,\n"
+"                          __global const float *x, __global float *y, int backward) {\n"
+"    int i = get_global_id(0), r, d, off = 0;\n"
+"    int stride[6], dim[6];\n"
+"    if (i >= n) return;\n"
+"    stride[0] = s0; stride[1] = s1; stride[2] = s2; stride[3] = s3; stride[4] = s4; stride[5] = s5;\n"
+"    dim[0] = d0; dim[1] = d1; dim[2] = d2; dim[3] = d3; dim[4] = d4; dim[5] = d5;\n"
+"    r = i;\n"
+"    for (d = nd - 1; d >= 0; d--) { off += (r % dim[d]) * stride[d]; r /= dim[d]; }\n"
+"    if (backward) y[off] += x[i];        /* here x is dY and y is dX */\n"
+"    else y[i] = x[off];\n"
+"}\n"
+"\n"
+"/* float atomic add from 32-bit compare-and-swap (OpenCL 1.2 has no float atomics) */\n"
+"void mlc_atomic_add(volatile __global float *p, float v) {\n"
+"    union { uint u; float f; } old, want;\n"
+"    do {\n"
+"        old.f = *p;\n"
+"        want.f = old.f + v;\n"
+"    } while (atomic_cmpxchg((volatile __global uint *)p, old.u, want.u) != old.u);\n"
+"}\n"
+"\n"
+"/* index_select along an axis, x [outer, len, inner], idx [L]: y[o, l, k] = x[o, idx[l], k];\n"
+"   backward adds through the same map (indices repeat, so atomically) */\n"
+"__kernel void mlc_index_select(int outer, int len, int inner, int L, __global const float *idx,\n"
+"                               __global const float *x, __global float *y) {\n"
+"    int at = get_global_id(0), o, l, k;\n"
+"    if (at >= outer * L * inner) return;\n"
+"    k = at % inner; l = (at / inner) % L; o = at / (inner * L);\n"
+"    y[at] = x[(o * len + (int)idx[l]) * inner + k];\n"
+"}\n"
+"__kernel void mlc_index_select_grad(int outer, int len, int inner, int L, __global const float *idx,\n"
+"                                    __global const float *g, __global float *dx) {\n"
+"    int at = get_global_id(0), o, l, k;\n"
+"    if (at >= outer * L * inner) return;\n"
+"    k = at % inner; l = (at / inner) % L; o = at / (inner * L);\n"
+"    mlc_atomic_add(dx + (o * len + (int)idx[l]) * inner + k, g[at]);\n"
+"}\n"
+"\n"
+"/* gather through a map of offsets into x (computed and checked on the host) */\n"
+"__kernel void mlc_gather(int n, __global const int *map, __global const float *x, __global float *y) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < n) y[i] = x[map[i]];\n"
+"}\n"
+"__kernel void mlc_gather_grad(int n, __global const int *map, __global const float *g, __global float *dx) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < n) mlc_atomic_add(dx + map[i], g[i]);\n"
+"}\n"
+};
+
+/* Build the program once per context: mlc.h's enum values first, then the pieces. */
+static int mlc__cl_build(mlc_ctx *ctx) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
+    const char *strings[PIECES + 1];
+    char prelude[1024];
+    const char *options = st->exact_divide ? "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt" : "-cl-std=CL1.2";
+    cl_int err;
+    int i;
+    if (st->program) return 1;
+    mlc__format(prelude, sizeof prelude,
+        "#pragma OPENCL FP_CONTRACT OFF\n"
+        "#define MLC__NEG %d\n#define MLC__EXP %d\n#define MLC__LOG %d\n#define MLC__SQRT %d\n#define MLC__POW %d\n"
+        "#define MLC__ABS %d\n#define MLC__CLAMP %d\n#define MLC__ADDS %d\n#define MLC__MULS %d\n#define MLC__RSUBS %d\n"
+        "#define MLC__RELU %d\n#define MLC__LEAKY %d\n#define MLC__GELU %d\n#define MLC__GELU_TANH %d\n"
+        "#define MLC__SIGMOID %d\n#define MLC__TANH %d\n"
+        "#define MLC__ADD %d\n#define MLC__SUB %d\n#define MLC__MUL %d\n#define MLC__DIV %d\n",
+        (int)MLC__NEG, (int)MLC__EXP, (int)MLC__LOG, (int)MLC__SQRT, (int)MLC__POW, (int)MLC__ABS, (int)MLC__CLAMP,
+        (int)MLC__ADDS, (int)MLC__MULS, (int)MLC__RSUBS, (int)MLC__RELU, (int)MLC__LEAKY, (int)MLC__GELU,
+        (int)MLC__GELU_TANH, (int)MLC__SIGMOID, (int)MLC__TANH, (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV);
+    strings[0] = prelude;
+    for (i = 0; i < PIECES; i++) strings[i + 1] = mlc__cl_source[i];
+    st->program = mlc__cl.CreateProgramWithSource(st->context, PIECES + 1, strings, NULL, &err);
+    if (!st->program) return mlc__cl_check(ctx, err, "clCreateProgramWithSource");
+    err = mlc__cl.BuildProgram(st->program, 1, &st->device, options, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        char excerpt[320] = "(no build log)";
+        size_t size = 0;
+        if (mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size) == CL_SUCCESS && size > 1) {
+            char *log = (char *)mlc__heap_alloc(ctx, size + 1);
+            if (log && mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, size, log, NULL) == CL_SUCCESS) {
+                log[size] = '\0';
+                mlc__log(ctx, MLC_LOG_INFO, log);                    /* the whole log */
+                memcpy(excerpt, log, size < sizeof excerpt ? size : sizeof excerpt - 1);
+                excerpt[sizeof excerpt - 1] = '\0';
+            }
+            mlc__heap_free(ctx, log);
+        }
+        mlc__cl.ReleaseProgram(st->program);
+        st->program = NULL;
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: kernel build failed on %s: %s", st->name, excerpt);
+        return 0;
+    }
+    return 1;
+}
+
+/* The kernel called `name`, created once and cached; its work-group size in *local. */
+static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, const char *name, size_t *local) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t wg = 0;
+    cl_kernel k;
+    cl_int err;
+    int i;
+    for (i = 0; i < st->n_kernels; i++)
+        if (strcmp(st->kernels[i].name, name) == 0) { *local = st->kernels[i].local; return st->kernels[i].kernel; }
+    MLC_ASSERT(st->n_kernels < MLC__CL_MAX_KERNELS);
+    if (!mlc__cl_build(ctx)) return NULL;
+    k = mlc__cl.CreateKernel(st->program, name, &err);
+    if (!k) { mlc__cl_check(ctx, err, "clCreateKernel"); return NULL; }
+    if (mlc__cl.GetKernelWorkGroupInfo(k, st->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS || !wg) wg = 1;
+    *local = wg < 256 ? wg : 256;
+    st->kernels[st->n_kernels].name = name;
+    st->kernels[st->n_kernels].kernel = k;
+    st->kernels[st->n_kernels].local = *local;
+    st->n_kernels++;
+    return k;
+}
+
+typedef struct mlc__cl_arg { size_t size; const void *value; } mlc__cl_arg;
+#define MLC__CL_ARG(x) { sizeof(x), &(x) }
+
+/* Set the arguments and run `name` over n work-items. */
+static int mlc__cl_run(mlc_ctx *ctx, const char *name, size_t n, const mlc__cl_arg *args, int count) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t local = 1, global;
+    cl_kernel k;
+    int i;
+    if (ctx->error) return 0;
+    if (n == 0) return 1;
+    if (!(k = mlc__cl_kernel(ctx, name, &local))) return 0;
+    for (i = 0; i < count; i++)
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
+    global = (n + local - 1) / local * local;
+    return mlc__cl_check(ctx, mlc__cl.EnqueueNDRangeKernel(st->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
+                         "clEnqueueNDRangeKernel");
+}
+
+/* ============================================================================================
+   Tensors' buffers: copies, fills, and the helpers kernels take their arguments from
+   ============================================================================================ */
+
+static int mlc__cl_fill_mem(mlc_ctx *ctx, cl_mem mem, size_t count, float value) {
+    cl_ulong n = count;
+    cl_float v = value;
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(mem), MLC__CL_ARG(v) };
+    return mlc__cl_run(ctx, "mlc_fill", count, args, 3);
+}
+
+/* Host copy -> device (allocating the buffer first). Long-lived tensors wait; temporaries do
+   not (their host memory lives until the frame ends, and release_to waits for them). */
+static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    void **slot = grad ? &t->device_grad : &t->device_data;
+    const float *host = grad ? t->grad : t->data;
+    cl_bool blocking = t->persistent ? CL_TRUE : CL_FALSE;
+    if (!*slot && !(*slot = (void *)mlc__cl_alloc(ctx, t))) return 0;
+    if (!host) return 1;
+    ctx->stats.uploads++;
+    if (!t->size) return 1;
+    if (!mlc__cl_check(ctx, mlc__cl.EnqueueWriteBuffer(st->queue, (cl_mem)*slot, blocking, 0, t->size * sizeof(float),
+                                                       host, 0, NULL, NULL), "clEnqueueWriteBuffer")) return 0;
+    if (!blocking) st->pending = 1;
+    return 1;
+}
+
+/* t's data, current on the device: allocated, and uploaded when the host copy is newer. */
+static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) {
+    if (!t->device_data || (t->stale & MLC__DEVICE_STALE)) {
+        if (!mlc__cl_upload_(ctx, t, 0)) return NULL;
+        t->stale &= ~(unsigned)MLC__DEVICE_STALE;
+    }
+    return (cl_mem)t->device_data;
+}
+
+/* t's data buffer for a kernel to write (the caller marks the host copy stale). */
+static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) {
+    if (!t->device_data) t->device_data = (void *)mlc__cl_alloc(ctx, t);
+    return (cl_mem)t->device_data;
+}
+
+/* t's gradient, current on the device: a new buffer takes the host gradient when there is a
+   current one, else zeros; an old one takes it when it is newer. writes: a kernel will add
+   into it, so the host copy becomes stale. */
+static cl_mem mlc__cl_grad_(mlc_ctx *ctx, mlc_tensor *t, int writes) {
+    int fresh = t->device_grad == NULL;
+    if (fresh && !(t->device_grad = (void *)mlc__cl_alloc(ctx, t))) return NULL;
+    if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
+        if (!mlc__cl_upload_(ctx, t, 1)) return NULL;
+    } else if (fresh && !mlc__cl_fill_mem(ctx, (cl_mem)t->device_grad, t->size, 0.0f)) return NULL;
+    t->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
+    if (writes) t->stale |= MLC__GRAD_HOST_STALE;
+    return (cl_mem)t->device_grad;
+}
+static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_grad_(ctx, t, 1); }
+static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_grad_(ctx, t, 0); }
+
+/* ============================================================================================
+   Op families, each named by its CPU backward function (the node's identity)
+   ============================================================================================ */
+
+static int mlc__cl_unary(mlc_ctx *ctx, mlc__node *call) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_int kind = call->iarg[0];
+    cl_ulong n = x->size;
+    cl_float p = call->farg[0], q = call->farg[1];
+    cl_mem xm = mlc__cl_in(ctx, x), ym = xm ? mlc__cl_out(ctx, y) : NULL;
+    mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(p), MLC__CL_ARG(q) };
+    return ym && mlc__cl_run(ctx, "mlc_unary", x->size, args, 6);
+}
+
+static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
+    mlc_tensor *x = nd->in[0], *y = nd->out;
+    cl_int kind = nd->iarg[0];
+    cl_ulong n = x->size;
+    cl_float p = nd->farg[0], q = nd->farg[1];
+    cl_mem xm, ym, gm, gxm;
+    if (!x->requires_grad) return 1;
+    xm = mlc__cl_in(ctx, x);
+    ym = xm ? mlc__cl_in(ctx, y) : NULL;
+    gm = ym ? mlc__cl_grad_in(ctx, y) : NULL;
+    gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gm),
+                               MLC__CL_ARG(gxm), MLC__CL_ARG(p), MLC__CL_ARG(q) };
+        return gxm && mlc__cl_run(ctx, "mlc_unary_grad", x->size, args, 8);
+    }
+}
+
+/* copy:  y = x   dx += g.  reshape (iarg[0] = 1) is a view sharing x's storage; it declines:
+   mlc__dispatch marks a device output's host copy stale, and a download into storage that
+   another alias may have written since (mlc_write) would undo that write. The fallback keeps
+   the host copy as the truth and shares x's buffer, at the price of a copy each way. */
+static int mlc__cl_accumulate(mlc_ctx *ctx, mlc__node *call) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_ulong n = x->size;
+    cl_mem xm, ym;
+    if (call->iarg[0] == 1) {                            /* reshape: a view of the same buffer */
+        if (!(xm = mlc__cl_in(ctx, x))) return 1;
+        y->device_data = x->device_data;
+        return 1;
+    }
+    if (!(xm = mlc__cl_in(ctx, x)) || !(ym = mlc__cl_out(ctx, y))) return 0;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
+        return mlc__cl_run(ctx, "mlc_copy", x->size, args, 3);
+    }
+}
+
+static int mlc__cl_accumulate_back(mlc_ctx *ctx, mlc__node *nd) {
+    mlc_tensor *x = nd->in[0], *y = nd->out;
+    cl_ulong n = y->size;
+    cl_mem gm, gxm;
+    if (!x->requires_grad) return 1;
+    gm = mlc__cl_grad_in(ctx, y);
+    gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(gm), MLC__CL_ARG(gxm) };
+        return gxm && mlc__cl_run(ctx, "mlc_accumulate", y->size, args, 3);
+    }
+}
+
+/* The broadcast of two operands with size-1 dimensions dropped and contiguous runs merged:
+   the same elements in as few dimensions as possible (one for equal shapes). */
+typedef struct mlc__cl_dims { cl_int nd; cl_ulong8 shape, stride[2]; } mlc__cl_dims;
+
+static void mlc__cl_dims_of(const mlc__bcast *bc, mlc__cl_dims *dm) {
+    int d, k, nd = 0;
+    memset(dm, 0, sizeof *dm);
+    for (d = 0; d < bc->ndim; d++) {
+        cl_ulong size = (cl_ulong)bc->shape[d];
+        if (size == 1) continue;
+        if (nd > 0 && dm->stride[0].s[nd - 1] == bc->stride[0][d] * size && dm->stride[1].s[nd - 1] == bc->stride[1][d] * size) {
+            dm->shape.s[nd - 1] *= size;                /* merges with the dimension before */
+            for (k = 0; k < 2; k++) dm->stride[k].s[nd - 1] = bc->stride[k][d];
+            continue;
+        }
+        dm->shape.s[nd] = size;
+        for (k = 0; k < 2; k++) dm->stride[k].s[nd] = bc->stride[k][d];
+        nd++;
+    }
+    dm->nd = nd;
+}
+
+static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
+    mlc_tensor *a = call->in[0], *b = call->in[1], *y = call->out;
+    mlc__bcast bc;
+    mlc__cl_dims dm;
+    cl_int kind = call->iarg[0];
+    cl_ulong n = y->size;
+    cl_mem am, bm, ym;
+    if (!mlc__broadcast(ctx, call->op, &bc, 2, call->in)) return 1;   /* the error is set */
+    mlc__cl_dims_of(&bc, &dm);
+    am = mlc__cl_in(ctx, a);
+    bm = am ? mlc__cl_in(ctx, b) : NULL;
+    ym = bm ? mlc__cl_out(ctx, y) : NULL;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
+                               MLC__CL_ARG(dm.stride[0]), MLC__CL_ARG(dm.stride[1]), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(ym) };
+        return ym && mlc__cl_run(ctx, "mlc_binary", y->size, args, 9);
+    }
+}
+
+static int mlc__cl_binary_back(mlc_ctx *ctx, mlc__node *nd) {
+    mlc__bcast bc;
+    mlc__cl_dims dm;
+    cl_int kind = nd->iarg[0], side;
+    cl_mem am, bm, gm;
+    if (!mlc__broadcast(ctx, nd->op, &bc, 2, nd->in)) return 0;
+    mlc__cl_dims_of(&bc, &dm);
+    am = mlc__cl_in(ctx, nd->in[0]);
+    bm = am ? mlc__cl_in(ctx, nd->in[1]) : NULL;
+    gm = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
+    if (!gm) return 0;
+    for (side = 0; side < 2; side++) {
+        mlc_tensor *t = nd->in[side];
+        cl_ulong n = t->size;
+        cl_mem gs;
+        if (!t->requires_grad) continue;
+        if (!(gs = mlc__cl_grad(ctx, t))) return 0;
+        {
+            mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(side), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
+                                   MLC__CL_ARG(dm.stride[side]), MLC__CL_ARG(dm.stride[1 - side]), MLC__CL_ARG(gm),
+                                   MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(gs) };
+            if (!mlc__cl_run(ctx, "mlc_binary_grad", t->size, args, 11)) return 0;
+        }
+    }
+    return 1;
+}
+
+/* A kernel over a 3-D range with a fixed work-group (the tiled GEMM). 0 with no error set:
+   the device cannot take that work-group, and the op runs on the CPU instead. */
+static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, const size_t *local,
+                        const mlc__cl_arg *args, int count) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t wg = 1;
+    cl_kernel k;
+    int i;
+    if (ctx->error || !(k = mlc__cl_kernel(ctx, name, &wg))) return 0;
+    if (wg < local[0] * local[1] * local[2]) return 0;
+    for (i = 0; i < count; i++)
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
+    return mlc__cl_check(ctx, mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
+                         "clEnqueueNDRangeKernel");
+}
+
+/* A scratch buffer of n floats for the rest of the frame. */
+static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
+    mlc_tensor *t = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "opencl scratch");
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    t->ctx = ctx;
+    t->size = n;
+    return mlc__cl_alloc(ctx, t);
+}
+
+/* C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias) for b < batches, element offsets oa, ob, oc and
+   steps sa, sb, sc between batches. A product that adds into one shared C (sc = 0) runs batch
+   after batch, so no two work-items add into the same element at once. */
+static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_mem A, size_t oa, size_t sa,
+                        cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc, int batches, cl_mem bias) {
+    size_t local[3] = { 16, 16, 1 }, global[3];
+    int b, rounds = sc == 0 && batches > 1 ? batches : 1;
+    global[0] = ((size_t)N + 15) / 16 * 16; global[1] = ((size_t)M + 15) / 16 * 16;
+    global[2] = (size_t)(rounds > 1 ? 1 : batches);
+    if (!M || !N || !batches) return 1;
+    for (b = 0; b < rounds; b++) {
+        cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
+        cl_int offa = (cl_int)(oa + (size_t)b * sa), offb = (cl_int)(ob + (size_t)b * sb), offc = (cl_int)oc;
+        cl_int stepa = (cl_int)sa, stepb = (cl_int)sb, stepc = (cl_int)sc;
+        cl_float be = beta;
+        cl_mem bm = bias ? bias : C;
+        mlc__cl_arg args[] = { MLC__CL_ARG(m), MLC__CL_ARG(n), MLC__CL_ARG(k), MLC__CL_ARG(cta), MLC__CL_ARG(ctb),
+                               MLC__CL_ARG(A), MLC__CL_ARG(offa), MLC__CL_ARG(stepa), MLC__CL_ARG(B), MLC__CL_ARG(offb),
+                               MLC__CL_ARG(stepb), MLC__CL_ARG(C), MLC__CL_ARG(offc), MLC__CL_ARG(stepc), MLC__CL_ARG(be),
+                               MLC__CL_ARG(bm), MLC__CL_ARG(has_bias) };
+        if (!mlc__cl_run3(ctx, "mlc_gemm", global, local, args, 17)) return 0;
+    }
+    return 1;
+}
+
+static int mlc__cl_matmul(mlc_ctx *ctx, mlc__node *call) {
+    const mlc__mm *mm = (const mlc__mm *)call->saved;
+    mlc_tensor *bias = call->in[2];
+    cl_mem am = mlc__cl_in(ctx, call->in[0]), bm = am ? mlc__cl_in(ctx, call->in[1]) : NULL;
+    cl_mem biasm = bm && bias ? mlc__cl_in(ctx, bias) : NULL, cm = bm ? mlc__cl_out(ctx, call->out) : NULL;
+    if (!cm || (bias && !biasm)) return 1;                /* the error is set */
+    return mlc__cl_gemm(ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, am, 0, mm->step_a, bm, 0, mm->step_b, 0.0f,
+                        cm, 0, mm->step_c, mm->batches, biasm) || ctx->error;
+}
+
+/* dA, dB as mlc__matmul_backward has them; db = column sums of dC */
+static int mlc__cl_matmul_back(mlc_ctx *ctx, mlc__node *nd) {
+    const mlc__mm *mm = (const mlc__mm *)nd->saved;
+    mlc_tensor *a = nd->in[0], *b = nd->in[1], *bias = nd->in[2];
+    cl_mem am = mlc__cl_in(ctx, a), bm = am ? mlc__cl_in(ctx, b) : NULL, gc = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL, g;
+    int B = mm->batches;
+    if (!gc) return 0;
+    if (a->requires_grad) {
+        if (!(g = mlc__cl_grad(ctx, a))) return 0;
+        if (!mm->ta && !mlc__cl_gemm(ctx, 0, !mm->tb, mm->M, mm->K, mm->N, gc, 0, mm->step_c, bm, 0, mm->step_b, 1.0f, g, 0, mm->step_a, B, NULL)) return 0;
+        if (mm->ta && !mlc__cl_gemm(ctx, mm->tb, 1, mm->K, mm->M, mm->N, bm, 0, mm->step_b, gc, 0, mm->step_c, 1.0f, g, 0, mm->step_a, B, NULL)) return 0;
+    }
+    if (b->requires_grad) {
+        if (!(g = mlc__cl_grad(ctx, b))) return 0;
+        if (!mm->tb && !mlc__cl_gemm(ctx, !mm->ta, 0, mm->K, mm->N, mm->M, am, 0, mm->step_a, gc, 0, mm->step_c, 1.0f, g, 0, mm->step_b, B, NULL)) return 0;
+        if (mm->tb && !mlc__cl_gemm(ctx, 1, mm->ta, mm->N, mm->K, mm->M, gc, 0, mm->step_c, am, 0, mm->step_a, 1.0f, g, 0, mm->step_b, B, NULL)) return 0;
+    }
+    if (bias && bias->requires_grad) {
+        cl_int rows = (cl_int)(nd->out->size / (size_t)mm->N), n = mm->N;
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(gc), MLC__CL_ARG(g) };
+        if (!(g = mlc__cl_grad(ctx, bias))) return 0;
+        if (!mlc__cl_run(ctx, "mlc_column_sums", (size_t)mm->N, args, 4)) return 0;
+    }
+    return 1;
+}
+
+/* The convolution's shape as the im2col / col2im kernels take it. */
+static void mlc__cl_conv_args(const mlc__conv *cv, cl_int8 *q, cl_int4 *r) {
+    memset(q, 0, sizeof *q); memset(r, 0, sizeof *r);
+    q->s[0] = cv->C; q->s[1] = cv->H; q->s[2] = cv->W; q->s[3] = cv->KH; q->s[4] = cv->KW;
+    q->s[5] = cv->OH; q->s[6] = cv->OW; q->s[7] = cv->stride;
+    r->s[0] = cv->pad; r->s[1] = cv->dil; r->s[2] = cv->C / cv->groups;
+}
+
+/* per image and group: col = im2col(x), y = W_g col; then y += b */
+static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
+    const mlc__conv *cv = (const mlc__conv *)call->saved;
+    mlc_tensor *bias = call->in[2];
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g;
+    cl_mem xm = mlc__cl_in(ctx, call->in[0]), wm = xm ? mlc__cl_in(ctx, call->in[1]) : NULL;
+    cl_mem bm = wm && bias ? mlc__cl_in(ctx, bias) : NULL, ym = wm ? mlc__cl_out(ctx, call->out) : NULL;
+    cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * P) : NULL;
+    cl_int8 q;
+    cl_int4 r;
+    if (!col || (bias && !bm)) return 1;
+    mlc__cl_conv_args(cv, &q, &r);
+    for (i = 0; i < cv->N; i++)
+        for (g = 0; g < cv->groups; g++) {
+            cl_int x_off = (cl_int)(((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
+            if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * P, args, 5)) return 1;
+            if (!mlc__cl_gemm(ctx, 0, 0, Og, P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
+                              ym, ((size_t)i * cv->O + (size_t)g * Og) * P, 0, 1, NULL)) return ctx->error != 0;
+        }
+    if (bias) {
+        cl_int N = cv->N, O = cv->O, PP = P;
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(ym), MLC__CL_ARG(bm) };
+        mlc__cl_run(ctx, "mlc_conv_bias", call->out->size, args, 5);
+    }
+    return 1;
+}
+
+/* dW_g += dY_g colᵀ;  dcol = W_gᵀ dY_g, col2im into dx;  db = Σ dY */
+static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
+    const mlc__conv *cv = (const mlc__conv *)nd->saved;
+    mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g;
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL, dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
+    cl_mem gx = NULL, gw = NULL, gb, col;
+    cl_int8 q;
+    cl_int4 r;
+    if (!dy) return 0;
+    if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
+    if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
+    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * P))) return 0;
+    mlc__cl_conv_args(cv, &q, &r);
+    for (i = 0; i < cv->N; i++)
+        for (g = 0; g < cv->groups; g++) {
+            cl_int x_off = (cl_int)(((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            size_t dy_off = ((size_t)i * cv->O + (size_t)g * Og) * P;
+            if (gw) {
+                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
+                if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * P, args, 5)) return 0;
+                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, P, dy, dy_off, 0, col, 0, 0, 1.0f, gw, (size_t)g * Og * rows, 0, 1, NULL)) return 0;
+            }
+            if (gx) {
+                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx), MLC__CL_ARG(x_off) };
+                if (!mlc__cl_gemm(ctx, 1, 0, rows, P, Og, wm, (size_t)g * Og * rows, 0, dy, dy_off, 0, 0.0f, col, 0, 0, 1, NULL)) return 0;
+                if (!mlc__cl_run(ctx, "mlc_col2im", (size_t)Cg * cv->H * cv->W, args, 5)) return 0;
+            }
+        }
+    if (b && b->requires_grad) {
+        cl_int N = cv->N, O = cv->O, PP = P;
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy), MLC__CL_ARG(gb) };
+        if (!(gb = mlc__cl_grad(ctx, b))) return 0;
+        if (!mlc__cl_run(ctx, "mlc_conv_bias_grad", (size_t)cv->O, args, 5)) return 0;
+    }
+    return 1;
+}
+
+static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2], OW = y->shape[3];
+    cl_int K = call->iarg[0], S = call->iarg[1], Pd = call->iarg[2], is_max = call->iarg[3];
+    cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
+    if (!xm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
+                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
+        if (!(ym = mlc__cl_out(ctx, y))) return 1;
+        mlc__cl_run(ctx, "mlc_pool", y->size, args, 11);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
+                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm),
+                               MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
+        if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_pool_grad", x->size, args, 12);
+    }
+}
+
+static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_int kind = call->iarg[0], len = call->iarg[1], inner = call->iarg[3], unbiased = call->iarg[4];
+    cl_int outer = len && inner ? (cl_int)(x->size / ((size_t)len * inner)) : 0;
+    cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
+    if (!xm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
+                               MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
+        if (!(ym = mlc__cl_out(ctx, y))) return 1;
+        mlc__cl_run(ctx, "mlc_reduce", y->size, args, 7);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
+                               MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
+        if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_reduce_grad", x->size, args, 8);
+    }
+}
+
+static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_int is_log = call->iarg[0], len = call->iarg[1], inner = call->iarg[2];
+    cl_int outer = len && inner ? (cl_int)(x->size / ((size_t)len * inner)) : 0;
+    cl_mem a, b, c;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+        if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
+        mlc__cl_run(ctx, "mlc_softmax", (size_t)outer * inner, args, 6);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
+                               MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(c) };
+        if (!(a = mlc__cl_in(ctx, y)) || !(b = mlc__cl_grad_in(ctx, y)) || !(c = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_softmax_grad", (size_t)outer * inner, args, 7);
+    }
+}
+
+/* l = per-element losses in a scratch buffer; y = l (none) or its sum / mean */
+static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t count) {
+    cl_int n = (cl_int)count, red = call->iarg[0];
+    cl_float scale = call->farg[0];
+    cl_mem y = mlc__cl_out(ctx, call->out);
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l), MLC__CL_ARG(y) };
+    if (!y) return 1;
+    if (red == MLC_REDUCE_NONE) {
+        cl_ulong n64 = count;
+        mlc__cl_arg copy[] = { MLC__CL_ARG(n64), MLC__CL_ARG(l), MLC__CL_ARG(y) };
+        mlc__cl_run(ctx, "mlc_copy", count, copy, 3);
+        return 1;
+    }
+    mlc__cl_run(ctx, "mlc_loss_total", 1, args, 5);
+    return 1;
+}
+
+static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *t = call->in[1];
+    cl_int sm = call->iarg[2], N = x->shape[0], C = x->shape[1], ignore = call->iarg[1], red = call->iarg[0];
+    cl_float scale = call->farg[0];
+    cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
+    if (!tm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
+        if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
+        if (!mlc__cl_run(ctx, "mlc_class_loss", (size_t)N, args, 7)) return 1;
+        return mlc__cl_loss_total(ctx, call, l, (size_t)N);
+    }
+    if (!x->requires_grad) return 1;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(red),
+                               MLC__CL_ARG(scale), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
+        if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_class_loss_grad", (size_t)N, args, 10);
+    }
+}
+
+static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *p = call->in[0], *t = call->in[1];
+    cl_int kind = call->iarg[2] == MLC__MSE ? 0 : 1, n = (cl_int)p->size, red = call->iarg[0];
+    cl_int want_p = p->requires_grad, want_t = t->requires_grad;
+    cl_float scale = call->farg[0];
+    cl_mem pm = mlc__cl_in(ctx, p), tm = pm ? mlc__cl_in(ctx, t) : NULL, l, g, gp, gt;
+    if (!tm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
+        if (!(l = mlc__cl_scratch(ctx, p->size))) return 1;
+        if (!mlc__cl_run(ctx, "mlc_pointwise_loss", p->size, args, 5)) return 1;
+        return mlc__cl_loss_total(ctx, call, l, p->size);
+    }
+    if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
+    gp = want_p ? mlc__cl_grad(ctx, p) : g;
+    gt = want_t ? mlc__cl_grad(ctx, t) : g;
+    if (!gp || !gt) return 0;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(pm),
+                               MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gp), MLC__CL_ARG(gt), MLC__CL_ARG(want_p), MLC__CL_ARG(want_t) };
+        return mlc__cl_run(ctx, "mlc_pointwise_loss_grad", p->size, args, 11);
+    }
+}
+
+/* An optional input's buffer, or `other` as a placeholder the kernel does not read. */
+static cl_mem mlc__cl_maybe(mlc_ctx *ctx, mlc_tensor *t, cl_mem other) { return t ? mlc__cl_in(ctx, t) : other; }
+
+static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2];
+    cl_int D = x->shape[x->ndim - 1], rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL, has_b = b != NULL;
+    cl_float eps = call->farg[0];
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
+    cl_mem ym, g, gx, gw, gb;
+    if (!bm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
+                               MLC__CL_ARG(has_w), MLC__CL_ARG(bm), MLC__CL_ARG(has_b), MLC__CL_ARG(ym) };
+        if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
+        mlc__cl_run(ctx, "mlc_layer_norm", (size_t)rows, args, 9);
+        return 1;
+    }
+    if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
+    if (x->requires_grad) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
+                               MLC__CL_ARG(has_w), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
+        if (!(gx = mlc__cl_grad(ctx, x)) || !mlc__cl_run(ctx, "mlc_layer_norm_grad", (size_t)rows, args, 8)) return 0;
+    }
+    {
+        cl_int want_w = w && w->requires_grad, want_b = b && b->requires_grad;
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(g),
+                               MLC__CL_ARG(gw), MLC__CL_ARG(want_w), MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
+        if (!want_w && !want_b) return 1;
+        gw = want_w ? mlc__cl_grad(ctx, w) : g;
+        gb = want_b ? mlc__cl_grad(ctx, b) : g;
+        return gw && gb && mlc__cl_run(ctx, "mlc_layer_norm_param_grad", (size_t)D, args, 9);
+    }
+}
+
+static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2], *rm = call->in[3], *rv = call->in[4];
+    cl_int N = x->shape[0], C = x->shape[1], inner = (cl_int)mlc__numel(x->ndim - 2, x->shape + 2), training = call->iarg[0];
+    cl_int has_w = w != NULL, has_b = b != NULL, has_rm = rm != NULL, has_rv = rv != NULL;
+    cl_float momentum = call->farg[0], eps = call->farg[1];
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
+    cl_mem rmm = bm ? mlc__cl_maybe(ctx, rm, xm) : NULL, rvm = rmm ? mlc__cl_maybe(ctx, rv, xm) : NULL, ym, g, gx, gw, gb;
+    if (!rvm) return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(inner), MLC__CL_ARG(training), MLC__CL_ARG(momentum),
+                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm), MLC__CL_ARG(has_w), MLC__CL_ARG(bm),
+                               MLC__CL_ARG(has_b), MLC__CL_ARG(rmm), MLC__CL_ARG(has_rm), MLC__CL_ARG(rvm), MLC__CL_ARG(has_rv),
+                               MLC__CL_ARG(ym) };
+        if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
+        mlc__cl_run(ctx, "mlc_batch_norm", (size_t)C, args, 16);
+        return 1;
+    }
+    {
+        cl_int want_x = x->requires_grad, want_w = w && w->requires_grad, want_b = b && b->requires_grad;
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(inner), MLC__CL_ARG(training), MLC__CL_ARG(eps),
+                               MLC__CL_ARG(xm), MLC__CL_ARG(wm), MLC__CL_ARG(has_w), MLC__CL_ARG(rmm), MLC__CL_ARG(rvm),
+                               MLC__CL_ARG(g), MLC__CL_ARG(gx), MLC__CL_ARG(want_x), MLC__CL_ARG(gw), MLC__CL_ARG(want_w),
+                               MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
+        if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
+        gx = want_x ? mlc__cl_grad(ctx, x) : g;
+        gw = want_w ? mlc__cl_grad(ctx, w) : g;
+        gb = want_b ? mlc__cl_grad(ctx, b) : g;
+        return gx && gw && gb && mlc__cl_run(ctx, "mlc_batch_norm_grad", (size_t)C, args, 17);
+    }
+}
+
+static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0];
+    cl_int n = (cl_int)x->size;
+    cl_uint seed = (cl_uint)call->iarg[0];
+    cl_float p = call->farg[0];
+    cl_mem a, b;
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+    if (!backward) {
+        if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
+        mlc__cl_run(ctx, "mlc_dropout", x->size, args, 5);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
+    return mlc__cl_run(ctx, "mlc_dropout_grad", x->size, args, 5);
+}
+
+/* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
+static int mlc__cl_copy_rows(mlc_ctx *ctx, size_t outer, size_t width, cl_mem x, size_t xlen, size_t xoff,
+                             cl_mem y, size_t ylen, size_t yoff, int add) {
+    cl_int o = (cl_int)outer, w = (cl_int)width, xl = (cl_int)xlen, xo = (cl_int)xoff, yl = (cl_int)ylen, yo = (cl_int)yoff, a = add;
+    mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(w), MLC__CL_ARG(x), MLC__CL_ARG(xl), MLC__CL_ARG(xo),
+                           MLC__CL_ARG(y), MLC__CL_ARG(yl), MLC__CL_ARG(yo), MLC__CL_ARG(a) };
+    return mlc__cl_run(ctx, "mlc_copy_rows", outer * width, args, 9);
+}
+
+static int mlc__cl_slice(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0];
+    size_t outer, inner;
+    int len, start = call->iarg[0], count = call->iarg[1];
+    cl_mem a, b;
+    mlc__split(x, call->iarg[2], &outer, &len, &inner);
+    if (!backward) {
+        if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
+        mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)len * inner, (size_t)start * inner, b, (size_t)count * inner, 0, 0);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
+    return mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)count * inner, 0, b, (size_t)len * inner, (size_t)start * inner, 1);
+}
+
+static int mlc__cl_concat(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor **xs = (mlc_tensor **)call->saved;
+    int count = call->iarg[0], axis = call->iarg[1], total = call->out->shape[axis], k, offset = 0;
+    cl_mem y = backward ? mlc__cl_grad_in(ctx, call->out) : mlc__cl_out(ctx, call->out), x;
+    if (!y) return backward ? 0 : 1;
+    for (k = 0; k < count; k++) {
+        size_t outer, inner;
+        int len;
+        mlc__split(xs[k], axis, &outer, &len, &inner);
+        if (!backward) {
+            if (!(x = mlc__cl_in(ctx, xs[k]))) return 1;
+            mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, x, (size_t)len * inner, 0, y, (size_t)total * inner, (size_t)offset * inner, 0);
+        } else if (xs[k]->requires_grad) {
+            if (!(x = mlc__cl_grad(ctx, xs[k]))) return 0;
+            if (!mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, y, (size_t)total * inner, (size_t)offset * inner, x, (size_t)len * inner, 0, 1)) return 0;
+        }
+        offset += len;
+    }
+    return 1;
+}
+
+static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0];
+    cl_int n = (cl_int)x->size, nd = x->ndim, s[6] = { 0, 0, 0, 0, 0, 0 }, dims[6] = { 1, 1, 1, 1, 1, 1 }, back = backward;
+    cl_int xstride[MLC_MAX_DIMS];
+    cl_mem a, b;
+    int d, acc = 1;
+    for (d = x->ndim - 1; d >= 0; d--) { xstride[d] = acc; acc *= x->shape[d]; }
+    for (d = 0; d < x->ndim; d++) { s[d] = xstride[call->iarg[d]]; dims[d] = call->out->shape[d]; }
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(s[0]), MLC__CL_ARG(s[1]), MLC__CL_ARG(s[2]),
+                               MLC__CL_ARG(s[3]), MLC__CL_ARG(s[4]), MLC__CL_ARG(s[5]), MLC__CL_ARG(dims[0]), MLC__CL_ARG(dims[1]),
+                               MLC__CL_ARG(dims[2]), MLC__CL_ARG(dims[3]), MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]),
+                               MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(back) };
+        if (!backward) {
+            if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
+            mlc__cl_run(ctx, "mlc_permute", x->size, args, 17);
+            return 1;
+        }
+        if (!x->requires_grad) return 1;
+        if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_permute", x->size, args, 17);
+    }
+}
+
+static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *idx = call->in[1];
+    size_t outer, inner;
+    int len;
+    cl_int o, l, in, L = (cl_int)idx->size;
+    cl_mem im, a, b;
+    mlc__split(x, call->iarg[0], &outer, &len, &inner);
+    o = (cl_int)outer; l = len; in = (cl_int)inner;
+    {
+        mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L), MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+        if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
+        if (!backward) {
+            if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
+            mlc__cl_run(ctx, "mlc_index_select", call->out->size, args, 7);
+            return 1;
+        }
+        if (!x->requires_grad) return 1;
+        if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
+        return mlc__cl_run(ctx, "mlc_index_select_grad", call->out->size, args, 7);
+    }
+}
+
+/* gather: the host's offsets (checked there) go to the device as ints; the node keeps that
+   buffer in place of the host map, for the backward */
+static int mlc__cl_gather(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    cl_int n = (cl_int)y->size;
+    cl_mem mm = (cl_mem)call->saved, a, b;
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(mm), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+    if (!backward) {
+        const size_t *map = (const size_t *)call->saved;
+        cl_int *ints = (cl_int *)mlc__arena_alloc(ctx, y->size * sizeof(cl_int) + 4, "mlc_gather");
+        size_t i;
+        if (!ints || !(mm = mlc__cl_scratch(ctx, y->size + 1))) return 1;
+        for (i = 0; i < y->size; i++) ints[i] = (cl_int)map[i];
+        if (y->size && !mlc__cl_check(ctx, mlc__cl.EnqueueWriteBuffer(mlc__cl_st(ctx)->queue, mm, CL_FALSE, 0, y->size * sizeof(cl_int),
+                                                                       ints, 0, NULL, NULL), "clEnqueueWriteBuffer")) return 1;
+        mlc__cl_st(ctx)->pending = 1;
+        call->saved = (void *)mm;
+        if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
+        mlc__cl_run(ctx, "mlc_gather", y->size, args, 4);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    if (!(a = mlc__cl_grad_in(ctx, y)) || !(b = mlc__cl_grad(ctx, x))) return 0;
+    return mlc__cl_run(ctx, "mlc_gather_grad", y->size, args, 4);
+}
+
+/* ============================================================================================
+   The backend table's entries
+   ============================================================================================ */
+
+/* 1: the op ran here (or failed, with the error set); 0: no kernel, mlc.h runs it on the CPU.
+   A family is listed only when both its forward and backward kernels exist. */
+static int mlc__cl_forward(mlc_ctx *ctx, mlc__node *call) {
+    mlc__cl_st(ctx)->op = call->op;
+    if (call->backward == mlc__unary_backward) return mlc__cl_unary(ctx, call);
+    if (call->backward == mlc__binary_backward) return mlc__cl_binary(ctx, call);
+    if (call->backward == mlc__accumulate_backward) return mlc__cl_accumulate(ctx, call);
+    if (call->backward == mlc__matmul_backward) return mlc__cl_matmul(ctx, call);
+    if (call->backward == mlc__conv2d_backward) return mlc__cl_conv2d(ctx, call);
+    if (call->backward == mlc__pool_backward) return mlc__cl_pool(ctx, call, 0);
+    if (call->backward == mlc__reduce_backward) return mlc__cl_reduce(ctx, call, 0);
+    if (call->backward == mlc__softmax_backward) return mlc__cl_softmax(ctx, call, 0);
+    if (call->backward == mlc__class_loss_backward) return mlc__cl_class_loss(ctx, call, 0);
+    if (call->backward == mlc__pointwise_loss_backward) return mlc__cl_pointwise_loss(ctx, call, 0);
+    if (call->backward == mlc__layer_norm_backward) return mlc__cl_layer_norm(ctx, call, 0);
+    if (call->backward == mlc__batch_norm_backward) return mlc__cl_batch_norm(ctx, call, 0);
+    if (call->backward == mlc__dropout_backward) return mlc__cl_dropout(ctx, call, 0);
+    if (call->backward == mlc__slice_backward) return mlc__cl_slice(ctx, call, 0);
+    if (call->backward == mlc__concat_backward) return mlc__cl_concat(ctx, call, 0);
+    if (call->backward == mlc__permute_backward) return mlc__cl_permute(ctx, call, 0);
+    if (call->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, call, 0);
+    if (call->backward == mlc__gather_backward) return mlc__cl_gather(ctx, call, 0);
+    return 0;
+}
+
+/* Only for nodes whose forward ran here: add into the inputs' gradients. */
+static int mlc__cl_backward(mlc_ctx *ctx, mlc__node *n) {
+    mlc__cl_st(ctx)->op = n->op;
+    if (n->backward == mlc__unary_backward) return mlc__cl_unary_back(ctx, n);
+    if (n->backward == mlc__binary_backward) return mlc__cl_binary_back(ctx, n);
+    if (n->backward == mlc__accumulate_backward) return mlc__cl_accumulate_back(ctx, n);
+    if (n->backward == mlc__matmul_backward) return mlc__cl_matmul_back(ctx, n);
+    if (n->backward == mlc__conv2d_backward) return mlc__cl_conv2d_back(ctx, n);
+    if (n->backward == mlc__pool_backward) return mlc__cl_pool(ctx, n, 1);
+    if (n->backward == mlc__reduce_backward) return mlc__cl_reduce(ctx, n, 1);
+    if (n->backward == mlc__softmax_backward) return mlc__cl_softmax(ctx, n, 1);
+    if (n->backward == mlc__class_loss_backward) return mlc__cl_class_loss(ctx, n, 1);
+    if (n->backward == mlc__pointwise_loss_backward) return mlc__cl_pointwise_loss(ctx, n, 1);
+    if (n->backward == mlc__layer_norm_backward) return mlc__cl_layer_norm(ctx, n, 1);
+    if (n->backward == mlc__batch_norm_backward) return mlc__cl_batch_norm(ctx, n, 1);
+    if (n->backward == mlc__dropout_backward) return mlc__cl_dropout(ctx, n, 1);
+    if (n->backward == mlc__slice_backward) return mlc__cl_slice(ctx, n, 1);
+    if (n->backward == mlc__concat_backward) return mlc__cl_concat(ctx, n, 1);
+    if (n->backward == mlc__permute_backward) return mlc__cl_permute(ctx, n, 1);
+    if (n->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, n, 1);
+    if (n->backward == mlc__gather_backward) return mlc__cl_gather(ctx, n, 1);
+    return 0;
+}
+
+/* Parameter i's update; the state is opt->state[3 i + k], long-lived tensors on the device.
+   1: done (mlc_step then marks p and its state stale on the host); 0: not done (an error is
+   set, or the state is not on the device and the CPU runs the step). */
+static int mlc__cl_step(mlc_optim *opt, int i) {
+    mlc_ctx *ctx = opt->ctx;
+    mlc_tensor *p = opt->params[i], **s = opt->state + 3 * i;
+    cl_mem pm, gm, s0, s1, s2;
+    cl_ulong n = p->size;
+    int k;
+    mlc__cl_st(ctx)->op = "mlc_step";
+    for (k = 0; k < 3; k++) if (!s[k] || !s[k]->on_device || s[k]->size != p->size) return 0;
+    pm = mlc__cl_in(ctx, p);
+    gm = pm ? mlc__cl_grad_in(ctx, p) : NULL;
+    s0 = gm ? mlc__cl_in(ctx, s[0]) : NULL;
+    s1 = s0 ? mlc__cl_in(ctx, s[1]) : NULL;
+    s2 = s1 ? mlc__cl_in(ctx, s[2]) : NULL;
+    if (!s2) return 0;                                   /* the error is set */
+    if (opt->kind == MLC__SGD) {
+        cl_float lr = opt->lr, wd = opt->weight_decay, mu = opt->momentum, keep = 1.0f - opt->dampening;
+        cl_int first = opt->t == 1, nesterov = opt->nesterov;
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(lr),
+                               MLC__CL_ARG(wd), MLC__CL_ARG(mu), MLC__CL_ARG(keep), MLC__CL_ARG(first), MLC__CL_ARG(nesterov) };
+        mlc__cl_run(ctx, "mlc_sgd", p->size, args, 10);
+    } else if (opt->kind == MLC__RMSPROP) {
+        cl_float lr = opt->lr, wd = opt->weight_decay, a = opt->beta2, eps = opt->eps, mu = opt->momentum;
+        cl_int centered = opt->centered;
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
+                               MLC__CL_ARG(s2), MLC__CL_ARG(lr), MLC__CL_ARG(wd), MLC__CL_ARG(a), MLC__CL_ARG(eps),
+                               MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
+        mlc__cl_run(ctx, "mlc_rmsprop", p->size, args, 12);
+    } else {                                             /* the constants as mlc__adam_update has them */
+        cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
+        cl_float l2 = opt->kind == MLC__ADAM ? opt->weight_decay : 0.0f;
+        cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
+        cl_float step = (float)(opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
+        cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
+                               MLC__CL_ARG(b1), MLC__CL_ARG(b2), MLC__CL_ARG(eps), MLC__CL_ARG(l2), MLC__CL_ARG(shrink),
+                               MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2) };
+        mlc__cl_run(ctx, "mlc_adam", p->size, args, 12);
+    }
+    return !ctx->error;
+}
+
+static int mlc__cl_fill(mlc_tensor *t, int grad, float value) {
+    mlc_ctx *ctx = t->ctx;
+    void **slot = grad ? &t->device_grad : &t->device_data;
+    mlc__cl_st(ctx)->op = "fill";
+    if (!*slot && !(*slot = (void *)mlc__cl_alloc(ctx, t))) return 0;
+    return mlc__cl_fill_mem(ctx, (cl_mem)*slot, t->size, value);
+}
+
+static int mlc__cl_upload(mlc_tensor *t, int grad) {
+    mlc__cl_st(t->ctx)->op = "upload";
+    return mlc__cl_upload_(t->ctx, t, grad);
+}
+
+/* Device -> host copy, waiting for it (and so for every command before it). */
+static int mlc__cl_download(mlc_tensor *t, int grad) {
+    mlc_ctx *ctx = t->ctx;
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    void *mem = grad ? t->device_grad : t->device_data;
+    float *host = grad ? t->grad : t->data;
+    if (ctx->error) return 0;
+    if (!mem || !host) return 1;                         /* nothing on the device to bring up */
+    st->op = "download";
+    ctx->stats.downloads++;
+    if (!t->size) return 1;
+    if (!mlc__cl_check(ctx, mlc__cl.EnqueueReadBuffer(st->queue, (cl_mem)mem, CL_TRUE, 0, t->size * sizeof(float), host,
+                                                      0, NULL, NULL), "clEnqueueReadBuffer")) return 0;
+    st->pending = 0;
+    return 1;
+}
+
+/* A long-lived tensor is freed (or moved to the CPU): its buffers go. */
+static void mlc__cl_release(mlc_tensor *t) {
+    mlc_ctx *ctx = t->ctx;
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    int which;
+    for (which = 0; which < 2 && t->persistent; which++) {
+        void *mem = which ? t->device_grad : t->device_data;
+        size_t i;
+        for (i = 0; mem && i < st->owned.count; i++)
+            if ((void *)st->owned.items[i].mem == mem) {
+                mlc__cl_free_buffer(ctx, st->owned.items[i].mem, st->owned.items[i].bytes);
+                st->owned.items[i] = st->owned.items[--st->owned.count];
+                break;
+            }
+    }
+    t->device_data = t->device_grad = NULL;
+}
+
+/* A frame begins: remember the stack's height and the arena's position; returns the mark's
+   number (the frame's depth). */
+static size_t mlc__cl_mark(mlc_ctx *ctx) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    void *marks = st->marks;
+    mlc__cl_frame_mark *m;
+    size_t offset = 0;
+    if (!mlc__cl_grow(ctx, &marks, &st->cap_marks, st->n_marks + 1, sizeof(mlc__cl_frame_mark))) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_frame_begin: out of memory (OpenCL frame marks)");
+        return (size_t)-1;
+    }
+    st->marks = (mlc__cl_frame_mark *)marks;
+    m = &st->marks[st->n_marks];
+    m->depth = st->frame.count;
+    m->block = ctx->block ? mlc__cl_arena_pos(ctx, ctx->block->base, &offset) : 0;
+    m->used = ctx->block ? ctx->block->used : 0;
+    return st->n_marks++;
+}
+
+/* A frame ends: its temporaries go to the spare list, after the uploads from its host memory. */
+static void mlc__cl_release_to(mlc_ctx *ctx, size_t mark) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    if (mark >= st->n_marks) return;                     /* that frame already ended */
+    if (st->pending) { mlc__cl.Finish(st->queue); st->pending = 0; }
+    while (st->frame.count > st->marks[mark].depth) {
+        mlc__cl_buf b = st->frame.items[--st->frame.count];
+        if (!mlc__cl_push(ctx, &st->spare, b.mem, b.bytes)) mlc__cl_free_buffer(ctx, b.mem, b.bytes);
+    }
+    st->n_marks = mark;
+}
+
+static void mlc__cl_destroy(mlc_ctx *ctx) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    int i;
+    if (!st) return;
+    mlc__cl.Finish(st->queue);
+    for (i = 0; i < st->n_kernels; i++) mlc__cl.ReleaseKernel(st->kernels[i].kernel);
+    if (st->program) mlc__cl.ReleaseProgram(st->program);
+    mlc__cl_free_list(ctx, &st->frame);
+    mlc__cl_free_list(ctx, &st->spare);
+    mlc__cl_free_list(ctx, &st->owned);
+    mlc__heap_free(ctx, st->frame.items);
+    mlc__heap_free(ctx, st->spare.items);
+    mlc__heap_free(ctx, st->owned.items);
+    mlc__heap_free(ctx, st->marks);
+    mlc__cl.ReleaseCommandQueue(st->queue);
+    mlc__cl.ReleaseContext(st->context);
+    mlc__heap_free(ctx, st);
+    ctx->device = NULL;
+}
+
+static const mlc__backend mlc__opencl_backend = {
+    "opencl", mlc__cl_forward, mlc__cl_backward, mlc__cl_step, mlc__cl_fill, mlc__cl_upload,
+    mlc__cl_download, mlc__cl_release, mlc__cl_mark, mlc__cl_release_to, mlc__cl_destroy
+};
+
+/* ============================================================================================
+   Opening a device: "opencl", "opencl:N", "best", or a piece of a device's name
+   ============================================================================================ */
+
+static int mlc__cl_lower(int c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; }
+
+/* Case-insensitive (ASCII): does `text` contain `piece`? */
+static int mlc__cl_contains(const char *text, const char *piece) {
+    size_t i, j;
+    if (!*piece) return 0;
+    for (i = 0; text[i]; i++) {
+        for (j = 0; piece[j] && text[i + j] && mlc__cl_lower(text[i + j]) == mlc__cl_lower(piece[j]); j++) {}
+        if (!piece[j]) return 1;
+    }
+    return 0;
+}
+
+static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_id device, int index, int quiet_failure) {
+    mlc__cl_state *st;
+    cl_context_properties props[3];
+    cl_ulong max_alloc = 0;
+    cl_device_fp_config fp = 0;
+    mlc_device_info info;
+    cl_int err = CL_SUCCESS;
+    char message[400];
+    mlc__cl_describe(platform, device, index, &info);
+    st = (mlc__cl_state *)mlc__heap_alloc(ctx, sizeof *st);
+    if (!st) { mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: out of memory opening OpenCL device %d", index); return 0; }
+    memset(st, 0, sizeof *st);
+    props[0] = CL_CONTEXT_PLATFORM; props[1] = (cl_context_properties)platform; props[2] = 0;
+    st->device = device;
+    st->context = mlc__cl.CreateContext(props, 1, &device, NULL, NULL, &err);
+    if (st->context) st->queue = mlc__cl.CreateCommandQueue(st->context, device, 0, &err);
+    if (!st->queue) {
+        mlc__format(message, sizeof message, "mlc_create: cannot open OpenCL device %d (%s): %s failed (%d)", index, info.name,
+                    st->context ? "clCreateCommandQueue" : "clCreateContext", (int)err);
+        if (st->context) mlc__cl.ReleaseContext(st->context);
+        mlc__heap_free(ctx, st);
+        if (quiet_failure) { mlc__log(ctx, MLC_LOG_WARN, message); return 0; }
+        mlc__fail(ctx, MLC_ERR_DEVICE, "%s", message);
+        return 0;
+    }
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    st->max_alloc = !max_alloc || max_alloc > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)max_alloc;
+    st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    st->op = "mlc_create";
+    memcpy(st->name, info.name, sizeof st->name);
+    ctx->device = st;
+    ctx->backend = &mlc__opencl_backend;
+    return 1;
+}
+
+static int mlc__opencl_open(mlc_ctx *ctx, const char *spec) {
+    cl_platform_id platforms[MLC__CL_MAX_DEVICES];
+    cl_device_id devices[MLC__CL_MAX_DEVICES];
+    int is_best = strcmp(spec, "best") == 0, index = -1, count, i;
+    int is_opencl = 1;
+    for (i = 0; i < 6; i++) if (mlc__cl_lower(spec[i]) != "opencl"[i]) { is_opencl = 0; break; }
+    if (is_opencl && spec[6] != '\0' && spec[6] != ':') is_opencl = 0;
+    if (is_opencl) {                                     /* "opencl" or "opencl:N" */
+        index = 0;
+        if (spec[6] == ':') {
+            const char *c = spec + 7;
+            for (index = 0; *c >= '0' && *c <= '9' && index < 100000; c++) index = index * 10 + (*c - '0');
+            if (c == spec + 7 || *c) {
+                mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: bad device \"%s\" (write opencl:N, N a row of mlc_devices)", spec);
+                return 0;
+            }
+        }
+    }
+    if (!mlc__cl_load()) {
+        if (is_opencl) mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
+                                 "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)");
+        else if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL library; running on the CPU");
+        return 0;
+    }
+    count = mlc__cl_enumerate(platforms, devices);
+    if (is_opencl) {
+        if (count == 0) {
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL platform or device found (is an OpenCL driver installed?)");
+            return 0;
+        }
+        if (index >= count) {
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL device %d (there are %d; see mlc_devices)", index, count);
+            return 0;
+        }
+        return mlc__cl_open_device(ctx, platforms[index], devices[index], index, 0);
+    }
+    for (i = 0; i < count; i++) {
+        if (is_best) {
+            cl_device_type type = 0;
+            mlc__cl.GetDeviceInfo(devices[i], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+            if (type & CL_DEVICE_TYPE_GPU) return mlc__cl_open_device(ctx, platforms[i], devices[i], i, 1);
+        } else {
+            char name[128];
+            mlc__cl_string(platforms[i], devices[i], CL_DEVICE_NAME, name, sizeof name);
+            if (mlc__cl_contains(name, spec)) return mlc__cl_open_device(ctx, platforms[i], devices[i], i, 0);
+        }
+    }
+    if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL GPU found; running on the CPU");
+    return 0;
+}
+
+#endif /* MLC_OPENCL_H */

@@ -1,0 +1,555 @@
+/* The device machinery without OpenCL: a fake backend whose "device buffers" are separate
+   malloc'd copies, and the test contexts (test_ctx, test_adopt, test_destroy) of every suite.
+   This file holds the implementation (MLC_IMPLEMENTATION), so mlc's internals are visible.
+
+   The fake device has no kernels by default: forward, backward and step decline, so every op
+   on it falls back to the CPU through the host copies, exactly as an op a real backend lacks.
+   Its buffers follow the rules a real backend must: uploads and downloads copy and count
+   (mlc_stats), long-lived tensors' buffers go when the tensor is freed or moved home, and a
+   frame's temporaries go back at mlc_frame_end (a stack with marks). A buffer lives as long as
+   its tensor: one made for a tensor older than the open frames goes below their marks.
+   Two switches for the tests here:
+     kernel_neg  mlc_neg runs "on the device" (forward and backward on the device buffers), so
+                 an output whose host copy is out of date, and downloads, can be tested;
+     verify      each op first checks its inputs: a tensor whose copies are both marked current
+                 must hold the same values in both (else someone wrote t->data without telling
+                 mlc), and a host copy marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
+                 whole suite this way, which checks the suites' own reads and writes too. */
+#define MLC_IMPLEMENTATION
+#include <stdlib.h>
+#include "test.h"
+
+/* ---- the fake backend ------------------------------------------------------------------- */
+
+typedef struct fake_buf { float *ptr; size_t bytes; mlc_tensor *owner; } fake_buf;
+typedef struct fake_mark { size_t depth; long block; size_t used; } fake_mark;   /* arena position */
+typedef struct fake_device {
+    fake_buf *stack; size_t n_stack, cap_stack;   /* frame temporaries, oldest first */
+    fake_buf *kept; size_t n_kept, cap_kept;      /* buffers of long-lived tensors */
+    fake_mark *marks; size_t n_marks, cap_marks;  /* one per open frame */
+    int kernel_neg, verify;
+} fake_device;
+
+static int fake_grow(void **items, size_t *cap, size_t need, size_t size) {
+    void *p;
+    size_t n = *cap ? *cap : 16;
+    if (need <= *cap) return 1;
+    while (n < need) n *= 2;
+    if (!(p = realloc(*items, n * size))) return 0;
+    *items = p; *cap = n;
+    return 1;
+}
+
+/* Where p lies in the context's arena: (block number, offset); -1 when it is not there. */
+static long fake_arena_pos(mlc_ctx *ctx, const void *p, size_t *offset) {
+    const mlc__block *b;
+    long i = 0;
+    for (b = ctx->first_block; b; b = b->next, i++)
+        if ((const unsigned char *)p >= b->base && (const unsigned char *)p < b->base + b->capacity) {
+            *offset = (size_t)((const unsigned char *)p - b->base);
+            return i;
+        }
+    return -1;
+}
+
+/* t's data (grad 0) or gradient buffer on the device, made when missing. */
+static float *fake_buffer(mlc_tensor *t, int grad) {
+    mlc_ctx *ctx = t->ctx;
+    fake_device *fd = (fake_device *)ctx->device;
+    void **slot = grad ? &t->device_grad : &t->device_data;
+    fake_buf b;
+    if (*slot) return (float *)*slot;
+    b.bytes = t->size * sizeof(float);
+    b.ptr = (float *)malloc(b.bytes ? b.bytes : 1);
+    b.owner = t;
+    if (!b.ptr) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory (%zu bytes)", b.bytes); return NULL; }
+    if (t->persistent) {
+        if (!fake_grow((void **)&fd->kept, &fd->cap_kept, fd->n_kept + 1, sizeof(fake_buf))) { free(b.ptr); return NULL; }
+        fd->kept[fd->n_kept++] = b;
+    } else {                        /* below the marks of the frames opened after t was made */
+        size_t at = fd->n_stack, offset = 0, k;
+        long block = fake_arena_pos(ctx, t, &offset);
+        if (!fake_grow((void **)&fd->stack, &fd->cap_stack, fd->n_stack + 1, sizeof(fake_buf))) { free(b.ptr); return NULL; }
+        for (k = 0; k < fd->n_marks; k++) {
+            const fake_mark *m = &fd->marks[k];
+            if (block < m->block || (block == m->block && offset < m->used)) { at = m->depth; break; }
+        }
+        memmove(fd->stack + at + 1, fd->stack + at, (fd->n_stack - at) * sizeof(fake_buf));
+        fd->stack[at] = b;
+        fd->n_stack++;
+        for (; k < fd->n_marks; k++) fd->marks[k].depth++;
+    }
+    ctx->stats.device_bytes_current += b.bytes;
+    if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak) ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
+    *slot = b.ptr;
+    return b.ptr;
+}
+
+static void fake_free(mlc_ctx *ctx, fake_buf *b) {
+    ctx->stats.device_bytes_current -= b->bytes;
+    free(b->ptr);
+}
+
+static int fake_upload(mlc_tensor *t, int grad) {
+    float *dst = fake_buffer(t, grad);
+    const float *src = grad ? t->grad : t->data;
+    if (!dst) return 0;
+    if (!src) { mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no host %s to upload", t, grad ? "gradient" : "data"); return 0; }
+    memcpy(dst, src, t->size * sizeof(float));
+    t->ctx->stats.uploads++;
+    return 1;
+}
+
+static int fake_download(mlc_tensor *t, int grad) {
+    const float *src = (const float *)(grad ? t->device_grad : t->device_data);
+    float *dst = grad ? t->grad : t->data;
+    if (!src || !dst) { mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no device %s to download", t, grad ? "gradient" : "data"); return 0; }
+    memcpy(dst, src, t->size * sizeof(float));
+    t->ctx->stats.downloads++;
+    return 1;
+}
+
+static int fake_fill(mlc_tensor *t, int grad, float value) {
+    float *d = fake_buffer(t, grad);
+    size_t i;
+    if (!d) return 0;
+    for (i = 0; i < t->size; i++) d[i] = value;
+    return 1;
+}
+
+static void fake_release(mlc_tensor *t) {
+    fake_device *fd = (fake_device *)t->ctx->device;
+    size_t i = 0;
+    while (i < fd->n_kept)
+        if (fd->kept[i].owner == t) { fake_free(t->ctx, &fd->kept[i]); fd->kept[i] = fd->kept[--fd->n_kept]; }
+        else i++;
+    t->device_data = t->device_grad = NULL;
+}
+
+static size_t fake_mark_fn(mlc_ctx *ctx) {
+    fake_device *fd = (fake_device *)ctx->device;
+    fake_mark m;
+    size_t offset = 0;
+    m.depth = fd->n_stack;
+    m.block = ctx->block ? fake_arena_pos(ctx, ctx->block->base, &offset) : 0;
+    m.used = ctx->block ? ctx->block->used : 0;
+    if (!fake_grow((void **)&fd->marks, &fd->cap_marks, fd->n_marks + 1, sizeof(fake_mark))) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory (marks)");
+        return (size_t)-1;
+    }
+    fd->marks[fd->n_marks] = m;
+    return fd->n_marks++;
+}
+
+static void fake_release_to(mlc_ctx *ctx, size_t mark) {
+    fake_device *fd = (fake_device *)ctx->device;
+    size_t i;
+    if (mark >= fd->n_marks) return;                    /* that frame already ended */
+    for (i = fd->marks[mark].depth; i < fd->n_stack; i++) fake_free(ctx, &fd->stack[i]);
+    fd->n_stack = fd->marks[mark].depth;
+    fd->n_marks = mark;
+}
+
+static void fake_destroy(mlc_ctx *ctx) {
+    fake_device *fd = (fake_device *)ctx->device;
+    size_t i;
+    for (i = 0; i < fd->n_stack; i++) fake_free(ctx, &fd->stack[i]);
+    for (i = 0; i < fd->n_kept; i++) fake_free(ctx, &fd->kept[i]);
+    free(fd->stack); free(fd->kept); free(fd->marks); free(fd);
+    ctx->device = NULL;
+    ctx->backend = NULL;
+}
+
+/* verify: both copies marked current must agree; a newer host copy goes up. */
+static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
+    if (!t || !t->on_device) return 1;
+    if (t->stale & MLC__DEVICE_STALE) {
+        if (!fake_upload(t, 0)) return 0;
+        t->stale &= ~(unsigned)MLC__DEVICE_STALE;
+    } else if (!(t->stale & MLC__HOST_STALE) && t->device_data &&
+               memcmp(t->data, t->device_data, t->size * sizeof(float)) != 0) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "fake device: %s: the host copy of input %d %T changed without mlc_write "
+                  "(its device copy differs)", op, k, t);
+        return 0;
+    }
+    return 1;
+}
+
+/* y = -x on the device buffers; dx += -dy */
+static int fake_forward(mlc_ctx *ctx, mlc__node *call) {
+    fake_device *fd = (fake_device *)ctx->device;
+    int k;
+    if (fd->verify)
+        for (k = 0; k < call->n_in; k++) if (!fake_check(ctx, call->in[k], call->op, k)) return 0;
+    if (fd->kernel_neg && strcmp(call->op, "mlc_neg") == 0) {
+        mlc_tensor *x = call->in[0], *y = call->out;
+        const float *xd;
+        float *yd;
+        size_t i;
+        if (!fake_check(ctx, x, call->op, 0)) return 0;
+        xd = fake_buffer(x, 0);
+        yd = fake_buffer(y, 0);
+        if (!xd || !yd) return 0;
+        for (i = 0; i < y->size; i++) yd[i] = -xd[i];
+        return 1;
+    }
+    return 0;
+}
+
+static int fake_backward(mlc_ctx *ctx, mlc__node *n) {
+    mlc_tensor *x = n->in[0], *y = n->out;
+    const float *gy;
+    float *gx;
+    size_t i;
+    (void)ctx;
+    if (strcmp(n->op, "mlc_neg") != 0) return 0;
+    if (!x->requires_grad) return 1;
+    if (!y->device_grad || (y->stale & MLC__GRAD_DEVICE_STALE)) {     /* dy was made on the host */
+        if (!fake_upload(y, 1)) return 0;
+        y->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
+    }
+    if (!x->device_grad || (x->stale & MLC__GRAD_DEVICE_STALE)) {     /* start from the host's dx */
+        if (x->grad && !(x->stale & MLC__GRAD_HOST_STALE)) { if (!fake_upload(x, 1)) return 0; }
+        else if (!fake_fill(x, 1, 0.0f)) return 0;
+        x->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
+    }
+    gy = (const float *)y->device_grad;
+    gx = (float *)x->device_grad;
+    for (i = 0; i < x->size; i++) gx[i] -= gy[i];
+    x->stale |= MLC__GRAD_HOST_STALE;
+    return 1;
+}
+
+static int fake_step(mlc_optim *opt, int i) {
+    fake_device *fd = (fake_device *)opt->ctx->device;
+    int k;
+    if (fd->verify) {
+        if (!fake_check(opt->ctx, opt->params[i], "mlc_step", 0)) return 0;
+        for (k = 0; k < 3; k++) if (!fake_check(opt->ctx, opt->state[3 * i + k], "mlc_step", 1 + k)) return 0;
+    }
+    return 0;
+}
+
+static const mlc__backend fake_backend = {
+    "fake", fake_forward, fake_backward, fake_step, fake_fill, fake_upload, fake_download,
+    fake_release, fake_mark_fn, fake_release_to, fake_destroy
+};
+
+/* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
+mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
+    fake_device *fd;
+    if (!ctx || ctx->error || ctx->backend) return ctx;
+    fd = (fake_device *)calloc(1, sizeof *fd);
+    if (!fd) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory"); return ctx; }
+    ctx->device = fd;
+    ctx->backend = &fake_backend;
+    return ctx;
+}
+
+static fake_device *fake_of(mlc_ctx *ctx) { return ctx && ctx->backend == &fake_backend ? (fake_device *)ctx->device : NULL; }
+
+/* ---- the tests' contexts ----------------------------------------------------------------- */
+
+size_t test_fallbacks;
+char test_fallback_op[96];
+
+int test_fake_device_wanted(void) {
+    const char *v = getenv("MLC_TEST_FAKE_DEVICE");
+    return v && strcmp(v, "1") == 0;
+}
+
+mlc_ctx *test_adopt(mlc_ctx *ctx) {
+    if (ctx && test_fake_device_wanted() && !ctx->backend && !ctx->error) {
+        test_install_fake_device(ctx);
+        if (fake_of(ctx)) fake_of(ctx)->verify = 1;
+    }
+    return ctx;
+}
+
+mlc_ctx *test_ctx(unsigned long long seed) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    if (test_fake_device_wanted()) c.device = "cpu";   /* the fake device replaces $MLC_DEVICE */
+    return test_adopt(mlc_create(&c));
+}
+
+void test_destroy(mlc_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->stats.fallbacks && !test_fallbacks && ctx->n_fell_back) {
+        strncpy(test_fallback_op, ctx->fell_back[0], sizeof test_fallback_op - 1);
+        test_fallback_op[sizeof test_fallback_op - 1] = '\0';
+    }
+    test_fallbacks += ctx->stats.fallbacks;
+    mlc_destroy(ctx);
+}
+
+/* ---- the suite --------------------------------------------------------------------------- */
+
+typedef struct log_capture { int warnings; char last[256]; } log_capture;
+static void capture_log(mlc_log_level level, const char *message, void *user) {
+    log_capture *c = (log_capture *)user;
+    if (level != MLC_LOG_WARN) return;
+    c->warnings++;
+    strncpy(c->last, message, sizeof c->last - 1);
+}
+
+/* A CPU context with the fake device installed (whatever $MLC_DEVICE says). */
+static mlc_ctx *fake_ctx(unsigned long long seed, log_capture *log) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    c.device = "cpu";
+    if (log) { memset(log, 0, sizeof *log); c.log = capture_log; c.log_user = log; }
+    return test_install_fake_device(mlc_create(&c));
+}
+
+static int op_falls_back(void) {
+    log_capture log;
+    mlc_ctx *ctx = fake_ctx(1, &log);
+    mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(2, 2), (const float[]){ 1, 2, 3, 4 });
+    mlc_tensor *y = mlc_from_data(ctx, MLC_SHAPE(2), (const float[]){ 10, 20 }), *r;
+    CHECK(x && y && x->on_device && y->on_device);
+    CHECK(mlc_has_device(ctx) && strcmp(mlc_device_name(ctx), "fake") == 0);
+    CHECK(mlc_get_stats(ctx).fallbacks == 0);
+    r = mlc_add(x, y);                                  /* broadcast, on the CPU through copies */
+    CHECK(r && r->on_device);
+    CHECK_TENSOR(r, ((const float[]){ 11, 22, 13, 24 }), 0);
+    CHECK(mlc_get_stats(ctx).fallbacks == 1);
+    CHECK_MSG(log.warnings == 1 && strstr(log.last, "mlc_add") && strstr(log.last, "fake"), "log: %d, %s", log.warnings, log.last);
+    r = mlc_add(r, y);                                  /* counted again, logged once per op */
+    CHECK_TENSOR(r, ((const float[]){ 21, 42, 23, 44 }), 0);
+    CHECK(mlc_get_stats(ctx).fallbacks == 2 && log.warnings == 1);
+    r = mlc_mul(r, y);
+    CHECK_TENSOR(r, ((const float[]){ 210, 840, 230, 880 }), 0);
+    CHECK(mlc_get_stats(ctx).fallbacks == 3 && log.warnings == 2 && strstr(log.last, "mlc_mul"));
+    CHECK(ctx->n_fell_back == 2 && strcmp(ctx->fell_back[0], "mlc_add") == 0);
+    CHECK(mlc_get_stats(ctx).downloads == 0);           /* the host copies were current throughout */
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* A few Adam steps of a small MLP: the losses and parameters on the fake device equal the
+   CPU's bit for bit (the fallbacks run the same code on the same host copies). */
+static int run_mlp(mlc_ctx *ctx, float *losses, int steps, float *params, int *n_params) {
+    mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 6, 16), mlc_nn_gelu(ctx), mlc_nn_linear(ctx, 16, 3), NULL);
+    mlc_optim *opt = mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 0.01f });
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(8, 6));
+    mlc_tensor *y = mlc_from_data(ctx, MLC_SHAPE(8), (const float[]){ 0, 1, 2, 0, 1, 2, 0, 1 });
+    mlc_named_tensor ps[8];
+    int s, i, n;
+    CHECK(net && opt && x && y);
+    for (s = 0; s < steps; s++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *loss = mlc_cross_entropy(mlc_forward(net, x), y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+        mlc_zero_grad(opt);
+        CHECK(mlc_backward(loss) == MLC_OK);
+        mlc_step(opt);
+        losses[s] = mlc_item(loss);
+        mlc_frame_end(f);
+    }
+    n = mlc_module_parameters(net, ps, 8);
+    *n_params = 0;
+    for (i = 0; i < n; i++) {
+        memcpy(params + *n_params, mlc_host_data(ps[i].tensor), ps[i].tensor->size * sizeof(float));
+        *n_params += (int)ps[i].tensor->size;
+    }
+    CHECK_MSG(mlc_error(ctx) == MLC_OK, "%.200s", mlc_error_message(ctx));
+    return 1;
+}
+
+static int training_matches_cpu(void) {
+    static float pc[512], pf[512];
+    float lc[6], lf[6];
+    int nc = 0, nf = 0;
+    mlc_config c;
+    mlc_ctx *cpu, *fake = fake_ctx(11, NULL);
+    memset(&c, 0, sizeof c);
+    c.seed = 11; c.quiet = 1; c.device = "cpu";
+    cpu = mlc_create(&c);
+    fake_of(fake)->verify = 1;
+    CHECK(cpu && fake);
+    if (!run_mlp(cpu, lc, 6, pc, &nc) || !run_mlp(fake, lf, 6, pf, &nf)) return 0;
+    CHECK(nc == nf && nc == 6 * 16 + 16 + 16 * 3 + 3);
+    CHECK_MSG(memcmp(lc, lf, sizeof lc) == 0, "losses: cpu %.9g .. %.9g, fake %.9g .. %.9g", lc[0], lc[5], lf[0], lf[5]);
+    CHECK(lf[5] < lf[0]);
+    CHECK(memcmp(pc, pf, (size_t)nc * sizeof(float)) == 0);
+    CHECK(mlc_get_stats(cpu).fallbacks == 0 && mlc_get_stats(fake).fallbacks > 6);
+    mlc_destroy(cpu);
+    mlc_destroy(fake);
+    return 1;
+}
+
+static int to_moves_tensor_and_grad(void) {
+    mlc_ctx *ctx = fake_ctx(2, NULL);
+    mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(4));
+    mlc_stats s0, s1;
+    const float want[4] = { 1, -2, 3, -4 }, grad[4] = { 2, -4, 6, -8 };
+    CHECK(p && p->on_device);
+    CHECK(mlc_write(p, want, 4) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(p, p))) == MLC_OK);       /* dp = 2p, on the CPU */
+    CHECK_TENSOR(p, want, 0);
+    s0 = mlc_get_stats(ctx);
+    CHECK(mlc_to(p, 0) == p && !p->on_device && !p->device_data && !p->device_grad && p->stale == 0);
+    CHECK(memcmp(p->data, want, sizeof want) == 0 && memcmp(p->grad, grad, sizeof grad) == 0);
+    CHECK(mlc_get_stats(ctx).device_bytes_current == 0);
+    CHECK(mlc_to(p, 1) == p && p->on_device && p->device_data && p->device_grad);  /* up: data and gradient */
+    s1 = mlc_get_stats(ctx);
+    CHECK(s1.uploads == s0.uploads + 2 && s1.device_bytes_current == 2 * sizeof want);
+    CHECK(memcmp(p->device_data, want, sizeof want) == 0 && memcmp(p->device_grad, grad, sizeof grad) == 0);
+    /* the device copies change (as a kernel would change them): home brings them back */
+    ((float *)p->device_data)[0] = 100.0f;
+    ((float *)p->device_grad)[3] = -100.0f;
+    p->stale = MLC__HOST_STALE | MLC__GRAD_HOST_STALE;
+    CHECK(mlc_to(p, 0) == p && !p->on_device);
+    CHECK(mlc_get_stats(ctx).downloads == s1.downloads + 2 && mlc_get_stats(ctx).device_bytes_current == 0);
+    CHECK(p->data[0] == 100.0f && p->data[1] == -2.0f && p->grad[3] == -100.0f && p->grad[0] == 2.0f);
+    CHECK(mlc_to(p, 0) == p && mlc_get_stats(ctx).downloads == s1.downloads + 2);   /* already home */
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    /* a context without a device cannot move anything there */
+    ctx = test_ctx(2);
+    if (!mlc_has_device(ctx)) {
+        CHECK(mlc_to(mlc_ones(ctx, MLC_SHAPE(2)), 1) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+        CHECK(strstr(mlc_error_message(ctx), "mlc_to") != NULL);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
+static int inputs_on_two_devices(void) {
+    mlc_ctx *ctx = fake_ctx(3, NULL);
+    mlc_tensor *a = mlc_ones(ctx, MLC_SHAPE(3)), *b = mlc_to(mlc_ones(ctx, MLC_SHAPE(3)), 0);
+    CHECK(a && b && a->on_device && !b->on_device);
+    CHECK(mlc_add(a, b) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+    CHECK_MSG(strstr(mlc_error_message(ctx), "mlc_add") && strstr(mlc_error_message(ctx), "fake") && strstr(mlc_error_message(ctx), "cpu"),
+              "message: %.200s", mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    CHECK(mlc_matmul(mlc_ones(ctx, MLC_SHAPE(2, 3)), mlc_to(mlc_ones(ctx, MLC_SHAPE(3, 2)), 0)) == NULL);
+    CHECK(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "mlc_matmul"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_get_stats(ctx).fallbacks == 0);           /* refused before running anywhere */
+    CHECK(mlc_add(a, mlc_to(b, 1)) != NULL && mlc_error(ctx) == MLC_OK);   /* moved: fine */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* With a kernel: outputs live on the device, reads download once, and a host write with
+   mlc_write reaches the device copy before the next kernel reads it. */
+static int host_writes_reach_device(void) {
+    mlc_ctx *ctx = fake_ctx(4, NULL);
+    mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(3), (const float[]){ 1, 2, 3 }), *y;
+    mlc_stats s;
+    CHECK(x);
+    fake_of(ctx)->kernel_neg = 1;
+    y = mlc_neg(x);                                     /* uploads x, runs "on the device" */
+    CHECK(y && y->on_device && (y->stale & MLC__HOST_STALE));
+    s = mlc_get_stats(ctx);
+    CHECK(s.fallbacks == 0 && s.uploads == 1 && s.downloads == 0);
+    CHECK_TENSOR(y, ((const float[]){ -1, -2, -3 }), 0);   /* the read downloads */
+    CHECK(mlc_get_stats(ctx).downloads == 1);
+    CHECK(mlc_item(mlc_sum_all(y)) == -6.0f);           /* current now: no second download */
+    CHECK(mlc_get_stats(ctx).downloads == 1 && mlc_get_stats(ctx).fallbacks > 0);
+    CHECK(mlc_write(x, (const float[]){ 5, 6, 7 }, 3) == MLC_OK);
+    CHECK(x->stale & MLC__DEVICE_STALE);
+    y = mlc_neg(x);
+    CHECK(memcmp(x->device_data, ((const float[]){ 5, 6, 7 }), 3 * sizeof(float)) == 0);
+    CHECK(mlc_get_stats(ctx).uploads == 2);
+    CHECK_TENSOR(y, ((const float[]){ -5, -6, -7 }), 0);
+    CHECK(mlc_get_stats(ctx).downloads == 2);
+    {   /* mlc_read downloads too; mlc_keep copies a current host copy */
+        float out[3];
+        mlc_tensor *z = mlc_neg(y), *k;
+        CHECK(mlc_read(z, out, 3) == MLC_OK && out[0] == 5.0f && out[2] == 7.0f);
+        CHECK(mlc_get_stats(ctx).downloads == 3);
+        k = mlc_keep(mlc_neg(z));
+        CHECK(k && k->on_device && k->persistent && mlc_host_data(k)[1] == -6.0f);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* A node whose forward ran on the device runs its backward there; the gradient comes home
+   when it is read. */
+static int backward_on_device(void) {
+    mlc_ctx *ctx = fake_ctx(5, NULL);
+    mlc_tensor *x = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(3), (const float[]){ 1, 2, 3 }), 1), *y;
+    size_t downloads;
+    CHECK(x);
+    fake_of(ctx)->kernel_neg = 1;
+    y = mlc_neg(x);
+    CHECK(y && y->node && y->node->device == 1);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, y))) == MLC_OK);   /* d/dx Σ x² = 2x */
+    CHECK(x->stale & MLC__GRAD_HOST_STALE);
+    downloads = mlc_get_stats(ctx).downloads;
+    CHECK_MSG(mlc_host_grad(x) && mlc_host_grad(x)[0] == 2.0f && mlc_host_grad(x)[2] == 6.0f, "%.200s", mlc_error_message(ctx));
+    CHECK(mlc_get_stats(ctx).downloads == downloads + 1);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int frames_release_device_temporaries(void) {
+    mlc_ctx *ctx = fake_ctx(6, NULL);
+    fake_device *fd = fake_of(ctx);
+    mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(16)), *outer = mlc_ones(ctx, MLC_SHAPE(8));
+    size_t depth, bytes;
+    int i;
+    CHECK(p && outer && mlc_to(p, 0) && mlc_to(p, 1));  /* a long-lived buffer, not on the stack */
+    fd->kernel_neg = 1;
+    depth = fd->n_stack;
+    bytes = mlc_get_stats(ctx).device_bytes_current;
+    CHECK(depth == 0 && fd->n_kept == 2 && bytes == 2 * 16 * sizeof(float));
+    for (i = 0; i < 3; i++) {
+        mlc_frame f = mlc_frame_begin(ctx), g;
+        size_t base = fd->n_stack, first = i == 0;      /* outer gets its buffer in the first pass */
+        mlc_tensor *y = mlc_neg(mlc_neg(mlc_ones(ctx, MLC_SHAPE(32))));   /* ones, -ones, y */
+        CHECK_MSG(y && fd->n_stack == base + 3, "stack %zu, was %zu", fd->n_stack, base);
+        g = mlc_frame_begin(ctx);                       /* nested: its own temporaries go first */
+        CHECK(mlc_neg(y) && mlc_neg(outer) && fd->n_stack == base + 5 + first);
+        mlc_frame_end(g);
+        CHECK(fd->n_stack == base + 3 + first);        /* outer's buffer stays: outer outlives both frames */
+        CHECK(mlc_host_data(y)[31] == 1.0f);
+        mlc_frame_end(f);
+        CHECK(fd->n_stack == depth + 1 && fd->n_marks == 0);
+    }
+    CHECK(outer->device_data && memcmp(outer->device_data, outer->data, 8 * sizeof(float)) == 0);
+    CHECK(mlc_get_stats(ctx).device_bytes_current == bytes + 8 * sizeof(float));
+    CHECK(mlc_get_stats(ctx).device_bytes_peak >= bytes + (8 + 3 * 32) * sizeof(float));
+    mlc_tensor_free(p);                                 /* long-lived: released with the tensor */
+    CHECK(fd->n_kept == 0 && mlc_get_stats(ctx).device_bytes_current == 8 * sizeof(float));
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);                                   /* the rest goes with the context */
+    return 1;
+}
+
+/* The check the whole-suite run relies on: writing t->data behind mlc's back is caught. */
+static int verify_catches_unannounced_writes(void) {
+    mlc_ctx *ctx = fake_ctx(7, NULL);
+    mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(2), (const float[]){ 1, 2 });
+    fake_of(ctx)->verify = 1;
+    CHECK(x && mlc_add(x, x) != NULL && x->device_data);   /* the first use uploads */
+    CHECK(mlc_write(x, (const float[]){ 3, 4 }, 2) == MLC_OK);
+    CHECK(mlc_add(x, x) != NULL && mlc_error(ctx) == MLC_OK);   /* told: fine */
+    x->data[0] = 9.0f;                                  /* not told */
+    CHECK(mlc_add(x, x) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+    CHECK_MSG(strstr(mlc_error_message(ctx), "mlc_add") && strstr(mlc_error_message(ctx), "mlc_write"), "%.200s", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    return 1;
+}
+
+const test_case tests_device[] = {
+    { "op_falls_back", op_falls_back },
+    { "training_matches_cpu", training_matches_cpu },
+    { "to_moves_tensor_and_grad", to_moves_tensor_and_grad },
+    { "inputs_on_two_devices", inputs_on_two_devices },
+    { "host_writes_reach_device", host_writes_reach_device },
+    { "backward_on_device", backward_on_device },
+    { "frames_release_device_temporaries", frames_release_device_temporaries },
+    { "verify_catches_unannounced_writes", verify_catches_unannounced_writes },
+    { NULL, NULL }
+};
