@@ -2348,6 +2348,7 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     mlc__call(&call, "mlc_reshape", mlc__accumulate_backward, out, x, NULL, NULL, NULL);
     call.iarg[0] = 1;                   /* a view: the device shares x's buffer too */
     if (mlc__dispatch(ctx, &call) < 0) return NULL;
+    out->stale = x->stale & (MLC__HOST_STALE | MLC__DEVICE_STALE);  /* as current as x */
     mlc__record(&call);
     return out;
 }

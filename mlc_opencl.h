@@ -733,7 +733,13 @@ static const char *const mlc__cl_source[] = {
 "    }\n"
 "    dx[pl * H * W + ih * W + iw] += s;\n"
 "}\n",
-"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ---- */\n"
+"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ---- */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
+"float mlc_sum_strided(__global const float *x, int len, int inner) {\n"
+"    float s = 0.0f, c = 0.0f, y, t;\n"
+"    int i;\n"
+"    for (i = 0; i < len; i++) { y = x[i * inner] - c; t = s + y; c = (t - s) - y; s = t; }\n"
+"    return s;\n"
+"}\n"
 "__kernel void mlc_reduce(int kind, int outer, int len, int inner, int unbiased,\n"
 "                         __global const float *x, __global float *y) {\n"
 "    int at = get_global_id(0), o, k, i, best_at = 0;\n"
@@ -747,7 +753,7 @@ static const char *const mlc__cl_source[] = {
 "        y[at] = kind == 2 ? best : (float)best_at;\n"
 "        return;\n"
 "    }\n"
-"    for (i = 0; i < len; i++) s += x[i * inner];\n"
+"    s = mlc_sum_strided(x, len, inner);                 /* compensated: the CPU sums in double */\n"
 "    if (kind == 3) {\n"
 "        mean = s / len; s = 0.0f;\n"
 "        for (i = 0; i < len; i++) s += (x[i * inner] - mean) * (x[i * inner] - mean);\n"
@@ -1048,6 +1054,30 @@ static const char *const mlc__cl_source[] = {
 "__kernel void mlc_gather_grad(int n, __global const int *map, __global const float *g, __global float *dx) {\n"
 "    int i = get_global_id(0);\n"
 "    if (i < n) mlc_atomic_add(dx + map[i], g[i]);\n"
+"}\n",
+"/* ---- where and masked_fill: y = c ? a : b over a broadcast of up to three operands, each\n"
+"   with its strides (0 where it is stretched); masked_fill is where(mask, value, x) ---- */\n"
+"int mlc_bcast_offset(int i, int nd, int8 shape, int8 stride) {\n"
+"    int sh[8], st[8], d, off = 0;\n"
+"    vstore8(shape, 0, sh); vstore8(stride, 0, st);\n"
+"    for (d = nd - 1; d >= 0; d--) { off += (i % sh[d]) * st[d]; i /= sh[d]; }\n"
+"    return off;\n"
+"}\n"
+"__kernel void mlc_where(int n, int nd, int8 shape, int8 sc, int8 sa, int8 sb, __global const float *c,\n"
+"                        __global const float *a, __global const float *b, float fill, int a_is_fill, __global float *y) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i >= n) return;\n"
+"    if (c[mlc_bcast_offset(i, nd, shape, sc)] != 0.0f) y[i] = a_is_fill ? fill : a[mlc_bcast_offset(i, nd, shape, sa)];\n"
+"    else y[i] = b[mlc_bcast_offset(i, nd, shape, sb)];\n"
+"}\n"
+"/* the chosen side's gradient: ga += c ? g : 0 (side 0), gb += c ? 0 : g (side 1); atomically,\n"
+"   since a stretched operand takes many outputs' gradients */\n"
+"__kernel void mlc_where_grad(int n, int nd, int8 shape, int8 sc, int8 sg, int side, __global const float *c,\n"
+"                             __global const float *g, __global float *dg) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i >= n) return;\n"
+"    if ((c[mlc_bcast_offset(i, nd, shape, sc)] != 0.0f) == (side == 0))\n"
+"        mlc_atomic_add(dg + mlc_bcast_offset(i, nd, shape, sg), g[i]);\n"
 "}\n"
 };
 
@@ -1818,6 +1848,48 @@ static int mlc__cl_gather(mlc_ctx *ctx, mlc__node *call, int backward) {
     return mlc__cl_run(ctx, "mlc_gather_grad", y->size, args, 4);
 }
 
+/* where (cond, a, b) and masked_fill (x, mask, value) through one kernel pair */
+static void mlc__cl_bcast_args(const mlc__bcast *bc, int k, cl_int8 *stride) {
+    int d;
+    memset(stride, 0, sizeof *stride);
+    for (d = 0; d < bc->ndim; d++) stride->s[d] = (cl_int)bc->stride[k][d];
+}
+
+static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
+    int masked = call->backward == mlc__masked_fill_backward, count = masked ? 2 : 3, d, side;
+    int ci = masked ? 1 : 0, ai = masked ? 0 : 1, bi = masked ? 0 : 2;  /* masked_fill: cond = mask, b = x */
+    mlc__bcast bc;
+    cl_int n = (cl_int)call->out->size, nd, a_is_fill = masked;
+    cl_int8 shape, sc, sa, sb;
+    cl_float fill = call->farg[0];
+    cl_mem cm, am, bm, ym, g, dg;
+    if (!mlc__broadcast(ctx, call->op, &bc, count, call->in)) return backward ? 0 : 1;
+    nd = bc.ndim;
+    memset(&shape, 0, sizeof shape);
+    for (d = 0; d < bc.ndim; d++) shape.s[d] = bc.shape[d];
+    mlc__cl_bcast_args(&bc, ci, &sc); mlc__cl_bcast_args(&bc, ai, &sa); mlc__cl_bcast_args(&bc, bi, &sb);
+    if (!(cm = mlc__cl_in(ctx, call->in[ci])) || !(am = mlc__cl_in(ctx, call->in[ai])) || !(bm = mlc__cl_in(ctx, call->in[bi])))
+        return backward ? 0 : 1;
+    if (!backward) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), MLC__CL_ARG(sa), MLC__CL_ARG(sb),
+                               MLC__CL_ARG(cm), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(fill), MLC__CL_ARG(a_is_fill), MLC__CL_ARG(ym) };
+        if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
+        mlc__cl_run(ctx, "mlc_where", call->out->size, args, 12);
+        return 1;
+    }
+    if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
+    for (side = masked ? 1 : 0; side < 2; side++) {
+        mlc_tensor *t = call->in[side == 0 ? ai : bi];
+        cl_int s = side;
+        cl_int8 *sg = side == 0 ? &sa : &sb;
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), { sizeof(cl_int8), sg },
+                               MLC__CL_ARG(s), MLC__CL_ARG(cm), MLC__CL_ARG(g), MLC__CL_ARG(dg) };
+        if (!t->requires_grad) continue;
+        if (!(dg = mlc__cl_grad(ctx, t)) || !mlc__cl_run(ctx, "mlc_where_grad", call->out->size, args, 9)) return 0;
+    }
+    return 1;
+}
+
 /* ============================================================================================
    The backend table's entries
    ============================================================================================ */
@@ -1844,6 +1916,7 @@ static int mlc__cl_forward(mlc_ctx *ctx, mlc__node *call) {
     if (call->backward == mlc__permute_backward) return mlc__cl_permute(ctx, call, 0);
     if (call->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, call, 0);
     if (call->backward == mlc__gather_backward) return mlc__cl_gather(ctx, call, 0);
+    if (call->backward == mlc__where_backward || call->backward == mlc__masked_fill_backward) return mlc__cl_where(ctx, call, 0);
     return 0;
 }
 
@@ -1868,6 +1941,7 @@ static int mlc__cl_backward(mlc_ctx *ctx, mlc__node *n) {
     if (n->backward == mlc__permute_backward) return mlc__cl_permute(ctx, n, 1);
     if (n->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, n, 1);
     if (n->backward == mlc__gather_backward) return mlc__cl_gather(ctx, n, 1);
+    if (n->backward == mlc__where_backward || n->backward == mlc__masked_fill_backward) return mlc__cl_where(ctx, n, 1);
     return 0;
 }
 

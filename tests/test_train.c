@@ -128,8 +128,8 @@ static int no_grad_and_detach_record_nothing(void) {
     CHECK(mlc_backward(mlc_sum_all(y)) == MLC_ERR_STATE);   /* nothing to differentiate */
     mlc_clear_error(ctx);
     mlc_set_grad_enabled(ctx, 1);
-    y = mlc_mul(mlc_detach(w), mlc_add_scalar(w, 1.0f));    /* d/dw = detach(w) only */
     CHECK(mlc_write(w, (const float[]){ 3, 0, 0, 0 }, 4) == MLC_OK);
+    y = mlc_mul(mlc_detach(w), mlc_add_scalar(w, 1.0f));    /* d/dw = detach(w) only */
     CHECK(mlc_backward(mlc_sum_all(y)) == MLC_OK);
     CHECK_NEAR(mlc_host_grad(w)[0], 3.0, 1e-6);                      /* shares storage with w */
     CHECK_NEAR(mlc_host_grad(w)[1], 0.0, 1e-6);
