@@ -1259,10 +1259,10 @@ static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
     }
 }
 
-/* copy:  y = x   dx += g.  reshape (iarg[0] = 1) is a view sharing x's storage; it declines:
-   mlc__dispatch marks a device output's host copy stale, and a download into storage that
-   another alias may have written since (mlc_write) would undo that write. The fallback keeps
-   the host copy as the truth and shares x's buffer, at the price of a copy each way. */
+/* copy:  y = x   dx += g.  reshape (iarg[0] = 1) is a view sharing x's storage on both sides:
+   y takes x's buffer, made current here, and mlc_reshape gives y x's stale bits. (An alias
+   written with mlc_write after the view was made is not seen by the other aliases' device
+   copies: the stale bits are per tensor.) */
 static int mlc__cl_accumulate(mlc_ctx *ctx, mlc__node *call) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_ulong n = x->size;

@@ -44,7 +44,7 @@ static float accuracy(mlc_module *model, mlc_tensor *x, mlc_tensor *y) {
     int was = mlc_set_grad_enabled(x->ctx, 0), correct = 0;
     mlc_module_train(model, 0);
     mlc_tensor *pred = mlc_argmax(mlc_forward(model, x), 1);
-    for (int i = 0; pred && i < y->shape[0]; i++) correct += pred->data[i] == y->data[i];
+    for (int i = 0; pred && i < y->shape[0]; i++) correct += mlc_host_data(pred)[i] == mlc_host_data(y)[i];
     mlc_module_train(model, 1);
     mlc_set_grad_enabled(x->ctx, was);
     mlc_frame_end(f);
@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     digits_set ds;
     if (digits_load(path, &ds, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
 
-    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1, .device = "best" });
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });   /* device: $MLC_DEVICE, else the CPU */
     if (!ctx) { digits_free(&ds); return 1; }
     int n_train = DIGITS_TRAIN_COUNT, n_test = ds.count - DIGITS_TRAIN_COUNT;
     mlc_tensor *x_train, *y_train, *x_test, *y_test;
@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
             mlc_step(opt);
             mlc_tensor *pred = mlc_argmax(logits, 1);
             if (!pred) { mlc_frame_end(f); break; }
-            for (int i = 0; i < count; i++) correct += pred->data[i] == target->data[i];
+            for (int i = 0; i < count; i++) correct += mlc_host_data(pred)[i] == mlc_host_data(target)[i];
             loss_sum += mlc_item(loss) * count;
             seen += count;
             if (tty) {                                        /* live progress bar */
