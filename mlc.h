@@ -163,7 +163,7 @@ MLCDEF float mlc_rand_uniform(mlc_ctx *ctx);            /* [0, 1) */
 MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
 
 /* Frames: everything an op allocates between begin and end is released by end. */
-typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; size_t device_mark; } mlc_frame;
+typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level; } mlc_frame;
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
@@ -182,6 +182,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int persistent;                     /* 1: heap-owned (parameters), 0: in the frame arena */
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
     int on_device;                      /* 1: lives on the context's device (see Devices) */
+    int level;                          /* how many frames were open when it was made */
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
 };
@@ -536,11 +537,11 @@ typedef struct mlc__backend {
     int (*backward)(mlc_ctx *ctx, struct mlc__node *n);   /* for nodes with n->device set */
     int (*step)(mlc_optim *opt, int i);                   /* parameter i's update; 0: no kernel */
     int (*fill)(mlc_tensor *t, int grad, float value);    /* data or gradient = value */
-    int (*upload)(mlc_tensor *t, int grad);               /* host copy -> device */
+    int (*upload)(mlc_tensor *t, int grad);               /* host copy -> device (mlc__buffer_of) */
     int (*download)(mlc_tensor *t, int grad);             /* device -> host copy (waits) */
-    void (*release)(mlc_tensor *t);                       /* a long-lived tensor is freed */
-    size_t (*mark)(mlc_ctx *ctx);                         /* frames: device temporaries so far */
-    void (*release_to)(mlc_ctx *ctx, size_t mark);        /* ... and back to that point */
+    void *(*create)(mlc_ctx *ctx, size_t bytes);          /* a buffer; NULL: out of memory, or */
+    void (*free)(mlc_ctx *ctx, void *buffer);             /*   an error it set (mlc__device_alloc) */
+    void (*wait)(mlc_ctx *ctx);                           /* a frame ends: finish reading its host memory */
     void (*destroy)(mlc_ctx *ctx);
 } mlc__backend;
 
@@ -548,6 +549,12 @@ typedef struct mlc__backend {
 static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);   /* 1: opened, 0: spec is not OpenCL's */
 static int mlc__opencl_devices(mlc_device_info *out, int max);
 #endif
+
+typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
+typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
+    mlc__device_buffer *frame, *spare, *kept;
+    size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
+} mlc__device_buffers;
 
 struct mlc_ctx {
     mlc_config config;
@@ -564,6 +571,8 @@ struct mlc_ctx {
     int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
+    int level;                         /* frames open now */
+    mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
 /* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
@@ -756,6 +765,105 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     return b->base + b->used - bytes;
 }
 
+/* Device buffers. The backend makes and frees them; the books are kept here, the same for
+   every backend. A temporary's buffer lives as long as its tensor: it is filed under the frame
+   level the tensor was made at (a tensor made before a frame may get its buffer inside it) and,
+   when that frame ends, goes to the spares, reused by exact size, so a steady training loop
+   makes no new buffers. A long-lived tensor's buffers are kept until it is freed. */
+/* Room for one more entry in a list (doubling); 0 when out of memory. */
+static int mlc__device_room(mlc_ctx *ctx, mlc__device_buffer **items, size_t *cap, size_t need) {
+    mlc__device_buffer *p;
+    size_t n = *cap ? *cap : 64;
+    if (need <= *cap) return 1;
+    while (n < need) n *= 2;
+    if (!(p = (mlc__device_buffer *)mlc__heap_alloc(ctx, n * sizeof *p))) return 0;
+    if (*cap) memcpy(p, *items, *cap * sizeof *p);
+    mlc__heap_free(ctx, *items);
+    *items = p; *cap = n;
+    return 1;
+}
+
+static void mlc__device_free(mlc_ctx *ctx, const mlc__device_buffer *b) {
+    ctx->backend->free(ctx, b->buffer);
+    ctx->stats.device_bytes_current -= b->bytes;
+}
+
+/* A buffer of `bytes` for tensor t (NULL: scratch for the op being run): a spare of that size,
+   else a new one; when the device is full the spares go back and it tries once more. */
+static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, const char *op) {
+    mlc__device_buffers *books = &ctx->buffers;
+    mlc__device_buffer b;
+    size_t i, at;
+    int kept = t && t->persistent;
+    if (ctx->error) return NULL;
+    b.buffer = NULL; b.bytes = bytes < 4 ? 4 : bytes; b.level = t ? t->level : ctx->level;
+    if (kept ? !mlc__device_room(ctx, &books->kept, &books->cap_kept, books->n_kept + 1)
+             : !mlc__device_room(ctx, &books->frame, &books->cap_frame, books->n_frame + 1) ||   /* spares never need room later */
+               !mlc__device_room(ctx, &books->spare, &books->cap_spare, books->n_frame + books->n_spare + 1))
+        return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory for the device buffers' books", op);
+    for (i = books->n_spare; !kept && i-- > 0;)
+        if (books->spare[i].bytes == b.bytes) { b.buffer = books->spare[i].buffer; books->spare[i] = books->spare[--books->n_spare]; break; }
+    if (!b.buffer) {
+        if (!(b.buffer = ctx->backend->create(ctx, b.bytes)) && !ctx->error) {
+            while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
+            b.buffer = ctx->backend->create(ctx, b.bytes);
+        }
+        if (!b.buffer) {
+            if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, ctx->backend->name);
+            return NULL;
+        }
+        ctx->stats.device_bytes_current += b.bytes;
+        if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak) ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
+    }
+    if (kept) { books->kept[books->n_kept++] = b; return b.buffer; }
+    for (at = books->n_frame; at > 0 && books->frame[at - 1].level > b.level; at--) {}   /* kept sorted by level */
+    memmove(books->frame + at + 1, books->frame + at, (books->n_frame - at) * sizeof b);
+    books->frame[at] = b;
+    books->n_frame++;
+    return b.buffer;
+}
+
+/* t's data (grad 0) or gradient buffer, made when missing; backends take theirs from here. */
+static void *mlc__buffer_of(mlc_tensor *t, int grad, const char *op) {
+    void **slot = grad ? &t->device_grad : &t->device_data;
+    if (!*slot) *slot = mlc__device_alloc(t->ctx, t, t->size * sizeof(float), op);
+    return *slot;
+}
+
+/* Frames above `level` ended: their buffers become spares, once the device has read the host
+   memory the frames held. */
+static void mlc__device_release_frames(mlc_ctx *ctx, int level) {
+    mlc__device_buffers *books = &ctx->buffers;
+    if (!books->n_frame || books->frame[books->n_frame - 1].level <= level) return;
+    ctx->backend->wait(ctx);
+    while (books->n_frame && books->frame[books->n_frame - 1].level > level)
+        books->spare[books->n_spare++] = books->frame[--books->n_frame];
+}
+
+/* A long-lived tensor is freed or moves to the CPU: its buffers go. */
+static void mlc__device_release(mlc_tensor *t) {
+    mlc__device_buffers *books = &t->ctx->buffers;
+    size_t i = 0;
+    while (i < books->n_kept)
+        if (books->kept[i].buffer == t->device_data || books->kept[i].buffer == t->device_grad) {
+            mlc__device_free(t->ctx, &books->kept[i]);
+            books->kept[i] = books->kept[--books->n_kept];
+        } else i++;
+    t->device_data = t->device_grad = NULL;
+}
+
+/* The context ends: every buffer goes, then the backend. */
+static void mlc__device_close(mlc_ctx *ctx) {
+    mlc__device_buffers *books = &ctx->buffers;
+    ctx->backend->wait(ctx);
+    while (books->n_frame) mlc__device_free(ctx, &books->frame[--books->n_frame]);
+    while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
+    while (books->n_kept) mlc__device_free(ctx, &books->kept[--books->n_kept]);
+    mlc__heap_free(ctx, books->frame); mlc__heap_free(ctx, books->spare); mlc__heap_free(ctx, books->kept);
+    ctx->backend->destroy(ctx);
+    ctx->backend = NULL;
+}
+
 /* ============================================================================================
    Context, random numbers, frames
    ============================================================================================ */
@@ -825,7 +933,7 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     mlc__block *b, *next;
     mlc_allocator a;
     if (!ctx) return;
-    if (ctx->backend) ctx->backend->destroy(ctx);
+    if (ctx->backend) mlc__device_close(ctx);
     while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
     for (b = ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
     a = ctx->config.allocator;
@@ -874,7 +982,7 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     f.block_used = ctx->block ? ctx->block->used : 0;
     f.arena_used = ctx->stats.arena_used;
     f.tape = ctx->tape;
-    f.device_mark = ctx->backend ? ctx->backend->mark(ctx) : 0;
+    f.level = ctx->level++;
     return f;
 }
 
@@ -885,7 +993,8 @@ MLCDEF void mlc_frame_end(mlc_frame f) {
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
     ctx->tape = (mlc__node *)f.tape;
-    if (ctx->backend) ctx->backend->release_to(ctx, f.device_mark);
+    ctx->level = f.level;
+    if (ctx->backend) mlc__device_release_frames(ctx, f.level);
 }
 
 /* ============================================================================================
@@ -939,12 +1048,16 @@ static void mlc__host_wrote_grad(mlc_tensor *t) {
     if (t->on_device) t->stale |= MLC__GRAD_DEVICE_STALE;
 }
 
-/* Zero t's gradient (both copies). */
+/* Zero t's gradient: on the device when it has one there (the host copy is then out of
+   date, and only a read brings the zeros home), else on the host. */
 static void mlc__clear_grad(mlc_tensor *t) {
-    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
     t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
-    if (t->device_grad) t->ctx->backend->fill(t, 1, 0.0f);
-    else mlc__host_wrote_grad(t);
+    if (t->device_grad) {
+        if (t->ctx->backend->fill(t, 1, 0.0f) && t->grad) t->stale |= MLC__GRAD_HOST_STALE;
+        return;
+    }
+    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+    mlc__host_wrote_grad(t);
 }
 
 MLCDEF float *mlc_host_data(mlc_tensor *t) { return t ? mlc__host(t) : NULL; }
@@ -993,13 +1106,14 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
     if (!on_device) {                            /* bring both copies home */
         mlc__host(t);
         mlc__host_grad(t);
-        if (t->persistent) ctx->backend->release(t);
+        if (t->persistent) mlc__device_release(t);
         t->device_data = t->device_grad = NULL;
         t->stale = 0;
         t->on_device = 0;
     } else {
         t->on_device = 1;
         t->stale = MLC__DEVICE_STALE | MLC__GRAD_DEVICE_STALE;
+        if (!mlc__buffer_of(t, 0, "mlc_to") || (t->grad && !mlc__buffer_of(t, 1, "mlc_to"))) return NULL;
         if (!ctx->backend->upload(t, 0) || (t->grad && !ctx->backend->upload(t, 1))) return NULL;
         t->stale = 0;
     }
@@ -1043,6 +1157,7 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->data = (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
     t->persistent = persistent;
     t->on_device = ctx->op_device;
+    t->level = ctx->level;
     t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
 }
@@ -1139,7 +1254,7 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
 MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     if (!t) return;
     if (!t->persistent) { mlc__fail(t->ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t); return; }
-    if (t->on_device) t->ctx->backend->release(t);
+    if (t->on_device) mlc__device_release(t);
     if (t->grad) mlc__owned_free(t->ctx, t->grad);
     mlc__owned_free(t->ctx, t);
 }
@@ -1955,8 +2070,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
     if (bias && (bias->ctx != ctx || bias->ndim != 1 || bias->shape[0] != mm.N))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op, bias, mm.N);
-    if (bias && bias->on_device != a->on_device)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: bias and input live on different devices; move one with mlc_to", op);
+    if (!mlc__same_device(ctx, op, a, bias)) return NULL;
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
     mm.batches = (int)mlc__numel(ndim - 2, shape);
@@ -3060,10 +3174,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_backward: output %T is not a scalar; use mlc_backward_with", out);
         return ctx->error;
     }
-    if (grad_out && grad_out->on_device != out->on_device) {
-        mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_backward: gradient and output live on different devices; move one with mlc_to");
-        return ctx->error;
-    }
+    if (!mlc__same_device(ctx, "mlc_backward", out, grad_out)) return ctx->error;
     if (!(g = mlc__grad(out))) return ctx->error;
     if (grad_out) { size_t i; const float *go = mlc__host(grad_out); for (i = 0; i < out->size; i++) g[i] += go[i]; }
     else g[0] += 1.0f;
@@ -3549,7 +3660,8 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     for (k = 0; k < 3; k++) {                           /* zeroed by the allocator */
         mlc_tensor *st = mlc__make(ctx, "mlc_optim_add_param", p->ndim, p->shape, 1);
         if (!st) return ctx->error;
-        if (st->on_device && !ctx->backend->upload(st, 0)) return ctx->error;   /* zeros on the device */
+        if (st->on_device && (!mlc__buffer_of(st, 0, "mlc_optim_add_param") || !ctx->backend->upload(st, 0)))
+            return ctx->error;                          /* zeros on the device */
         st->stale = 0;
         opt->state[3 * opt->count + k] = st;
     }

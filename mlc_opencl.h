@@ -16,23 +16,21 @@ LINKING
 
 WHAT RUNS ON THE DEVICE
    OpenCL 1.2 and OpenCL C 1.2, float32 only, no relaxed maths (the CPU loops are the reference
-   and tests compare against them). Kernels so far: every unary op and activation (neg ... silu),
-   broadcasting add/sub/mul/div, copy, forward and backward of each; the SGD/Adam/AdamW/RMSprop
-   steps; fills. Any other op runs on the CPU
-   through copies (mlc_stats.fallbacks).
-   Gradients of broadcast operands are summed by one work-item per operand element, in the
-   CPU's order, without atomics, so results are deterministic run to run.
+   and tests compare against them). Every op family of mlc.h has kernels, forward and backward
+   (the table mlc__cl_families), as have the SGD/Adam/AdamW/RMSprop steps and fills; an op a
+   future family lacks runs on the CPU through copies (mlc_stats.fallbacks). Gradients of
+   broadcast add/sub/mul/div operands are summed by one work-item per operand element, in the
+   CPU's order, so they are deterministic; index_select, gather and where add their gradients
+   with atomics (a compare-and-swap loop), so those sums may differ in the last bits run to run.
 
 MEMORY
-   Long-lived tensors (parameters, optimiser state) own their buffers, freed by
-   mlc_tensor_free, mlc_to(t, 0) or mlc_destroy. Frame temporaries' buffers live in a stack per
-   context, each below the marks of the frames opened after its tensor was made (so a buffer
-   made late for an older tensor lives as long as the tensor); mlc_frame_end pops back to the
-   frame's mark and keeps the popped buffers in a free list keyed by exact size, so a steady
-   training loop creates no buffers after its first step.
-   mlc_stats.device_bytes_current counts the bytes of every live buffer, the free list included.
-   Frame temporaries are uploaded without waiting; mlc_frame_end waits for those copies before
-   the arena's host memory is reused.
+   mlc.h keeps the books (mlc__device_alloc): long-lived tensors' buffers go with
+   mlc_tensor_free, mlc_to(t, 0) or mlc_destroy; a temporary's buffer lives as long as its
+   tensor's frame, then is kept as a spare of its size, so a steady training loop creates no
+   buffers after its first step. This file only creates and releases cl_mem objects.
+   mlc_stats.device_bytes_current counts every live buffer, spares included. Frame
+   temporaries are uploaded without waiting; mlc_frame_end waits for those copies before the
+   arena's host memory is reused.
 
 LIMITS
    The library table is global and loaded once, on the first mlc_devices or mlc_create that
@@ -212,10 +210,6 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
    The context's state: queue, program, kernels, and the buffer lists
    ============================================================================================ */
 
-typedef struct mlc__cl_buf { cl_mem mem; size_t bytes; } mlc__cl_buf;
-typedef struct mlc__cl_list { mlc__cl_buf *items; size_t count, capacity; } mlc__cl_list;
-/* An open frame: the stack's height and the arena's position when it began. */
-typedef struct mlc__cl_frame_mark { size_t depth; long block; size_t used; } mlc__cl_frame_mark;
 
 #define MLC__CL_MAX_KERNELS 32
 
@@ -226,11 +220,6 @@ typedef struct mlc__cl_state {
     cl_program program;                 /* built on the first kernel use */
     struct { const char *name; cl_kernel kernel; size_t local; } kernels[MLC__CL_MAX_KERNELS];
     int n_kernels;
-    mlc__cl_list frame;                 /* frame temporaries, a stack, oldest tensors first */
-    mlc__cl_frame_mark *marks;          /* one per open frame, oldest first */
-    size_t n_marks, cap_marks;
-    mlc__cl_list spare;                 /* popped temporaries kept for reuse, by exact size */
-    mlc__cl_list owned;                 /* buffers of long-lived tensors */
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     int exact_divide;                   /* the device can round / and sqrt correctly */
     int pending;                        /* uploads not waited for since the last wait */
@@ -266,135 +255,30 @@ static int mlc__cl_check(mlc_ctx *ctx, cl_int err, const char *what) {
     return 0;
 }
 
-/* Room for `need` items of `size` bytes in a heap array (doubling); 0 when out of memory. */
-static int mlc__cl_grow(mlc_ctx *ctx, void **items, size_t *capacity, size_t need, size_t size) {
-    size_t cap = *capacity ? *capacity : 64, used = *capacity;
-    void *p;
-    if (need <= *capacity) return 1;
-    while (cap < need) cap *= 2;
-    if (!(p = mlc__heap_alloc(ctx, cap * size))) return 0;
-    if (used) memcpy(p, *items, used * size);
-    mlc__heap_free(ctx, *items);
-    *items = p;
-    *capacity = cap;
-    return 1;
-}
-
-/* Insert a buffer at position `at` of a list. */
-static int mlc__cl_insert(mlc_ctx *ctx, mlc__cl_list *list, size_t at, cl_mem mem, size_t bytes) {
-    void *items = list->items;
-    if (!mlc__cl_grow(ctx, &items, &list->capacity, list->count + 1, sizeof(mlc__cl_buf))) return 0;
-    list->items = (mlc__cl_buf *)items;
-    memmove(list->items + at + 1, list->items + at, (list->count - at) * sizeof(mlc__cl_buf));
-    list->items[at].mem = mem;
-    list->items[at].bytes = bytes;
-    list->count++;
-    return 1;
-}
-static int mlc__cl_push(mlc_ctx *ctx, mlc__cl_list *list, cl_mem mem, size_t bytes) {
-    return mlc__cl_insert(ctx, list, list->count, mem, bytes);
-}
-
-static void mlc__cl_free_buffer(mlc_ctx *ctx, cl_mem mem, size_t bytes) {
-    mlc__cl.ReleaseMemObject(mem);
-    ctx->stats.device_bytes_current -= bytes;
-}
-
-static void mlc__cl_free_list(mlc_ctx *ctx, mlc__cl_list *list) {
-    while (list->count) { list->count--; mlc__cl_free_buffer(ctx, list->items[list->count].mem, list->items[list->count].bytes); }
-}
-
-/* Where p lies in the arena: block number and offset (-1: not in the arena). */
-static long mlc__cl_arena_pos(const mlc_ctx *ctx, const void *p, size_t *offset) {
-    const mlc__block *b;
-    long i = 0;
-    *offset = 0;
-    for (b = ctx->first_block; b; b = b->next, i++)
-        if ((const unsigned char *)p >= b->base && (const unsigned char *)p < b->base + b->capacity) {
-            *offset = (size_t)((const unsigned char *)p - b->base);
-            return i;
-        }
-    return -1;
-}
-
-/* The first frame opened after frame tensor t was made (n_marks: none): t's buffer goes below
-   that frame's mark and those of the frames after it, so it lives exactly as long as t. The
-   tensor's place in the arena says when it was made. */
-static size_t mlc__cl_first_newer(mlc_ctx *ctx, const mlc_tensor *t) {
+/* The backend's buffers; mlc__device_alloc keeps the books (frames, spares, long-lived). */
+static void *mlc__cl_create(mlc_ctx *ctx, size_t bytes) {
     mlc__cl_state *st = mlc__cl_st(ctx);
-    size_t offset, k;
-    long block;
-    if (!st->n_marks) return 0;
-    block = mlc__cl_arena_pos(ctx, t, &offset);
-    for (k = 0; k < st->n_marks; k++) {
-        const mlc__cl_frame_mark *m = &st->marks[k];
-        if (block < m->block || (block == m->block && offset < m->used)) return k;
-    }
-    return st->n_marks;
-}
-
-/* Put frame tensor t's buffer into the stack; the marks above it move up by one. */
-static int mlc__cl_place(mlc_ctx *ctx, const mlc_tensor *t, cl_mem mem, size_t bytes) {
-    mlc__cl_state *st = mlc__cl_st(ctx);
-    size_t k = mlc__cl_first_newer(ctx, t), at = k < st->n_marks ? st->marks[k].depth : st->frame.count;
-    if (!mlc__cl_insert(ctx, &st->frame, at, mem, bytes)) return 0;
-    for (; k < st->n_marks; k++) st->marks[k].depth++;
-    return 1;
-}
-
-/* A device buffer for tensor t (4 bytes at least): a spare one of that size, else a new one.
-   Long-lived tensors' buffers go on the owned list, the others into the frame stack. */
-static cl_mem mlc__cl_alloc(mlc_ctx *ctx, const mlc_tensor *t) {
-    mlc__cl_state *st = mlc__cl_st(ctx);
-    cl_mem mem = NULL;
     cl_int err = CL_SUCCESS;
-    size_t i, bytes = t->size * sizeof(float);
-    int persistent = t->persistent;
-    if (ctx->error) return NULL;
-    if (bytes < 4) bytes = 4;
-    if (!persistent) {          /* room in the spare list for every frame buffer: release_to never allocates */
-        void *items = st->spare.items;
-        if (!mlc__cl_grow(ctx, &items, &st->spare.capacity, st->frame.count + st->spare.count + 1, sizeof(mlc__cl_buf))) {
-            mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of memory recording a device buffer for %s", st->op);
-            return NULL;
-        }
-        st->spare.items = (mlc__cl_buf *)items;
-    }
-    for (i = st->spare.count; !persistent && i-- > 0;)
-        if (st->spare.items[i].bytes == bytes) {
-            mem = st->spare.items[i].mem;
-            st->spare.items[i] = st->spare.items[--st->spare.count];
-            break;
-        }
-    if (!mem) {
-        if (bytes > st->max_alloc) {
-            mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory allocating %zu bytes for %s "
-                      "(the largest buffer %s allows is %zu bytes)", bytes, st->op, st->name, st->max_alloc);
-            return NULL;
-        }
-        mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-        if (!mem && st->spare.count) {                   /* give the spares back and try again */
-            mlc__cl_free_list(ctx, &st->spare);
-            mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-        }
-        if (!mem) {
-            if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY ||
-                err == CL_INVALID_BUFFER_SIZE)
-                mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory allocating %zu bytes for %s", bytes, st->op);
-            else
-                mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");
-            return NULL;
-        }
-        ctx->stats.device_bytes_current += bytes;
-        if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak)
-            ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
-    }
-    if (persistent ? !mlc__cl_push(ctx, &st->owned, mem, bytes) : !mlc__cl_place(ctx, t, mem, bytes)) {
-        mlc__cl_free_buffer(ctx, mem, bytes);
-        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of memory recording a device buffer for %s", st->op);
+    cl_mem mem;
+    if (bytes > st->max_alloc) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory allocating %zu bytes for %s "
+                  "(the largest buffer %s allows is %zu bytes)", bytes, st->op, st->name, st->max_alloc);
         return NULL;
     }
-    return mem;
+    mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (!mem && err != CL_MEM_OBJECT_ALLOCATION_FAILURE && err != CL_OUT_OF_RESOURCES && err != CL_OUT_OF_HOST_MEMORY &&
+        err != CL_INVALID_BUFFER_SIZE)
+        mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");   /* not just full */
+    return (void *)mem;
+}
+static void mlc__cl_free(mlc_ctx *ctx, void *buffer) { (void)ctx; mlc__cl.ReleaseMemObject((cl_mem)buffer); }
+
+/* A tensor's buffer (made when missing), and a scratch one of n floats for the op being run. */
+static cl_mem mlc__cl_buffer(mlc_ctx *ctx, mlc_tensor *t, int grad) {
+    return (cl_mem)mlc__buffer_of(t, grad, mlc__cl_st(ctx)->op);
+}
+static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
+    return (cl_mem)mlc__device_alloc(ctx, NULL, n * sizeof(float), mlc__cl_st(ctx)->op);
 }
 
 /* ============================================================================================
@@ -1180,13 +1064,13 @@ static int mlc__cl_fill_mem(mlc_ctx *ctx, cl_mem mem, size_t count, float value)
 }
 
 /* Host copy -> device (allocating the buffer first). Long-lived tensors wait; temporaries do
-   not (their host memory lives until the frame ends, and release_to waits for them). */
+   not (their host memory lives until the frame ends, and mlc__cl_wait waits for them). */
 static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     void **slot = grad ? &t->device_grad : &t->device_data;
     const float *host = grad ? t->grad : t->data;
     cl_bool blocking = t->persistent ? CL_TRUE : CL_FALSE;
-    if (!*slot && !(*slot = (void *)mlc__cl_alloc(ctx, t))) return 0;
+    if (!mlc__cl_buffer(ctx, t, grad)) return 0;
     if (!host) return 1;
     ctx->stats.uploads++;
     if (!t->size) return 1;
@@ -1206,17 +1090,14 @@ static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) {
 }
 
 /* t's data buffer for a kernel to write (the caller marks the host copy stale). */
-static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) {
-    if (!t->device_data) t->device_data = (void *)mlc__cl_alloc(ctx, t);
-    return (cl_mem)t->device_data;
-}
+static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_buffer(ctx, t, 0); }
 
 /* t's gradient, current on the device: a new buffer takes the host gradient when there is a
    current one, else zeros; an old one takes it when it is newer. writes: a kernel will add
    into it, so the host copy becomes stale. */
 static cl_mem mlc__cl_grad_(mlc_ctx *ctx, mlc_tensor *t, int writes) {
     int fresh = t->device_grad == NULL;
-    if (fresh && !(t->device_grad = (void *)mlc__cl_alloc(ctx, t))) return NULL;
+    if (!mlc__cl_buffer(ctx, t, 1)) return NULL;
     if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
         if (!mlc__cl_upload_(ctx, t, 1)) return NULL;
     } else if (fresh && !mlc__cl_fill_mem(ctx, (cl_mem)t->device_grad, t->size, 0.0f)) return NULL;
@@ -1376,15 +1257,6 @@ static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, co
                          "clEnqueueNDRangeKernel");
 }
 
-/* A scratch buffer of n floats for the rest of the frame. */
-static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
-    mlc_tensor *t = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "opencl scratch");
-    if (!t) return NULL;
-    memset(t, 0, sizeof *t);
-    t->ctx = ctx;
-    t->size = n;
-    return mlc__cl_alloc(ctx, t);
-}
 
 /* C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias) for b < batches, element offsets oa, ob, oc and
    steps sa, sb, sc between batches. A product that adds into one shared C (sc = 0) runs batch
@@ -1713,6 +1585,20 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
 }
 
+/* The shape most one-input families share: forward reads x into y (*a = x, *b = y), backward
+   adds dy into dx (*a = dy, *b = dx); args point at *a and *b, which are set before the run. */
+static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, const char *forward_kernel, const char *backward_kernel,
+                          size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b) {
+    mlc_tensor *x = n->in[0];
+    if (!backward) {
+        if ((*a = mlc__cl_in(ctx, x)) && (*b = mlc__cl_out(ctx, n->out))) mlc__cl_run(ctx, forward_kernel, work, args, count);
+        return 1;
+    }
+    if (!x->requires_grad) return 1;
+    if (!(*a = mlc__cl_grad_in(ctx, n->out)) || !(*b = mlc__cl_grad(ctx, x))) return 0;
+    return mlc__cl_run(ctx, backward_kernel, work, args, count);
+}
+
 static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     cl_int n = (cl_int)x->size;
@@ -1720,14 +1606,7 @@ static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_float p = call->farg[0];
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a), MLC__CL_ARG(b) };
-    if (!backward) {
-        if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_run(ctx, "mlc_dropout", x->size, args, 5);
-        return 1;
-    }
-    if (!x->requires_grad) return 1;
-    if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
-    return mlc__cl_run(ctx, "mlc_dropout_grad", x->size, args, 5);
+    return mlc__cl_x_to_y(ctx, call, backward, "mlc_dropout", "mlc_dropout_grad", x->size, args, 5, &a, &b);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
@@ -1789,14 +1668,7 @@ static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(s[3]), MLC__CL_ARG(s[4]), MLC__CL_ARG(s[5]), MLC__CL_ARG(dims[0]), MLC__CL_ARG(dims[1]),
                                MLC__CL_ARG(dims[2]), MLC__CL_ARG(dims[3]), MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]),
                                MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(back) };
-        if (!backward) {
-            if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
-            mlc__cl_run(ctx, "mlc_permute", x->size, args, 17);
-            return 1;
-        }
-        if (!x->requires_grad) return 1;
-        if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_permute", x->size, args, 17);
+        return mlc__cl_x_to_y(ctx, call, backward, "mlc_permute", "mlc_permute", x->size, args, 17, &a, &b);
     }
 }
 
@@ -1811,14 +1683,7 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L), MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
-        if (!backward) {
-            if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
-            mlc__cl_run(ctx, "mlc_index_select", call->out->size, args, 7);
-            return 1;
-        }
-        if (!x->requires_grad) return 1;
-        if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_index_select_grad", call->out->size, args, 7);
+        return mlc__cl_x_to_y(ctx, call, backward, "mlc_index_select", "mlc_index_select_grad", call->out->size, args, 7, &a, &b);
     }
 }
 
@@ -1894,56 +1759,40 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
    The backend table's entries
    ============================================================================================ */
 
-/* 1: the op ran here (or failed, with the error set); 0: no kernel, mlc.h runs it on the CPU.
-   A family is listed only when both its forward and backward kernels exist. */
-static int mlc__cl_forward(mlc_ctx *ctx, mlc__node *call) {
-    mlc__cl_st(ctx)->op = call->op;
-    if (call->backward == mlc__unary_backward) return mlc__cl_unary(ctx, call);
-    if (call->backward == mlc__binary_backward) return mlc__cl_binary(ctx, call);
-    if (call->backward == mlc__accumulate_backward) return mlc__cl_accumulate(ctx, call);
-    if (call->backward == mlc__matmul_backward) return mlc__cl_matmul(ctx, call);
-    if (call->backward == mlc__conv2d_backward) return mlc__cl_conv2d(ctx, call);
-    if (call->backward == mlc__pool_backward) return mlc__cl_pool(ctx, call, 0);
-    if (call->backward == mlc__reduce_backward) return mlc__cl_reduce(ctx, call, 0);
-    if (call->backward == mlc__softmax_backward) return mlc__cl_softmax(ctx, call, 0);
-    if (call->backward == mlc__class_loss_backward) return mlc__cl_class_loss(ctx, call, 0);
-    if (call->backward == mlc__pointwise_loss_backward) return mlc__cl_pointwise_loss(ctx, call, 0);
-    if (call->backward == mlc__layer_norm_backward) return mlc__cl_layer_norm(ctx, call, 0);
-    if (call->backward == mlc__batch_norm_backward) return mlc__cl_batch_norm(ctx, call, 0);
-    if (call->backward == mlc__dropout_backward) return mlc__cl_dropout(ctx, call, 0);
-    if (call->backward == mlc__slice_backward) return mlc__cl_slice(ctx, call, 0);
-    if (call->backward == mlc__concat_backward) return mlc__cl_concat(ctx, call, 0);
-    if (call->backward == mlc__permute_backward) return mlc__cl_permute(ctx, call, 0);
-    if (call->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, call, 0);
-    if (call->backward == mlc__gather_backward) return mlc__cl_gather(ctx, call, 0);
-    if (call->backward == mlc__where_backward || call->backward == mlc__masked_fill_backward) return mlc__cl_where(ctx, call, 0);
-    return 0;
-}
+/* The families written as a forward and a backward function, in the table's form. */
+static int mlc__cl_unary_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_unary_back(ctx, n) : mlc__cl_unary(ctx, n); }
+static int mlc__cl_binary_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_binary_back(ctx, n) : mlc__cl_binary(ctx, n); }
+static int mlc__cl_accumulate_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_accumulate_back(ctx, n) : mlc__cl_accumulate(ctx, n); }
+static int mlc__cl_matmul_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_matmul_back(ctx, n) : mlc__cl_matmul(ctx, n); }
+static int mlc__cl_conv2d_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_conv2d_back(ctx, n) : mlc__cl_conv2d(ctx, n); }
 
-/* Only for nodes whose forward ran here: add into the inputs' gradients. */
-static int mlc__cl_backward(mlc_ctx *ctx, mlc__node *n) {
+/* Every op family with kernels, named by its CPU backward function (the node's identity); a
+   family is listed only when both its forward and backward kernels exist. */
+static const struct { mlc__backward_fn family; int (*run)(mlc_ctx *ctx, mlc__node *n, int backward); } mlc__cl_families[] = {
+    { mlc__unary_backward, mlc__cl_unary_family },          { mlc__binary_backward, mlc__cl_binary_family },
+    { mlc__accumulate_backward, mlc__cl_accumulate_family }, { mlc__matmul_backward, mlc__cl_matmul_family },
+    { mlc__conv2d_backward, mlc__cl_conv2d_family },        { mlc__pool_backward, mlc__cl_pool },
+    { mlc__reduce_backward, mlc__cl_reduce },               { mlc__softmax_backward, mlc__cl_softmax },
+    { mlc__class_loss_backward, mlc__cl_class_loss },       { mlc__pointwise_loss_backward, mlc__cl_pointwise_loss },
+    { mlc__layer_norm_backward, mlc__cl_layer_norm },       { mlc__batch_norm_backward, mlc__cl_batch_norm },
+    { mlc__dropout_backward, mlc__cl_dropout },             { mlc__slice_backward, mlc__cl_slice },
+    { mlc__concat_backward, mlc__cl_concat },               { mlc__permute_backward, mlc__cl_permute },
+    { mlc__index_select_backward, mlc__cl_index_select },   { mlc__gather_backward, mlc__cl_gather },
+    { mlc__where_backward, mlc__cl_where },                 { mlc__masked_fill_backward, mlc__cl_where },
+};
+
+/* Run node n's family, forward or backward. 1: it ran here (or failed, with the error set);
+   0: no kernel, so mlc.h runs the forward on the CPU (a backward only comes for nodes whose
+   forward ran here: it adds into the inputs' gradients). */
+static int mlc__cl_run_family(mlc_ctx *ctx, mlc__node *n, int backward) {
+    size_t i;
     mlc__cl_st(ctx)->op = n->op;
-    if (n->backward == mlc__unary_backward) return mlc__cl_unary_back(ctx, n);
-    if (n->backward == mlc__binary_backward) return mlc__cl_binary_back(ctx, n);
-    if (n->backward == mlc__accumulate_backward) return mlc__cl_accumulate_back(ctx, n);
-    if (n->backward == mlc__matmul_backward) return mlc__cl_matmul_back(ctx, n);
-    if (n->backward == mlc__conv2d_backward) return mlc__cl_conv2d_back(ctx, n);
-    if (n->backward == mlc__pool_backward) return mlc__cl_pool(ctx, n, 1);
-    if (n->backward == mlc__reduce_backward) return mlc__cl_reduce(ctx, n, 1);
-    if (n->backward == mlc__softmax_backward) return mlc__cl_softmax(ctx, n, 1);
-    if (n->backward == mlc__class_loss_backward) return mlc__cl_class_loss(ctx, n, 1);
-    if (n->backward == mlc__pointwise_loss_backward) return mlc__cl_pointwise_loss(ctx, n, 1);
-    if (n->backward == mlc__layer_norm_backward) return mlc__cl_layer_norm(ctx, n, 1);
-    if (n->backward == mlc__batch_norm_backward) return mlc__cl_batch_norm(ctx, n, 1);
-    if (n->backward == mlc__dropout_backward) return mlc__cl_dropout(ctx, n, 1);
-    if (n->backward == mlc__slice_backward) return mlc__cl_slice(ctx, n, 1);
-    if (n->backward == mlc__concat_backward) return mlc__cl_concat(ctx, n, 1);
-    if (n->backward == mlc__permute_backward) return mlc__cl_permute(ctx, n, 1);
-    if (n->backward == mlc__index_select_backward) return mlc__cl_index_select(ctx, n, 1);
-    if (n->backward == mlc__gather_backward) return mlc__cl_gather(ctx, n, 1);
-    if (n->backward == mlc__where_backward || n->backward == mlc__masked_fill_backward) return mlc__cl_where(ctx, n, 1);
+    for (i = 0; i < sizeof mlc__cl_families / sizeof mlc__cl_families[0]; i++)
+        if (mlc__cl_families[i].family == n->backward) return mlc__cl_families[i].run(ctx, n, backward);
     return 0;
 }
+static int mlc__cl_forward(mlc_ctx *ctx, mlc__node *call) { return mlc__cl_run_family(ctx, call, 0); }
+static int mlc__cl_backward(mlc_ctx *ctx, mlc__node *n) { return mlc__cl_run_family(ctx, n, 1); }
 
 /* Parameter i's update; the state is opt->state[3 i + k], long-lived tensors on the device.
    1: done (mlc_step then marks p and its state stale on the host); 0: not done (an error is
@@ -1991,10 +1840,9 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
 
 static int mlc__cl_fill(mlc_tensor *t, int grad, float value) {
     mlc_ctx *ctx = t->ctx;
-    void **slot = grad ? &t->device_grad : &t->device_data;
+    cl_mem mem;
     mlc__cl_st(ctx)->op = "fill";
-    if (!*slot && !(*slot = (void *)mlc__cl_alloc(ctx, t))) return 0;
-    return mlc__cl_fill_mem(ctx, (cl_mem)*slot, t->size, value);
+    return (mem = mlc__cl_buffer(ctx, t, grad)) && mlc__cl_fill_mem(ctx, mem, t->size, value);
 }
 
 static int mlc__cl_upload(mlc_tensor *t, int grad) {
@@ -2019,53 +1867,10 @@ static int mlc__cl_download(mlc_tensor *t, int grad) {
     return 1;
 }
 
-/* A long-lived tensor is freed (or moved to the CPU): its buffers go. */
-static void mlc__cl_release(mlc_tensor *t) {
-    mlc_ctx *ctx = t->ctx;
+/* A frame ends: the device finishes reading the host memory of its uploads. */
+static void mlc__cl_wait(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
-    int which;
-    for (which = 0; which < 2 && t->persistent; which++) {
-        void *mem = which ? t->device_grad : t->device_data;
-        size_t i;
-        for (i = 0; mem && i < st->owned.count; i++)
-            if ((void *)st->owned.items[i].mem == mem) {
-                mlc__cl_free_buffer(ctx, st->owned.items[i].mem, st->owned.items[i].bytes);
-                st->owned.items[i] = st->owned.items[--st->owned.count];
-                break;
-            }
-    }
-    t->device_data = t->device_grad = NULL;
-}
-
-/* A frame begins: remember the stack's height and the arena's position; returns the mark's
-   number (the frame's depth). */
-static size_t mlc__cl_mark(mlc_ctx *ctx) {
-    mlc__cl_state *st = mlc__cl_st(ctx);
-    void *marks = st->marks;
-    mlc__cl_frame_mark *m;
-    size_t offset = 0;
-    if (!mlc__cl_grow(ctx, &marks, &st->cap_marks, st->n_marks + 1, sizeof(mlc__cl_frame_mark))) {
-        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_frame_begin: out of memory (OpenCL frame marks)");
-        return (size_t)-1;
-    }
-    st->marks = (mlc__cl_frame_mark *)marks;
-    m = &st->marks[st->n_marks];
-    m->depth = st->frame.count;
-    m->block = ctx->block ? mlc__cl_arena_pos(ctx, ctx->block->base, &offset) : 0;
-    m->used = ctx->block ? ctx->block->used : 0;
-    return st->n_marks++;
-}
-
-/* A frame ends: its temporaries go to the spare list, after the uploads from its host memory. */
-static void mlc__cl_release_to(mlc_ctx *ctx, size_t mark) {
-    mlc__cl_state *st = mlc__cl_st(ctx);
-    if (mark >= st->n_marks) return;                     /* that frame already ended */
     if (st->pending) { mlc__cl.Finish(st->queue); st->pending = 0; }
-    while (st->frame.count > st->marks[mark].depth) {
-        mlc__cl_buf b = st->frame.items[--st->frame.count];
-        if (!mlc__cl_push(ctx, &st->spare, b.mem, b.bytes)) mlc__cl_free_buffer(ctx, b.mem, b.bytes);
-    }
-    st->n_marks = mark;
 }
 
 static void mlc__cl_destroy(mlc_ctx *ctx) {
@@ -2075,13 +1880,6 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
     mlc__cl.Finish(st->queue);
     for (i = 0; i < st->n_kernels; i++) mlc__cl.ReleaseKernel(st->kernels[i].kernel);
     if (st->program) mlc__cl.ReleaseProgram(st->program);
-    mlc__cl_free_list(ctx, &st->frame);
-    mlc__cl_free_list(ctx, &st->spare);
-    mlc__cl_free_list(ctx, &st->owned);
-    mlc__heap_free(ctx, st->frame.items);
-    mlc__heap_free(ctx, st->spare.items);
-    mlc__heap_free(ctx, st->owned.items);
-    mlc__heap_free(ctx, st->marks);
     mlc__cl.ReleaseCommandQueue(st->queue);
     mlc__cl.ReleaseContext(st->context);
     mlc__heap_free(ctx, st);
@@ -2090,7 +1888,7 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
 
 static const mlc__backend mlc__opencl_backend = {
     "opencl", mlc__cl_forward, mlc__cl_backward, mlc__cl_step, mlc__cl_fill, mlc__cl_upload,
-    mlc__cl_download, mlc__cl_release, mlc__cl_mark, mlc__cl_release_to, mlc__cl_destroy
+    mlc__cl_download, mlc__cl_create, mlc__cl_free, mlc__cl_wait, mlc__cl_destroy
 };
 
 /* ============================================================================================

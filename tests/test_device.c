@@ -4,10 +4,9 @@
 
    The fake device has no kernels by default: forward, backward and step decline, so every op
    on it falls back to the CPU through the host copies, exactly as an op a real backend lacks.
-   Its buffers follow the rules a real backend must: uploads and downloads copy and count
-   (mlc_stats), long-lived tensors' buffers go when the tensor is freed or moved home, and a
-   frame's temporaries go back at mlc_frame_end (a stack with marks). A buffer lives as long as
-   its tensor: one made for a tensor older than the open frames goes below their marks.
+   Its buffers are malloc'd through mlc's books (mlc__device_alloc), as a real backend's are:
+   uploads and downloads copy and count (mlc_stats), long-lived tensors' buffers go when the
+   tensor is freed or moved home, and a frame's temporaries become spares at mlc_frame_end.
    Two switches for the tests here:
      kernel_neg  mlc_neg runs "on the device" (forward and backward on the device buffers), so
                  an output whose host copy is out of date, and downloads, can be tested;
@@ -21,74 +20,25 @@
 
 /* ---- the fake backend ------------------------------------------------------------------- */
 
-typedef struct fake_buf { float *ptr; size_t bytes; mlc_tensor *owner; } fake_buf;
-typedef struct fake_mark { size_t depth; long block; size_t used; } fake_mark;   /* arena position */
 typedef struct fake_device {
-    fake_buf *stack; size_t n_stack, cap_stack;   /* frame temporaries, oldest first */
-    fake_buf *kept; size_t n_kept, cap_kept;      /* buffers of long-lived tensors */
-    fake_mark *marks; size_t n_marks, cap_marks;  /* one per open frame */
     int kernel_neg, verify;
+    size_t limit_bytes;             /* > 0: a "device" that holds no more than this */
+    const char *op;                 /* the op being run, for messages */
 } fake_device;
-
-static int fake_grow(void **items, size_t *cap, size_t need, size_t size) {
-    void *p;
-    size_t n = *cap ? *cap : 16;
-    if (need <= *cap) return 1;
-    while (n < need) n *= 2;
-    if (!(p = realloc(*items, n * size))) return 0;
-    *items = p; *cap = n;
-    return 1;
-}
-
-/* Where p lies in the context's arena: (block number, offset); -1 when it is not there. */
-static long fake_arena_pos(mlc_ctx *ctx, const void *p, size_t *offset) {
-    const mlc__block *b;
-    long i = 0;
-    for (b = ctx->first_block; b; b = b->next, i++)
-        if ((const unsigned char *)p >= b->base && (const unsigned char *)p < b->base + b->capacity) {
-            *offset = (size_t)((const unsigned char *)p - b->base);
-            return i;
-        }
-    return -1;
-}
 
 /* t's data (grad 0) or gradient buffer on the device, made when missing. */
 static float *fake_buffer(mlc_tensor *t, int grad) {
-    mlc_ctx *ctx = t->ctx;
-    fake_device *fd = (fake_device *)ctx->device;
-    void **slot = grad ? &t->device_grad : &t->device_data;
-    fake_buf b;
-    if (*slot) return (float *)*slot;
-    b.bytes = t->size * sizeof(float);
-    b.ptr = (float *)malloc(b.bytes ? b.bytes : 1);
-    b.owner = t;
-    if (!b.ptr) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory (%zu bytes)", b.bytes); return NULL; }
-    if (t->persistent) {
-        if (!fake_grow((void **)&fd->kept, &fd->cap_kept, fd->n_kept + 1, sizeof(fake_buf))) { free(b.ptr); return NULL; }
-        fd->kept[fd->n_kept++] = b;
-    } else {                        /* below the marks of the frames opened after t was made */
-        size_t at = fd->n_stack, offset = 0, k;
-        long block = fake_arena_pos(ctx, t, &offset);
-        if (!fake_grow((void **)&fd->stack, &fd->cap_stack, fd->n_stack + 1, sizeof(fake_buf))) { free(b.ptr); return NULL; }
-        for (k = 0; k < fd->n_marks; k++) {
-            const fake_mark *m = &fd->marks[k];
-            if (block < m->block || (block == m->block && offset < m->used)) { at = m->depth; break; }
-        }
-        memmove(fd->stack + at + 1, fd->stack + at, (fd->n_stack - at) * sizeof(fake_buf));
-        fd->stack[at] = b;
-        fd->n_stack++;
-        for (; k < fd->n_marks; k++) fd->marks[k].depth++;
-    }
-    ctx->stats.device_bytes_current += b.bytes;
-    if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak) ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
-    *slot = b.ptr;
-    return b.ptr;
+    const char *op = ((fake_device *)t->ctx->device)->op;
+    return (float *)mlc__buffer_of(t, grad, op ? op : "fake device");
 }
 
-static void fake_free(mlc_ctx *ctx, fake_buf *b) {
-    ctx->stats.device_bytes_current -= b->bytes;
-    free(b->ptr);
+static void *fake_create(mlc_ctx *ctx, size_t bytes) {
+    fake_device *fd = (fake_device *)ctx->device;
+    if (fd->limit_bytes && ctx->stats.device_bytes_current + bytes > fd->limit_bytes) return NULL;   /* full */
+    return malloc(bytes);
 }
+static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
+static void fake_wait(mlc_ctx *ctx) { (void)ctx; }
 
 static int fake_upload(mlc_tensor *t, int grad) {
     float *dst = fake_buffer(t, grad);
@@ -117,45 +67,8 @@ static int fake_fill(mlc_tensor *t, int grad, float value) {
     return 1;
 }
 
-static void fake_release(mlc_tensor *t) {
-    fake_device *fd = (fake_device *)t->ctx->device;
-    size_t i = 0;
-    while (i < fd->n_kept)
-        if (fd->kept[i].owner == t) { fake_free(t->ctx, &fd->kept[i]); fd->kept[i] = fd->kept[--fd->n_kept]; }
-        else i++;
-    t->device_data = t->device_grad = NULL;
-}
-
-static size_t fake_mark_fn(mlc_ctx *ctx) {
-    fake_device *fd = (fake_device *)ctx->device;
-    fake_mark m;
-    size_t offset = 0;
-    m.depth = fd->n_stack;
-    m.block = ctx->block ? fake_arena_pos(ctx, ctx->block->base, &offset) : 0;
-    m.used = ctx->block ? ctx->block->used : 0;
-    if (!fake_grow((void **)&fd->marks, &fd->cap_marks, fd->n_marks + 1, sizeof(fake_mark))) {
-        mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory (marks)");
-        return (size_t)-1;
-    }
-    fd->marks[fd->n_marks] = m;
-    return fd->n_marks++;
-}
-
-static void fake_release_to(mlc_ctx *ctx, size_t mark) {
-    fake_device *fd = (fake_device *)ctx->device;
-    size_t i;
-    if (mark >= fd->n_marks) return;                    /* that frame already ended */
-    for (i = fd->marks[mark].depth; i < fd->n_stack; i++) fake_free(ctx, &fd->stack[i]);
-    fd->n_stack = fd->marks[mark].depth;
-    fd->n_marks = mark;
-}
-
 static void fake_destroy(mlc_ctx *ctx) {
-    fake_device *fd = (fake_device *)ctx->device;
-    size_t i;
-    for (i = 0; i < fd->n_stack; i++) fake_free(ctx, &fd->stack[i]);
-    for (i = 0; i < fd->n_kept; i++) fake_free(ctx, &fd->kept[i]);
-    free(fd->stack); free(fd->kept); free(fd->marks); free(fd);
+    free(ctx->device);
     ctx->device = NULL;
     ctx->backend = NULL;
 }
@@ -179,6 +92,7 @@ static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
 static int fake_forward(mlc_ctx *ctx, mlc__node *call) {
     fake_device *fd = (fake_device *)ctx->device;
     int k;
+    fd->op = call->op;
     if (fd->verify)
         for (k = 0; k < call->n_in; k++) if (!fake_check(ctx, call->in[k], call->op, k)) return 0;
     if (fd->kernel_neg && strcmp(call->op, "mlc_neg") == 0) {
@@ -201,7 +115,7 @@ static int fake_backward(mlc_ctx *ctx, mlc__node *n) {
     const float *gy;
     float *gx;
     size_t i;
-    (void)ctx;
+    ((fake_device *)ctx->device)->op = n->op;
     if (strcmp(n->op, "mlc_neg") != 0) return 0;
     if (!x->requires_grad) return 1;
     if (!y->device_grad || (y->stale & MLC__GRAD_DEVICE_STALE)) {     /* dy was made on the host */
@@ -232,7 +146,7 @@ static int fake_step(mlc_optim *opt, int i) {
 
 static const mlc__backend fake_backend = {
     "fake", fake_forward, fake_backward, fake_step, fake_fill, fake_upload, fake_download,
-    fake_release, fake_mark_fn, fake_release_to, fake_destroy
+    fake_create, fake_free, fake_wait, fake_destroy
 };
 
 /* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
@@ -493,35 +407,42 @@ static int backward_on_device(void) {
     return 1;
 }
 
+/* Bytes of the buffers that ended frames left for reuse. */
+static size_t spare_bytes(mlc_ctx *ctx) {
+    size_t i, n = 0;
+    for (i = 0; i < ctx->buffers.n_spare; i++) n += ctx->buffers.spare[i].bytes;
+    return n;
+}
+
 static int frames_release_device_temporaries(void) {
     mlc_ctx *ctx = fake_ctx(6, NULL);
-    fake_device *fd = fake_of(ctx);
+    mlc__device_buffers *fd = &ctx->buffers;            /* the books mlc keeps for every backend */
     mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(16)), *outer = mlc_ones(ctx, MLC_SHAPE(8));
     size_t depth, bytes;
     int i;
     CHECK(p && outer && mlc_to(p, 0) && mlc_to(p, 1));  /* a long-lived buffer, not on the stack */
-    fd->kernel_neg = 1;
-    depth = fd->n_stack;
+    fake_of(ctx)->kernel_neg = 1;
+    depth = fd->n_frame;
     bytes = mlc_get_stats(ctx).device_bytes_current;
     CHECK(depth == 0 && fd->n_kept == 2 && bytes == 2 * 16 * sizeof(float));
     for (i = 0; i < 3; i++) {
         mlc_frame f = mlc_frame_begin(ctx), g;
-        size_t base = fd->n_stack, first = i == 0;      /* outer gets its buffer in the first pass */
+        size_t base = fd->n_frame, first = i == 0;      /* outer gets its buffer in the first pass */
         mlc_tensor *y = mlc_neg(mlc_neg(mlc_ones(ctx, MLC_SHAPE(32))));   /* ones, -ones, y */
-        CHECK_MSG(y && fd->n_stack == base + 3, "stack %zu, was %zu", fd->n_stack, base);
+        CHECK_MSG(y && fd->n_frame == base + 3, "stack %zu, was %zu", fd->n_frame, base);
         g = mlc_frame_begin(ctx);                       /* nested: its own temporaries go first */
-        CHECK(mlc_neg(y) && mlc_neg(outer) && fd->n_stack == base + 5 + first);
+        CHECK(mlc_neg(y) && mlc_neg(outer) && fd->n_frame == base + 5 + first);
         mlc_frame_end(g);
-        CHECK(fd->n_stack == base + 3 + first);        /* outer's buffer stays: outer outlives both frames */
+        CHECK(fd->n_frame == base + 3 + first);        /* outer's buffer stays: outer outlives both frames */
         CHECK(mlc_host_data(y)[31] == 1.0f);
         mlc_frame_end(f);
-        CHECK(fd->n_stack == depth + 1 && fd->n_marks == 0);
+        CHECK(fd->n_frame == depth + 1 && ctx->level == 0);
     }
     CHECK(outer->device_data && memcmp(outer->device_data, outer->data, 8 * sizeof(float)) == 0);
-    CHECK(mlc_get_stats(ctx).device_bytes_current == bytes + 8 * sizeof(float));
+    CHECK(mlc_get_stats(ctx).device_bytes_current == bytes + 8 * sizeof(float) + spare_bytes(ctx));
     CHECK(mlc_get_stats(ctx).device_bytes_peak >= bytes + (8 + 3 * 32) * sizeof(float));
     mlc_tensor_free(p);                                 /* long-lived: released with the tensor */
-    CHECK(fd->n_kept == 0 && mlc_get_stats(ctx).device_bytes_current == 8 * sizeof(float));
+    CHECK(fd->n_kept == 0 && mlc_get_stats(ctx).device_bytes_current == 8 * sizeof(float) + spare_bytes(ctx));
     CHECK(mlc_error(ctx) == MLC_OK);
     mlc_destroy(ctx);                                   /* the rest goes with the context */
     return 1;
@@ -542,6 +463,51 @@ static int verify_catches_unannounced_writes(void) {
     return 1;
 }
 
+/* A full device: the spares go back and the allocation is tried again; when that is not
+   enough, the op fails with MLC_ERR_MEMORY naming it, and nothing is lost. */
+static int device_out_of_memory(void) {
+    mlc_ctx *ctx = fake_ctx(8, NULL);
+    mlc_tensor *a = mlc_ones(ctx, MLC_SHAPE(64)), *y;
+    fake_device *fd = fake_of(ctx);
+    mlc_frame f;
+    fd->kernel_neg = 1;                                 /* mlc_neg runs "on the device", in its buffers */
+    CHECK(a && mlc_neg(a));                             /* a and -a: 2 x 256 bytes */
+    fd->limit_bytes = 3 * 256;
+    f = mlc_frame_begin(ctx);
+    CHECK(mlc_neg(mlc_ones(ctx, MLC_SHAPE(32))) != NULL);   /* 2 x 128 bytes: 768 in all */
+    mlc_frame_end(f);                                   /* they become spares */
+    CHECK(ctx->buffers.n_spare == 2);
+    y = mlc_neg(a);                                     /* 256 more: only once the spares go */
+    CHECK(y && ctx->buffers.n_spare == 0 && mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_neg(a) == NULL && mlc_error(ctx) == MLC_ERR_MEMORY);   /* 1,024 > 768: full */
+    CHECK_MSG(strstr(mlc_error_message(ctx), "mlc_neg") && strstr(mlc_error_message(ctx), "out of device memory"),
+              "%.200s", mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    CHECK(mlc_host_data(y)[63] == -1.0f && mlc_host_data(a)[0] == 1.0f);   /* what was there is intact */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+#ifdef MLC_OPENCL
+/* Asking for an OpenCL device that is not there is an error naming it, never a crash. */
+static int opencl_bad_device_names(void) {
+    const char *specs[] = { "opencl:999", "no-such-device-anywhere" };
+    int i;
+    for (i = 0; i < 2; i++) {
+        mlc_config c;
+        mlc_ctx *ctx;
+        memset(&c, 0, sizeof c);
+        c.quiet = 1;
+        c.device = specs[i];
+        ctx = mlc_create(&c);
+        CHECK(ctx && mlc_error(ctx) == MLC_ERR_DEVICE && !mlc_has_device(ctx));
+        CHECK_MSG(strstr(mlc_error_message(ctx), specs[i]) || strstr(mlc_error_message(ctx), "999"), "%.200s", mlc_error_message(ctx));
+        mlc_destroy(ctx);
+    }
+    return 1;
+}
+#endif
+
 const test_case tests_device[] = {
     { "op_falls_back", op_falls_back },
     { "training_matches_cpu", training_matches_cpu },
@@ -551,5 +517,9 @@ const test_case tests_device[] = {
     { "backward_on_device", backward_on_device },
     { "frames_release_device_temporaries", frames_release_device_temporaries },
     { "verify_catches_unannounced_writes", verify_catches_unannounced_writes },
+    { "device_out_of_memory", device_out_of_memory },
+#ifdef MLC_OPENCL
+    { "opencl_bad_device_names", opencl_bad_device_names },
+#endif
     { NULL, NULL }
 };
