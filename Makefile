@@ -2,8 +2,9 @@
 CC      ?= cc
 CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
+LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
-EXAMPLES := $(BUILD)/mlp $(BUILD)/digits
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean
 
@@ -19,6 +20,12 @@ $(BUILD)/%: examples/%.c mlc.h examples/*.h | $(BUILD)
 demo: $(BUILD)/digits
 	./$(BUILD)/digits
 
+# devices: the device table and timings (OpenCL is loaded at run time; OpenMP where the compiler
+# has it, so the CPU row uses every core as the OpenCL CPU drivers do)
+OPENMP := $(shell printf 'int main(void){return 0;}\n' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo -fopenmp)
+$(BUILD)/devices: CFLAGS += $(OPENMP)
+$(BUILD)/devices: LDLIBS += $(LDL)
+
 # OpenBLAS is optional: when its header and library link, the BLAS-hook tests run against it.
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | \
               $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
@@ -31,7 +38,6 @@ $(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
 # the first OpenCL device (MLC_DEVICE=opencl) when one is found at run time.
 OPENCL_HEADERS := $(shell printf '\043include <CL/cl.h>\nint main(void){return 0;}\n' | \
               $(CC) -x c - -c -o /dev/null >/dev/null 2>&1 && echo yes)
-LDL := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 OPENCL_SKIP := $(if $(wildcard mlc_opencl.h),$(if $(OPENCL_HEADERS),,no OpenCL headers (CL/cl.h; install opencl-headers)),no mlc_opencl.h)
 TEST_OPENCL := $(if $(OPENCL_SKIP),,$(BUILD)/test-opencl)
 export POCL_CACHE_DIR := $(CURDIR)/$(BUILD)/pocl-cache

@@ -234,7 +234,7 @@ MLCDEF int mlc_devices(mlc_device_info *out, int max);
 MLCDEF int mlc_has_device(const mlc_ctx *ctx);          /* 1 when the context runs on a device */
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device); /* moves t (and its gradient); returns t */
 MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every parameter and buffer */
-MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up to date */
+MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up to date (write: mlc_write) */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
 /* ============================================================================================
@@ -568,6 +568,7 @@ struct mlc_ctx {
     mlc__owned owned;                  /* sentinel of the long-lived list */
     const struct mlc__backend *backend; /* NULL: the CPU only */
     void *device;                      /* the backend's state */
+    char device_name[160];             /* set by the backend: "opencl:1 NVIDIA H100 80GB HBM3" */
     int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
@@ -809,7 +810,7 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
             b.buffer = ctx->backend->create(ctx, b.bytes);
         }
         if (!b.buffer) {
-            if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, ctx->backend->name);
+            if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, mlc_device_name(ctx));
             return NULL;
         }
         ctx->stats.device_bytes_current += b.bytes;
@@ -941,7 +942,10 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     else free((unsigned char *)ctx - MLC__HEADER);
 }
 
-MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) { return ctx && ctx->backend ? ctx->backend->name : "cpu"; }
+MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) {
+    if (!ctx || !ctx->backend) return "cpu";
+    return ctx->device_name[0] ? ctx->device_name : ctx->backend->name;
+}
 MLCDEF mlc_result mlc_error(const mlc_ctx *ctx) { return ctx ? ctx->error : MLC_ERR_NULL; }
 MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
     return !ctx ? "no context" : ctx->error ? ctx->message : "no error";
@@ -1070,7 +1074,7 @@ static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
     if (ctx->n_fell_back < 64) ctx->fell_back[ctx->n_fell_back++] = op;
     {
         char message[160];
-        mlc__format(message, sizeof message, "%s has no kernel on %s: it runs on the CPU, through copies", op, ctx->backend->name);
+        mlc__format(message, sizeof message, "%s has no kernel on %s: it runs on the CPU, through copies", op, mlc_device_name(ctx));
         mlc__log(ctx, MLC_LOG_WARN, message);
     }
 }
@@ -1288,8 +1292,8 @@ MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
 MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
     if (!t) return MLC_ERR_NULL;
     if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
+    if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
-    t->stale &= ~(unsigned)MLC__HOST_STALE;
     mlc__host_wrote(t);
     return MLC_OK;
 }
@@ -1327,7 +1331,7 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
         if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
         if (inputs[i]->on_device != inputs[0]->on_device)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: input 0 is on %s and input %d on %s; move one with mlc_to",
-                                        op, inputs[0]->on_device ? ctx->backend->name : "cpu", i, inputs[i]->on_device ? ctx->backend->name : "cpu");
+                                        op, inputs[0]->on_device ? mlc_device_name(ctx) : "cpu", i, inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
     }
     ctx->op_device = inputs[0]->on_device;
     return ctx;
@@ -3185,7 +3189,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
         if (n->device) {                                 /* the backend allocates and adds */
             if (!ctx->backend->backward(ctx, n) && !ctx->error)
-                mlc__fail(ctx, MLC_ERR_DEVICE, "%s: backward failed on %s", n->op, ctx->backend->name);
+                mlc__fail(ctx, MLC_ERR_DEVICE, "%s: backward failed on %s", n->op, mlc_device_name(ctx));
             continue;
         }
         mlc__host(n->out);

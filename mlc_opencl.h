@@ -1939,6 +1939,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     st->op = "mlc_create";
     memcpy(st->name, info.name, sizeof st->name);
+    mlc__format(ctx->device_name, sizeof ctx->device_name, "opencl:%d %s", index, info.name);
     ctx->device = st;
     ctx->backend = &mlc__opencl_backend;
     return 1;

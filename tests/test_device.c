@@ -506,6 +506,54 @@ static int opencl_bad_device_names(void) {
     }
     return 1;
 }
+
+/* mlc_device_name says which device: "opencl:N <the driver's device name>" */
+static int opencl_device_named(void) {
+    mlc_device_info rows[4];
+    char prefix[16];
+    int count = mlc_devices(rows, 4), i;
+    CHECK(count > 0);
+    for (i = 0; i < count && i < 4; i++) {
+        mlc_config c;
+        mlc_ctx *ctx;
+        memset(&c, 0, sizeof c);
+        snprintf(prefix, sizeof prefix, "opencl:%d", i);
+        c.device = prefix;
+        ctx = test_adopt(mlc_create(&c));
+        CHECK(ctx && mlc_error(ctx) == MLC_OK);
+        CHECK_MSG(strncmp(mlc_device_name(ctx), prefix, strlen(prefix)) == 0 && strstr(mlc_device_name(ctx), rows[i].name),
+                  "%s vs %s", mlc_device_name(ctx), rows[i].name);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
+/* mlc_write right after an op read the tensor: the (non-blocking) upload of the old values
+   finishes first, and the next op sees the new ones */
+static int opencl_write_after_upload(void) {
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_frame f;
+    mlc_tensor *x;
+    float first[1000], second[1000];
+    int i, round;
+    memset(&c, 0, sizeof c);
+    c.device = "opencl";
+    ctx = test_adopt(mlc_create(&c));
+    CHECK(ctx && mlc_has_device(ctx));
+    for (i = 0; i < 1000; i++) { first[i] = (float)i; second[i] = (float)-i; }
+    for (round = 0; round < 20; round++) {
+        f = mlc_frame_begin(ctx);
+        x = mlc_zeros(ctx, MLC_SHAPE(1000));
+        CHECK(mlc_write(x, first, 1000) == MLC_OK);
+        CHECK(mlc_neg(x) != NULL);                          /* uploads `first` */
+        CHECK(mlc_write(x, second, 1000) == MLC_OK);
+        CHECK_MSG(mlc_item(mlc_sum_all(mlc_neg(x))) == 499500.0f, "round %d", round);
+        mlc_frame_end(f);
+    }
+    test_destroy(ctx);
+    return 1;
+}
 #endif
 
 const test_case tests_device[] = {
@@ -520,6 +568,8 @@ const test_case tests_device[] = {
     { "device_out_of_memory", device_out_of_memory },
 #ifdef MLC_OPENCL
     { "opencl_bad_device_names", opencl_bad_device_names },
+    { "opencl_device_named", opencl_device_named },
+    { "opencl_write_after_upload", opencl_write_after_upload },
 #endif
     { NULL, NULL }
 };

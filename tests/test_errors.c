@@ -558,8 +558,10 @@ static int unknown_device(void) {
 
 /* The log hook receives each error once, at MLC_LOG_ERROR, with the same text. */
 typedef struct log_record { int count; mlc_log_level level; char message[512]; } log_record;
+/* records warnings and errors (MLC_DEVICE=best logs at INFO level which device it took) */
 static void record_log(mlc_log_level level, const char *message, void *user) {
     log_record *r = (log_record *)user;
+    if (level == MLC_LOG_INFO) return;
     r->count++;
     r->level = level;
     strncpy(r->message, message, sizeof r->message - 1);
