@@ -45,8 +45,9 @@ export POCL_CACHE_DIR := $(CURDIR)/$(BUILD)/pocl-cache
 compile-check:
 	sh tests/compile_check.sh
 
+# (with conv scratch for a few images only, so the convolution tests run several chunks)
 $(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h $(wildcard mlc_opencl.h) | $(BUILD)
-	$(CC) $(CFLAGS) -g -I. -DMLC_OPENCL -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS) $(LDL)
+	$(CC) $(CFLAGS) -g -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS) $(LDL)
 
 # Three runs, each ending with its "N passed, M failed, K skipped": the suites on OpenCL (or a
 # SKIPPED line saying why not; under CI=true a skip fails), on the fake device of

@@ -30,7 +30,9 @@ MEMORY
    buffers after its first step. This file only creates and releases cl_mem objects.
    mlc_stats.device_bytes_current counts every live buffer, spares included. Frame
    temporaries are uploaded without waiting; mlc_frame_end waits for those copies before the
-   arena's host memory is reused.
+   arena's host memory is reused. Convolutions run a chunk of images at a time through scratch
+   of at most MLC_OPENCL_CONV_SCRATCH floats (default 16 Mi = 64 MiB; one image at least);
+   #define it smaller for a device with little memory.
 
 LIMITS
    The library table is global and loaded once, on the first mlc_devices or mlc_create that
@@ -222,6 +224,7 @@ typedef struct mlc__cl_state {
     int n_kernels;
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     int exact_divide;                   /* the device can round / and sqrt correctly */
+    int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else mlc_gemm */
     int pending;                        /* uploads not waited for since the last wait */
     const char *op;                     /* the op being run, for messages */
     char name[128];
@@ -509,7 +512,41 @@ static const char *const mlc__cl_source[] = {
 "        C[row * N + col] = beta != 0.0f ? c + beta * C[row * N + col] : c;\n"
 "    }\n"
 "}\n"
-"\n"
+"\n",
+"/* The same product for CPU devices: each work-item keeps a 4 x 8 block of C in four float8\n"
+"   registers (explicit vectors are what a CPU's OpenCL compiler turns into SIMD), k ascending */\n"
+"__kernel void mlc_gemm_vector(int M, int N, int K, int ta, int tb,\n"
+"                              __global const float *A, int offA, int stepA,\n"
+"                              __global const float *B, int offB, int stepB,\n"
+"                              __global float *C, int offC, int stepC, float beta,\n"
+"                              __global const float *bias, int has_bias) {\n"
+"    int c0 = get_global_id(0) * 8, r0 = get_global_id(1) * 4, batch = get_global_id(2), i, j, k;\n"
+"    float8 acc[4] = { (float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f) };\n"
+"    if (r0 >= M || c0 >= N) return;\n"
+"    A += offA + batch * stepA; B += offB + batch * stepB; C += offC + batch * stepC;\n"
+"    if (r0 + 4 <= M && c0 + 8 <= N) {\n"
+"        for (k = 0; k < K; k++) {\n"
+"            float8 b = tb ? (float8)(B[c0 * K + k], B[(c0 + 1) * K + k], B[(c0 + 2) * K + k], B[(c0 + 3) * K + k],\n"
+"                                     B[(c0 + 4) * K + k], B[(c0 + 5) * K + k], B[(c0 + 6) * K + k], B[(c0 + 7) * K + k])\n"
+"                          : vload8(0, B + k * N + c0);\n"
+"            for (i = 0; i < 4; i++) acc[i] += (ta ? A[k * M + r0 + i] : A[(r0 + i) * K + k]) * b;\n"
+"        }\n"
+"        for (i = 0; i < 4; i++) {\n"
+"            float8 c = acc[i] + (has_bias ? vload8(0, bias + c0) : (float8)(0.0f));\n"
+"            if (beta != 0.0f) c += beta * vload8(0, C + (r0 + i) * N + c0);\n"
+"            vstore8(c, 0, C + (r0 + i) * N + c0);\n"
+"        }\n"
+"        return;\n"
+"    }\n"
+"    for (i = r0; i < M && i < r0 + 4; i++)                 /* a block on the edge of C */\n"
+"        for (j = c0; j < N && j < c0 + 8; j++) {\n"
+"            float s = 0.0f, c;\n"
+"            for (k = 0; k < K; k++) s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);\n"
+"            c = s + (has_bias ? bias[j] : 0.0f);\n"
+"            C[i * N + j] = beta != 0.0f ? c + beta * C[i * N + j] : c;\n"
+"        }\n"
+"}\n"
+"\n",
 "/* db[j] += Σ_r dC[r, j]  (linear's bias) */\n"
 "__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db) {\n"
 "    int j = get_global_id(0), r;\n"
@@ -519,27 +556,28 @@ static const char *const mlc__cl_source[] = {
 "    db[j] += s;\n"
 "}\n"
 "\n"
-"/* ---- convolution: im2col per image and group, col2im as a gather (no atomics) ---- */\n"
-"/* q: C H W KH KW OH OW stride pad dilation Cg (mlc__conv's fields); x points at the image's group */\n"
+"/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
+"/* q: C H W KH KW OH OW stride; r: pad dilation Cg nb (mlc__conv's fields and the chunk's images);\n"
+"   x_off: the chunk's first image, at the group's first channel; col is [Cg KH KW, nb OH OW] */\n"
 "__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, int x_off, __global float *col) {\n"
-"    int H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7, pad = r.s0, d = r.s1, Cg = r.s2;\n"
-"    int P = OH * OW, at = get_global_id(0), p, k, c, i, j, oh, ow, ih, iw;\n"
-"    if (at >= Cg * KH * KW * P) return;\n"
-"    p = at % P; k = at / P;\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
+"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j, oh, ow, ih, iw;\n"
+"    if (at >= Cg * KH * KW * nb * P) return;\n"
+"    p = at % P; n = (at / P) % nb; k = at / (P * nb);\n"
 "    j = k % KW; i = (k / KW) % KH; c = k / (KW * KH);\n"
 "    oh = p / OW; ow = p % OW;\n"
 "    ih = oh * s + i * d - pad; iw = ow * s + j * d - pad;\n"
-"    x += x_off + c * H * W;\n"
+"    x += x_off + (n * C + c) * H * W;\n"
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
-"/* dx[c, ih, iw] += Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, oh OW + ow] */\n"
+"/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
 "__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, int dx_off) {\n"
-"    int H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7, pad = r.s0, d = r.s1, Cg = r.s2;\n"
-"    int P = OH * OW, at = get_global_id(0), c, ih, iw, i, j;\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
+"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i, j;\n"
 "    float sum = 0.0f;\n"
-"    if (at >= Cg * H * W) return;\n"
-"    iw = at % W; ih = (at / W) % H; c = at / (W * H);\n"
+"    if (at >= nb * Cg * H * W) return;\n"
+"    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % Cg; n = at / (W * H * Cg);\n"
 "    for (i = 0; i < KH; i++) {\n"
 "        int th = ih + pad - i * d, oh;\n"
 "        if (th < 0 || th % s) continue;\n"
@@ -550,16 +588,23 @@ static const char *const mlc__cl_source[] = {
 "            if (tw < 0 || tw % s) continue;\n"
 "            ow = tw / s;\n"
 "            if (ow >= OW) continue;\n"
-"            sum += col[((c * KH + i) * KW + j) * P + oh * OW + ow];\n"
+"            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
 "    }\n"
-"    dx[dx_off + at] += sum;\n"
+"    dx[dx_off + (n * C + c) * H * W + ih * W + iw] += sum;\n"
 "}\n",
-"/* y[n, o, q] += b[o];  db[o] += Σ_{n, q} dy[n, o, q] */\n"
-"__kernel void mlc_conv_bias(int N, int O, int P, __global float *y, __global const float *b) {\n"
-"    int at = get_global_id(0);\n"
-"    if (at < N * O * P) y[at] += b[(at / P) % O];\n"
+"/* the GEMM's [O, nb, P] and the tensor's [nb, O, P]: to_nop: nop[n, o, p] = onp[o, n, p] (+ b[o]);\n"
+"   else onp[o, n, p] = nop[n, o, p] */\n"
+"__kernel void mlc_conv_layout(int nb, int O, int P, __global float *nop, int nop_off, __global float *onp,\n"
+"                              int to_nop, __global const float *b, int has_bias) {\n"
+"    int at = get_global_id(0), p, o, n, t;\n"
+"    if (at >= nb * O * P) return;\n"
+"    p = at % P; o = (at / P) % O; n = at / (P * O);\n"
+"    t = (o * nb + n) * P + p;\n"
+"    if (to_nop) nop[nop_off + at] = onp[t] + (has_bias ? b[o] : 0.0f);\n"
+"    else onp[t] = nop[nop_off + at];\n"
 "}\n"
+"/* db[o] += Σ_{n, q} dy[n, o, q] */\n"
 "__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db) {\n"
 "    int o = get_global_id(0), n, q;\n"
 "    float s = 0.0f;\n"
@@ -1241,8 +1286,9 @@ static int mlc__cl_binary_back(mlc_ctx *ctx, mlc__node *nd) {
     return 1;
 }
 
-/* A kernel over a 3-D range with a fixed work-group (the tiled GEMM). 0 with no error set:
-   the device cannot take that work-group, and the op runs on the CPU instead. */
+/* A kernel over a 3-D range, with a fixed work-group (the tiled GEMM) or, local NULL, the
+   driver's choice. 0 with no error set: the device cannot take that work-group, and the op
+   runs on the CPU instead. */
 static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, const size_t *local,
                         const mlc__cl_arg *args, int count) {
     mlc__cl_state *st = mlc__cl_st(ctx);
@@ -1250,7 +1296,7 @@ static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, co
     cl_kernel k;
     int i;
     if (ctx->error || !(k = mlc__cl_kernel(ctx, name, &wg))) return 0;
-    if (wg < local[0] * local[1] * local[2]) return 0;
+    if (local && wg < local[0] * local[1] * local[2]) return 0;
     for (i = 0; i < count; i++)
         if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
     return mlc__cl_check(ctx, mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
@@ -1263,9 +1309,11 @@ static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, co
    after batch, so no two work-items add into the same element at once. */
 static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_mem A, size_t oa, size_t sa,
                         cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc, int batches, cl_mem bias) {
+    const int vector = mlc__cl_st(ctx)->gemm_vector;
     size_t local[3] = { 16, 16, 1 }, global[3];
     int b, rounds = sc == 0 && batches > 1 ? batches : 1;
-    global[0] = ((size_t)N + 15) / 16 * 16; global[1] = ((size_t)M + 15) / 16 * 16;
+    if (vector) { global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4; }   /* a 4 x 8 block each */
+    else { global[0] = ((size_t)N + 15) / 16 * 16; global[1] = ((size_t)M + 15) / 16 * 16; }
     global[2] = (size_t)(rounds > 1 ? 1 : batches);
     if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
@@ -1278,7 +1326,7 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
                                MLC__CL_ARG(A), MLC__CL_ARG(offa), MLC__CL_ARG(stepa), MLC__CL_ARG(B), MLC__CL_ARG(offb),
                                MLC__CL_ARG(stepb), MLC__CL_ARG(C), MLC__CL_ARG(offc), MLC__CL_ARG(stepc), MLC__CL_ARG(be),
                                MLC__CL_ARG(bm), MLC__CL_ARG(has_bias) };
-        if (!mlc__cl_run3(ctx, "mlc_gemm", global, local, args, 17)) return 0;
+        if (!mlc__cl_run3(ctx, vector ? "mlc_gemm_vector" : "mlc_gemm", global, vector ? NULL : local, args, 17)) return 0;
     }
     return 1;
 }
@@ -1319,71 +1367,98 @@ static int mlc__cl_matmul_back(mlc_ctx *ctx, mlc__node *nd) {
     return 1;
 }
 
-/* The convolution's shape as the im2col / col2im kernels take it. */
-static void mlc__cl_conv_args(const mlc__conv *cv, cl_int8 *q, cl_int4 *r) {
+/* The convolution's shape as the im2col / col2im kernels take it, for chunks of nb images. */
+static void mlc__cl_conv_args(const mlc__conv *cv, int nb, cl_int8 *q, cl_int4 *r) {
     memset(q, 0, sizeof *q); memset(r, 0, sizeof *r);
     q->s[0] = cv->C; q->s[1] = cv->H; q->s[2] = cv->W; q->s[3] = cv->KH; q->s[4] = cv->KW;
     q->s[5] = cv->OH; q->s[6] = cv->OW; q->s[7] = cv->stride;
-    r->s[0] = cv->pad; r->s[1] = cv->dil; r->s[2] = cv->C / cv->groups;
+    r->s[0] = cv->pad; r->s[1] = cv->dil; r->s[2] = cv->C / cv->groups; r->s[3] = nb;
 }
 
-/* per image and group: col = im2col(x), y = W_g col; then y += b */
+#ifndef MLC_OPENCL_CONV_SCRATCH
+#define MLC_OPENCL_CONV_SCRATCH (1 << 24)
+#endif
+
+/* Images per chunk: the chunk's columns [Cg KH KW, nb P] and its output in the GEMM's layout
+   [O, nb P] take at most MLC_OPENCL_CONV_SCRATCH floats, and a chunk holds one image at least. */
+static int mlc__cl_conv_chunk(const mlc__conv *cv) {
+    size_t per_image = ((size_t)cv->C / cv->groups * cv->KH * cv->KW + cv->O) * cv->OH * cv->OW, nb;
+    nb = per_image ? (size_t)(MLC_OPENCL_CONV_SCRATCH) / per_image : (size_t)cv->N;
+    return nb < 1 ? 1 : nb > (size_t)cv->N ? cv->N : (int)nb;
+}
+
+/* Between y (or dy) [N, O, P] and the GEMM's layout [O, nb P], for images first .. first + nb. */
+static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int nb, cl_mem nop, cl_mem onp, int to_nop, cl_mem bias) {
+    cl_int n = nb, O = cv->O, P = cv->OH * cv->OW, off = (cl_int)((size_t)first * cv->O * P), to = to_nop, has_bias = bias != NULL;
+    cl_mem b = bias ? bias : onp;
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(O), MLC__CL_ARG(P), MLC__CL_ARG(nop), MLC__CL_ARG(off), MLC__CL_ARG(onp),
+                           MLC__CL_ARG(to), MLC__CL_ARG(b), MLC__CL_ARG(has_bias) };
+    return mlc__cl_run(ctx, "mlc_conv_layout", (size_t)nb * cv->O * P, args, 9);
+}
+
+/* per chunk of nb images: for each group g, col = im2col(x), Y_g = W_g col ([Og, nb P]); then
+   y = Y in [N, O, P] order, plus b */
 static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
     const mlc__conv *cv = (const mlc__conv *)call->saved;
     mlc_tensor *bias = call->in[2];
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
+    int chunk = mlc__cl_conv_chunk(cv), first, g;
     cl_mem xm = mlc__cl_in(ctx, call->in[0]), wm = xm ? mlc__cl_in(ctx, call->in[1]) : NULL;
     cl_mem bm = wm && bias ? mlc__cl_in(ctx, bias) : NULL, ym = wm ? mlc__cl_out(ctx, call->out) : NULL;
-    cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * P) : NULL;
+    cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * chunk * P) : NULL;
+    cl_mem yg = col ? mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P) : NULL;
     cl_int8 q;
     cl_int4 r;
-    if (!col || (bias && !bm)) return 1;
-    mlc__cl_conv_args(cv, &q, &r);
-    for (i = 0; i < cv->N; i++)
+    if (!yg || (bias && !bm)) return 1;                   /* the error is set */
+    for (first = 0; first < cv->N; first += chunk) {
+        int nb = cv->N - first < chunk ? cv->N - first : chunk;
+        mlc__cl_conv_args(cv, nb, &q, &r);
         for (g = 0; g < cv->groups; g++) {
-            cl_int x_off = (cl_int)(((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
             mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-            if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * P, args, 5)) return 1;
-            if (!mlc__cl_gemm(ctx, 0, 0, Og, P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
-                              ym, ((size_t)i * cv->O + (size_t)g * Og) * P, 0, 1, NULL)) return ctx->error != 0;
+            if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * nb * P, args, 5)) return 1;
+            if (!mlc__cl_gemm(ctx, 0, 0, Og, nb * P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
+                              yg, (size_t)g * Og * nb * P, 0, 1, NULL)) return ctx->error != 0;
         }
-    if (bias) {
-        cl_int N = cv->N, O = cv->O, PP = P;
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(ym), MLC__CL_ARG(bm) };
-        mlc__cl_run(ctx, "mlc_conv_bias", call->out->size, args, 5);
+        if (!mlc__cl_conv_layout(ctx, cv, first, nb, ym, yg, 1, bm)) return 1;
     }
     return 1;
 }
 
-/* dW_g += dY_g colᵀ;  dcol = W_gᵀ dY_g, col2im into dx;  db = Σ dY */
+/* per chunk: dY = dy in the GEMM's layout; per group dW_g += dY_g colᵀ, dcol = W_gᵀ dY_g and
+   col2im into dx; db = Σ dy */
 static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__conv *cv = (const mlc__conv *)nd->saved;
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
+    int chunk = mlc__cl_conv_chunk(cv), first, g;
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL, dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
-    cl_mem gx = NULL, gw = NULL, gb, col;
+    cl_mem gx = NULL, gw = NULL, gb, col, dyg;
     cl_int8 q;
     cl_int4 r;
     if (!dy) return 0;
     if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
     if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
-    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * P))) return 0;
-    mlc__cl_conv_args(cv, &q, &r);
-    for (i = 0; i < cv->N; i++)
+    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P)) || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P))) return 0;
+    for (first = 0; first < cv->N && (gx || gw); first += chunk) {
+        int nb = cv->N - first < chunk ? cv->N - first : chunk;
+        mlc__cl_conv_args(cv, nb, &q, &r);
+        if (!mlc__cl_conv_layout(ctx, cv, first, nb, dy, dyg, 0, NULL)) return 0;
         for (g = 0; g < cv->groups; g++) {
-            cl_int x_off = (cl_int)(((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
-            size_t dy_off = ((size_t)i * cv->O + (size_t)g * Og) * P;
+            cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
                 mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-                if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * P, args, 5)) return 0;
-                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, P, dy, dy_off, 0, col, 0, 0, 1.0f, gw, (size_t)g * Og * rows, 0, 1, NULL)) return 0;
+                if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * nb * P, args, 5)) return 0;
+                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw, (size_t)g * Og * rows, 0, 1, NULL)) return 0;
             }
             if (gx) {
                 mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx), MLC__CL_ARG(x_off) };
-                if (!mlc__cl_gemm(ctx, 1, 0, rows, P, Og, wm, (size_t)g * Og * rows, 0, dy, dy_off, 0, 0.0f, col, 0, 0, 1, NULL)) return 0;
-                if (!mlc__cl_run(ctx, "mlc_col2im", (size_t)Cg * cv->H * cv->W, args, 5)) return 0;
+                if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0, 0.0f, col, 0, 0, 1, NULL)) return 0;
+                if (!mlc__cl_run(ctx, "mlc_col2im", (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
             }
         }
+    }
     if (b && b->requires_grad) {
         cl_int N = cv->N, O = cv->O, PP = P;
         mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy), MLC__CL_ARG(gb) };
@@ -1937,6 +2012,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     mlc__cl.GetDeviceInfo(device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     st->max_alloc = !max_alloc || max_alloc > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)max_alloc;
     st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    st->gemm_vector = strcmp(info.type, "cpu") == 0;
     st->op = "mlc_create";
     memcpy(st->name, info.name, sizeof st->name);
     mlc__format(ctx->device_name, sizeof ctx->device_name, "opencl:%d %s", index, info.name);

@@ -554,6 +554,68 @@ static int opencl_write_after_upload(void) {
     test_destroy(ctx);
     return 1;
 }
+
+/* Both OpenCL products (the 16x16 local-memory tiles GPUs get, and the float8 register blocks
+   CPU devices get) against the plain loop, for every transpose, edge sizes, a batch and a bias;
+   and the gradients, which add into C (beta 1). Tolerance: 1e-5 of the sum of |terms|. */
+static int opencl_gemm_kernels_agree(void) {
+    static const int sizes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 4, 8, 16 }, { 17, 33, 9 }, { 37, 130, 70 }, { 64, 64, 64 } };
+    mlc_config c;
+    mlc_ctx *ctx;
+    int vector, s, t, i;
+    memset(&c, 0, sizeof c);
+    c.device = "opencl";
+    ctx = test_adopt(mlc_create(&c));
+    CHECK(ctx && mlc_has_device(ctx));
+    for (vector = 0; vector <= 1; vector++) {
+        mlc__cl_st(ctx)->gemm_vector = vector;
+        for (s = 0; s < 6; s++)
+            for (t = 0; t < 4; t++) {
+                int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2], ta = t & 1, tb = t >> 1, batch = 3, b;
+                mlc_frame f = mlc_frame_begin(ctx);
+                mlc_tensor *a = mlc_randn(ctx, MLC_SHAPE(batch, ta ? K : M, ta ? M : K));
+                mlc_tensor *bm = mlc_randn(ctx, MLC_SHAPE(batch, tb ? N : K, tb ? K : N));
+                mlc_tensor *out = mlc_matmul_t(a, bm, ta, tb);
+                float *want = (float *)malloc((size_t)M * N * sizeof(float)), *mag = (float *)malloc((size_t)M * N * sizeof(float));
+                CHECK(out && want && mag);
+                for (b = 0; b < batch; b++) {
+                    const float *A = mlc_host_data(a) + (size_t)b * M * K, *B = mlc_host_data(bm) + (size_t)b * K * N;
+                    float *absA = (float *)malloc((size_t)M * K * sizeof(float)), *absB = (float *)malloc((size_t)K * N * sizeof(float));
+                    CHECK(absA && absB);
+                    for (i = 0; i < M * K; i++) absA[i] = fabsf(A[i]);
+                    for (i = 0; i < K * N; i++) absB[i] = fabsf(B[i]);
+                    mlc_gemm_reference(ta, tb, M, N, K, A, B, 0.0f, want);
+                    mlc_gemm_reference(ta, tb, M, N, K, absA, absB, 0.0f, mag);
+                    free(absA); free(absB);
+                    for (i = 0; i < M * N; i++)
+                        CHECK_MSG(fabsf(mlc_host_data(out)[(size_t)b * M * N + i] - want[i]) <= 1e-5f * mag[i] + 1e-30f,
+                                  "%s kernel, %dx%dx%d, ta %d tb %d, batch %d, element %d: %g vs %g", vector ? "vector" : "tiled",
+                                  M, N, K, ta, tb, b, i, mlc_host_data(out)[(size_t)b * M * N + i], want[i]);
+                }
+                free(want); free(mag);
+                mlc_frame_end(f);
+            }
+        {   /* linear with a bias, and its gradients (products that add into C) against the CPU */
+            mlc_frame f = mlc_frame_begin(ctx);
+            mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(19, 13)), *w = mlc_randn(ctx, MLC_SHAPE(11, 13)), *bias = mlc_randn(ctx, MLC_SHAPE(11));
+            mlc_tensor *xc, *wc, *bc, *y, *yc;
+            mlc_requires_grad(x, 1); mlc_requires_grad(w, 1); mlc_requires_grad(bias, 1);
+            xc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(19, 13), mlc_host_data(x)), 0), 1);
+            wc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(11, 13), mlc_host_data(w)), 0), 1);
+            bc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(11), mlc_host_data(bias)), 0), 1);
+            y = mlc_linear(x, w, bias); yc = mlc_linear(xc, wc, bc);
+            mlc_backward(mlc_sum_all(mlc_mul(y, y)));
+            mlc_backward(mlc_sum_all(mlc_mul(yc, yc)));
+            CHECK(mlc_error(ctx) == MLC_OK && !xc->on_device && x->on_device);
+            for (i = 0; i < 19 * 13; i++) CHECK_NEAR(mlc_host_grad(x)[i], xc->grad[i], 1e-4 * (1 + fabs(xc->grad[i])));
+            for (i = 0; i < 11 * 13; i++) CHECK_NEAR(mlc_host_grad(w)[i], wc->grad[i], 1e-4 * (1 + fabs(wc->grad[i])));
+            for (i = 0; i < 11; i++) CHECK_NEAR(mlc_host_grad(bias)[i], bc->grad[i], 1e-4 * (1 + fabs(bc->grad[i])));
+            mlc_frame_end(f);
+        }
+    }
+    test_destroy(ctx);
+    return 1;
+}
 #endif
 
 const test_case tests_device[] = {
@@ -570,6 +632,7 @@ const test_case tests_device[] = {
     { "opencl_bad_device_names", opencl_bad_device_names },
     { "opencl_device_named", opencl_device_named },
     { "opencl_write_after_upload", opencl_write_after_upload },
+    { "opencl_gemm_kernels_agree", opencl_gemm_kernels_agree },
 #endif
     { NULL, NULL }
 };
