@@ -559,7 +559,7 @@ static int opencl_write_after_upload(void) {
    CPU devices get) against the plain loop, for every transpose, edge sizes, a batch and a bias;
    and the gradients, which add into C (beta 1). Tolerance: 1e-5 of the sum of |terms|. */
 static int opencl_gemm_kernels_agree(void) {
-    static const int sizes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 4, 8, 16 }, { 17, 33, 9 }, { 37, 130, 70 }, { 64, 64, 64 } };
+    static const int sizes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 4, 8, 16 }, { 17, 33, 9 }, { 37, 130, 70 }, { 64, 64, 64 }, { 100, 70, 33 } };
     mlc_config c;
     mlc_ctx *ctx;
     int vector, s, t, i;
@@ -569,7 +569,7 @@ static int opencl_gemm_kernels_agree(void) {
     CHECK(ctx && mlc_has_device(ctx));
     for (vector = 0; vector <= 1; vector++) {
         mlc__cl_st(ctx)->gemm_vector = vector;
-        for (s = 0; s < 6; s++)
+        for (s = 0; s < 7; s++)
             for (t = 0; t < 4; t++) {
                 int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2], ta = t & 1, tb = t >> 1, batch = 3, b;
                 mlc_frame f = mlc_frame_begin(ctx);
