@@ -14,17 +14,23 @@ examples: $(EXAMPLES)
 $(BUILD):
 	mkdir -p $(BUILD)
 
-$(BUILD)/%: examples/%.c mlc.h examples/*.h | $(BUILD)
-	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+# Where the OpenCL headers are installed the examples are built with the OpenCL backend too
+# (the library is opened at run time), so MLC_DEVICE=opencl / best works with every example.
+OPENCL_HEADERS := $(shell printf '\043include <CL/cl.h>\nint main(void){return 0;}\n' | \
+              $(CC) -x c - -c -o /dev/null >/dev/null 2>&1 && echo yes)
+EXAMPLE_FLAGS := $(if $(OPENCL_HEADERS),-DMLC_OPENCL)
+EXAMPLE_LIBS := $(LDLIBS) $(if $(OPENCL_HEADERS),$(LDL))
+
+$(BUILD)/%: examples/%.c mlc.h $(wildcard mlc_opencl.h) examples/*.h | $(BUILD)
+	$(CC) $(CFLAGS) $(EXAMPLE_FLAGS) -I. -o $@ $< $(EXAMPLE_LIBS)
 
 demo: $(BUILD)/digits
 	./$(BUILD)/digits
 
-# devices: the device table and timings (OpenCL is loaded at run time; OpenMP where the compiler
-# has it, so the CPU row uses every core as the OpenCL CPU drivers do)
+# devices: the device table and timings, with OpenMP where the compiler has it, so the CPU row
+# uses every core as the OpenCL CPU drivers do
 OPENMP := $(shell printf 'int main(void){return 0;}\n' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo -fopenmp)
 $(BUILD)/devices: CFLAGS += $(OPENMP)
-$(BUILD)/devices: LDLIBS += $(LDL)
 
 # OpenBLAS is optional: when its header and library link, the BLAS-hook tests run against it.
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | \
@@ -36,8 +42,6 @@ $(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
 
 # OpenCL is optional too: with CL/cl.h and mlc_opencl.h, build/test-opencl runs every suite on
 # the first OpenCL device (MLC_DEVICE=opencl) when one is found at run time.
-OPENCL_HEADERS := $(shell printf '\043include <CL/cl.h>\nint main(void){return 0;}\n' | \
-              $(CC) -x c - -c -o /dev/null >/dev/null 2>&1 && echo yes)
 OPENCL_SKIP := $(if $(wildcard mlc_opencl.h),$(if $(OPENCL_HEADERS),,no OpenCL headers (CL/cl.h; install opencl-headers)),no mlc_opencl.h)
 TEST_OPENCL := $(if $(OPENCL_SKIP),,$(BUILD)/test-opencl)
 export POCL_CACHE_DIR := $(CURDIR)/$(BUILD)/pocl-cache

@@ -9,15 +9,15 @@
    step of the digits MLP, which on OpenCL includes building the kernels. Data: UCI digits
    (data/digits.bin) and, for the wide MLP, random Fashion-MNIST-shaped batches.
    Usage: devices [--list] [path/to/digits.bin]     (--list: the device table only)
-   Build: make build/devices, or cc -std=c99 -O2 -fopenmp -I. examples/devices.c -o devices -lm
-   (add -ldl on glibc before 2.34; without -fopenmp the CPU row uses one thread). */
+   Build: make build/devices, or cc -std=c99 -O2 -fopenmp -DMLC_OPENCL -I. examples/devices.c -o devices -lm
+   (add -ldl on glibc before 2.34; without -fopenmp the CPU row uses one thread; without
+   -DMLC_OPENCL, which needs the OpenCL headers, only the CPU is listed and timed). */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #define MLC_IMPLEMENTATION
-#define MLC_OPENCL
 #include "mlc.h"
 #include "digits_data.h"
 #ifdef _OPENMP
@@ -159,7 +159,11 @@ int main(int argc, char **argv) {
     int count = mlc_devices(rows, MAX_ROWS);
 
     printf("OpenCL devices:\n");
+#ifdef MLC_OPENCL
     if (count == 0) printf("  none (no OpenCL library, driver or platform was found)\n");
+#else
+    if (count == 0) printf("  none: built without -DMLC_OPENCL (install the OpenCL headers, then make build/devices)\n");
+#endif
     else printf("  %-3s %-11s %5s %10s  %s\n", "N", "type", "units", "memory", "device (platform; version)");
     for (int i = 0; i < count && i < MAX_ROWS; i++)
         printf("  %-3d %-11s %5d %6.1f GiB  %s (%s; %s)\n", rows[i].index, rows[i].type, rows[i].compute_units,
