@@ -37,7 +37,9 @@ MEMORY
 LIMITS
    The library table is global and loaded once, on the first mlc_devices or mlc_create that
    asks for OpenCL; make that first call from one thread. Each context is single-threaded.
-   The kernels use mlc's own tanh (MLC_TANHF overrides only the CPU's).
+   The kernels use mlc's own tanh (MLC_TANHF overrides only the CPU's). MLC_OPENCL_OPTIONS in
+   the environment adds options to the kernel build (say -cl-mad-enable, trading the last bits
+   of agreement with the CPU for speed); a build that fails is MLC_ERR_DEVICE with the log.
 */
 #ifndef MLC_OPENCL_H
 #define MLC_OPENCL_H
@@ -1022,16 +1024,18 @@ static const char *const mlc__cl_source[] = {
 "}\n"
 };
 
-/* Build the program once per context: mlc.h's enum values first, then the pieces. */
+/* Build the program once per context: mlc.h's enum values first, then the pieces; the
+   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). */
 static int mlc__cl_build(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
-    const char *strings[PIECES + 1];
-    char prelude[1024];
-    const char *options = st->exact_divide ? "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt" : "-cl-std=CL1.2";
+    const char *strings[PIECES + 1], *extra = getenv("MLC_OPENCL_OPTIONS");
+    char prelude[1024], options[512];
     cl_int err;
     int i;
     if (st->program) return 1;
+    mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
+                st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
     mlc__format(prelude, sizeof prelude,
         "#pragma OPENCL FP_CONTRACT OFF\n"
         "#define MLC__NEG %d\n#define MLC__EXP %d\n#define MLC__LOG %d\n#define MLC__SQRT %d\n#define MLC__POW %d\n"

@@ -14,6 +14,7 @@
                  must hold the same values in both (else someone wrote t->data without telling
                  mlc), and a host copy marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
                  whole suite this way, which checks the suites' own reads and writes too. */
+#define _POSIX_C_SOURCE 200112L   /* setenv */
 #define MLC_IMPLEMENTATION
 #include <stdlib.h>
 #include "test.h"
@@ -616,6 +617,30 @@ static int opencl_gemm_kernels_agree(void) {
     test_destroy(ctx);
     return 1;
 }
+
+/* A kernel build that fails (here: options that break one kernel) is MLC_ERR_DEVICE naming
+   the device with the compiler's log; the op returns NULL, nothing crashes, data stays. */
+static int opencl_build_failure(void) {
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_tensor *x;
+    float values[3] = { 1, 2, 3 }, back[3];
+    memset(&c, 0, sizeof c);
+    c.device = "opencl";
+    c.quiet = 1;
+    CHECK(setenv("MLC_OPENCL_OPTIONS", "-Dmlc_where_grad=(", 1) == 0);
+    ctx = mlc_create(&c);
+    CHECK(ctx && mlc_has_device(ctx));
+    x = mlc_from_data(ctx, MLC_SHAPE(3), values);
+    CHECK(mlc_neg(x) == NULL);
+    unsetenv("MLC_OPENCL_OPTIONS");
+    CHECK_MSG(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "kernel build failed on "),
+              "%.400s", mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    CHECK(mlc_read(x, back, 3) == MLC_OK && back[0] == 1 && back[1] == 2 && back[2] == 3);
+    mlc_destroy(ctx);
+    return 1;
+}
 #endif
 
 const test_case tests_device[] = {
@@ -633,6 +658,7 @@ const test_case tests_device[] = {
     { "opencl_device_named", opencl_device_named },
     { "opencl_write_after_upload", opencl_write_after_upload },
     { "opencl_gemm_kernels_agree", opencl_gemm_kernels_agree },
+    { "opencl_build_failure", opencl_build_failure },
 #endif
     { NULL, NULL }
 };
