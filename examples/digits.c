@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
     if (digits_load(path, &ds, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
 
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });   /* device: $MLC_DEVICE, else the CPU */
-    if (!ctx) { digits_free(&ds); return 1; }
+    if (!ctx || mlc_error(ctx)) { mlc_destroy(ctx); digits_free(&ds); return 1; }   /* mlc logged why */
     int n_train = DIGITS_TRAIN_COUNT, n_test = ds.count - DIGITS_TRAIN_COUNT;
     mlc_tensor *x_train, *y_train, *x_test, *y_test;
     to_tensors(ctx, &ds, 0, n_train, &x_train, &y_train);
