@@ -1312,7 +1312,7 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
 #endif
 
 /* ============================================================================================
-   Op plumbing: input checks, the tape, gradient buffers
+   Op plumbing: input checks, the tape, gradient buffers, threads
    ============================================================================================ */
 
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
@@ -1407,6 +1407,31 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
         return -1;
     }
     return (int)v;
+}
+
+/* Threads (OpenMP when built with -fopenmp). Starting a parallel region costs about 0.4 µs,
+   more than a small op's whole work, so work below a size runs on the calling thread and no
+   region starts at all. mlc__parallel calls fn(arg, piece, begin, end) on `pieces` even
+   slices of [0, n) (one per thread; piece numbers each slice, for per-slice scratch), or once
+   on all of [0, n) when n < parallel_from or there is one thread. */
+#ifdef _OPENMP
+static int mlc__threads(void) { return omp_get_max_threads(); }
+#else
+static int mlc__threads(void) { return 1; }
+#endif
+
+typedef void (*mlc__range_fn)(void *arg, int piece, size_t begin, size_t end);
+
+static int mlc__pieces(size_t n, size_t parallel_from) {
+    int threads = n >= parallel_from ? mlc__threads() : 1;
+    return n < (size_t)threads ? (int)(n ? n : 1) : threads;
+}
+
+static void mlc__parallel(size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
+    int pieces = mlc__pieces(n, parallel_from), p;
+    if (pieces == 1) { if (n) fn(arg, 0, 0, n); return; }
+    MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))
+    for (p = 0; p < pieces; p++) fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
 
 /* ============================================================================================
@@ -1672,10 +1697,11 @@ static float mlc__gelu_tanh_slope(float x) {
 }
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
-   gx += g f'(x) backward, given x and y = f(x). */
-#define MLC__MAP(expr) MLC__OMP(omp parallel for simd if(n > 65536)) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
-#define MLC__MAP_GRAD(expr) MLC__OMP(omp parallel for simd if(n > 65536)) \
+   gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. */
+#define MLC__MAP(expr) MLC__OMP(omp simd) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
+#define MLC__MAP_GRAD(expr) MLC__OMP(omp simd) \
     for (i = 0; i < n; i++) { const float x = xs[i], y = ys[i]; gx[i] += g[i] * (expr); (void)x; (void)y; } break
+#define MLC__MAP_PARALLEL 65536
 
 static void mlc__unary_forward(int kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
@@ -1726,9 +1752,21 @@ static void mlc__unary_grad(int kind, size_t n, const float *MLC__RESTRICT xs, c
 #undef MLC__MAP
 #undef MLC__MAP_GRAD
 
+/* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel. */
+static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)node;
+    (void)piece;
+    mlc__unary_forward(n->iarg[0], end - begin, n->in[0]->data + begin, n->out->data + begin, n->farg[0], n->farg[1]);
+}
+static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)node;
+    const mlc_tensor *x = n->in[0], *y = n->out;
+    (void)piece;
+    mlc__unary_grad(n->iarg[0], end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin, n->farg[0], n->farg[1]);
+}
+
 static void mlc__unary_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    mlc__unary_grad(n->iarg[0], x->size, x->data, y->data, y->grad, mlc__grad(x), n->farg[0], n->farg[1]);
+    if (mlc__grad(n->in[0])) mlc__parallel(n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
 }
 
 static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
@@ -1742,7 +1780,7 @@ static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
     mlc__call(&call, op, mlc__unary_backward, out, x, NULL, NULL, NULL);
     call.iarg[0] = kind; call.farg[0] = p; call.farg[1] = q;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__unary_forward(kind, x->size, x->data, out->data, p, q);
+    if (where == 0) mlc__parallel(x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
     mlc__record(&call);
     return out;
 }
@@ -1924,24 +1962,26 @@ static const mlc__gemm_arch *mlc__gemm_pick(void) {
     return &mlc__gemm_generic;
 }
 
-/* threads a parallel region will get at most, and this thread's number in one */
+/* this thread's number in a parallel region */
 #ifdef _OPENMP
-static int mlc__gemm_threads(void) { return omp_get_max_threads(); }
 static int mlc__gemm_thread(void) { return omp_get_thread_num(); }
 #else
-static int mlc__gemm_threads(void) { return 1; }
 static int mlc__gemm_thread(void) { return 0; }
 #endif
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* `work` for kernel g holds one packed B panel, then one packed A block per thread; each is
-   rounded to a multiple of 16 floats so that all start 64-byte aligned */
-static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->nc, g->nr) * g->kc + 15) / 16 * 16; }
-static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->mc, g->mr) * g->kc + 15) / 16 * 16; }
-static size_t mlc__gemm_work_for(const mlc__gemm_arch *g) { return mlc__gemm_b_floats(g) + (size_t)mlc__gemm_threads() * mlc__gemm_a_floats(g); }
-
-static size_t mlc__gemm_work_floats(void) { return mlc__gemm_work_for(mlc__gemm_pick()); }
+/* `work` for kernel g holds one packed B panel, then one packed A block per thread, each as
+   large as this product needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
+static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int K) {
+    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+}
+static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g, int M, int K) {
+    return ((size_t)mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+}
+static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K, int threads) {
+    return mlc__gemm_b_floats(g, N, K) + (size_t)threads * mlc__gemm_a_floats(g, M, K);
+}
 
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
 static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, int m, int kc, int w) {
@@ -1953,51 +1993,132 @@ static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, i
     }
 }
 
-/* the packed product with kernel g, for K >= 1 */
-static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                             float beta, float *C, float *work) {
-    const int mr = g->mr, nr = g->nr, nt = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__gemm_threads();
-    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
-    const size_t a_sx = ta ? 1 : lda, a_sk = ta ? lda : 1, b_sx = tb ? ldb : 1, b_sk = tb ? 1 : ldb;
-    int kblocks = (K + g->kc - 1) / g->kc, kc = (K + kblocks - 1) / kblocks;   /* equal slices */
-    int mblocks = (M + g->mc - 1) / g->mc, mc;
-    float *bp = work, *ap_all = work + mlc__gemm_b_floats(g);
-    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
-    if (mblocks < nt) mblocks = nt < (M + mr - 1) / mr ? nt : (M + mr - 1) / mr;
-    else mblocks = mlc__gemm_round_up(mblocks, nt);
-    mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, mr);
-    MLC__OMP(omp parallel num_threads(nt))
-    {
-        float *ap = ap_all + (size_t)mlc__gemm_thread() * mlc__gemm_a_floats(g);
-        int jc, pc;
-        for (jc = 0; jc < N; jc += g->nc) {
-            int nc = N - jc < g->nc ? N - jc : g->nc;
-            for (pc = 0; pc < K; pc += kc) {
-                int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || beta != 0.0f, jr, ic;
-                MLC__OMP(omp for)
-                for (jr = 0; jr < nc; jr += nr)
-                    mlc__gemm_pack(bp + (size_t)jr * kk, B + (size_t)pc * b_sk + (size_t)(jc + jr) * b_sx, b_sx, b_sk,
-                                   nc - jr < nr ? nc - jr : nr, kk, nr);
-                MLC__OMP(omp for)
-                for (ic = 0; ic < M; ic += mc) {
-                    int m = M - ic < mc ? M - ic : mc, ir;
-                    for (ir = 0; ir < m; ir += mr)
-                        mlc__gemm_pack(ap + (size_t)ir * kk, A + (size_t)(ic + ir) * a_sx + (size_t)pc * a_sk, a_sx, a_sk,
-                                       m - ir < mr ? m - ir : mr, kk, mr);
-                    for (jr = 0; jr < nc; jr += nr) {
-                        for (ir = 0; ir < m; ir += mr) {
-                            float *c = C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
-                            int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
-                            if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
-                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
-                            for (i = 0; i < mm; i++)
-                                for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
-                        }
+typedef struct mlc__gemm_job {          /* one packed product, shared by the threads that run it */
+    const mlc__gemm_arch *g;
+    int M, N, K, kc, mc;
+    const float *A, *B;
+    size_t a_sx, a_sk, b_sx, b_sk;      /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx] */
+    float beta, *C, *work;
+} mlc__gemm_job;
+
+/* The loops over blocks, run by every thread of the product (or by one, outside a region):
+   the `omp for`s share out the B slivers to pack, then the A blocks. */
+static void mlc__gemm_blocks(const mlc__gemm_job *p) {
+    const mlc__gemm_arch *g = p->g;
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
+    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)mlc__gemm_thread() * mlc__gemm_a_floats(g, M, K);
+    int jc, pc;
+    for (jc = 0; jc < N; jc += g->nc) {
+        int nc = N - jc < g->nc ? N - jc : g->nc;
+        for (pc = 0; pc < K; pc += p->kc) {
+            int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic;
+            MLC__OMP(omp for)
+            for (jr = 0; jr < nc; jr += nr)
+                mlc__gemm_pack(bp + (size_t)jr * kk, p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
+                               nc - jr < nr ? nc - jr : nr, kk, nr);
+            MLC__OMP(omp for)
+            for (ic = 0; ic < M; ic += p->mc) {
+                int m = M - ic < p->mc ? M - ic : p->mc, ir;
+                for (ir = 0; ir < m; ir += mr)
+                    mlc__gemm_pack(ap + (size_t)ir * kk, p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx, p->a_sk,
+                                   m - ir < mr ? m - ir : mr, kk, mr);
+                for (jr = 0; jr < nc; jr += nr) {
+                    for (ir = 0; ir < m; ir += mr) {
+                        float *c = p->C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
+                        int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
+                        if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
+                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
+                        for (i = 0; i < mm; i++)
+                            for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
                     }
                 }
             }
         }
     }
+}
+
+/* the packed product with kernel g on `threads` threads (1: no parallel region), for K >= 1;
+   work holds mlc__gemm_work_floats(g, M, N, K, threads) floats */
+static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                             float beta, float *C, float *work, int threads) {
+    mlc__gemm_job p;
+    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
+    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
+    p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
+    p.a_sx = ta ? 1 : lda; p.a_sk = ta ? lda : 1; p.b_sx = tb ? ldb : 1; p.b_sk = tb ? 1 : ldb;
+    p.kc = (K + kblocks - 1) / kblocks;                  /* equal slices */
+    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
+    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
+    else mblocks = mlc__gemm_round_up(mblocks, threads);
+    p.mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+    if (threads == 1) { mlc__gemm_blocks(&p); return; }
+    MLC__OMP(omp parallel num_threads(threads))
+    mlc__gemm_blocks(&p);
+}
+
+/* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
+   four rows, less than packing it costs (batch-1 inference: linear is x Wᵀ with M = 1), so
+   op(B) is read where it lies; columns of C are shared out between threads:
+     B stored [N, K] (tb):  C[i, j] += op(A) row i · B row j      dot products of two rows
+     B stored [K, N]:       C row i += Σ_k op(A)[i, k] B row k    rows of B scaled and summed
+   The same dot products serve C[M, N <= 4] = A Bᵀ for any M (the tiny MLP's output layer). */
+enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
+
+typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
+
+/* c[r] += a · b_r for the rows b_r = b + r ldb, r < 4 */
+static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int k;
+    MLC__OMP(omp simd reduction(+:s0, s1, s2, s3))
+    for (k = 0; k < K; k++) { s0 += a[k] * b0[k]; s1 += a[k] * b1[k]; s2 += a[k] * b2[k]; s3 += a[k] * b3[k]; }
+    c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
+}
+
+static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b) {
+    float s = 0.0f;
+    int k;
+    MLC__OMP(omp simd reduction(+:s))
+    for (k = 0; k < K; k++) s += a[k] * b[k];
+    return s;
+}
+
+/* c += v b over n floats */
+static void mlc__gemm_axpy(int n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
+    int j;
+    MLC__OMP(omp simd)
+    for (j = 0; j < n; j++) c[j] += v * b[j];
+}
+
+/* Columns [begin, end) of C (already scaled by beta), for mlc__parallel. */
+static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t end) {
+    const mlc__gemm_direct_job *d = (const mlc__gemm_direct_job *)job;
+    const int M = d->M, N = d->N, K = d->K, j0 = (int)begin, j1 = (int)end;
+    int i, j, k, k0;
+    (void)piece;
+    if (!d->tb) {
+        for (k = 0; k < K; k++)
+            for (i = 0; i < M; i++)
+                mlc__gemm_axpy(j1 - j0, d->ta ? d->A[(size_t)k * M + i] : d->A[(size_t)i * K + k], d->B + (size_t)k * N + j0, d->C + (size_t)i * N + j0);
+        return;
+    }
+    for (i = 0; i < M; i++)
+        for (k0 = 0; k0 < K; k0 += MLC__GEMM_DOT_CHUNK) {   /* op(A)'s row in pieces, gathered when A is transposed */
+            float row[MLC__GEMM_DOT_CHUNK], *c = d->C + (size_t)i * N;
+            const float *a = d->A + (size_t)i * K + k0;
+            int kk = K - k0 < MLC__GEMM_DOT_CHUNK ? K - k0 : MLC__GEMM_DOT_CHUNK;
+            if (d->ta) { for (k = 0; k < kk; k++) row[k] = d->A[(size_t)(k0 + k) * M + i]; a = row; }
+            for (j = j0; j + 4 <= j1; j += 4) mlc__gemm_dot4(kk, a, d->B + (size_t)j * K + k0, (size_t)K, c + j);
+            for (; j < j1; j++) c[j] += mlc__gemm_dot(kk, a, d->B + (size_t)j * K + k0);
+        }
+}
+
+static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    mlc__gemm_direct_job d;
+    if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
+    d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
+    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
 }
 
 #endif /* !MLC_USE_CBLAS */
@@ -2009,14 +2130,20 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay the packing */
+    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
+    if (M <= MLC__GEMM_DIRECT_ROWS || (tb && N <= MLC__GEMM_DIRECT_ROWS)) {
+        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
+        return;
+    }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
+        const mlc__gemm_arch *g = mlc__gemm_pick();
+        int threads = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
-        float *work = mlc__floats(ctx, mlc__gemm_work_floats(), "mlc_gemm");
-        if (work) mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work);
+        float *work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
+        if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
         else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
         mlc_frame_end(scratch);
     }
@@ -3772,7 +3899,20 @@ static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRI
     }
 }
 
-#define MLC__STEP_CHUNK 16384              /* elements per piece of work for the threads */
+/* Parameter i's update over a slice [begin, end), for mlc__parallel (threads from 32k on). */
+typedef struct mlc__step_job { const mlc_optim *opt; int i; } mlc__step_job;
+#define MLC__STEP_PARALLEL 32768
+
+static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
+    const mlc_optim *o = ((const mlc__step_job *)job)->opt;
+    int i = ((const mlc__step_job *)job)->i;
+    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin, *s0 = o->state[3 * i]->data + begin;
+    size_t n = end - begin;
+    (void)piece;
+    if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
+    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin, o->state[3 * i + 2]->data + begin);
+    else mlc__adam_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin);
+}
 
 MLCDEF void mlc_step(mlc_optim *opt) {
     int i;
@@ -3780,8 +3920,7 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     opt->t++;
     for (i = 0; i < opt->count; i++) {
         mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
-        float *s[3];
-        long c, chunks = (long)((p->size + MLC__STEP_CHUNK - 1) / MLC__STEP_CHUNK);
+        mlc__step_job job;
         int k;
         for (k = 0; k < 3; k++)                         /* the module moved after the optimiser was made */
             if (st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
@@ -3796,15 +3935,10 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         }
         mlc__host(p);
         mlc__host_grad(p);
-        for (k = 0; k < 3; k++) { s[k] = mlc__host(st[k]); mlc__host_wrote(st[k]); }
+        for (k = 0; k < 3; k++) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
         mlc__host_wrote(p);
-        MLC__OMP(omp parallel for if(chunks > 1))
-        for (c = 0; c < chunks; c++) {
-            size_t at = (size_t)c * MLC__STEP_CHUNK, n = p->size - at < MLC__STEP_CHUNK ? p->size - at : MLC__STEP_CHUNK;
-            if (opt->kind == MLC__SGD) mlc__sgd_update(opt, n, p->data + at, p->grad + at, s[0] + at);
-            else if (opt->kind == MLC__RMSPROP) mlc__rmsprop_update(opt, n, p->data + at, p->grad + at, s[0] + at, s[1] + at, s[2] + at);
-            else mlc__adam_update(opt, n, p->data + at, p->grad + at, s[0] + at, s[1] + at);
-        }
+        job.opt = opt; job.i = i;
+        mlc__parallel(p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);
     }
 }
 
