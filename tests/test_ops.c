@@ -209,6 +209,37 @@ static int activations(void) {
     return 1;
 }
 
+/* mlc's own tanh (a polynomial, no libm) within 4 ulp of tanh in double, on the CPU: every
+   2^-7 from -12 to 12, tiny values (where tanh x = x), and NaN, infinities and -0 */
+static int tanh_within_4_ulp(void) {
+    enum { COUNT = 2 * 12 * 128 + 1 + 40 };
+    static float xs[COUNT];
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_tensor *y;
+    const float *v;
+    const float special[4] = { NAN, INFINITY, -INFINITY, -0.0f };
+    int i;
+    memset(&c, 0, sizeof c);
+    c.quiet = 1; c.device = "cpu";           /* the claim is about the CPU's tanh */
+    ctx = mlc_create(&c);
+    for (i = 0; i < 2 * 12 * 128 + 1; i++) xs[i] = (float)(i - 12 * 128) / 128.0f;
+    for (i = 0; i < 40; i++) xs[2 * 12 * 128 + 1 + i] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -2 * i);
+    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(COUNT), xs));
+    CHECK(y != NULL);
+    v = mlc_host_data(y);
+    for (i = 0; i < COUNT; i++) {
+        double want = tanh((double)xs[i]), ulp = nextafterf(fabsf((float)want), INFINITY) - fabsf((float)want);
+        CHECK_MSG(fabs(v[i] - want) <= 4 * ulp, "tanh(%.9g) = %.9g, want %.9g (%.1f ulp)", (double)xs[i], (double)v[i], want, fabs(v[i] - want) / ulp);
+    }
+    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(4), special));
+    CHECK(y != NULL);
+    v = mlc_host_data(y);
+    CHECK(v[0] != v[0] && v[1] == 1.0f && v[2] == -1.0f && v[3] == 0.0f && signbit(v[3]));
+    mlc_destroy(ctx);
+    return 1;
+}
+
 static int softmax_axes(void) {
     mlc_ctx *ctx = test_ctx(1);
     const float x[6] = { 1, 2, 3, 1, 4, -1 };
@@ -947,6 +978,7 @@ const test_case tests_ops[] = {
     { "where_three_way", where_three_way },
     { "masked_fill_causal", masked_fill_causal },
     { "activations", activations },
+    { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
     { "matmul_2d_and_transposes", matmul_2d_and_transposes },
     { "matmul_batched_and_broadcast", matmul_batched_and_broadcast },
