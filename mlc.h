@@ -1415,7 +1415,7 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    slices of [0, n) (one per thread; piece numbers each slice, for per-slice scratch), or once
    on all of [0, n) when n < parallel_from or there is one thread. */
 #ifdef _OPENMP
-static int mlc__threads(void) { return omp_get_max_threads(); }
+static int mlc__threads(void) { return omp_in_parallel() ? 1 : omp_get_max_threads(); }   /* a share stays on its thread */
 #else
 static int mlc__threads(void) { return 1; }
 #endif
@@ -1982,11 +1982,13 @@ static const mlc__gemm_arch *mlc__gemm_pick(void) {
     return &mlc__gemm_generic;
 }
 
-/* this thread's number in a parallel region */
+/* this thread's number in the product's parallel region, and how many threads it got */
 #ifdef _OPENMP
 static int mlc__gemm_thread(void) { return omp_get_thread_num(); }
+static int mlc__gemm_team(void) { return omp_get_num_threads(); }
 #else
 static int mlc__gemm_thread(void) { return 0; }
+static int mlc__gemm_team(void) { return 1; }
 #endif
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -2021,24 +2023,29 @@ typedef struct mlc__gemm_job {          /* one packed product, shared by the thr
     float beta, *C, *work;
 } mlc__gemm_job;
 
-/* The loops over blocks, run by every thread of the product (or by one, outside a region):
-   the `omp for`s share out the B slivers to pack, then the A blocks. */
-static void mlc__gemm_blocks(const mlc__gemm_job *p) {
+/* The loops over blocks, run by each of the product's threads (thread of threads): each packs
+   its share of the B slivers, all wait, each computes its share of the A blocks, all wait.
+   The shares are worked out here rather than with `omp for`, which would bind to a region
+   the caller may be in (conv2d's threads each run a product of their own). */
+static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
     const mlc__gemm_arch *g = p->g;
-    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
-    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)mlc__gemm_thread() * mlc__gemm_a_floats(g, M, K);
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
+    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)thread * mlc__gemm_a_floats(g, M, K);
     int jc, pc;
     for (jc = 0; jc < N; jc += g->nc) {
-        int nc = N - jc < g->nc ? N - jc : g->nc;
+        int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
         for (pc = 0; pc < K; pc += p->kc) {
-            int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic;
-            MLC__OMP(omp for)
-            for (jr = 0; jr < nc; jr += nr)
+            int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic, at;
+            for (at = slivers * thread / threads; at < slivers * (thread + 1) / threads; at++) {
+                jr = at * nr;
                 mlc__gemm_pack(bp + (size_t)jr * kk, p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
                                nc - jr < nr ? nc - jr : nr, kk, nr);
-            MLC__OMP(omp for)
-            for (ic = 0; ic < M; ic += p->mc) {
-                int m = M - ic < p->mc ? M - ic : p->mc, ir;
+            }
+            if (threads > 1) { MLC__OMP(omp barrier) }   /* B's panel is packed */
+            for (at = blocks * thread / threads; at < blocks * (thread + 1) / threads; at++) {
+                int m, ir;
+                ic = at * p->mc;
+                m = M - ic < p->mc ? M - ic : p->mc;
                 for (ir = 0; ir < m; ir += mr)
                     mlc__gemm_pack(ap + (size_t)ir * kk, p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx, p->a_sk,
                                    m - ir < mr ? m - ir : mr, kk, mr);
@@ -2053,6 +2060,7 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
                     }
                 }
             }
+            if (threads > 1) { MLC__OMP(omp barrier) }   /* done with the panel */
         }
     }
 }
@@ -2071,9 +2079,9 @@ static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int
     if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
     else mblocks = mlc__gemm_round_up(mblocks, threads);
     p.mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
-    if (threads == 1) { mlc__gemm_blocks(&p); return; }
+    if (threads == 1) { mlc__gemm_blocks(&p, 0, 1); return; }
     MLC__OMP(omp parallel num_threads(threads))
-    mlc__gemm_blocks(&p);
+    mlc__gemm_blocks(&p, mlc__gemm_thread(), mlc__gemm_team());
 }
 
 /* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
@@ -2143,10 +2151,15 @@ static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A
 
 #endif /* !MLC_USE_CBLAS */
 
-MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+/* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
+   (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
+   the arena is not for threads. */
+static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta,
+                      float *C, float *work) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
 #ifdef MLC_USE_CBLAS
+    (void)work;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
@@ -2158,15 +2171,41 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
         mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
+    if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
         const mlc__gemm_arch *g = mlc__gemm_pick();
         int threads = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
-        float *work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
+        work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
         if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
         else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
         mlc_frame_end(scratch);
     }
+#endif
+}
+
+MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
+}
+
+/* Whether products may run on several threads at once: mlc's own may; a hook or BLAS gets
+   one product at a time (and may use threads inside it). */
+static int mlc__gemm_threadable(const mlc_ctx *ctx) {
+#ifdef MLC_USE_CBLAS
+    (void)ctx;
+    return 0;
+#else
+    return !ctx->config.gemm;
+#endif
+}
+
+/* The `work` floats mlc__gemm needs for a product of this size on one thread. */
+static size_t mlc__gemm_work(int M, int N, int K) {
+#ifdef MLC_USE_CBLAS
+    (void)M; (void)N; (void)K;
+    return 0;
+#else
+    return mlc__gemm_work_floats(mlc__gemm_pick(), M, N, K, 1);
 #endif
 }
 
@@ -3111,71 +3150,153 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside) */
+/* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
+static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
+    int s = cv->stride;
+    *first = off < 0 ? (-off + s - 1) / s : 0;
+    *last = cv->W - off > 0 ? (cv->W - off + s - 1) / s : 0;
+    if (*last > cv->OW) *last = cv->OW;
+    if (*first > *last) *first = *last;
+}
+
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside):
+   each row of col is zeros, a (strided) run of an input row, zeros */
 static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float *col) {
-    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
+                int off = j * cv->dil - cv->pad;
                 float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
-                    for (ow = 0; ow < cv->OW; ow++) {
-                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
-                        row[oh * cv->OW + ow] = ih >= 0 && ih < cv->H && iw >= 0 && iw < cv->W
-                                              ? x[((size_t)c * cv->H + ih) * cv->W + iw] : 0.0f;
-                    }
+                    int ih = oh * s + i * cv->dil - cv->pad;
+                    float *r = row + (size_t)oh * cv->OW;
+                    const float *in;
+                    if (ih < 0 || ih >= cv->H) { memset(r, 0, (size_t)cv->OW * sizeof(float)); continue; }
+                    in = x + ((size_t)c * cv->H + ih) * cv->W;
+                    for (ow = 0; ow < first; ow++) r[ow] = 0.0f;
+                    if (s == 1) memcpy(r + first, in + first + off, (size_t)(last - first) * sizeof(float));
+                    else for (ow = first; ow < last; ow++) r[ow] = in[ow * s + off];
+                    for (ow = last; ow < cv->OW; ow++) r[ow] = 0.0f;
                 }
             }
 }
 
-static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {   /* adds */
-    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+/* dx[c, ih, iw] += every value of col that im2col took from there */
+static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {
+    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
+                int off = j * cv->dil - cv->pad;
                 const float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
+                    int ih = oh * s + i * cv->dil - cv->pad;
+                    const float *r = row + (size_t)oh * cv->OW;
+                    float *d;
                     if (ih < 0 || ih >= cv->H) continue;
-                    for (ow = 0; ow < cv->OW; ow++) {
-                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
-                        if (iw >= 0 && iw < cv->W) dx[((size_t)c * cv->H + ih) * cv->W + iw] += row[oh * cv->OW + ow];
-                    }
+                    d = dx + ((size_t)c * cv->H + ih) * cv->W;
+                    for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
                 }
             }
+}
+
+/* The images are shared out between threads: each piece of images has scratch of its own (col,
+   packing space, and backward its partial dW and db, summed at the end) and runs its products
+   on its thread. With one image, or products through a hook or BLAS (one at a time), the
+   images go in turn and each product may use the threads itself. */
+typedef struct mlc__conv_job {
+    mlc_ctx *ctx;
+    const mlc__conv *cv;
+    size_t parallel_from;               /* mlc__parallel's: 2 images, or never */
+    int pieces;
+    const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
+    float *y, *gx, *gw, *gb;
+    float *scratch;                     /* per piece: col, packing space, partial dW and db */
+    size_t col_floats, work_floats, piece_floats;
+} mlc__conv_job;
+
+/* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db). */
+static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads, const char *op) {
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
+    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P), w3 = mlc__gemm_work(rows, P, Og);
+    memset(job, 0, sizeof *job);
+    job->ctx = ctx; job->cv = cv;
+    job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
+    job->pieces = mlc__pieces((size_t)cv->N, job->parallel_from);
+    job->col_floats = ((size_t)rows * P + 15) / 16 * 16;
+    job->work_floats = job->pieces > 1 ? (w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3)) : 0;
+    job->piece_floats = job->col_floats + job->work_floats + (with_grads && job->pieces > 1 ? (size_t)cv->O * rows + cv->O : 0);
+    job->scratch = mlc__floats(ctx, (size_t)job->pieces * job->piece_floats, op);
+    return job->scratch != NULL;
+}
+
+/* forward over images [begin, end): y_g = W_g col + b */
+static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__conv_job *job = (const mlc__conv_job *)arg;
+    const mlc__conv *cv = job->cv;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
+    size_t i;
+    for (i = begin; i < end; i++)
+        for (g = 0; g < cv->groups; g++) {
+            float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
+            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, 0.0f, y, work);
+            if (job->bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += job->bias[g * Og + o];
+        }
+}
+
+/* backward over images [begin, end); dW and db go to the piece's partial sums when there are
+   several pieces */
+static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__conv_job *job = (const mlc__conv_job *)arg;
+    const mlc__conv *cv = job->cv;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
+    float *gw = job->pieces > 1 ? work + job->work_floats : job->gw, *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
+    size_t i;
+    if (job->pieces > 1) memset(gw, 0, ((size_t)cv->O * rows + cv->O) * sizeof(float));
+    for (i = begin; i < end; i++)
+        for (g = 0; g < cv->groups; g++) {
+            const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
+            if (job->gw) {
+                mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
+            }
+            if (job->gx) {
+                mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);
+                mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            }
+            if (job->gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
+        }
 }
 
 static void mlc__conv2d_backward(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
-    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g, o, q;
-    float *col = mlc__floats(n->out->ctx, (size_t)rows * P, "mlc_conv2d backward");
-    if (!col) return;
-    for (i = 0; i < cv->N; i++)
-        for (g = 0; g < cv->groups; g++) {
-            const float *xg = x->data + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
-            const float *dy = n->out->grad + ((size_t)i * cv->O + (size_t)g * Og) * P;
-            const float *wg = w->data + (size_t)g * Og * rows;
-            if (gw) {
-                mlc__im2col(cv, Cg, xg, col);
-                mlc_gemm(x->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows);
-            }
-            if (gx) {
-                mlc_gemm(x->ctx, 1, 0, rows, P, Og, wg, dy, 0.0f, col);
-                mlc__col2im(cv, Cg, col, gx + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
-            }
-            if (gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
-        }
+    mlc_tensor *x = n->in[0], *w = n->in[1];
+    int rows = cv->C / cv->groups * cv->KH * cv->KW, p;
+    size_t k;
+    mlc__conv_job job;
+    if (!mlc__conv_plan(&job, x->ctx, cv, 1, "mlc_conv2d backward")) return;
+    job.x = x->data; job.w = w->data; job.dy = n->out->grad;
+    job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
+    mlc__parallel((size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
+    for (p = 0; job.pieces > 1 && p < job.pieces; p++) {     /* the pieces' partial sums */
+        const float *part = job.scratch + (size_t)p * job.piece_floats + job.col_floats + job.work_floats;
+        if (job.gw) for (k = 0; k < (size_t)cv->O * rows; k++) job.gw[k] += part[k];
+        if (job.gb) for (k = 0; k < (size_t)cv->O; k++) job.gb[k] += part[(size_t)cv->O * rows + k];
+    }
 }
 
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
     mlc_tensor *out;
     mlc__node call;
-    int shape[4], Cg, Og, P, rows, i, g, o, q, where;
-    float *col;
+    mlc__conv_job job;
+    int shape[4], where;
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
@@ -3196,7 +3317,6 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
-    Cg = cv.C / cv.groups; Og = cv.O / cv.groups; P = cv.OH * cv.OW; rows = Cg * cv.KH * cv.KW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, "mlc_conv2d", mlc__conv2d_backward, out, x, weight, bias, NULL);
@@ -3204,47 +3324,99 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     memcpy(call.saved, &cv, sizeof cv);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
-    if (!(col = mlc__floats(ctx, (size_t)rows * P, "mlc_conv2d"))) return NULL;
-    for (i = 0; i < cv.N; i++)
-        for (g = 0; g < cv.groups; g++) {
-            float *y = out->data + ((size_t)i * cv.O + (size_t)g * Og) * P;
-            mlc__im2col(&cv, Cg, x->data + ((size_t)i * cv.C + (size_t)g * Cg) * cv.H * cv.W, col);
-            mlc_gemm(ctx, 0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
-            if (bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += bias->data[g * Og + o];
-        }
+    if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;
+    job.x = x->data; job.w = weight->data; job.bias = bias ? bias->data : NULL; job.y = out->data;
+    mlc__parallel((size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
     mlc__record(&call);
     return out;
 }
 
-static void mlc__pool_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    float *gx = mlc__grad(x);
-    const int *argmax = (const int *)n->saved;
-    int K = n->iarg[0], S = n->iarg[1], Pd = n->iarg[2], H = x->shape[2], W = x->shape[3];
-    int OH = y->shape[2], OW = y->shape[3], oh, ow, i, j;
-    size_t planes = (size_t)x->shape[0] * x->shape[1], pl;
-    for (pl = 0; pl < planes; pl++)
+/* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
+static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0, int *w1) {
+    *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
+    if (*h0 < 0) *h0 = 0;
+    if (*h1 > H) *h1 = H;
+    if (*w0 < 0) *w0 = 0;
+    if (*w1 > W) *w1 = W;
+}
+
+/* The planes (image, channel) are shared out between threads, forward and backward. */
+typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, *argmax; } mlc__pool_job;   /* argmax: max pool */
+
+static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__pool_job *job = (const mlc__pool_job *)arg;
+    const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
+    const int K = job->K, S = job->S, Pd = job->Pd;
+    int oh, ow, ih, iw, h0, h1, w0, w1;
+    size_t pl;
+    (void)piece;
+    for (pl = begin; pl < end; pl++) {
+        const float *p = job->x->data + pl * H * W;
+        float *y = job->y->data + pl * OH * OW;
+        int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
         for (oh = 0; oh < OH; oh++)
             for (ow = 0; ow < OW; ow++) {
-                float g = y->grad[(pl * OH + oh) * OW + ow];
+                mlc__pool_window(oh, ow, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+                if (argmax) {                           /* the first of the largest; a NaN first stays */
+                    int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
+                    float best = at < 0 ? -INFINITY : p[at];
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) {
+                            int take = p[ih * W + iw] > best;
+                            best = take ? p[ih * W + iw] : best;
+                            at = take ? ih * W + iw : at;
+                        }
+                    argmax[oh * OW + ow] = at;
+                    y[oh * OW + ow] = best;
+                } else {
+                    double sum = 0.0;
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
+                    y[oh * OW + ow] = (float)(sum / (K * K));
+                }
+            }
+    }
+}
+
+static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__pool_job *job = (const mlc__pool_job *)arg;
+    int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih, iw, h0, h1, w0, w1;
+    float share = 1.0f / (float)(job->K * job->K);
+    size_t pl;
+    (void)piece;
+    for (pl = begin; pl < end; pl++) {
+        const float *g = job->y->grad + pl * OH * OW;
+        float *gx = job->gx + pl * H * W;
+        const int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
                 if (argmax) {
-                    int at = argmax[(pl * OH + oh) * OW + ow];
-                    if (at >= 0) gx[pl * H * W + at] += g;
+                    if (argmax[oh * OW + ow] >= 0) gx[argmax[oh * OW + ow]] += g[oh * OW + ow];
                     continue;
                 }
-                for (i = 0; i < K; i++)
-                    for (j = 0; j < K; j++) {
-                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
-                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) gx[(pl * H + ih) * W + iw] += g / (float)(K * K);
-                    }
+                mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                for (ih = h0; ih < h1; ih++)
+                    for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
+    }
+}
+
+/* planes go to threads when the output has at least this many values */
+#define MLC__POOL_PARALLEL 16384
+static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PARALLEL / ((size_t)y->shape[2] * y->shape[3] + 1) + 1; }
+
+static void mlc__pool_backward(mlc__node *n) {
+    mlc__pool_job job;
+    job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
+    job.K = n->iarg[0]; job.S = n->iarg[1]; job.Pd = n->iarg[2]; job.argmax = (int *)n->saved;
+    mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, oh, ow, i, j, *argmax = NULL, where;
-    size_t planes, pl;
+    int shape[4], H, W, OH, OW, where;
     mlc_tensor *out;
     mlc__node call;
+    mlc__pool_job job;
     MLC__ENTER(op, x);
     if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
@@ -3257,30 +3429,14 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
-    planes = (size_t)shape[0] * shape[1];
     mlc__call(&call, op, mlc__pool_backward, out, x, NULL, NULL, NULL);
     call.iarg[0] = K; call.iarg[1] = S; call.iarg[2] = Pd; call.iarg[3] = is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    if (is_max && !(argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
-    for (pl = 0; pl < planes; pl++)
-        for (oh = 0; oh < OH; oh++)
-            for (ow = 0; ow < OW; ow++) {
-                const float *p = x->data + pl * H * W;
-                float best = -INFINITY;
-                double s = 0.0;
-                int at = -1;
-                for (i = 0; i < K; i++)
-                    for (j = 0; j < K; j++) {
-                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
-                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                        s += p[ih * W + iw];
-                        if (at < 0 || p[ih * W + iw] > best) { best = p[ih * W + iw]; at = ih * W + iw; }
-                    }
-                if (is_max) argmax[(pl * OH + oh) * OW + ow] = at;
-                out->data[(pl * OH + oh) * OW + ow] = is_max ? best : (float)(s / (K * K));
-            }
-    call.saved = argmax;
+    job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.argmax = NULL;
+    if (is_max && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
+    mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
+    call.saved = job.argmax;
     mlc__record(&call);
     return out;
 }
