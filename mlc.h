@@ -498,6 +498,15 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #define MLC_COSF cosf
 #endif
 
+/* x86 with GCC or Clang: a few kernels are also compiled for AVX2 (+FMA) and AVX-512 and
+   picked at run time (mlc__cpu_avx2), so a plain -O2 build still runs them at full width. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define MLC__X86 1
+#include <immintrin.h>
+#else
+#define MLC__X86 0
+#endif
+
 /* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. */
 #ifdef _OPENMP
 #include <omp.h>
@@ -1434,6 +1443,13 @@ static void mlc__parallel(size_t n, size_t parallel_from, mlc__range_fn fn, void
     for (p = 0; p < pieces; p++) fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
 
+/* c += v b over n floats (a row of a product, a bias): c and b apart, so it vectorises */
+static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
+    size_t j;
+    MLC__OMP(omp simd)
+    for (j = 0; j < n; j++) c[j] += v * b[j];
+}
+
 /* ============================================================================================
    Elementwise ops with broadcasting
    Shapes align from the right; a dimension of 1 stretches. Each operand is walked by rows of
@@ -1723,8 +1739,23 @@ static float mlc__gelu_tanh_slope(float x) {
     for (i = 0; i < n; i++) { const float x = xs[i], y = ys[i]; gx[i] += g[i] * (expr); (void)x; (void)y; } break
 #define MLC__MAP_PARALLEL 65536
 
+#if MLC__X86
+static int mlc__cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+/* the tanh map again, compiled for AVX2 and FMA: 8 floats at a time where the CPU has them */
+__attribute__((target("avx2,fma")))
+static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys) {
+    size_t i;
+    MLC__OMP(omp simd)
+    for (i = 0; i < n; i++) ys[i] = MLC_TANHF(xs[i]);
+}
+#endif
+
 static void mlc__unary_forward(int kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
+#if MLC__X86
+    if (kind == MLC__TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
+#endif
     switch (kind) {
     case MLC__NEG:       MLC__MAP(-x);
     case MLC__EXP:       MLC__MAP(MLC_EXPF(x));
@@ -1872,13 +1903,6 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
    per k; a B sliver stays in L1 while the A slivers of the block stream past it from L2.
    The x86-64 kernels are compiled for AVX2+FMA and AVX-512 and picked at run time, so a plain
    -O2 build still runs at full speed; elsewhere the vector-extension kernel is used. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define MLC__GEMM_X86 1
-#include <immintrin.h>
-#else
-#define MLC__GEMM_X86 0
-#endif
-
 /* tile bounds; below SMALL multiply-adds the plain loop wins, below PARALLEL one thread does */
 enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 64 * 64 * 32 };
 
@@ -1916,7 +1940,7 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
 }
 #endif
 
-#if MLC__GEMM_X86
+#if MLC__X86
 /* 6 x 16: twelve 8-float accumulators, two B loads and six broadcasts of A per k */
 __attribute__((target("avx2,fma")))
 static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int add) {
@@ -1968,16 +1992,16 @@ static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, floa
 
 /* Kernels with their block sizes: KC x NR of B stays in L1, MC x KC of A in L2, KC x NC in L3. */
 static const mlc__gemm_arch mlc__gemm_generic = { mlc__gemm_kernel_6x16, 6, 16, 120, 256, 1024 };
-#if MLC__GEMM_X86
+#if MLC__X86
 static const mlc__gemm_arch mlc__gemm_avx2 = { mlc__gemm_kernel_avx2, 6, 16, 120, 256, 1024 };
 static const mlc__gemm_arch mlc__gemm_avx512 = { mlc__gemm_kernel_avx512, 12, 32, 120, 256, 1024 };
 #endif
 
 /* the best kernel this CPU runs */
 static const mlc__gemm_arch *mlc__gemm_pick(void) {
-#if MLC__GEMM_X86
+#if MLC__X86
     if (__builtin_cpu_supports("avx512f")) return &mlc__gemm_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &mlc__gemm_avx2;
+    if (mlc__cpu_avx2()) return &mlc__gemm_avx2;
 #endif
     return &mlc__gemm_generic;
 }
@@ -2008,10 +2032,10 @@ static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
 static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, int m, int kc, int w) {
     int k, x;
+    if (m < w) memset(dst, 0, (size_t)kc * w * sizeof(float));   /* an edge sliver */
     for (k = 0; k < kc; k++, dst += w, src += sk) {
-        if (sx == 1) memcpy(dst, src, (size_t)m * sizeof(float));
+        if (sx == 1) { MLC__OMP(omp simd) for (x = 0; x < m; x++) dst[x] = src[x]; }
         else for (x = 0; x < m; x++) dst[x] = src[x * sx];
-        for (x = m; x < w; x++) dst[x] = 0.0f;
     }
 }
 
@@ -2089,7 +2113,8 @@ static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int
    op(B) is read where it lies; columns of C are shared out between threads:
      B stored [N, K] (tb):  C[i, j] += op(A) row i · B row j      dot products of two rows
      B stored [K, N]:       C row i += Σ_k op(A)[i, k] B row k    rows of B scaled and summed
-   The same dot products serve C[M, N <= 4] = A Bᵀ for any M (the tiny MLP's output layer). */
+   The same loops serve any M when they are short: dot products for N <= 4 (the tiny MLP's
+   output layer), sums of K <= 4 rows (its gradient back through that layer). */
 enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
 
 typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
@@ -2112,13 +2137,6 @@ static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC
     return s;
 }
 
-/* c += v b over n floats */
-static void mlc__gemm_axpy(int n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
-    int j;
-    MLC__OMP(omp simd)
-    for (j = 0; j < n; j++) c[j] += v * b[j];
-}
-
 /* Columns [begin, end) of C (already scaled by beta), for mlc__parallel. */
 static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t end) {
     const mlc__gemm_direct_job *d = (const mlc__gemm_direct_job *)job;
@@ -2128,7 +2146,7 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
     if (!d->tb) {
         for (k = 0; k < K; k++)
             for (i = 0; i < M; i++)
-                mlc__gemm_axpy(j1 - j0, d->ta ? d->A[(size_t)k * M + i] : d->A[(size_t)i * K + k], d->B + (size_t)k * N + j0, d->C + (size_t)i * N + j0);
+                mlc__axpy((size_t)(j1 - j0), d->ta ? d->A[(size_t)k * M + i] : d->A[(size_t)i * K + k], d->B + (size_t)k * N + j0, d->C + (size_t)i * N + j0);
         return;
     }
     for (i = 0; i < M; i++)
@@ -2167,7 +2185,7 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
-    if (M <= MLC__GEMM_DIRECT_ROWS || (tb && N <= MLC__GEMM_DIRECT_ROWS)) {
+    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS) {
         mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
@@ -2229,8 +2247,7 @@ static void mlc__matmul_backward(mlc__node *n) {
     if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
         float *gbias = n->in[2]->grad;
         size_t rows = n->out->size / (size_t)mm->N, r;
-        int j;
-        for (r = 0; r < rows; r++) for (j = 0; j < mm->N; j++) gbias[j] += gc[r * mm->N + j];
+        for (r = 0; r < rows; r++) mlc__axpy((size_t)mm->N, 1.0f, gc + r * mm->N, gbias);
     }
 }
 
@@ -2274,8 +2291,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
         if (bias) {
             size_t rows = out->size / (size_t)mm.N, r;
-            int j;
-            for (r = 0; r < rows; r++) for (j = 0; j < mm.N; j++) out->data[r * mm.N + j] += bias->data[j];
+            for (r = 0; r < rows; r++) mlc__axpy((size_t)mm.N, 1.0f, bias->data, out->data + r * mm.N);
         }
     }
     mlc__record(&call);
@@ -3245,7 +3261,11 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
             mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
             mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, 0.0f, y, work);
-            if (job->bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += job->bias[g * Og + o];
+            for (o = 0; job->bias && o < Og; o++) {
+                const float b = job->bias[g * Og + o];
+                float *row = y + (size_t)o * P;
+                for (q = 0; q < P; q++) row[q] += b;
+            }
         }
 }
 
@@ -3270,7 +3290,12 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
                 mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);
                 mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
             }
-            if (job->gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
+            for (o = 0; job->gb && o < Og; o++) {
+                float sum = 0.0f;
+                MLC__OMP(omp simd reduction(+:sum))
+                for (q = 0; q < P; q++) sum += dy[(size_t)o * P + q];
+                gb[g * Og + o] += sum;
+            }
         }
 }
 
