@@ -1358,14 +1358,20 @@ static void mlc__call(mlc__node *call, const char *op, mlc__backward_fn backward
     for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
 }
 
+/* Whether the op will go on the tape: gradients are on and an input needs one (else an op
+   need not keep what only its backward reads, such as max pooling's argmax). */
+static int mlc__recording(const mlc__node *call) {
+    int i;
+    if (!call->out->ctx->grad_enabled || call->out->ctx->error) return 0;
+    for (i = 0; i < call->n_in; i++) if (call->in[i] && call->in[i]->requires_grad) return 1;
+    return 0;
+}
+
 /* Record the op on the tape when gradients are on and an input needs one. */
 static void mlc__record(const mlc__node *call) {
     mlc_ctx *ctx = call->out->ctx;
     mlc__node *n;
-    int i, any = 0;
-    if (!ctx->grad_enabled || ctx->error) return;
-    for (i = 0; i < call->n_in; i++) if (call->in[i] && call->in[i]->requires_grad) any = 1;
-    if (!any) return;
+    if (!mlc__recording(call)) return;
     n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), call->op);
     if (!n) return;
     *n = *call;
@@ -3366,7 +3372,7 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, *argmax; } mlc__pool_job;   /* argmax: max pool */
+typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
 
 static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
@@ -3392,6 +3398,11 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
                             at = take ? ih * W + iw : at;
                         }
                     argmax[oh * OW + ow] = at;
+                    y[oh * OW + ow] = best;
+                } else if (job->is_max) {               /* no backward to come: the value only */
+                    float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
                     y[oh * OW + ow] = best;
                 } else {
                     double sum = 0.0;
@@ -3433,7 +3444,7 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PA
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->iarg[0]; job.S = n->iarg[1]; job.Pd = n->iarg[2]; job.argmax = (int *)n->saved;
+    job.K = n->iarg[0]; job.S = n->iarg[1]; job.Pd = n->iarg[2]; job.is_max = n->iarg[3]; job.argmax = (int *)n->saved;
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
@@ -3458,8 +3469,8 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     call.iarg[0] = K; call.iarg[1] = S; call.iarg[2] = Pd; call.iarg[3] = is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.argmax = NULL;
-    if (is_max && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
+    job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
+    if (is_max && mlc__recording(&call) && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
     mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
     call.saved = job.argmax;
     mlc__record(&call);
