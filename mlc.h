@@ -2143,6 +2143,14 @@ static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC
     return s;
 }
 
+/* c += a0 b0 + a1 b1 + a2 b2 + a3 b3 over n floats (rows b_r = b + r ldb): C read once for four rows of B */
+static void mlc__gemm_axpy4(size_t n, const float *a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    size_t j;
+    MLC__OMP(omp simd)
+    for (j = 0; j < n; j++) c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+}
+
 /* Columns [begin, end) of C (already scaled by beta), for mlc__parallel. */
 static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t end) {
     const mlc__gemm_direct_job *d = (const mlc__gemm_direct_job *)job;
@@ -2150,9 +2158,14 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
     int i, j, k, k0;
     (void)piece;
     if (!d->tb) {
-        for (k = 0; k < K; k++)
-            for (i = 0; i < M; i++)
-                mlc__axpy((size_t)(j1 - j0), d->ta ? d->A[(size_t)k * M + i] : d->A[(size_t)i * K + k], d->B + (size_t)k * N + j0, d->C + (size_t)i * N + j0);
+        for (i = 0; i < M; i++)
+            for (k = 0; k < K; k += 4) {
+                float a[4];
+                int r, rows = K - k < 4 ? K - k : 4;
+                for (r = 0; r < 4; r++) a[r] = r >= rows ? 0.0f : d->ta ? d->A[(size_t)(k + r) * M + i] : d->A[(size_t)i * K + k + r];
+                if (rows == 4) mlc__gemm_axpy4((size_t)(j1 - j0), a, d->B + (size_t)k * N + j0, (size_t)N, d->C + (size_t)i * N + j0);
+                else for (r = 0; r < rows; r++) mlc__axpy((size_t)(j1 - j0), a[r], d->B + (size_t)(k + r) * N + j0, d->C + (size_t)i * N + j0);
+            }
         return;
     }
     for (i = 0; i < M; i++)
@@ -2168,6 +2181,10 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
 
 static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
     mlc__gemm_direct_job d;
+    if (N == 1 && M > 1) {                 /* C [M, 1] is also Cᵀ [1, M] = op(B)ᵀ op(A)ᵀ: one row */
+        mlc__gemm_direct(!tb, !ta, 1, M, K, B, A, beta, C);
+        return;
+    }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
     mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
