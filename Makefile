@@ -40,6 +40,15 @@ TEST_BLAS := $(if $(OPENBLAS),-DMLC_TEST_OPENBLAS -lopenblas)
 $(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
+# OpenMP is optional: with -fopenmp, build/test-openmp runs the CPU suites again on 3 threads
+# (more than most test machines have cores, so every split is uneven), through the threaded paths.
+OPENMP := $(shell printf '\043include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n' | \
+              $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
+TEST_OPENMP := $(if $(OPENMP),$(BUILD)/test-openmp)
+
+$(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h | $(BUILD)
+	$(CC) $(CFLAGS) -fopenmp -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
+
 # OpenCL is optional too: with CL/cl.h and mlc_opencl.h, build/test-opencl runs every suite on
 # the first OpenCL device (MLC_DEVICE=opencl) when one is found at run time.
 OPENCL_SKIP := $(if $(wildcard mlc_opencl.h),$(if $(OPENCL_HEADERS),,no OpenCL headers (CL/cl.h; install opencl-headers)),no mlc_opencl.h)
@@ -53,12 +62,13 @@ compile-check:
 $(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h $(wildcard mlc_opencl.h) | $(BUILD)
 	$(CC) $(CFLAGS) -g -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS) $(LDL)
 
-# Three runs, each ending with its "N passed, M failed, K skipped": the suites on OpenCL (or a
+# Four runs, each ending with its "N passed, M failed, K skipped": the suites on OpenCL (or a
 # SKIPPED line saying why not; under CI=true a skip fails), on the fake device of
-# tests/test_device.c (every op through the CPU fallback), and on the CPU, whose summary is
-# the last line. A failure in any run fails make test (build/test-opencl is built here, so a
-# backend that does not compile fails the opencl run and the other two still run).
-test: compile-check $(BUILD)/test
+# tests/test_device.c (every op through the CPU fallback), on the CPU with OpenMP threads (or
+# a SKIPPED line), and on the CPU, whose summary is the last line. A failure in any run fails
+# make test (build/test-opencl is built here, so a backend that does not compile fails the
+# opencl run and the others still run).
+test: compile-check $(BUILD)/test $(TEST_OPENMP)
 	@status=0; \
 	if [ -n "$(TEST_OPENCL)" ] && ! $(MAKE) --no-print-directory $(TEST_OPENCL); then \
 	    echo "FAIL suite opencl: $(TEST_OPENCL) does not build"; status=1; \
@@ -73,6 +83,13 @@ test: compile-check $(BUILD)/test
 	fi; \
 	echo "MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test"; \
 	MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test || status=1; \
+	if [ -n "$(TEST_OPENMP)" ]; then \
+	    echo "OMP_NUM_THREADS=3 ./$(BUILD)/test-openmp"; \
+	    OMP_NUM_THREADS=3 ./$(BUILD)/test-openmp || status=1; \
+	else \
+	    echo "SKIPPED suite openmp: $(CC) -fopenmp does not build (install libomp for clang)"; \
+	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: the openmp suite may not be skipped in CI"; status=1; fi; \
+	fi; \
 	echo "./$(BUILD)/test"; \
 	./$(BUILD)/test || status=1; \
 	exit $$status

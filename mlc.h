@@ -38,7 +38,7 @@ CONFIGURATION MACROS (define before including)
                          Apple); link the BLAS. mlc_config.gemm plugs in any other routine.
    MLC_EXPF MLC_LOGF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
                          maths functions (default: the <math.h> float versions, but tanh is
-                         mlc's own from MLC_EXPF: within 4 ulp and ~3x faster than glibc's)
+                         mlc's own polynomial: within 4 ulp, and loops of it vectorise)
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
 
 MEMORY
@@ -486,7 +486,7 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #define MLC_SQRTF sqrtf
 #endif
 #ifndef MLC_TANHF
-#define MLC_TANHF mlc__tanhf               /* one expf; within 4 ulp, ~3x faster than libm */
+#define MLC_TANHF mlc__tanhf               /* a polynomial; within 4 ulp, and it vectorises */
 #endif
 #ifndef MLC_ERFF
 #define MLC_ERFF erff
@@ -496,6 +496,15 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #endif
 #ifndef MLC_COSF
 #define MLC_COSF cosf
+#endif
+
+/* x86 with GCC or Clang: a few kernels are also compiled for AVX2 (+FMA) and AVX-512 and
+   picked at run time (mlc__cpu_avx2), so a plain -O2 build still runs them at full width. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define MLC__X86 1
+#include <immintrin.h>
+#else
+#define MLC__X86 0
 #endif
 
 /* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. */
@@ -1316,7 +1325,7 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
 #endif
 
 /* ============================================================================================
-   Op plumbing: input checks, the tape, gradient buffers
+   Op plumbing: input checks, the tape, gradient buffers, threads
    ============================================================================================ */
 
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
@@ -1353,14 +1362,20 @@ static void mlc__call(mlc__node *call, const char *op, mlc__backward_fn backward
     for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
 }
 
+/* Whether the op will go on the tape: gradients are on and an input needs one (else an op
+   need not keep what only its backward reads, such as max pooling's argmax). */
+static int mlc__recording(const mlc__node *call) {
+    int i;
+    if (!call->out->ctx->grad_enabled || call->out->ctx->error) return 0;
+    for (i = 0; i < call->n_in; i++) if (call->in[i] && call->in[i]->requires_grad) return 1;
+    return 0;
+}
+
 /* Record the op on the tape when gradients are on and an input needs one. */
 static void mlc__record(const mlc__node *call) {
     mlc_ctx *ctx = call->out->ctx;
     mlc__node *n;
-    int i, any = 0;
-    if (!ctx->grad_enabled || ctx->error) return;
-    for (i = 0; i < call->n_in; i++) if (call->in[i] && call->in[i]->requires_grad) any = 1;
-    if (!any) return;
+    if (!mlc__recording(call)) return;
     n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), call->op);
     if (!n) return;
     *n = *call;
@@ -1411,6 +1426,38 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
         return -1;
     }
     return (int)v;
+}
+
+/* Threads (OpenMP when built with -fopenmp). Starting a parallel region costs about 0.4 µs,
+   more than a small op's whole work, so work below a size runs on the calling thread and no
+   region starts at all. mlc__parallel calls fn(arg, piece, begin, end) on `pieces` even
+   slices of [0, n) (one per thread; piece numbers each slice, for per-slice scratch), or once
+   on all of [0, n) when n < parallel_from or there is one thread. */
+#ifdef _OPENMP
+static int mlc__threads(void) { return omp_in_parallel() ? 1 : omp_get_max_threads(); }   /* a share stays on its thread */
+#else
+static int mlc__threads(void) { return 1; }
+#endif
+
+typedef void (*mlc__range_fn)(void *arg, int piece, size_t begin, size_t end);
+
+static int mlc__pieces(size_t n, size_t parallel_from) {
+    int threads = n >= parallel_from ? mlc__threads() : 1;
+    return n < (size_t)threads ? (int)(n ? n : 1) : threads;
+}
+
+static void mlc__parallel(size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
+    int pieces = mlc__pieces(n, parallel_from), p;
+    if (pieces == 1) { if (n) fn(arg, 0, 0, n); return; }
+    MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))
+    for (p = 0; p < pieces; p++) fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+}
+
+/* c += v b over n floats (a row of a product, a bias): c and b apart, so it vectorises */
+static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
+    size_t j;
+    MLC__OMP(omp simd)
+    for (j = 0; j < n; j++) c[j] += v * b[j];
 }
 
 /* ============================================================================================
@@ -1660,13 +1707,33 @@ static float mlc__sigmoidf(float x) {
     { float e = MLC_EXPF(x); return e / (1.0f + e); }
 }
 
-/* tanh from one expf: tanh|x| = 1 - 2 / (e^(2|x|) + 1), with the odd Taylor series below 0.3
-   where that difference would cancel. At most 4 ulp from the true value. */
-static float mlc__tanhf(float x) {
-    float a = x < 0 ? -x : x, x2 = x * x, t;
-    if (a < 0.3f) return x + x * x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835 + x2 * (-1382.0f / 155925)))));
-    t = a > 9.0f ? 1.0f : 1.0f - 2.0f / (MLC_EXPF(2.0f * a) + 1.0f);
-    return x < 0 ? -t : t;
+/* tanh|x| = m / (m + 2) with m = e^(2|x|) - 1, computed whole so that small x loses nothing:
+   e^y - 1 = 2^n (e^r - 1) + 2^n - 1, n = round(y / ln 2), |r| <= ln 2 / 2 (degree-7 Taylor).
+   |x| is capped at 9 (tanh rounds to 1 there); the sign is put back. No branches and no libm,
+   so the loops around it vectorise (the selects are written as GCC's vectoriser reads them);
+   at most 3.3 ulp from the true value. */
+static inline float mlc__tanhf(float x) {
+    uint32_t bits, sign;
+    float a, y, k, n, r, m, two_n;
+    memcpy(&bits, &x, sizeof bits);
+    sign = bits & 0x80000000u;
+    bits &= 0x7fffffffu;                                 /* |x| */
+    bits = bits < 0x41100000u ? bits : 0x41100000u;      /* at most 9.0f */
+    bits |= (uint32_t)(x != x) * 0x7fc00000u;            /* a NaN stays NaN */
+    memcpy(&a, &bits, sizeof a);
+    y = 2.0f * a;
+    k = y * 1.44269504f + 12582912.0f;                   /* 1.5 2^23 + n: n in the low bits */
+    n = k - 12582912.0f;
+    r = (y - n * 0.693145751953125f) - n * 1.428606765330187e-6f;   /* ln 2 in two parts */
+    memcpy(&bits, &k, sizeof bits);
+    bits = (bits - 0x4b400000u + 127u) << 23;            /* 2^n */
+    memcpy(&two_n, &bits, sizeof two_n);
+    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))))) + (two_n - 1.0f);
+    y = m / (m + 2.0f);
+    memcpy(&bits, &y, sizeof bits);
+    bits |= sign;
+    memcpy(&y, &bits, sizeof y);
+    return y;
 }
 
 /* d/dx of x (1 + tanh u) / 2 with u = √(2/π)(x + 0.044715 x³) */
@@ -1676,13 +1743,29 @@ static float mlc__gelu_tanh_slope(float x) {
 }
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
-   gx += g f'(x) backward, given x and y = f(x). */
-#define MLC__MAP(expr) MLC__OMP(omp parallel for simd if(n > 65536)) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
-#define MLC__MAP_GRAD(expr) MLC__OMP(omp parallel for simd if(n > 65536)) \
+   gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. */
+#define MLC__MAP(expr) MLC__OMP(omp simd) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
+#define MLC__MAP_GRAD(expr) MLC__OMP(omp simd) \
     for (i = 0; i < n; i++) { const float x = xs[i], y = ys[i]; gx[i] += g[i] * (expr); (void)x; (void)y; } break
+#define MLC__MAP_PARALLEL 65536
+
+#if MLC__X86
+static int mlc__cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+/* the tanh map again, compiled for AVX2 and FMA: 8 floats at a time where the CPU has them */
+__attribute__((target("avx2,fma")))
+static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys) {
+    size_t i;
+    MLC__OMP(omp simd)
+    for (i = 0; i < n; i++) ys[i] = MLC_TANHF(xs[i]);
+}
+#endif
 
 static void mlc__unary_forward(int kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
+#if MLC__X86
+    if (kind == MLC__TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
+#endif
     switch (kind) {
     case MLC__NEG:       MLC__MAP(-x);
     case MLC__EXP:       MLC__MAP(MLC_EXPF(x));
@@ -1730,9 +1813,21 @@ static void mlc__unary_grad(int kind, size_t n, const float *MLC__RESTRICT xs, c
 #undef MLC__MAP
 #undef MLC__MAP_GRAD
 
+/* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel. */
+static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)node;
+    (void)piece;
+    mlc__unary_forward(n->iarg[0], end - begin, n->in[0]->data + begin, n->out->data + begin, n->farg[0], n->farg[1]);
+}
+static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)node;
+    const mlc_tensor *x = n->in[0], *y = n->out;
+    (void)piece;
+    mlc__unary_grad(n->iarg[0], end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin, n->farg[0], n->farg[1]);
+}
+
 static void mlc__unary_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    mlc__unary_grad(n->iarg[0], x->size, x->data, y->data, y->grad, mlc__grad(x), n->farg[0], n->farg[1]);
+    if (mlc__grad(n->in[0])) mlc__parallel(n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
 }
 
 static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
@@ -1746,7 +1841,7 @@ static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
     mlc__call(&call, op, mlc__unary_backward, out, x, NULL, NULL, NULL);
     call.iarg[0] = kind; call.farg[0] = p; call.farg[1] = q;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__unary_forward(kind, x->size, x->data, out->data, p, q);
+    if (where == 0) mlc__parallel(x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
     mlc__record(&call);
     return out;
 }
@@ -1818,13 +1913,6 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
    per k; a B sliver stays in L1 while the A slivers of the block stream past it from L2.
    The x86-64 kernels are compiled for AVX2+FMA and AVX-512 and picked at run time, so a plain
    -O2 build still runs at full speed; elsewhere the vector-extension kernel is used. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define MLC__GEMM_X86 1
-#include <immintrin.h>
-#else
-#define MLC__GEMM_X86 0
-#endif
-
 /* tile bounds; below SMALL multiply-adds the plain loop wins, below PARALLEL one thread does */
 enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 64 * 64 * 32 };
 
@@ -1862,7 +1950,7 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
 }
 #endif
 
-#if MLC__GEMM_X86
+#if MLC__X86
 /* 6 x 16: twelve 8-float accumulators, two B loads and six broadcasts of A per k */
 __attribute__((target("avx2,fma")))
 static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int add) {
@@ -1914,116 +2002,255 @@ static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, floa
 
 /* Kernels with their block sizes: KC x NR of B stays in L1, MC x KC of A in L2, KC x NC in L3. */
 static const mlc__gemm_arch mlc__gemm_generic = { mlc__gemm_kernel_6x16, 6, 16, 120, 256, 1024 };
-#if MLC__GEMM_X86
+#if MLC__X86
 static const mlc__gemm_arch mlc__gemm_avx2 = { mlc__gemm_kernel_avx2, 6, 16, 120, 256, 1024 };
 static const mlc__gemm_arch mlc__gemm_avx512 = { mlc__gemm_kernel_avx512, 12, 32, 120, 256, 1024 };
 #endif
 
 /* the best kernel this CPU runs */
 static const mlc__gemm_arch *mlc__gemm_pick(void) {
-#if MLC__GEMM_X86
+#if MLC__X86
     if (__builtin_cpu_supports("avx512f")) return &mlc__gemm_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &mlc__gemm_avx2;
+    if (mlc__cpu_avx2()) return &mlc__gemm_avx2;
 #endif
     return &mlc__gemm_generic;
 }
 
-/* threads a parallel region will get at most, and this thread's number in one */
+/* this thread's number in the product's parallel region, and how many threads it got */
 #ifdef _OPENMP
-static int mlc__gemm_threads(void) { return omp_get_max_threads(); }
 static int mlc__gemm_thread(void) { return omp_get_thread_num(); }
+static int mlc__gemm_team(void) { return omp_get_num_threads(); }
 #else
-static int mlc__gemm_threads(void) { return 1; }
 static int mlc__gemm_thread(void) { return 0; }
+static int mlc__gemm_team(void) { return 1; }
 #endif
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* `work` for kernel g holds one packed B panel, then one packed A block per thread; each is
-   rounded to a multiple of 16 floats so that all start 64-byte aligned */
-static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->nc, g->nr) * g->kc + 15) / 16 * 16; }
-static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g) { return ((size_t)mlc__gemm_round_up(g->mc, g->mr) * g->kc + 15) / 16 * 16; }
-static size_t mlc__gemm_work_for(const mlc__gemm_arch *g) { return mlc__gemm_b_floats(g) + (size_t)mlc__gemm_threads() * mlc__gemm_a_floats(g); }
-
-static size_t mlc__gemm_work_floats(void) { return mlc__gemm_work_for(mlc__gemm_pick()); }
+/* `work` for kernel g holds one packed B panel, then one packed A block per thread, each as
+   large as this product needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
+static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int K) {
+    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+}
+static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g, int M, int K) {
+    return ((size_t)mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+}
+static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K, int threads) {
+    return mlc__gemm_b_floats(g, N, K) + (size_t)threads * mlc__gemm_a_floats(g, M, K);
+}
 
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
 static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, int m, int kc, int w) {
     int k, x;
+    if (m < w) memset(dst, 0, (size_t)kc * w * sizeof(float));   /* an edge sliver */
     for (k = 0; k < kc; k++, dst += w, src += sk) {
-        if (sx == 1) memcpy(dst, src, (size_t)m * sizeof(float));
+        if (sx == 1) { MLC__OMP(omp simd) for (x = 0; x < m; x++) dst[x] = src[x]; }
         else for (x = 0; x < m; x++) dst[x] = src[x * sx];
-        for (x = m; x < w; x++) dst[x] = 0.0f;
     }
 }
 
-/* the packed product with kernel g, for K >= 1 */
-static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                             float beta, float *C, float *work) {
-    const int mr = g->mr, nr = g->nr, nt = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__gemm_threads();
-    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
-    const size_t a_sx = ta ? 1 : lda, a_sk = ta ? lda : 1, b_sx = tb ? ldb : 1, b_sk = tb ? 1 : ldb;
-    int kblocks = (K + g->kc - 1) / g->kc, kc = (K + kblocks - 1) / kblocks;   /* equal slices */
-    int mblocks = (M + g->mc - 1) / g->mc, mc;
-    float *bp = work, *ap_all = work + mlc__gemm_b_floats(g);
-    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
-    if (mblocks < nt) mblocks = nt < (M + mr - 1) / mr ? nt : (M + mr - 1) / mr;
-    else mblocks = mlc__gemm_round_up(mblocks, nt);
-    mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, mr);
-    MLC__OMP(omp parallel num_threads(nt))
-    {
-        float *ap = ap_all + (size_t)mlc__gemm_thread() * mlc__gemm_a_floats(g);
-        int jc, pc;
-        for (jc = 0; jc < N; jc += g->nc) {
-            int nc = N - jc < g->nc ? N - jc : g->nc;
-            for (pc = 0; pc < K; pc += kc) {
-                int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || beta != 0.0f, jr, ic;
-                MLC__OMP(omp for)
-                for (jr = 0; jr < nc; jr += nr)
-                    mlc__gemm_pack(bp + (size_t)jr * kk, B + (size_t)pc * b_sk + (size_t)(jc + jr) * b_sx, b_sx, b_sk,
-                                   nc - jr < nr ? nc - jr : nr, kk, nr);
-                MLC__OMP(omp for)
-                for (ic = 0; ic < M; ic += mc) {
-                    int m = M - ic < mc ? M - ic : mc, ir;
-                    for (ir = 0; ir < m; ir += mr)
-                        mlc__gemm_pack(ap + (size_t)ir * kk, A + (size_t)(ic + ir) * a_sx + (size_t)pc * a_sk, a_sx, a_sk,
-                                       m - ir < mr ? m - ir : mr, kk, mr);
-                    for (jr = 0; jr < nc; jr += nr) {
-                        for (ir = 0; ir < m; ir += mr) {
-                            float *c = C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
-                            int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
-                            if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
-                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
-                            for (i = 0; i < mm; i++)
-                                for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
-                        }
+typedef struct mlc__gemm_job {          /* one packed product, shared by the threads that run it */
+    const mlc__gemm_arch *g;
+    int M, N, K, kc, mc;
+    const float *A, *B;
+    size_t a_sx, a_sk, b_sx, b_sk;      /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx] */
+    float beta, *C, *work;
+} mlc__gemm_job;
+
+/* The loops over blocks, run by each of the product's threads (thread of threads): each packs
+   its share of the B slivers, all wait, each computes its share of the A blocks, all wait.
+   The shares are worked out here rather than with `omp for`, which would bind to a region
+   the caller may be in (conv2d's threads each run a product of their own). */
+static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
+    const mlc__gemm_arch *g = p->g;
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
+    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)thread * mlc__gemm_a_floats(g, M, K);
+    int jc, pc;
+    for (jc = 0; jc < N; jc += g->nc) {
+        int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
+        for (pc = 0; pc < K; pc += p->kc) {
+            int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic, at;
+            for (at = slivers * thread / threads; at < slivers * (thread + 1) / threads; at++) {
+                jr = at * nr;
+                mlc__gemm_pack(bp + (size_t)jr * kk, p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
+                               nc - jr < nr ? nc - jr : nr, kk, nr);
+            }
+            if (threads > 1) { MLC__OMP(omp barrier) }   /* B's panel is packed */
+            for (at = blocks * thread / threads; at < blocks * (thread + 1) / threads; at++) {
+                int m, ir;
+                ic = at * p->mc;
+                m = M - ic < p->mc ? M - ic : p->mc;
+                for (ir = 0; ir < m; ir += mr)
+                    mlc__gemm_pack(ap + (size_t)ir * kk, p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx, p->a_sk,
+                                   m - ir < mr ? m - ir : mr, kk, mr);
+                for (jr = 0; jr < nc; jr += nr) {
+                    for (ir = 0; ir < m; ir += mr) {
+                        float *c = p->C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
+                        int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
+                        if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
+                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
+                        for (i = 0; i < mm; i++)
+                            for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
                     }
                 }
             }
+            if (threads > 1) { MLC__OMP(omp barrier) }   /* done with the panel */
         }
     }
 }
 
+/* the packed product with kernel g on `threads` threads (1: no parallel region), for K >= 1;
+   work holds mlc__gemm_work_floats(g, M, N, K, threads) floats */
+static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                             float beta, float *C, float *work, int threads) {
+    mlc__gemm_job p;
+    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
+    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
+    p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
+    p.a_sx = ta ? 1 : lda; p.a_sk = ta ? lda : 1; p.b_sx = tb ? ldb : 1; p.b_sk = tb ? 1 : ldb;
+    p.kc = (K + kblocks - 1) / kblocks;                  /* equal slices */
+    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
+    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
+    else mblocks = mlc__gemm_round_up(mblocks, threads);
+    p.mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+    if (threads == 1) { mlc__gemm_blocks(&p, 0, 1); return; }
+    MLC__OMP(omp parallel num_threads(threads))
+    mlc__gemm_blocks(&p, mlc__gemm_thread(), mlc__gemm_team());
+}
+
+/* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
+   four rows, less than packing it costs (batch-1 inference: linear is x Wᵀ with M = 1), so
+   op(B) is read where it lies; columns of C are shared out between threads:
+     B stored [N, K] (tb):  C[i, j] += op(A) row i · B row j      dot products of two rows
+     B stored [K, N]:       C row i += Σ_k op(A)[i, k] B row k    rows of B scaled and summed
+   The same loops serve any M when they are short: dot products for N <= 4 (the tiny MLP's
+   output layer), sums of K <= 4 rows (its gradient back through that layer). */
+enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
+
+typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
+
+/* c[r] += a · b_r for the rows b_r = b + r ldb, r < 4 */
+static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int k;
+    MLC__OMP(omp simd reduction(+:s0, s1, s2, s3))
+    for (k = 0; k < K; k++) { s0 += a[k] * b0[k]; s1 += a[k] * b1[k]; s2 += a[k] * b2[k]; s3 += a[k] * b3[k]; }
+    c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
+}
+
+static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b) {
+    float s = 0.0f;
+    int k;
+    MLC__OMP(omp simd reduction(+:s))
+    for (k = 0; k < K; k++) s += a[k] * b[k];
+    return s;
+}
+
+/* c += a0 b0 + a1 b1 + a2 b2 + a3 b3 over n floats (rows b_r = b + r ldb): C read once for four rows of B */
+static void mlc__gemm_axpy4(size_t n, const float *a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    size_t j;
+    MLC__OMP(omp simd)
+    for (j = 0; j < n; j++) c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+}
+
+/* Columns [begin, end) of C (already scaled by beta), for mlc__parallel. */
+static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t end) {
+    const mlc__gemm_direct_job *d = (const mlc__gemm_direct_job *)job;
+    const int M = d->M, N = d->N, K = d->K, j0 = (int)begin, j1 = (int)end;
+    int i, j, k, k0;
+    (void)piece;
+    if (!d->tb) {
+        for (i = 0; i < M; i++)
+            for (k = 0; k < K; k += 4) {
+                float a[4];
+                int r, rows = K - k < 4 ? K - k : 4;
+                for (r = 0; r < 4; r++) a[r] = r >= rows ? 0.0f : d->ta ? d->A[(size_t)(k + r) * M + i] : d->A[(size_t)i * K + k + r];
+                if (rows == 4) mlc__gemm_axpy4((size_t)(j1 - j0), a, d->B + (size_t)k * N + j0, (size_t)N, d->C + (size_t)i * N + j0);
+                else for (r = 0; r < rows; r++) mlc__axpy((size_t)(j1 - j0), a[r], d->B + (size_t)(k + r) * N + j0, d->C + (size_t)i * N + j0);
+            }
+        return;
+    }
+    for (i = 0; i < M; i++)
+        for (k0 = 0; k0 < K; k0 += MLC__GEMM_DOT_CHUNK) {   /* op(A)'s row in pieces, gathered when A is transposed */
+            float row[MLC__GEMM_DOT_CHUNK], *c = d->C + (size_t)i * N;
+            const float *a = d->A + (size_t)i * K + k0;
+            int kk = K - k0 < MLC__GEMM_DOT_CHUNK ? K - k0 : MLC__GEMM_DOT_CHUNK;
+            if (d->ta) { for (k = 0; k < kk; k++) row[k] = d->A[(size_t)(k0 + k) * M + i]; a = row; }
+            for (j = j0; j + 4 <= j1; j += 4) mlc__gemm_dot4(kk, a, d->B + (size_t)j * K + k0, (size_t)K, c + j);
+            for (; j < j1; j++) c[j] += mlc__gemm_dot(kk, a, d->B + (size_t)j * K + k0);
+        }
+}
+
+static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    mlc__gemm_direct_job d;
+    if (N == 1 && M > 1) {                 /* C [M, 1] is also Cᵀ [1, M] = op(B)ᵀ op(A)ᵀ: one row */
+        mlc__gemm_direct(!tb, !ta, 1, M, K, B, A, beta, C);
+        return;
+    }
+    if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
+    d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
+    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
+}
+
 #endif /* !MLC_USE_CBLAS */
 
-MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+/* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
+   (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
+   the arena is not for threads. */
+static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta,
+                      float *C, float *work) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
 #ifdef MLC_USE_CBLAS
+    (void)work;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay the packing */
+    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
+    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS) {
+        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
+        return;
+    }
+    if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
+        const mlc__gemm_arch *g = mlc__gemm_pick();
+        int threads = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
-        float *work = mlc__floats(ctx, mlc__gemm_work_floats(), "mlc_gemm");
-        if (work) mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work);
+        work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
+        if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
         else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
         mlc_frame_end(scratch);
     }
+#endif
+}
+
+MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
+}
+
+/* Whether products may run on several threads at once: mlc's own may; a hook or BLAS gets
+   one product at a time (and may use threads inside it). */
+static int mlc__gemm_threadable(const mlc_ctx *ctx) {
+#ifdef MLC_USE_CBLAS
+    (void)ctx;
+    return 0;
+#else
+    return !ctx->config.gemm;
+#endif
+}
+
+/* The `work` floats mlc__gemm needs for a product of this size on one thread. */
+static size_t mlc__gemm_work(int M, int N, int K) {
+#ifdef MLC_USE_CBLAS
+    (void)M; (void)N; (void)K;
+    return 0;
+#else
+    return mlc__gemm_work_floats(mlc__gemm_pick(), M, N, K, 1);
 #endif
 }
 
@@ -2047,8 +2274,7 @@ static void mlc__matmul_backward(mlc__node *n) {
     if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
         float *gbias = n->in[2]->grad;
         size_t rows = n->out->size / (size_t)mm->N, r;
-        int j;
-        for (r = 0; r < rows; r++) for (j = 0; j < mm->N; j++) gbias[j] += gc[r * mm->N + j];
+        for (r = 0; r < rows; r++) mlc__axpy((size_t)mm->N, 1.0f, gc + r * mm->N, gbias);
     }
 }
 
@@ -2092,8 +2318,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
         if (bias) {
             size_t rows = out->size / (size_t)mm.N, r;
-            int j;
-            for (r = 0; r < rows; r++) for (j = 0; j < mm.N; j++) out->data[r * mm.N + j] += bias->data[j];
+            for (r = 0; r < rows; r++) mlc__axpy((size_t)mm.N, 1.0f, bias->data, out->data + r * mm.N);
         }
     }
     mlc__record(&call);
@@ -2968,71 +3193,162 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside) */
+/* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
+static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
+    int s = cv->stride;
+    *first = off < 0 ? (-off + s - 1) / s : 0;
+    *last = cv->W - off > 0 ? (cv->W - off + s - 1) / s : 0;
+    if (*last > cv->OW) *last = cv->OW;
+    if (*first > *last) *first = *last;
+}
+
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside):
+   each row of col is zeros, a (strided) run of an input row, zeros */
 static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float *col) {
-    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
+                int off = j * cv->dil - cv->pad;
                 float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
-                    for (ow = 0; ow < cv->OW; ow++) {
-                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
-                        row[oh * cv->OW + ow] = ih >= 0 && ih < cv->H && iw >= 0 && iw < cv->W
-                                              ? x[((size_t)c * cv->H + ih) * cv->W + iw] : 0.0f;
-                    }
+                    int ih = oh * s + i * cv->dil - cv->pad;
+                    float *r = row + (size_t)oh * cv->OW;
+                    const float *in;
+                    if (ih < 0 || ih >= cv->H) { memset(r, 0, (size_t)cv->OW * sizeof(float)); continue; }
+                    in = x + ((size_t)c * cv->H + ih) * cv->W;
+                    for (ow = 0; ow < first; ow++) r[ow] = 0.0f;
+                    if (s == 1) memcpy(r + first, in + first + off, (size_t)(last - first) * sizeof(float));
+                    else for (ow = first; ow < last; ow++) r[ow] = in[ow * s + off];
+                    for (ow = last; ow < cv->OW; ow++) r[ow] = 0.0f;
                 }
             }
 }
 
-static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {   /* adds */
-    int c, i, j, oh, ow, P = cv->OH * cv->OW;
+/* dx[c, ih, iw] += every value of col that im2col took from there */
+static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {
+    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
+                int off = j * cv->dil - cv->pad;
                 const float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
+                mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * cv->stride + i * cv->dil - cv->pad;
+                    int ih = oh * s + i * cv->dil - cv->pad;
+                    const float *r = row + (size_t)oh * cv->OW;
+                    float *d;
                     if (ih < 0 || ih >= cv->H) continue;
-                    for (ow = 0; ow < cv->OW; ow++) {
-                        int iw = ow * cv->stride + j * cv->dil - cv->pad;
-                        if (iw >= 0 && iw < cv->W) dx[((size_t)c * cv->H + ih) * cv->W + iw] += row[oh * cv->OW + ow];
-                    }
+                    d = dx + ((size_t)c * cv->H + ih) * cv->W;
+                    for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
                 }
             }
+}
+
+/* The images are shared out between threads: each piece of images has scratch of its own (col,
+   packing space, and backward its partial dW and db, summed at the end) and runs its products
+   on its thread. With one image, or products through a hook or BLAS (one at a time), the
+   images go in turn and each product may use the threads itself. */
+typedef struct mlc__conv_job {
+    mlc_ctx *ctx;
+    const mlc__conv *cv;
+    size_t parallel_from;               /* mlc__parallel's: 2 images, or never */
+    int pieces;
+    const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
+    float *y, *gx, *gw, *gb;
+    float *scratch;                     /* per piece: col, packing space, partial dW and db */
+    size_t col_floats, work_floats, piece_floats;
+} mlc__conv_job;
+
+/* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db). */
+static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads, const char *op) {
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
+    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P), w3 = mlc__gemm_work(rows, P, Og);
+    memset(job, 0, sizeof *job);
+    job->ctx = ctx; job->cv = cv;
+    job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
+    job->pieces = mlc__pieces((size_t)cv->N, job->parallel_from);
+    job->col_floats = ((size_t)rows * P + 15) / 16 * 16;
+    job->work_floats = job->pieces > 1 ? (w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3)) : 0;
+    job->piece_floats = job->col_floats + job->work_floats + (with_grads && job->pieces > 1 ? (size_t)cv->O * rows + cv->O : 0);
+    job->scratch = mlc__floats(ctx, (size_t)job->pieces * job->piece_floats, op);
+    return job->scratch != NULL;
+}
+
+/* forward over images [begin, end): y_g = W_g col + b */
+static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__conv_job *job = (const mlc__conv_job *)arg;
+    const mlc__conv *cv = job->cv;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
+    size_t i;
+    for (i = begin; i < end; i++)
+        for (g = 0; g < cv->groups; g++) {
+            float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
+            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, 0.0f, y, work);
+            for (o = 0; job->bias && o < Og; o++) {
+                const float b = job->bias[g * Og + o];
+                float *row = y + (size_t)o * P;
+                for (q = 0; q < P; q++) row[q] += b;
+            }
+        }
+}
+
+/* backward over images [begin, end); dW and db go to the piece's partial sums when there are
+   several pieces */
+static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__conv_job *job = (const mlc__conv_job *)arg;
+    const mlc__conv *cv = job->cv;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
+    float *gw = job->pieces > 1 ? work + job->work_floats : job->gw, *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
+    size_t i;
+    if (job->pieces > 1) memset(gw, 0, ((size_t)cv->O * rows + cv->O) * sizeof(float));
+    for (i = begin; i < end; i++)
+        for (g = 0; g < cv->groups; g++) {
+            const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
+            if (job->gw) {
+                mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
+            }
+            if (job->gx) {
+                mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);
+                mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            }
+            for (o = 0; job->gb && o < Og; o++) {
+                float sum = 0.0f;
+                MLC__OMP(omp simd reduction(+:sum))
+                for (q = 0; q < P; q++) sum += dy[(size_t)o * P + q];
+                gb[g * Og + o] += sum;
+            }
+        }
 }
 
 static void mlc__conv2d_backward(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
-    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, i, g, o, q;
-    float *col = mlc__floats(n->out->ctx, (size_t)rows * P, "mlc_conv2d backward");
-    if (!col) return;
-    for (i = 0; i < cv->N; i++)
-        for (g = 0; g < cv->groups; g++) {
-            const float *xg = x->data + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
-            const float *dy = n->out->grad + ((size_t)i * cv->O + (size_t)g * Og) * P;
-            const float *wg = w->data + (size_t)g * Og * rows;
-            if (gw) {
-                mlc__im2col(cv, Cg, xg, col);
-                mlc_gemm(x->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows);
-            }
-            if (gx) {
-                mlc_gemm(x->ctx, 1, 0, rows, P, Og, wg, dy, 0.0f, col);
-                mlc__col2im(cv, Cg, col, gx + ((size_t)i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
-            }
-            if (gb) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) gb[g * Og + o] += dy[(size_t)o * P + q];
-        }
+    mlc_tensor *x = n->in[0], *w = n->in[1];
+    int rows = cv->C / cv->groups * cv->KH * cv->KW, p;
+    size_t k;
+    mlc__conv_job job;
+    if (!mlc__conv_plan(&job, x->ctx, cv, 1, "mlc_conv2d backward")) return;
+    job.x = x->data; job.w = w->data; job.dy = n->out->grad;
+    job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
+    mlc__parallel((size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
+    for (p = 0; job.pieces > 1 && p < job.pieces; p++) {     /* the pieces' partial sums */
+        const float *part = job.scratch + (size_t)p * job.piece_floats + job.col_floats + job.work_floats;
+        if (job.gw) for (k = 0; k < (size_t)cv->O * rows; k++) job.gw[k] += part[k];
+        if (job.gb) for (k = 0; k < (size_t)cv->O; k++) job.gb[k] += part[(size_t)cv->O * rows + k];
+    }
 }
 
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
     mlc_tensor *out;
     mlc__node call;
-    int shape[4], Cg, Og, P, rows, i, g, o, q, where;
-    float *col;
+    mlc__conv_job job;
+    int shape[4], where;
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
@@ -3053,7 +3369,6 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
-    Cg = cv.C / cv.groups; Og = cv.O / cv.groups; P = cv.OH * cv.OW; rows = Cg * cv.KH * cv.KW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, "mlc_conv2d", mlc__conv2d_backward, out, x, weight, bias, NULL);
@@ -3061,47 +3376,104 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     memcpy(call.saved, &cv, sizeof cv);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
-    if (!(col = mlc__floats(ctx, (size_t)rows * P, "mlc_conv2d"))) return NULL;
-    for (i = 0; i < cv.N; i++)
-        for (g = 0; g < cv.groups; g++) {
-            float *y = out->data + ((size_t)i * cv.O + (size_t)g * Og) * P;
-            mlc__im2col(&cv, Cg, x->data + ((size_t)i * cv.C + (size_t)g * Cg) * cv.H * cv.W, col);
-            mlc_gemm(ctx, 0, 0, Og, P, rows, weight->data + (size_t)g * Og * rows, col, 0.0f, y);
-            if (bias) for (o = 0; o < Og; o++) for (q = 0; q < P; q++) y[(size_t)o * P + q] += bias->data[g * Og + o];
-        }
+    if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;
+    job.x = x->data; job.w = weight->data; job.bias = bias ? bias->data : NULL; job.y = out->data;
+    mlc__parallel((size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
     mlc__record(&call);
     return out;
 }
 
-static void mlc__pool_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    float *gx = mlc__grad(x);
-    const int *argmax = (const int *)n->saved;
-    int K = n->iarg[0], S = n->iarg[1], Pd = n->iarg[2], H = x->shape[2], W = x->shape[3];
-    int OH = y->shape[2], OW = y->shape[3], oh, ow, i, j;
-    size_t planes = (size_t)x->shape[0] * x->shape[1], pl;
-    for (pl = 0; pl < planes; pl++)
+/* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
+static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0, int *w1) {
+    *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
+    if (*h0 < 0) *h0 = 0;
+    if (*h1 > H) *h1 = H;
+    if (*w0 < 0) *w0 = 0;
+    if (*w1 > W) *w1 = W;
+}
+
+/* The planes (image, channel) are shared out between threads, forward and backward. */
+typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
+
+static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__pool_job *job = (const mlc__pool_job *)arg;
+    const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
+    const int K = job->K, S = job->S, Pd = job->Pd;
+    int oh, ow, ih, iw, h0, h1, w0, w1;
+    size_t pl;
+    (void)piece;
+    for (pl = begin; pl < end; pl++) {
+        const float *p = job->x->data + pl * H * W;
+        float *y = job->y->data + pl * OH * OW;
+        int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
         for (oh = 0; oh < OH; oh++)
             for (ow = 0; ow < OW; ow++) {
-                float g = y->grad[(pl * OH + oh) * OW + ow];
+                mlc__pool_window(oh, ow, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+                if (argmax) {                           /* the first of the largest; a NaN first stays */
+                    int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
+                    float best = at < 0 ? -INFINITY : p[at];
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) {
+                            int take = p[ih * W + iw] > best;
+                            best = take ? p[ih * W + iw] : best;
+                            at = take ? ih * W + iw : at;
+                        }
+                    argmax[oh * OW + ow] = at;
+                    y[oh * OW + ow] = best;
+                } else if (job->is_max) {               /* no backward to come: the value only */
+                    float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
+                    y[oh * OW + ow] = best;
+                } else {
+                    double sum = 0.0;
+                    for (ih = h0; ih < h1; ih++)
+                        for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
+                    y[oh * OW + ow] = (float)(sum / (K * K));
+                }
+            }
+    }
+}
+
+static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__pool_job *job = (const mlc__pool_job *)arg;
+    int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih, iw, h0, h1, w0, w1;
+    float share = 1.0f / (float)(job->K * job->K);
+    size_t pl;
+    (void)piece;
+    for (pl = begin; pl < end; pl++) {
+        const float *g = job->y->grad + pl * OH * OW;
+        float *gx = job->gx + pl * H * W;
+        const int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
                 if (argmax) {
-                    int at = argmax[(pl * OH + oh) * OW + ow];
-                    if (at >= 0) gx[pl * H * W + at] += g;
+                    if (argmax[oh * OW + ow] >= 0) gx[argmax[oh * OW + ow]] += g[oh * OW + ow];
                     continue;
                 }
-                for (i = 0; i < K; i++)
-                    for (j = 0; j < K; j++) {
-                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
-                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) gx[(pl * H + ih) * W + iw] += g / (float)(K * K);
-                    }
+                mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                for (ih = h0; ih < h1; ih++)
+                    for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
+    }
+}
+
+/* planes go to threads when the output has at least this many values */
+#define MLC__POOL_PARALLEL 16384
+static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PARALLEL / ((size_t)y->shape[2] * y->shape[3] + 1) + 1; }
+
+static void mlc__pool_backward(mlc__node *n) {
+    mlc__pool_job job;
+    job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
+    job.K = n->iarg[0]; job.S = n->iarg[1]; job.Pd = n->iarg[2]; job.is_max = n->iarg[3]; job.argmax = (int *)n->saved;
+    mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, oh, ow, i, j, *argmax = NULL, where;
-    size_t planes, pl;
+    int shape[4], H, W, OH, OW, where;
     mlc_tensor *out;
     mlc__node call;
+    mlc__pool_job job;
     MLC__ENTER(op, x);
     if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
@@ -3114,30 +3486,14 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
-    planes = (size_t)shape[0] * shape[1];
     mlc__call(&call, op, mlc__pool_backward, out, x, NULL, NULL, NULL);
     call.iarg[0] = K; call.iarg[1] = S; call.iarg[2] = Pd; call.iarg[3] = is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    if (is_max && !(argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
-    for (pl = 0; pl < planes; pl++)
-        for (oh = 0; oh < OH; oh++)
-            for (ow = 0; ow < OW; ow++) {
-                const float *p = x->data + pl * H * W;
-                float best = -INFINITY;
-                double s = 0.0;
-                int at = -1;
-                for (i = 0; i < K; i++)
-                    for (j = 0; j < K; j++) {
-                        int ih = oh * S - Pd + i, iw = ow * S - Pd + j;
-                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                        s += p[ih * W + iw];
-                        if (at < 0 || p[ih * W + iw] > best) { best = p[ih * W + iw]; at = ih * W + iw; }
-                    }
-                if (is_max) argmax[(pl * OH + oh) * OW + ow] = at;
-                out->data[(pl * OH + oh) * OW + ow] = is_max ? best : (float)(s / (K * K));
-            }
-    call.saved = argmax;
+    job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
+    if (is_max && mlc__recording(&call) && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
+    mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
+    call.saved = job.argmax;
     mlc__record(&call);
     return out;
 }
@@ -3776,7 +4132,20 @@ static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRI
     }
 }
 
-#define MLC__STEP_CHUNK 16384              /* elements per piece of work for the threads */
+/* Parameter i's update over a slice [begin, end), for mlc__parallel (threads from 32k on). */
+typedef struct mlc__step_job { const mlc_optim *opt; int i; } mlc__step_job;
+#define MLC__STEP_PARALLEL 32768
+
+static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
+    const mlc_optim *o = ((const mlc__step_job *)job)->opt;
+    int i = ((const mlc__step_job *)job)->i;
+    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin, *s0 = o->state[3 * i]->data + begin;
+    size_t n = end - begin;
+    (void)piece;
+    if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
+    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin, o->state[3 * i + 2]->data + begin);
+    else mlc__adam_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin);
+}
 
 MLCDEF void mlc_step(mlc_optim *opt) {
     int i;
@@ -3784,8 +4153,7 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     opt->t++;
     for (i = 0; i < opt->count; i++) {
         mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
-        float *s[3];
-        long c, chunks = (long)((p->size + MLC__STEP_CHUNK - 1) / MLC__STEP_CHUNK);
+        mlc__step_job job;
         int k;
         for (k = 0; k < 3; k++)                         /* the module moved after the optimiser was made */
             if (st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
@@ -3800,15 +4168,10 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         }
         mlc__host(p);
         mlc__host_grad(p);
-        for (k = 0; k < 3; k++) { s[k] = mlc__host(st[k]); mlc__host_wrote(st[k]); }
+        for (k = 0; k < 3; k++) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
         mlc__host_wrote(p);
-        MLC__OMP(omp parallel for if(chunks > 1))
-        for (c = 0; c < chunks; c++) {
-            size_t at = (size_t)c * MLC__STEP_CHUNK, n = p->size - at < MLC__STEP_CHUNK ? p->size - at : MLC__STEP_CHUNK;
-            if (opt->kind == MLC__SGD) mlc__sgd_update(opt, n, p->data + at, p->grad + at, s[0] + at);
-            else if (opt->kind == MLC__RMSPROP) mlc__rmsprop_update(opt, n, p->data + at, p->grad + at, s[0] + at, s[1] + at, s[2] + at);
-            else mlc__adam_update(opt, n, p->data + at, p->grad + at, s[0] + at, s[1] + at);
-        }
+        job.opt = opt; job.i = i;
+        mlc__parallel(p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);
     }
 }
 

@@ -209,6 +209,37 @@ static int activations(void) {
     return 1;
 }
 
+/* mlc's own tanh (a polynomial, no libm) within 4 ulp of tanh in double, on the CPU: every
+   2^-7 from -12 to 12, tiny values (where tanh x = x), and NaN, infinities and -0 */
+static int tanh_within_4_ulp(void) {
+    enum { COUNT = 2 * 12 * 128 + 1 + 40 };
+    static float xs[COUNT];
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_tensor *y;
+    const float *v;
+    const float special[4] = { NAN, INFINITY, -INFINITY, -0.0f };
+    int i;
+    memset(&c, 0, sizeof c);
+    c.quiet = 1; c.device = "cpu";           /* the claim is about the CPU's tanh */
+    ctx = mlc_create(&c);
+    for (i = 0; i < 2 * 12 * 128 + 1; i++) xs[i] = (float)(i - 12 * 128) / 128.0f;
+    for (i = 0; i < 40; i++) xs[2 * 12 * 128 + 1 + i] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -2 * i);
+    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(COUNT), xs));
+    CHECK(y != NULL);
+    v = mlc_host_data(y);
+    for (i = 0; i < COUNT; i++) {
+        double want = tanh((double)xs[i]), ulp = nextafterf(fabsf((float)want), INFINITY) - fabsf((float)want);
+        CHECK_MSG(fabs(v[i] - want) <= 4 * ulp, "tanh(%.9g) = %.9g, want %.9g (%.1f ulp)", (double)xs[i], (double)v[i], want, fabs(v[i] - want) / ulp);
+    }
+    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(4), special));
+    CHECK(y != NULL);
+    v = mlc_host_data(y);
+    CHECK(v[0] != v[0] && v[1] == 1.0f && v[2] == -1.0f && v[3] == 0.0f && signbit(v[3]));
+    mlc_destroy(ctx);
+    return 1;
+}
+
 static int softmax_axes(void) {
     mlc_ctx *ctx = test_ctx(1);
     const float x[6] = { 1, 2, 3, 1, 4, -1 };
@@ -884,6 +915,50 @@ static int conv2d_against_direct_loop(void) {
     return 1;
 }
 
+/* A hook that computes with the reference loop (conv2d then runs the images one by one). */
+static void reference_gemm(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C, void *user) {
+    (void)user;
+    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+}
+
+/* conv2d's output and gradients, its images shared out between threads (with OpenMP) and with
+   mlc's GEMM, against the same on a context whose products go to a hook, one image at a time:
+   5 images (an uneven split), several strides, paddings, dilations and groups. */
+static int conv2d_images_in_threads_match_one_by_one(void) {
+    const struct { int s, p, d, g; } cfg[3] = { { 1, 1, 1, 1 }, { 2, 1, 1, 2 }, { 1, 2, 2, 3 } };
+    int k, c;
+    for (k = 0; k < 3; k++) {
+        mlc_ctx *ctx[2];
+        float y[2][5 * 6 * 9 * 9], gx[2][5 * 6 * 9 * 8], gw[2][6 * 6 * 3 * 3], gb[2][6];
+        size_t ny = 0, i;
+        for (c = 0; c < 2; c++) {
+            mlc_config cf;
+            mlc_tensor *x, *w, *b, *r;
+            memset(&cf, 0, sizeof cf);
+            cf.seed = 3; cf.quiet = 1; cf.device = "cpu";
+            if (c == 1) cf.gemm = reference_gemm;
+            ctx[c] = mlc_create(&cf);
+            x = mlc_requires_grad(mlc_randn(ctx[c], MLC_SHAPE(5, 6, 9, 8)), 1);
+            w = mlc_requires_grad(mlc_randn(ctx[c], MLC_SHAPE(6, 6 / cfg[k].g, 3, 3)), 1);
+            b = mlc_requires_grad(mlc_randn(ctx[c], MLC_SHAPE(6)), 1);
+            r = mlc_conv2d(x, w, b, conv_opts(cfg[k].s, cfg[k].p, cfg[k].d, cfg[k].g));
+            CHECK(r && mlc_backward_with(r, mlc_full(ctx[c], r->ndim, r->shape, 0.5f)) == MLC_OK);
+            CHECK(r->size <= sizeof y[0] / sizeof(float));
+            ny = r->size;
+            memcpy(y[c], r->data, ny * sizeof(float));
+            memcpy(gx[c], x->grad, x->size * sizeof(float));
+            memcpy(gw[c], w->grad, w->size * sizeof(float));
+            memcpy(gb[c], b->grad, b->size * sizeof(float));
+            mlc_destroy(ctx[c]);
+        }
+        for (i = 0; i < ny; i++) CHECK_MSG(fabs(y[0][i] - y[1][i]) <= 1e-4 * (1 + fabs(y[1][i])), "config %d y[%zu]", k, i);
+        for (i = 0; i < sizeof gx[0] / sizeof(float); i++) CHECK_MSG(fabs(gx[0][i] - gx[1][i]) <= 1e-4 * (1 + fabs(gx[1][i])), "config %d dx[%zu]", k, i);
+        for (i = 0; i < (size_t)6 * 6 / cfg[k].g * 9; i++) CHECK_MSG(fabs(gw[0][i] - gw[1][i]) <= 1e-4 * (1 + fabs(gw[1][i])), "config %d dW[%zu]", k, i);
+        for (i = 0; i < 6; i++) CHECK_MSG(fabs(gb[0][i] - gb[1][i]) <= 1e-4 * (1 + fabs(gb[1][i])), "config %d db[%zu]", k, i);
+    }
+    return 1;
+}
+
 static int pooling_values(void) {
     mlc_ctx *ctx = test_ctx(1);
     /* [1,2,4,4]: a plane and its negative */
@@ -947,6 +1022,7 @@ const test_case tests_ops[] = {
     { "where_three_way", where_three_way },
     { "masked_fill_causal", masked_fill_causal },
     { "activations", activations },
+    { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
     { "matmul_2d_and_transposes", matmul_2d_and_transposes },
     { "matmul_batched_and_broadcast", matmul_batched_and_broadcast },
@@ -967,6 +1043,7 @@ const test_case tests_ops[] = {
     { "conv2d_hand_values", conv2d_hand_values },
     { "conv2d_groups_bias", conv2d_groups_bias },
     { "conv2d_against_direct_loop", conv2d_against_direct_loop },
+    { "conv2d_images_in_threads_match_one_by_one", conv2d_images_in_threads_match_one_by_one },
     { "pooling_values", pooling_values },
     { NULL, NULL }
 };
