@@ -29,8 +29,7 @@ demo: $(BUILD)/digits
 
 # devices: the device table and timings, with OpenMP where the compiler has it, so the CPU row
 # uses every core as the OpenCL CPU drivers do
-OPENMP := $(shell printf 'int main(void){return 0;}\n' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo -fopenmp)
-$(BUILD)/devices: CFLAGS += $(OPENMP)
+$(BUILD)/devices: CFLAGS += $(if $(OPENMP),-fopenmp)
 
 # OpenBLAS is optional: when its header and library link, the BLAS-hook tests run against it.
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | \
