@@ -2027,16 +2027,28 @@ static int mlc__gemm_team(void) { return 1; }
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+/* How a product (M, K >= 1) is cut for kernel g on `threads` threads: K into equal slices of
+   kc <= g->kc, M into A blocks of equal height mc (a multiple of MR, <= g->mc), as many blocks
+   as threads at least, so the threads share the work evenly */
+static void mlc__gemm_cut(const mlc__gemm_arch *g, int M, int K, int threads, int *kc, int *mc) {
+    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
+    *kc = (K + kblocks - 1) / kblocks;
+    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
+    else mblocks = mlc__gemm_round_up(mblocks, threads);
+    *mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+}
+
 /* `work` for kernel g holds one packed B panel, then one packed A block per thread, each as
-   large as this product needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
-static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int K) {
-    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+   large as the product's cut needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
+static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int kc) {
+    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * kc + 15) / 16 * 16;
 }
-static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g, int M, int K) {
-    return ((size_t)mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
-}
+static size_t mlc__gemm_a_floats(int mc, int kc) { return ((size_t)mc * kc + 15) / 16 * 16; }
 static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K, int threads) {
-    return mlc__gemm_b_floats(g, N, K) + (size_t)threads * mlc__gemm_a_floats(g, M, K);
+    int kc, mc;
+    if (M < 1 || N < 1 || K < 1) return 0;              /* an empty product packs nothing */
+    mlc__gemm_cut(g, M, K, threads, &kc, &mc);
+    return mlc__gemm_b_floats(g, N, kc) + (size_t)threads * mlc__gemm_a_floats(mc, kc);
 }
 
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
@@ -2064,7 +2076,7 @@ typedef struct mlc__gemm_job {          /* one packed product, shared by the thr
 static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
-    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)thread * mlc__gemm_a_floats(g, M, K);
+    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, p->kc) + (size_t)thread * mlc__gemm_a_floats(p->mc, p->kc);
     int jc, pc;
     for (jc = 0; jc < N; jc += g->nc) {
         int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
@@ -2105,14 +2117,9 @@ static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int
                              float beta, float *C, float *work, int threads) {
     mlc__gemm_job p;
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
-    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
     p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
     p.a_sx = ta ? 1 : lda; p.a_sk = ta ? lda : 1; p.b_sx = tb ? ldb : 1; p.b_sk = tb ? 1 : ldb;
-    p.kc = (K + kblocks - 1) / kblocks;                  /* equal slices */
-    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
-    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
-    else mblocks = mlc__gemm_round_up(mblocks, threads);
-    p.mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+    mlc__gemm_cut(g, M, K, threads, &p.kc, &p.mc);
     if (threads == 1) { mlc__gemm_blocks(&p, 0, 1); return; }
     MLC__OMP(omp parallel num_threads(threads))
     mlc__gemm_blocks(&p, mlc__gemm_thread(), mlc__gemm_team());
