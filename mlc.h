@@ -2027,16 +2027,28 @@ static int mlc__gemm_team(void) { return 1; }
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+/* How a product (M, K >= 1) is cut for kernel g on `threads` threads: K into equal slices of
+   kc <= g->kc, M into A blocks of equal height mc (a multiple of MR, <= g->mc), as many blocks
+   as threads at least, so the threads share the work evenly */
+static void mlc__gemm_cut(const mlc__gemm_arch *g, int M, int K, int threads, int *kc, int *mc) {
+    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
+    *kc = (K + kblocks - 1) / kblocks;
+    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
+    else mblocks = mlc__gemm_round_up(mblocks, threads);
+    *mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+}
+
 /* `work` for kernel g holds one packed B panel, then one packed A block per thread, each as
-   large as this product needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
-static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int K) {
-    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
+   large as the product's cut needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
+static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int kc) {
+    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * kc + 15) / 16 * 16;
 }
-static size_t mlc__gemm_a_floats(const mlc__gemm_arch *g, int M, int K) {
-    return ((size_t)mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr) * (K < g->kc ? K : g->kc) + 15) / 16 * 16;
-}
+static size_t mlc__gemm_a_floats(int mc, int kc) { return ((size_t)mc * kc + 15) / 16 * 16; }
 static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K, int threads) {
-    return mlc__gemm_b_floats(g, N, K) + (size_t)threads * mlc__gemm_a_floats(g, M, K);
+    int kc, mc;
+    if (M < 1 || N < 1 || K < 1) return 0;              /* an empty product packs nothing */
+    mlc__gemm_cut(g, M, K, threads, &kc, &mc);
+    return mlc__gemm_b_floats(g, N, kc) + (size_t)threads * mlc__gemm_a_floats(mc, kc);
 }
 
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
@@ -2064,7 +2076,7 @@ typedef struct mlc__gemm_job {          /* one packed product, shared by the thr
 static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
-    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, K) + (size_t)thread * mlc__gemm_a_floats(g, M, K);
+    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, p->kc) + (size_t)thread * mlc__gemm_a_floats(p->mc, p->kc);
     int jc, pc;
     for (jc = 0; jc < N; jc += g->nc) {
         int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
@@ -2105,14 +2117,9 @@ static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int
                              float beta, float *C, float *work, int threads) {
     mlc__gemm_job p;
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
-    int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
     p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
     p.a_sx = ta ? 1 : lda; p.a_sk = ta ? lda : 1; p.b_sx = tb ? ldb : 1; p.b_sk = tb ? 1 : ldb;
-    p.kc = (K + kblocks - 1) / kblocks;                  /* equal slices */
-    /* as many A blocks as threads at least, of equal height, so the threads share the work evenly */
-    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
-    else mblocks = mlc__gemm_round_up(mblocks, threads);
-    p.mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
+    mlc__gemm_cut(g, M, K, threads, &p.kc, &p.mc);
     if (threads == 1) { mlc__gemm_blocks(&p, 0, 1); return; }
     MLC__OMP(omp parallel num_threads(threads))
     mlc__gemm_blocks(&p, mlc__gemm_thread(), mlc__gemm_team());
@@ -3988,11 +3995,21 @@ struct mlc_optim {
     mlc__optim_kind kind;
     int count, capacity;
     mlc_tensor **params;
-    mlc_tensor **state;                 /* three buffers per parameter: state[3 i + k] */
+    mlc_tensor **state;                 /* three slots per parameter: state[3 i + k], NULL when unused */
     long long t;
     float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
     int nesterov, centered;
 };
+
+/* Whether the rule reads state buffer k of each parameter: SGD its b (k = 0) with momentum;
+   Adam m (0) and v (1); RMSprop b (0) with momentum, v (1), and ḡ (2) when centered. A device
+   backend's step takes all three, so a context with a device keeps them all. */
+static int mlc__optim_keeps(const mlc_optim *o, int k) {
+    if (o->ctx->backend) return 1;
+    if (o->kind == MLC__SGD) return k == 0 && o->momentum != 0.0f;
+    if (o->kind == MLC__RMSPROP) return k == 1 || (k == 0 && o->momentum > 0.0f) || (k == 2 && o->centered);
+    return k < 2;
+}
 
 MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     mlc_ctx *ctx;
@@ -4018,8 +4035,10 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     }
     ctx->op_device = p->on_device;                      /* the state lives with its parameter */
     for (k = 0; k < 3; k++) {                           /* zeroed by the allocator */
-        mlc_tensor *st = mlc__make(ctx, "mlc_optim_add_param", p->ndim, p->shape, 1);
-        if (!st) return ctx->error;
+        mlc_tensor *st;
+        opt->state[3 * opt->count + k] = NULL;
+        if (!mlc__optim_keeps(opt, k)) continue;
+        if (!(st = mlc__make(ctx, "mlc_optim_add_param", p->ndim, p->shape, 1))) return ctx->error;
         if (st->on_device && (!mlc__buffer_of(st, 0, "mlc_optim_add_param") || !ctx->backend->upload(st, 0)))
             return ctx->error;                          /* zeros on the device */
         st->stale = 0;
@@ -4036,40 +4055,44 @@ static mlc_result mlc__optim_add_module(mlc_optim *opt, mlc_module *m) {   /* Py
     return MLC_OK;
 }
 
-static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc_module *module, mlc__optim_kind kind, float lr, float default_lr) {
+static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc__optim_kind kind, float lr, float default_lr) {
     mlc_optim *opt;
     if (!ctx || ctx->error) return NULL;
     if (!(opt = (mlc_optim *)mlc__owned_alloc(ctx, sizeof(mlc_optim), "mlc_optim"))) return NULL;
     opt->ctx = ctx; opt->kind = kind; opt->lr = lr > 0 ? lr : default_lr;
-    if (module && mlc__optim_add_module(opt, module) != MLC_OK) return NULL;
     return opt;
+}
+
+/* The module's parameters join once the rule is set up, as it decides which state they keep. */
+static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module) {
+    return opt && (!module || mlc__optim_add_module(opt, module) == MLC_OK) ? opt : NULL;
 }
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
-    mlc_optim *opt = mlc__optim(ctx, module, MLC__SGD, c.lr, 0.01f);
+    mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
     if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
-    return opt;
+    return mlc__optim_of(opt, module);
 }
 
 static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind, float default_wd) {
-    mlc_optim *opt = mlc__optim(ctx, module, kind, c.lr, 1e-3f);
+    mlc_optim *opt = mlc__optim(ctx, kind, c.lr, 1e-3f);
     if (!opt) return NULL;
     opt->beta1 = c.beta1 > 0 ? c.beta1 : 0.9f;
     opt->beta2 = c.beta2 > 0 ? c.beta2 : 0.999f;
     opt->eps = c.eps > 0 ? c.eps : 1e-8f;
     opt->weight_decay = c.weight_decay > 0 ? c.weight_decay : default_wd;
-    return opt;
+    return mlc__optim_of(opt, module);
 }
 MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f); }
 MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f); }
 
 MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
-    mlc_optim *opt = mlc__optim(ctx, module, MLC__RMSPROP, c.lr, 0.01f);
+    mlc_optim *opt = mlc__optim(ctx, MLC__RMSPROP, c.lr, 0.01f);
     if (!opt) return NULL;
     opt->beta2 = c.alpha > 0 ? c.alpha : 0.99f;
     opt->eps = c.eps > 0 ? c.eps : 1e-8f;
     opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
-    return opt;
+    return mlc__optim_of(opt, module);
 }
 
 MLCDEF void mlc_zero_grad(mlc_optim *opt) {
@@ -4136,15 +4159,21 @@ static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRI
 typedef struct mlc__step_job { const mlc_optim *opt; int i; } mlc__step_job;
 #define MLC__STEP_PARALLEL 32768
 
+/* State buffer k of parameter i from `begin` on, NULL when the rule keeps none. */
+static float *mlc__state_from(const mlc_optim *o, int i, int k, size_t begin) {
+    const mlc_tensor *st = o->state[3 * i + k];
+    return st ? st->data + begin : NULL;
+}
+
 static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
     const mlc_optim *o = ((const mlc__step_job *)job)->opt;
     int i = ((const mlc__step_job *)job)->i;
-    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin, *s0 = o->state[3 * i]->data + begin;
+    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin, *s0 = mlc__state_from(o, i, 0, begin);
     size_t n = end - begin;
     (void)piece;
     if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
-    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin, o->state[3 * i + 2]->data + begin);
-    else mlc__adam_update(o, n, p, g, s0, o->state[3 * i + 1]->data + begin);
+    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
+    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin));
 }
 
 MLCDEF void mlc_step(mlc_optim *opt) {
@@ -4156,11 +4185,11 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         mlc__step_job job;
         int k;
         for (k = 0; k < 3; k++)                         /* the module moved after the optimiser was made */
-            if (st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
+            if (st[k] && st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
         if (p->on_device) {
             if (opt->ctx->backend->step(opt, i)) {
                 p->stale = (p->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
-                for (k = 0; k < 3; k++) st[k]->stale = MLC__HOST_STALE;
+                for (k = 0; k < 3; k++) st[k]->stale = MLC__HOST_STALE;   /* a device keeps all three */
                 continue;
             }
             if (opt->ctx->error) return;
@@ -4168,7 +4197,7 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         }
         mlc__host(p);
         mlc__host_grad(p);
-        for (k = 0; k < 3; k++) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
+        for (k = 0; k < 3; k++) if (st[k]) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
         mlc__host_wrote(p);
         job.opt = opt; job.i = i;
         mlc__parallel(p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);

@@ -281,6 +281,36 @@ static int rmsprop_momentum(void) {
            rmsprop_case((mlc_rmsprop_config){ 0.005f, 0.95f, 0, 0.02f, 0.5f, 1 }, 6, 1e-5);
 }
 
+/* ---------- the state each rule keeps ---------- */
+
+/* The optimiser holds only the state buffers its rule reads (a context with a device keeps all
+   three, which a backend's step takes); the updates above check that the results are unchanged. */
+static int state_only_what_the_rule_reads(void) {
+    enum { N = 4096 };
+    const size_t buffer = N * sizeof(float);
+    int kind;
+    for (kind = 0; kind < 7; kind++) {
+        mlc_ctx *ctx = test_ctx(3);
+        mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(N));
+        size_t before = mlc_get_stats(ctx).bytes_current, grew;
+        static const int kept[7] = { 0, 1, 2, 2, 1, 2, 3 };
+        int want = mlc_has_device(ctx) ? 3 : kept[kind];
+        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 })
+                       : kind == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ .momentum = 0.9f })
+                       : kind == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0 })
+                       : kind == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0 })
+                       : kind == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 })
+                       : kind == 5 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f })
+                       : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f, .centered = 1 });
+        CHECK(mlc_optim_add_param(opt, p) == MLC_OK);
+        grew = mlc_get_stats(ctx).bytes_current - before;
+        CHECK_MSG(grew >= (size_t)want * buffer && grew < (size_t)want * buffer + buffer / 4,
+                  "optimiser %d: %zu bytes of state, expected %d buffers of %zu", kind, grew, want, buffer);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 /* ---------- gradient utilities ---------- */
 
 static int zero_grad_zeroes(void) {
@@ -502,6 +532,7 @@ const test_case tests_optim[] = {
     { "rmsprop_plain", rmsprop_plain },
     { "rmsprop_centered", rmsprop_centered },
     { "rmsprop_momentum", rmsprop_momentum },
+    { "state_only_what_the_rule_reads", state_only_what_the_rule_reads },
     { "zero_grad_zeroes", zero_grad_zeroes },
     { "clip_grad_norm", clip_grad_norm },
     { "lr_step_schedule", lr_step_schedule },
