@@ -4002,10 +4002,8 @@ struct mlc_optim {
 };
 
 /* Whether the rule reads state buffer k of each parameter: SGD its b (k = 0) with momentum;
-   Adam m (0) and v (1); RMSprop b (0) with momentum, v (1), and ḡ (2) when centered. A device
-   backend's step takes all three, so a context with a device keeps them all. */
+   Adam m (0) and v (1); RMSprop b (0) with momentum, v (1), and ḡ (2) when centered. */
 static int mlc__optim_keeps(const mlc_optim *o, int k) {
-    if (o->ctx->backend) return 1;
     if (o->kind == MLC__SGD) return k == 0 && o->momentum != 0.0f;
     if (o->kind == MLC__RMSPROP) return k == 1 || (k == 0 && o->momentum > 0.0f) || (k == 2 && o->centered);
     return k < 2;
@@ -4189,7 +4187,7 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         if (p->on_device) {
             if (opt->ctx->backend->step(opt, i)) {
                 p->stale = (p->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
-                for (k = 0; k < 3; k++) st[k]->stale = MLC__HOST_STALE;   /* a device keeps all three */
+                for (k = 0; k < 3; k++) if (st[k]) st[k]->stale = MLC__HOST_STALE;
                 continue;
             }
             if (opt->ctx->error) return;

@@ -1895,13 +1895,13 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
     cl_ulong n = p->size;
     int k;
     mlc__cl_st(ctx)->op = "mlc_step";
-    for (k = 0; k < 3; k++) if (!s[k] || !s[k]->on_device || s[k]->size != p->size) return 0;
-    pm = mlc__cl_in(ctx, p);
-    gm = pm ? mlc__cl_grad_in(ctx, p) : NULL;
-    s0 = gm ? mlc__cl_in(ctx, s[0]) : NULL;
-    s1 = s0 ? mlc__cl_in(ctx, s[1]) : NULL;
-    s2 = s1 ? mlc__cl_in(ctx, s[2]) : NULL;
-    if (!s2) return 0;                                   /* the error is set */
+    for (k = 0; k < 3; k++) if (s[k] && (!s[k]->on_device || s[k]->size != p->size)) return 0;
+    pm = mlc__cl_in(ctx, p);                             /* a slot the rule does not read (NULL) */
+    gm = pm ? mlc__cl_grad_in(ctx, p) : NULL;            /* gets p's buffer as a stand-in */
+    s0 = gm && s[0] ? mlc__cl_in(ctx, s[0]) : pm;
+    s1 = s0 && s[1] ? mlc__cl_in(ctx, s[1]) : pm;
+    s2 = s1 && s[2] ? mlc__cl_in(ctx, s[2]) : pm;
+    if (!gm || !s0 || !s1 || !s2) return 0;              /* the error is set */
     if (opt->kind == MLC__SGD) {
         cl_float lr = opt->lr, wd = opt->weight_decay, mu = opt->momentum, keep = 1.0f - opt->dampening;
         cl_int first = opt->t == 1, nesterov = opt->nesterov;
