@@ -3395,43 +3395,94 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 /* The planes (image, channel) are shared out between threads, forward and backward. */
 typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
 
+/* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j):
+   each window row and column is one pass over the outputs, so it vectorises; the window is
+   visited in the same order as one output at a time, so the argmax is the same (first) one.
+   2x2 windows with stride 2, the common case, are one pass. */
+static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
+                              float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
+    const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
+    int ih, j, ow;
+    if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
+        const float *r0 = p + h0 * W + left, *r1 = r0 + W;
+        MLC__OMP(omp simd)
+        for (ow = lo; ow < hi; ow++) {
+            float a = r0[2 * ow] > r0[2 * ow + 1] ? r0[2 * ow] : r0[2 * ow + 1];
+            float b = r1[2 * ow] > r1[2 * ow + 1] ? r1[2 * ow] : r1[2 * ow + 1];
+            y[ow] = b > a ? b : a;
+        }
+        return;
+    }
+    for (ow = lo; ow < hi; ow++) y[ow] = p[h0 * W + ow * S + left];
+    for (ow = lo; argmax && ow < hi; ow++) argmax[ow] = h0 * W + ow * S + left;
+    for (ih = h0; ih < h1; ih++)
+        for (j = 0; j < K; j++) {
+            const float *in = p + ih * W + left + j;
+            if (argmax) {
+                MLC__OMP(omp simd)
+                for (ow = lo; ow < hi; ow++) {
+                    int take = in[ow * S] > y[ow];
+                    y[ow] = take ? in[ow * S] : y[ow];
+                    argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
+                }
+            } else {
+                MLC__OMP(omp simd)
+                for (ow = lo; ow < hi; ow++) y[ow] = in[ow * S] > y[ow] ? in[ow * S] : y[ow];
+            }
+        }
+}
+
+/* One output, its window clipped to the input: the edges of max pooling, and average pooling. */
+static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int ow, float *y, int *argmax) {
+    const int W = job->x->shape[3], OW = job->y->shape[3];
+    int ih, iw, h0, h1, w0, w1;
+    mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
+    if (argmax) {                           /* the first of the largest; a NaN first stays */
+        int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
+        float best = at < 0 ? -INFINITY : p[at];
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) {
+                int take = p[ih * W + iw] > best;
+                best = take ? p[ih * W + iw] : best;
+                at = take ? ih * W + iw : at;
+            }
+        argmax[oh * OW + ow] = at;
+        y[oh * OW + ow] = best;
+    } else if (job->is_max) {               /* no backward to come: the value only */
+        float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
+        y[oh * OW + ow] = best;
+    } else {
+        double sum = 0.0;
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
+        y[oh * OW + ow] = (float)(sum / (job->K * job->K));
+    }
+}
+
 static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
     const int K = job->K, S = job->S, Pd = job->Pd;
-    int oh, ow, ih, iw, h0, h1, w0, w1;
+    /* max pooling goes by rows over the outputs [lo, hi) whose windows need no clipping at the sides */
+    int lo = job->is_max ? (Pd + S - 1) / S : 0, hi = job->is_max && W + Pd >= K ? (W + Pd - K) / S + 1 : 0;
+    int oh, ow, h0, h1, w0, w1;
     size_t pl;
     (void)piece;
+    if (hi > OW) hi = OW;
+    if (lo > hi) lo = hi;
     for (pl = begin; pl < end; pl++) {
         const float *p = job->x->data + pl * H * W;
         float *y = job->y->data + pl * OH * OW;
         int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
-        for (oh = 0; oh < OH; oh++)
-            for (ow = 0; ow < OW; ow++) {
-                mlc__pool_window(oh, ow, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
-                if (argmax) {                           /* the first of the largest; a NaN first stays */
-                    int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
-                    float best = at < 0 ? -INFINITY : p[at];
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) {
-                            int take = p[ih * W + iw] > best;
-                            best = take ? p[ih * W + iw] : best;
-                            at = take ? ih * W + iw : at;
-                        }
-                    argmax[oh * OW + ow] = at;
-                    y[oh * OW + ow] = best;
-                } else if (job->is_max) {               /* no backward to come: the value only */
-                    float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
-                    y[oh * OW + ow] = best;
-                } else {
-                    double sum = 0.0;
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-                    y[oh * OW + ow] = (float)(sum / (K * K));
-                }
-            }
+        for (oh = 0; oh < OH; oh++) {
+            for (ow = 0; ow < lo; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
+            mlc__pool_window(oh, lo, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+            if (lo < hi) mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
+            for (ow = hi; ow < OW; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
+        }
     }
 }
 
