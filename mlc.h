@@ -3276,7 +3276,7 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     return job->scratch != NULL;
 }
 
-/* forward over images [begin, end): y_g = W_g col + b */
+/* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
 static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
@@ -3286,13 +3286,14 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     for (i = begin; i < end; i++)
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
-            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, 0.0f, y, work);
             for (o = 0; job->bias && o < Og; o++) {
                 const float b = job->bias[g * Og + o];
                 float *row = y + (size_t)o * P;
-                for (q = 0; q < P; q++) row[q] += b;
+                MLC__OMP(omp simd)
+                for (q = 0; q < P; q++) row[q] = b;
             }
+            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, job->bias ? 1.0f : 0.0f, y, work);
         }
 }
 
