@@ -3202,11 +3202,11 @@ static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) 
     if (*first > *last) *first = *last;
 }
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside):
-   each row of col is zeros, a (strided) run of an input row, zeros */
-static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float *col) {
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside), for the
+   channels [c0, c1): each row of col is zeros, a (strided) run of an input row, zeros */
+static void mlc__im2col(const mlc__conv *cv, int c0, int c1, const float *x, float *col) {
     int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
-    for (c = 0; c < channels; c++)
+    for (c = c0; c < c1; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
                 int off = j * cv->dil - cv->pad;
@@ -3224,6 +3224,23 @@ static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float
                     for (ow = last; ow < cv->OW; ow++) r[ow] = 0.0f;
                 }
             }
+}
+
+/* im2col of one image's group, its channels shared out between threads from this many values of col */
+#define MLC__IM2COL_PARALLEL 8192
+typedef struct mlc__im2col_job { const mlc__conv *cv; const float *x; float *col; } mlc__im2col_job;
+
+static void mlc__im2col_channels(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__im2col_job *job = (const mlc__im2col_job *)arg;
+    (void)piece;
+    mlc__im2col(job->cv, (int)begin, (int)end, job->x, job->col);
+}
+
+static void mlc__im2col_threads(const mlc__conv *cv, int channels, const float *x, float *col) {
+    mlc__im2col_job job;
+    size_t per_channel = (size_t)cv->KH * cv->KW * cv->OH * cv->OW;
+    job.cv = cv; job.x = x; job.col = col;
+    mlc__parallel((size_t)channels, MLC__IM2COL_PARALLEL / per_channel + 1, mlc__im2col_channels, &job);
 }
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */
@@ -3292,7 +3309,7 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
                 MLC__OMP(omp simd)
                 for (q = 0; q < P; q++) row[q] = b;
             }
-            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
             mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, job->bias ? 1.0f : 0.0f, y, work);
         }
 }
@@ -3311,7 +3328,7 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
         for (g = 0; g < cv->groups; g++) {
             const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
             if (job->gw) {
-                mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
                 mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
             }
             if (job->gx) {

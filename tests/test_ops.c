@@ -915,6 +915,29 @@ static int conv2d_against_direct_loop(void) {
     return 1;
 }
 
+/* One image with many channels: im2col shares the channels out between threads (with OpenMP;
+   an uneven split on 3 threads), with one group and with two. */
+static int conv2d_one_image_against_direct_loop(void) {
+    mlc_ctx *ctx = test_ctx(22);
+    static double want[8 * 10 * 10];
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(1, 16, 10, 10)), *b = mlc_randn(ctx, MLC_SHAPE(8)), *r;
+    int g;
+    CHECK(x && b);
+    for (g = 1; g <= 2; g++) {
+        mlc_tensor *w = mlc_randn(ctx, MLC_SHAPE(8, 16 / g, 3, 3));
+        size_t i;
+        CHECK(w);
+        r = mlc_conv2d(x, w, b, conv_opts(1, 1, 1, g));
+        CHECK_MSG(r && shape_is(r, 4, (const int[]){ 1, 8, 10, 10 }), "groups %d: wrong shape", g);
+        conv_direct(mlc_host_data(x), mlc_host_data(w), mlc_host_data(b), want, 1, 16, 10, 10, 8, 3, 3, 1, 1, 1, g, 10, 10);
+        for (i = 0; i < r->size; i++)
+            CHECK_MSG(fabs(mlc_host_data(r)[i] - want[i]) <= 1e-4 * (1 + fabs(want[i])),
+                      "groups %d [%zu]: %g, expected %g", g, i, (double)mlc_host_data(r)[i], want[i]);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 /* A hook that computes with the reference loop (conv2d then runs the images one by one). */
 static void reference_gemm(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C, void *user) {
     (void)user;
@@ -1106,6 +1129,7 @@ const test_case tests_ops[] = {
     { "conv2d_hand_values", conv2d_hand_values },
     { "conv2d_groups_bias", conv2d_groups_bias },
     { "conv2d_against_direct_loop", conv2d_against_direct_loop },
+    { "conv2d_one_image_against_direct_loop", conv2d_one_image_against_direct_loop },
     { "conv2d_images_in_threads_match_one_by_one", conv2d_images_in_threads_match_one_by_one },
     { "pooling_values", pooling_values },
     { "pooling_against_window_loop", pooling_against_window_loop },
