@@ -3425,10 +3425,11 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         MLC__OMP(omp simd)
-        for (ow = lo; ow < hi; ow++) {
-            float a = r0[2 * ow] > r0[2 * ow + 1] ? r0[2 * ow] : r0[2 * ow + 1];
-            float b = r1[2 * ow] > r1[2 * ow + 1] ? r1[2 * ow] : r1[2 * ow + 1];
-            y[ow] = b > a ? b : a;
+        for (ow = lo; ow < hi; ow++) {     /* in window order, as below (a NaN first stays) */
+            float best = r0[2 * ow];
+            best = r0[2 * ow + 1] > best ? r0[2 * ow + 1] : best;
+            best = r1[2 * ow] > best ? r1[2 * ow] : best;
+            y[ow] = r1[2 * ow + 1] > best ? r1[2 * ow + 1] : best;
         }
         return;
     }

@@ -1098,6 +1098,13 @@ static int pooling_against_window_loop(void) {
                     }
                     test_destroy(ctx);
                 }
+    {   /* NaN: kept when first in its window, passed over elsewhere (then a larger value still wins) */
+        mlc_ctx *ctx = test_ctx(1);
+        const float nan_x[8] = { NAN, 1, 1, 2, 3, 4, NAN, 9 };
+        mlc_tensor *r = mlc_max_pool2d(mlc_from_data(ctx, 4, (const int[]){ 1, 1, 2, 4 }, nan_x), 2, 2, 0);
+        CHECK(r && isnan(mlc_host_data(r)[0]) && mlc_host_data(r)[1] == 9.0f);
+        test_destroy(ctx);
+    }
     return 1;
 }
 
