@@ -2129,11 +2129,41 @@ enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
 
 typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
 
+#if MLC__X86
+/* mlc__gemm_dot4 with 8-float FMAs (the four sums are added across their lanes at the end) */
+__attribute__((target("avx2,fma")))
+static void mlc__gemm_dot4_avx2(int K, const float *a, const float *b, size_t ldb, float *c) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, ak, h;
+    __m128 sums;
+    float tail[4];
+    int k, r;
+    for (k = 0; k + 8 <= K; k += 8) {
+        ak = _mm256_loadu_ps(a + k);
+        s0 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + k), s0);
+        s1 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + ldb + k), s1);
+        s2 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + 2 * ldb + k), s2);
+        s3 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + 3 * ldb + k), s3);
+    }
+    h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));   /* per half: s0, s1, s2, s3 */
+    sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(tail, sums);
+    for (r = 0; r < 4; r++) {
+        const float *br = b + (size_t)r * ldb;
+        int t;
+        for (t = k; t < K; t++) tail[r] += a[t] * br[t];
+        c[r] += tail[r];
+    }
+}
+#endif
+
 /* c[r] += a · b_r for the rows b_r = b + r ldb, r < 4 */
 static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
     const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
     int k;
+#if MLC__X86
+    if (mlc__cpu_avx2()) { mlc__gemm_dot4_avx2(K, a, b, ldb, c); return; }
+#endif
     MLC__OMP(omp simd reduction(+:s0, s1, s2, s3))
     for (k = 0; k < K; k++) { s0 += a[k] * b0[k]; s1 += a[k] * b1[k]; s2 += a[k] * b2[k]; s3 += a[k] * b3[k]; }
     c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
