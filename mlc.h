@@ -2136,11 +2136,41 @@ enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
 
 typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
 
+#if MLC__X86
+/* mlc__gemm_dot4 with 8-float FMAs (the four sums are added across their lanes at the end) */
+__attribute__((target("avx2,fma")))
+static void mlc__gemm_dot4_avx2(int K, const float *a, const float *b, size_t ldb, float *c) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, ak, h;
+    __m128 sums;
+    float tail[4];
+    int k, r;
+    for (k = 0; k + 8 <= K; k += 8) {
+        ak = _mm256_loadu_ps(a + k);
+        s0 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + k), s0);
+        s1 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + ldb + k), s1);
+        s2 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + 2 * ldb + k), s2);
+        s3 = _mm256_fmadd_ps(ak, _mm256_loadu_ps(b + 3 * ldb + k), s3);
+    }
+    h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));   /* per half: s0, s1, s2, s3 */
+    sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(tail, sums);
+    for (r = 0; r < 4; r++) {
+        const float *br = b + (size_t)r * ldb;
+        int t;
+        for (t = k; t < K; t++) tail[r] += a[t] * br[t];
+        c[r] += tail[r];
+    }
+}
+#endif
+
 /* c[r] += a · b_r for the rows b_r = b + r ldb, r < 4 */
 static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
     const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
     int k;
+#if MLC__X86
+    if (mlc__cpu_avx2()) { mlc__gemm_dot4_avx2(K, a, b, ldb, c); return; }
+#endif
     MLC__OMP(omp simd reduction(+:s0, s1, s2, s3))
     for (k = 0; k < K; k++) { s0 += a[k] * b0[k]; s1 += a[k] * b1[k]; s2 += a[k] * b2[k]; s3 += a[k] * b3[k]; }
     c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
@@ -3209,11 +3239,11 @@ static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) 
     if (*first > *last) *first = *last;
 }
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside):
-   each row of col is zeros, a (strided) run of an input row, zeros */
-static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float *col) {
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside), for the
+   channels [c0, c1): each row of col is zeros, a (strided) run of an input row, zeros */
+static void mlc__im2col(const mlc__conv *cv, int c0, int c1, const float *x, float *col) {
     int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
-    for (c = 0; c < channels; c++)
+    for (c = c0; c < c1; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
                 int off = j * cv->dil - cv->pad;
@@ -3231,6 +3261,23 @@ static void mlc__im2col(const mlc__conv *cv, int channels, const float *x, float
                     for (ow = last; ow < cv->OW; ow++) r[ow] = 0.0f;
                 }
             }
+}
+
+/* im2col of one image's group, its channels shared out between threads from this many values of col */
+#define MLC__IM2COL_PARALLEL 8192
+typedef struct mlc__im2col_job { const mlc__conv *cv; const float *x; float *col; } mlc__im2col_job;
+
+static void mlc__im2col_channels(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__im2col_job *job = (const mlc__im2col_job *)arg;
+    (void)piece;
+    mlc__im2col(job->cv, (int)begin, (int)end, job->x, job->col);
+}
+
+static void mlc__im2col_threads(const mlc__conv *cv, int channels, const float *x, float *col) {
+    mlc__im2col_job job;
+    size_t per_channel = (size_t)cv->KH * cv->KW * cv->OH * cv->OW;
+    job.cv = cv; job.x = x; job.col = col;
+    mlc__parallel((size_t)channels, MLC__IM2COL_PARALLEL / per_channel + 1, mlc__im2col_channels, &job);
 }
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */
@@ -3283,7 +3330,7 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     return job->scratch != NULL;
 }
 
-/* forward over images [begin, end): y_g = W_g col + b */
+/* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
 static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
@@ -3293,13 +3340,14 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     for (i = begin; i < end; i++)
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
-            mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, 0.0f, y, work);
             for (o = 0; job->bias && o < Og; o++) {
                 const float b = job->bias[g * Og + o];
                 float *row = y + (size_t)o * P;
-                for (q = 0; q < P; q++) row[q] += b;
+                MLC__OMP(omp simd)
+                for (q = 0; q < P; q++) row[q] = b;
             }
+            mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, job->bias ? 1.0f : 0.0f, y, work);
         }
 }
 
@@ -3317,7 +3365,7 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
         for (g = 0; g < cv->groups; g++) {
             const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
             if (job->gw) {
-                mlc__im2col(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
                 mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
             }
             if (job->gx) {
@@ -3402,43 +3450,95 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 /* The planes (image, channel) are shared out between threads, forward and backward. */
 typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
 
+/* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j):
+   each window row and column is one pass over the outputs, so it vectorises; the window is
+   visited in the same order as one output at a time, so the argmax is the same (first) one.
+   2x2 windows with stride 2, the common case, are one pass. */
+static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
+                              float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
+    const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
+    int ih, j, ow;
+    if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
+        const float *r0 = p + h0 * W + left, *r1 = r0 + W;
+        MLC__OMP(omp simd)
+        for (ow = lo; ow < hi; ow++) {     /* in window order, as below (a NaN first stays) */
+            float best = r0[2 * ow];
+            best = r0[2 * ow + 1] > best ? r0[2 * ow + 1] : best;
+            best = r1[2 * ow] > best ? r1[2 * ow] : best;
+            y[ow] = r1[2 * ow + 1] > best ? r1[2 * ow + 1] : best;
+        }
+        return;
+    }
+    for (ow = lo; ow < hi; ow++) y[ow] = p[h0 * W + ow * S + left];
+    for (ow = lo; argmax && ow < hi; ow++) argmax[ow] = h0 * W + ow * S + left;
+    for (ih = h0; ih < h1; ih++)
+        for (j = 0; j < K; j++) {
+            const float *in = p + ih * W + left + j;
+            if (argmax) {
+                MLC__OMP(omp simd)
+                for (ow = lo; ow < hi; ow++) {
+                    int take = in[ow * S] > y[ow];
+                    y[ow] = take ? in[ow * S] : y[ow];
+                    argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
+                }
+            } else {
+                MLC__OMP(omp simd)
+                for (ow = lo; ow < hi; ow++) y[ow] = in[ow * S] > y[ow] ? in[ow * S] : y[ow];
+            }
+        }
+}
+
+/* One output, its window clipped to the input: the edges of max pooling, and average pooling. */
+static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int ow, float *y, int *argmax) {
+    const int W = job->x->shape[3], OW = job->y->shape[3];
+    int ih, iw, h0, h1, w0, w1;
+    mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
+    if (argmax) {                           /* the first of the largest; a NaN first stays */
+        int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
+        float best = at < 0 ? -INFINITY : p[at];
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) {
+                int take = p[ih * W + iw] > best;
+                best = take ? p[ih * W + iw] : best;
+                at = take ? ih * W + iw : at;
+            }
+        argmax[oh * OW + ow] = at;
+        y[oh * OW + ow] = best;
+    } else if (job->is_max) {               /* no backward to come: the value only */
+        float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
+        y[oh * OW + ow] = best;
+    } else {
+        double sum = 0.0;
+        for (ih = h0; ih < h1; ih++)
+            for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
+        y[oh * OW + ow] = (float)(sum / (job->K * job->K));
+    }
+}
+
 static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
     const int K = job->K, S = job->S, Pd = job->Pd;
-    int oh, ow, ih, iw, h0, h1, w0, w1;
+    /* max pooling goes by rows over the outputs [lo, hi) whose windows need no clipping at the sides */
+    int lo = job->is_max ? (Pd + S - 1) / S : 0, hi = job->is_max && W + Pd >= K ? (W + Pd - K) / S + 1 : 0;
+    int oh, ow, h0, h1, w0, w1;
     size_t pl;
     (void)piece;
+    if (hi > OW) hi = OW;
+    if (lo > hi) lo = hi;
     for (pl = begin; pl < end; pl++) {
         const float *p = job->x->data + pl * H * W;
         float *y = job->y->data + pl * OH * OW;
         int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
-        for (oh = 0; oh < OH; oh++)
-            for (ow = 0; ow < OW; ow++) {
-                mlc__pool_window(oh, ow, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
-                if (argmax) {                           /* the first of the largest; a NaN first stays */
-                    int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
-                    float best = at < 0 ? -INFINITY : p[at];
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) {
-                            int take = p[ih * W + iw] > best;
-                            best = take ? p[ih * W + iw] : best;
-                            at = take ? ih * W + iw : at;
-                        }
-                    argmax[oh * OW + ow] = at;
-                    y[oh * OW + ow] = best;
-                } else if (job->is_max) {               /* no backward to come: the value only */
-                    float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
-                    y[oh * OW + ow] = best;
-                } else {
-                    double sum = 0.0;
-                    for (ih = h0; ih < h1; ih++)
-                        for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-                    y[oh * OW + ow] = (float)(sum / (K * K));
-                }
-            }
+        for (oh = 0; oh < OH; oh++) {
+            for (ow = 0; ow < lo; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
+            mlc__pool_window(oh, lo, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+            if (lo < hi) mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
+            for (ow = hi; ow < OW; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
+        }
     }
 }
 

@@ -915,6 +915,29 @@ static int conv2d_against_direct_loop(void) {
     return 1;
 }
 
+/* One image with many channels: im2col shares the channels out between threads (with OpenMP;
+   an uneven split on 3 threads), with one group and with two. */
+static int conv2d_one_image_against_direct_loop(void) {
+    mlc_ctx *ctx = test_ctx(22);
+    static double want[8 * 10 * 10];
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(1, 16, 10, 10)), *b = mlc_randn(ctx, MLC_SHAPE(8)), *r;
+    int g;
+    CHECK(x && b);
+    for (g = 1; g <= 2; g++) {
+        mlc_tensor *w = mlc_randn(ctx, MLC_SHAPE(8, 16 / g, 3, 3));
+        size_t i;
+        CHECK(w);
+        r = mlc_conv2d(x, w, b, conv_opts(1, 1, 1, g));
+        CHECK_MSG(r && shape_is(r, 4, (const int[]){ 1, 8, 10, 10 }), "groups %d: wrong shape", g);
+        conv_direct(mlc_host_data(x), mlc_host_data(w), mlc_host_data(b), want, 1, 16, 10, 10, 8, 3, 3, 1, 1, 1, g, 10, 10);
+        for (i = 0; i < r->size; i++)
+            CHECK_MSG(fabs(mlc_host_data(r)[i] - want[i]) <= 1e-4 * (1 + fabs(want[i])),
+                      "groups %d [%zu]: %g, expected %g", g, i, (double)mlc_host_data(r)[i], want[i]);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 /* A hook that computes with the reference loop (conv2d then runs the images one by one). */
 static void reference_gemm(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C, void *user) {
     (void)user;
@@ -1015,6 +1038,76 @@ static int pooling_values(void) {
     return 1;
 }
 
+/* Pooling one output at a time, in double: the value and the (first) argmax of each window. */
+static void pool_direct(const float *x, double *y, int *at, int planes, int H, int W, int K, int S, int P, int is_max) {
+    int pl, oh, ow, i, j, OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    for (pl = 0; pl < planes; pl++)
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
+                double best = -INFINITY, sum = 0.0;
+                int where = -1;
+                for (i = 0; i < K; i++)
+                    for (j = 0; j < K; j++) {
+                        int ih = oh * S - P + i, iw = ow * S - P + j;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        sum += x[(pl * H + ih) * W + iw];
+                        if (x[(pl * H + ih) * W + iw] > best) { best = x[(pl * H + ih) * W + iw]; where = (pl * H + ih) * W + iw; }
+                    }
+                y[(pl * OH + oh) * OW + ow] = is_max ? best : sum / (K * K);
+                at[(pl * OH + oh) * OW + ow] = where;
+            }
+}
+
+/* Pooling (max by rows of outputs, 2x2 stride 2 in one pass; edges one window at a time)
+   against the window loop: odd sizes, padding, strides other than the kernel, ties (values
+   are whole numbers 0..4, so a window's first largest must win), with and without a tape. */
+static int pooling_against_window_loop(void) {
+    const struct { int K, S, P; } cfg[9] = { { 2, 2, 0 }, { 2, 2, 1 }, { 3, 2, 1 }, { 3, 3, 0 }, { 2, 1, 0 },
+                                             { 3, 1, 1 }, { 1, 1, 0 }, { 4, 3, 2 }, { 2, 3, 1 } };
+    const struct { int H, W; } size[3] = { { 7, 9 }, { 8, 8 }, { 2, 3 } };
+    static double want[2 * 3 * 9 * 10];
+    static int at[2 * 3 * 9 * 10];
+    float v[2 * 3 * 9 * 10], counts[2 * 3 * 9 * 10];
+    int k, s, is_max, tape;
+    for (k = 0; k < 9; k++)
+        for (s = 0; s < 3; s++)
+            for (is_max = 0; is_max < 2; is_max++)
+                for (tape = 0; tape < 2; tape++) {
+                    mlc_ctx *ctx = test_ctx((unsigned long long)(5 + k));
+                    int H = size[s].H, W = size[s].W, K = cfg[k].K, S = cfg[k].S, P = cfg[k].P;
+                    mlc_tensor *x, *r;
+                    size_t i;
+                    if (H + 2 * P < K || W + 2 * P < K) { test_destroy(ctx); continue; }
+                    for (i = 0; i < (size_t)6 * H * W; i++) v[i] = (float)(mlc_rand_u32(ctx) % 5);
+                    x = mlc_from_data(ctx, 4, (const int[]){ 2, 3, H, W }, v);
+                    CHECK(x);
+                    mlc_requires_grad(x, tape);
+                    r = is_max ? mlc_max_pool2d(x, K, S, P) : mlc_avg_pool2d(x, K, S, P);
+                    CHECK_MSG(r, "K %d S %d P %d on %dx%d: %s", K, S, P, H, W, mlc_error_message(ctx));
+                    pool_direct(mlc_host_data(x), want, at, 6, H, W, K, S, P, is_max);
+                    for (i = 0; i < r->size; i++)
+                        CHECK_MSG(fabs(mlc_host_data(r)[i] - want[i]) <= 1e-6 * (1 + fabs(want[i])), "%s K %d S %d P %d on %dx%d, tape %d [%zu]: %g, expected %g",
+                                  is_max ? "max" : "avg", K, S, P, H, W, tape, i, (double)mlc_host_data(r)[i], want[i]);
+                    if (tape && is_max) {                   /* the gradient lands on each window's first largest */
+                        CHECK(mlc_backward_with(r, mlc_ones(ctx, r->ndim, r->shape)) == MLC_OK);
+                        memset(counts, 0, x->size * sizeof(float));
+                        for (i = 0; i < r->size; i++) counts[at[i]] += 1.0f;
+                        for (i = 0; i < x->size; i++)
+                            CHECK_MSG(mlc_host_grad(x)[i] == counts[i], "K %d S %d P %d on %dx%d: dx[%zu] %g, expected %g",
+                                      K, S, P, H, W, i, (double)mlc_host_grad(x)[i], (double)counts[i]);
+                    }
+                    test_destroy(ctx);
+                }
+    {   /* NaN: kept when first in its window, passed over elsewhere (then a larger value still wins) */
+        mlc_ctx *ctx = test_ctx(1);
+        const float nan_x[8] = { NAN, 1, 1, 2, 3, 4, NAN, 9 };
+        mlc_tensor *r = mlc_max_pool2d(mlc_from_data(ctx, 4, (const int[]){ 1, 1, 2, 4 }, nan_x), 2, 2, 0);
+        CHECK(r && isnan(mlc_host_data(r)[0]) && mlc_host_data(r)[1] == 9.0f);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 const test_case tests_ops[] = {
     { "binary_broadcast", binary_broadcast },
     { "scalar_ops", scalar_ops },
@@ -1043,7 +1136,9 @@ const test_case tests_ops[] = {
     { "conv2d_hand_values", conv2d_hand_values },
     { "conv2d_groups_bias", conv2d_groups_bias },
     { "conv2d_against_direct_loop", conv2d_against_direct_loop },
+    { "conv2d_one_image_against_direct_loop", conv2d_one_image_against_direct_loop },
     { "conv2d_images_in_threads_match_one_by_one", conv2d_images_in_threads_match_one_by_one },
     { "pooling_values", pooling_values },
+    { "pooling_against_window_loop", pooling_against_window_loop },
     { NULL, NULL }
 };
