@@ -3385,7 +3385,6 @@ static void mlc__conv2d_backward(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
     mlc_tensor *x = n->in[0], *w = n->in[1];
     int rows = cv->C / cv->groups * cv->KH * cv->KW, p;
-    size_t k;
     mlc__conv_job job;
     if (!mlc__conv_plan(&job, x->ctx, cv, 1, "mlc_conv2d backward")) return;
     job.x = x->data; job.w = w->data; job.dy = n->out->grad;
@@ -3393,8 +3392,8 @@ static void mlc__conv2d_backward(mlc__node *n) {
     mlc__parallel((size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
     for (p = 0; job.pieces > 1 && p < job.pieces; p++) {     /* the pieces' partial sums */
         const float *part = job.scratch + (size_t)p * job.piece_floats + job.col_floats + job.work_floats;
-        if (job.gw) for (k = 0; k < (size_t)cv->O * rows; k++) job.gw[k] += part[k];
-        if (job.gb) for (k = 0; k < (size_t)cv->O; k++) job.gb[k] += part[(size_t)cv->O * rows + k];
+        if (job.gw) mlc__axpy((size_t)cv->O * rows, 1.0f, part, job.gw);
+        if (job.gb) mlc__axpy((size_t)cv->O, 1.0f, part + (size_t)cv->O * rows, job.gb);
     }
 }
 
@@ -3494,7 +3493,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
     mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
-    if (argmax) {                           /* the first of the largest; a NaN first stays */
+    if (job->is_max) {                      /* the first of the largest; a NaN first stays */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
         for (ih = h0; ih < h1; ih++)
@@ -3503,12 +3502,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
                 best = take ? p[ih * W + iw] : best;
                 at = take ? ih * W + iw : at;
             }
-        argmax[oh * OW + ow] = at;
-        y[oh * OW + ow] = best;
-    } else if (job->is_max) {               /* no backward to come: the value only */
-        float best = h0 < h1 && w0 < w1 ? p[h0 * W + w0] : -INFINITY;
-        for (ih = h0; ih < h1; ih++)
-            for (iw = w0; iw < w1; iw++) best = p[ih * W + iw] > best ? p[ih * W + iw] : best;
+        if (argmax) argmax[oh * OW + ow] = at;   /* kept when a backward will come */
         y[oh * OW + ow] = best;
     } else {
         double sum = 0.0;

@@ -1412,6 +1412,12 @@ static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int
     return mlc__cl_run(ctx, "mlc_conv_layout", (size_t)nb * cv->O * P, args, 9);
 }
 
+/* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm, cl_int x_off, cl_mem col) {
+    mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
+    return mlc__cl_run(ctx, "mlc_im2col", (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
+}
+
 /* per chunk of nb images: for each group g, col = im2col(x), Y_g = W_g col ([Og, nb P]); then
    y = Y in [N, O, P] order, plus b */
 static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
@@ -1431,8 +1437,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
         mlc__cl_conv_args(cv, nb, &q, &r);
         for (g = 0; g < cv->groups; g++) {
             cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
-            mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-            if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * nb * P, args, 5)) return 1;
+            if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 1;
             if (!mlc__cl_gemm(ctx, 0, 0, Og, nb * P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
                               yg, (size_t)g * Og * nb * P, 0, 1, NULL)) return ctx->error != 0;
         }
@@ -1464,8 +1469,7 @@ static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
             cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
-                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-                if (!mlc__cl_run(ctx, "mlc_im2col", (size_t)rows * nb * P, args, 5)) return 0;
+                if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
                 if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw, (size_t)g * Og * rows, 0, 1, NULL)) return 0;
             }
             if (gx) {
