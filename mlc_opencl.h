@@ -215,15 +215,29 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
    ============================================================================================ */
 
 
-#define MLC__CL_MAX_KERNELS 32
+/* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
+   a slot for each kernel and no limit to outgrow. */
+#define MLC__CL_KERNELS(X) X(gemm) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) X(binary_grad) \
+    X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) X(conv_layout) \
+    X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) X(softmax_grad) \
+    X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) X(loss_total) X(layer_norm) \
+    X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) X(batch_norm_grad) X(dropout) \
+    X(dropout_grad) X(copy_rows) X(permute) X(index_select) X(index_select_grad) X(gather) X(gather_grad) \
+    X(where) X(where_grad)
+#define MLC__CL_KERNEL_ID(name) MLC__CL_K_##name,
+enum { MLC__CL_KERNELS(MLC__CL_KERNEL_ID) MLC__CL_KERNEL_COUNT };
+#undef MLC__CL_KERNEL_ID
+#define MLC__CL_KERNEL_NAME(name) "mlc_" #name,
+static const char *const mlc__cl_kernel_names[] = { MLC__CL_KERNELS(MLC__CL_KERNEL_NAME) };
+#undef MLC__CL_KERNEL_NAME
 
 typedef struct mlc__cl_state {
     cl_context context;
     cl_command_queue queue;             /* in order: each command sees the ones before it */
     cl_device_id device;
     cl_program program;                 /* built on the first kernel use */
-    struct { const char *name; cl_kernel kernel; size_t local; } kernels[MLC__CL_MAX_KERNELS];
-    int n_kernels;
+    cl_kernel kernels[MLC__CL_KERNEL_COUNT];   /* created on first use */
+    size_t kernel_local[MLC__CL_KERNEL_COUNT];  /* their work-group sizes */
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     int exact_divide;                   /* the device can round / and sqrt correctly */
     int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else mlc_gemm */
@@ -493,9 +507,9 @@ static const char *const mlc__cl_source[] = {
 "   (rows lr + 16 i, columns lc + 16 j), from 16-deep slices of op(A) and op(B) in local memory */\n"
 "__kernel __attribute__((reqd_work_group_size(16, 16, 1)))\n"
 "void mlc_gemm(int M, int N, int K, int ta, int tb,\n"
-"              __global const float *A, int offA, int stepA,\n"
-"              __global const float *B, int offB, int stepB,\n"
-"              __global float *C, int offC, int stepC, float beta,\n"
+"              __global const float *A, ulong offA, ulong stepA,\n"
+"              __global const float *B, ulong offB, ulong stepB,\n"
+"              __global float *C, ulong offC, ulong stepC, float beta,\n"
 "              __global const float *bias, int has_bias) {\n"
 "    __local float As[16][65], Bs[16][65];               /* As[k][m] = op(A)[row0 + m, k0 + k] */\n"
 "    int lc = get_local_id(0), lr = get_local_id(1), batch = get_global_id(2);\n"
@@ -530,9 +544,9 @@ static const char *const mlc__cl_source[] = {
 "/* The same product for CPU devices: each work-item keeps a 4 x 8 block of C in four float8\n"
 "   registers (explicit vectors are what a CPU's OpenCL compiler turns into SIMD), k ascending */\n"
 "__kernel void mlc_gemm_vector(int M, int N, int K, int ta, int tb,\n"
-"                              __global const float *A, int offA, int stepA,\n"
-"                              __global const float *B, int offB, int stepB,\n"
-"                              __global float *C, int offC, int stepC, float beta,\n"
+"                              __global const float *A, ulong offA, ulong stepA,\n"
+"                              __global const float *B, ulong offB, ulong stepB,\n"
+"                              __global float *C, ulong offC, ulong stepC, float beta,\n"
 "                              __global const float *bias, int has_bias) {\n"
 "    int c0 = get_global_id(0) * 8, r0 = get_global_id(1) * 4, batch = get_global_id(2), i, j, k;\n"
 "    float8 acc[4] = { (float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f) };\n"
@@ -573,7 +587,7 @@ static const char *const mlc__cl_source[] = {
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
 "/* q: C H W KH KW OH OW stride; r: pad dilation Cg nb (mlc__conv's fields and the chunk's images);\n"
 "   x_off: the chunk's first image, at the group's first channel; col is [Cg KH KW, nb OH OW] */\n"
-"__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, int x_off, __global float *col) {\n"
+"__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, ulong x_off, __global float *col) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
 "    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j, oh, ow, ih, iw;\n"
 "    if (at >= Cg * KH * KW * nb * P) return;\n"
@@ -586,7 +600,7 @@ static const char *const mlc__cl_source[] = {
 "}\n"
 "\n"
 "/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
-"__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, int dx_off) {\n"
+"__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
 "    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i, j;\n"
 "    float sum = 0.0f;\n"
@@ -609,7 +623,7 @@ static const char *const mlc__cl_source[] = {
 "}\n",
 "/* the GEMM's [O, nb, P] and the tensor's [nb, O, P]: to_nop: nop[n, o, p] = onp[o, n, p] (+ b[o]);\n"
 "   else onp[o, n, p] = nop[n, o, p] */\n"
-"__kernel void mlc_conv_layout(int nb, int O, int P, __global float *nop, int nop_off, __global float *onp,\n"
+"__kernel void mlc_conv_layout(int nb, int O, int P, __global float *nop, ulong nop_off, __global float *onp,\n"
 "                              int to_nop, __global const float *b, int has_bias) {\n"
 "    int at = get_global_id(0), p, o, n, t;\n"
 "    if (at >= nb * O * P) return;\n"
@@ -939,9 +953,9 @@ static const char *const mlc__cl_source[] = {
 "/* ---- copies and index maps ---- */\n"
 "/* strided block copy: y[o, yoff + j] = x[o, xoff + j] for j < width, rows of ylen / xlen\n"
 "   (slice, concat: forward adds = 0, backward adds = 1 with the roles swapped) */\n"
-"__kernel void mlc_copy_rows(int outer, int width, __global const float *x, int xlen, int xoff,\n"
-"                            __global float *y, int ylen, int yoff, int add) {\n"
-"    int at = get_global_id(0), o, j;\n"
+"__kernel void mlc_copy_rows(ulong outer, ulong width, __global const float *x, ulong xlen, ulong xoff,\n"
+"                            __global float *y, ulong ylen, ulong yoff, int add) {\n"
+"    size_t at = get_global_id(0), o, j;\n"
 "    if (at >= outer * width) return;\n"
 "    o = at / width; j = at % width;\n"
 "    if (add) y[o * ylen + yoff + j] += x[o * xlen + xoff + j];\n"
@@ -1072,40 +1086,41 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     return 1;
 }
 
-/* The kernel called `name`, created once and cached; its work-group size in *local. */
-static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, const char *name, size_t *local) {
+/* Kernel `id`, created once and cached; its work-group size in *local. */
+static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, int id, size_t *local) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t wg = 0;
     cl_kernel k;
     cl_int err;
-    int i;
-    for (i = 0; i < st->n_kernels; i++)
-        if (strcmp(st->kernels[i].name, name) == 0) { *local = st->kernels[i].local; return st->kernels[i].kernel; }
-    MLC_ASSERT(st->n_kernels < MLC__CL_MAX_KERNELS);
+    if (st->kernels[id]) { *local = st->kernel_local[id]; return st->kernels[id]; }
     if (!mlc__cl_build(ctx)) return NULL;
-    k = mlc__cl.CreateKernel(st->program, name, &err);
+    k = mlc__cl.CreateKernel(st->program, mlc__cl_kernel_names[id], &err);
     if (!k) { mlc__cl_check(ctx, err, "clCreateKernel"); return NULL; }
-    if (mlc__cl.GetKernelWorkGroupInfo(k, st->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS || !wg) wg = 1;
+    if (mlc__cl.GetKernelWorkGroupInfo(k, st->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS
+        || !wg) wg = 1;
     *local = wg < 256 ? wg : 256;
-    st->kernels[st->n_kernels].name = name;
-    st->kernels[st->n_kernels].kernel = k;
-    st->kernels[st->n_kernels].local = *local;
-    st->n_kernels++;
+    st->kernels[id] = k;
+    st->kernel_local[id] = *local;
     return k;
 }
 
 typedef struct mlc__cl_arg { size_t size; const void *value; } mlc__cl_arg;
 #define MLC__CL_ARG(x) { sizeof(x), &(x) }
 
-/* Set the arguments and run `name` over n work-items. */
-static int mlc__cl_run(mlc_ctx *ctx, const char *name, size_t n, const mlc__cl_arg *args, int count) {
+/* Set the arguments and run `kernel` over n work-items. */
+static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *args, int count) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t local = 1, global;
     cl_kernel k;
     int i;
     if (ctx->error) return 0;
     if (n == 0) return 1;
-    if (!(k = mlc__cl_kernel(ctx, name, &local))) return 0;
+    if (n > 2147483647u) {                               /* work-item ids are ints in the kernels */
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s needs %zu work-items in %s; the kernels take at most 2^31 - 1",
+                  st->op, n, mlc__cl_kernel_names[kernel]);
+        return 0;
+    }
+    if (!(k = mlc__cl_kernel(ctx, kernel, &local))) return 0;
     for (i = 0; i < count; i++)
         if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
     global = (n + local - 1) / local * local;
@@ -1121,7 +1136,7 @@ static int mlc__cl_fill_mem(mlc_ctx *ctx, cl_mem mem, size_t count, float value)
     cl_ulong n = count;
     cl_float v = value;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(mem), MLC__CL_ARG(v) };
-    return mlc__cl_run(ctx, "mlc_fill", count, args, 3);
+    return mlc__cl_run(ctx, MLC__CL_K_fill, count, args, 3);
 }
 
 /* Host copy -> device (allocating the buffer first). Long-lived tensors wait; temporaries do
@@ -1180,7 +1195,7 @@ static int mlc__cl_unary(mlc_ctx *ctx, mlc__node *call) {
     cl_float p = call->farg[0], q = call->farg[1];
     cl_mem xm = mlc__cl_in(ctx, x), ym = xm ? mlc__cl_out(ctx, y) : NULL;
     mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(p), MLC__CL_ARG(q) };
-    return ym && mlc__cl_run(ctx, "mlc_unary", x->size, args, 6);
+    return ym && mlc__cl_run(ctx, MLC__CL_K_unary, x->size, args, 6);
 }
 
 static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
@@ -1197,7 +1212,7 @@ static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gm),
                                MLC__CL_ARG(gxm), MLC__CL_ARG(p), MLC__CL_ARG(q) };
-        return gxm && mlc__cl_run(ctx, "mlc_unary_grad", x->size, args, 8);
+        return gxm && mlc__cl_run(ctx, MLC__CL_K_unary_grad, x->size, args, 8);
     }
 }
 
@@ -1217,7 +1232,7 @@ static int mlc__cl_accumulate(mlc_ctx *ctx, mlc__node *call) {
     if (!(xm = mlc__cl_in(ctx, x)) || !(ym = mlc__cl_out(ctx, y))) return 0;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
-        return mlc__cl_run(ctx, "mlc_copy", x->size, args, 3);
+        return mlc__cl_run(ctx, MLC__CL_K_copy, x->size, args, 3);
     }
 }
 
@@ -1230,7 +1245,7 @@ static int mlc__cl_accumulate_back(mlc_ctx *ctx, mlc__node *nd) {
     gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(gm), MLC__CL_ARG(gxm) };
-        return gxm && mlc__cl_run(ctx, "mlc_accumulate", y->size, args, 3);
+        return gxm && mlc__cl_run(ctx, MLC__CL_K_accumulate, y->size, args, 3);
     }
 }
 
@@ -1271,7 +1286,7 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
                                MLC__CL_ARG(dm.stride[0]), MLC__CL_ARG(dm.stride[1]), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(ym) };
-        return ym && mlc__cl_run(ctx, "mlc_binary", y->size, args, 9);
+        return ym && mlc__cl_run(ctx, MLC__CL_K_binary, y->size, args, 9);
     }
 }
 
@@ -1296,7 +1311,7 @@ static int mlc__cl_binary_back(mlc_ctx *ctx, mlc__node *nd) {
             mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(side), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
                                    MLC__CL_ARG(dm.stride[side]), MLC__CL_ARG(dm.stride[1 - side]), MLC__CL_ARG(gm),
                                    MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(gs) };
-            if (!mlc__cl_run(ctx, "mlc_binary_grad", t->size, args, 11)) return 0;
+            if (!mlc__cl_run(ctx, MLC__CL_K_binary_grad, t->size, args, 11)) return 0;
         }
     }
     return 1;
@@ -1305,13 +1320,13 @@ static int mlc__cl_binary_back(mlc_ctx *ctx, mlc__node *nd) {
 /* A kernel over a 3-D range, with a fixed work-group (the tiled GEMM) or, local NULL, the
    driver's choice. 0 with no error set: the device cannot take that work-group, and the op
    runs on the CPU instead. */
-static int mlc__cl_run3(mlc_ctx *ctx, const char *name, const size_t *global, const size_t *local,
+static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const size_t *local,
                         const mlc__cl_arg *args, int count) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t wg = 1;
     cl_kernel k;
     int i;
-    if (ctx->error || !(k = mlc__cl_kernel(ctx, name, &wg))) return 0;
+    if (ctx->error || !(k = mlc__cl_kernel(ctx, kernel, &wg))) return 0;
     if (local && wg < local[0] * local[1] * local[2]) return 0;
     for (i = 0; i < count; i++)
         if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
@@ -1334,15 +1349,14 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
     if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
         cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
-        cl_int offa = (cl_int)(oa + (size_t)b * sa), offb = (cl_int)(ob + (size_t)b * sb), offc = (cl_int)oc;
-        cl_int stepa = (cl_int)sa, stepb = (cl_int)sb, stepc = (cl_int)sc;
+        cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = oc, stepa = sa, stepb = sb, stepc = sc;
         cl_float be = beta;
         cl_mem bm = bias ? bias : C;
         mlc__cl_arg args[] = { MLC__CL_ARG(m), MLC__CL_ARG(n), MLC__CL_ARG(k), MLC__CL_ARG(cta), MLC__CL_ARG(ctb),
                                MLC__CL_ARG(A), MLC__CL_ARG(offa), MLC__CL_ARG(stepa), MLC__CL_ARG(B), MLC__CL_ARG(offb),
                                MLC__CL_ARG(stepb), MLC__CL_ARG(C), MLC__CL_ARG(offc), MLC__CL_ARG(stepc), MLC__CL_ARG(be),
                                MLC__CL_ARG(bm), MLC__CL_ARG(has_bias) };
-        if (!mlc__cl_run3(ctx, vector ? "mlc_gemm_vector" : "mlc_gemm", global, vector ? NULL : local, args, 17)) return 0;
+        if (!mlc__cl_run3(ctx, vector ? MLC__CL_K_gemm_vector : MLC__CL_K_gemm, global, vector ? NULL : local, args, 17)) return 0;
     }
     return 1;
 }
@@ -1378,7 +1392,7 @@ static int mlc__cl_matmul_back(mlc_ctx *ctx, mlc__node *nd) {
         cl_int rows = (cl_int)(nd->out->size / (size_t)mm->N), n = mm->N;
         mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(gc), MLC__CL_ARG(g) };
         if (!(g = mlc__cl_grad(ctx, bias))) return 0;
-        if (!mlc__cl_run(ctx, "mlc_column_sums", (size_t)mm->N, args, 4)) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)mm->N, args, 4)) return 0;
     }
     return 1;
 }
@@ -1405,17 +1419,18 @@ static int mlc__cl_conv_chunk(const mlc__conv *cv) {
 
 /* Between y (or dy) [N, O, P] and the GEMM's layout [O, nb P], for images first .. first + nb. */
 static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int nb, cl_mem nop, cl_mem onp, int to_nop, cl_mem bias) {
-    cl_int n = nb, O = cv->O, P = cv->OH * cv->OW, off = (cl_int)((size_t)first * cv->O * P), to = to_nop, has_bias = bias != NULL;
+    cl_int n = nb, O = cv->O, P = cv->OH * cv->OW, to = to_nop, has_bias = bias != NULL;
+    cl_ulong off = (size_t)first * cv->O * P;
     cl_mem b = bias ? bias : onp;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(O), MLC__CL_ARG(P), MLC__CL_ARG(nop), MLC__CL_ARG(off), MLC__CL_ARG(onp),
                            MLC__CL_ARG(to), MLC__CL_ARG(b), MLC__CL_ARG(has_bias) };
-    return mlc__cl_run(ctx, "mlc_conv_layout", (size_t)nb * cv->O * P, args, 9);
+    return mlc__cl_run(ctx, MLC__CL_K_conv_layout, (size_t)nb * cv->O * P, args, 9);
 }
 
 /* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
-static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm, cl_int x_off, cl_mem col) {
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm, cl_ulong x_off, cl_mem col) {
     mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-    return mlc__cl_run(ctx, "mlc_im2col", (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
+    return mlc__cl_run(ctx, MLC__CL_K_im2col, (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
 }
 
 /* per chunk of nb images: for each group g, col = im2col(x), Y_g = W_g col ([Og, nb P]); then
@@ -1436,7 +1451,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
         mlc__cl_conv_args(cv, nb, &q, &r);
         for (g = 0; g < cv->groups; g++) {
-            cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            cl_ulong x_off = ((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W;
             if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 1;
             if (!mlc__cl_gemm(ctx, 0, 0, Og, nb * P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
                               yg, (size_t)g * Og * nb * P, 0, 1, NULL)) return ctx->error != 0;
@@ -1466,7 +1481,7 @@ static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
         mlc__cl_conv_args(cv, nb, &q, &r);
         if (!mlc__cl_conv_layout(ctx, cv, first, nb, dy, dyg, 0, NULL)) return 0;
         for (g = 0; g < cv->groups; g++) {
-            cl_int x_off = (cl_int)(((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+            cl_ulong x_off = ((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W;
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
                 if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
@@ -1475,7 +1490,7 @@ static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
             if (gx) {
                 mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx), MLC__CL_ARG(x_off) };
                 if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0, 0.0f, col, 0, 0, 1, NULL)) return 0;
-                if (!mlc__cl_run(ctx, "mlc_col2im", (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
+                if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
             }
         }
     }
@@ -1483,7 +1498,7 @@ static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
         cl_int N = cv->N, O = cv->O, PP = P;
         mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy), MLC__CL_ARG(gb) };
         if (!(gb = mlc__cl_grad(ctx, b))) return 0;
-        if (!mlc__cl_run(ctx, "mlc_conv_bias_grad", (size_t)cv->O, args, 5)) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 5)) return 0;
     }
     return 1;
 }
@@ -1498,7 +1513,7 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
                                MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, "mlc_pool", y->size, args, 11);
+        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 11);
         return 1;
     }
     if (!x->requires_grad) return 1;
@@ -1507,7 +1522,7 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm),
                                MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
         if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_pool_grad", x->size, args, 12);
+        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 12);
     }
 }
 
@@ -1521,7 +1536,7 @@ static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
                                MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, "mlc_reduce", y->size, args, 7);
+        mlc__cl_run(ctx, MLC__CL_K_reduce, y->size, args, 7);
         return 1;
     }
     if (!x->requires_grad) return 1;
@@ -1529,7 +1544,7 @@ static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
                                MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
         if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_reduce_grad", x->size, args, 8);
+        return mlc__cl_run(ctx, MLC__CL_K_reduce_grad, x->size, args, 8);
     }
 }
 
@@ -1541,7 +1556,7 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, "mlc_softmax", (size_t)outer * inner, args, 6);
+        mlc__cl_run(ctx, MLC__CL_K_softmax, (size_t)outer * inner, args, 6);
         return 1;
     }
     if (!x->requires_grad) return 1;
@@ -1549,7 +1564,7 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
                                MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(c) };
         if (!(a = mlc__cl_in(ctx, y)) || !(b = mlc__cl_grad_in(ctx, y)) || !(c = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_softmax_grad", (size_t)outer * inner, args, 7);
+        return mlc__cl_run(ctx, MLC__CL_K_softmax_grad, (size_t)outer * inner, args, 7);
     }
 }
 
@@ -1563,10 +1578,10 @@ static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t co
     if (red == MLC_REDUCE_NONE) {
         cl_ulong n64 = count;
         mlc__cl_arg copy[] = { MLC__CL_ARG(n64), MLC__CL_ARG(l), MLC__CL_ARG(y) };
-        mlc__cl_run(ctx, "mlc_copy", count, copy, 3);
+        mlc__cl_run(ctx, MLC__CL_K_copy, count, copy, 3);
         return 1;
     }
-    mlc__cl_run(ctx, "mlc_loss_total", 1, args, 5);
+    mlc__cl_run(ctx, MLC__CL_K_loss_total, 1, args, 5);
     return 1;
 }
 
@@ -1579,7 +1594,7 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
         if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
-        if (!mlc__cl_run(ctx, "mlc_class_loss", (size_t)N, args, 7)) return 1;
+        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 7)) return 1;
         return mlc__cl_loss_total(ctx, call, l, (size_t)N);
     }
     if (!x->requires_grad) return 1;
@@ -1587,7 +1602,7 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(red),
                                MLC__CL_ARG(scale), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
         if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, "mlc_class_loss_grad", (size_t)N, args, 10);
+        return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 10);
     }
 }
 
@@ -1601,7 +1616,7 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
         if (!(l = mlc__cl_scratch(ctx, p->size))) return 1;
-        if (!mlc__cl_run(ctx, "mlc_pointwise_loss", p->size, args, 5)) return 1;
+        if (!mlc__cl_run(ctx, MLC__CL_K_pointwise_loss, p->size, args, 5)) return 1;
         return mlc__cl_loss_total(ctx, call, l, p->size);
     }
     if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
@@ -1611,7 +1626,7 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(pm),
                                MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gp), MLC__CL_ARG(gt), MLC__CL_ARG(want_p), MLC__CL_ARG(want_t) };
-        return mlc__cl_run(ctx, "mlc_pointwise_loss_grad", p->size, args, 11);
+        return mlc__cl_run(ctx, MLC__CL_K_pointwise_loss_grad, p->size, args, 11);
     }
 }
 
@@ -1629,14 +1644,14 @@ static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
                                MLC__CL_ARG(has_w), MLC__CL_ARG(bm), MLC__CL_ARG(has_b), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_run(ctx, "mlc_layer_norm", (size_t)rows, args, 9);
+        mlc__cl_run(ctx, MLC__CL_K_layer_norm, (size_t)rows, args, 9);
         return 1;
     }
     if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
     if (x->requires_grad) {
         mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
                                MLC__CL_ARG(has_w), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
-        if (!(gx = mlc__cl_grad(ctx, x)) || !mlc__cl_run(ctx, "mlc_layer_norm_grad", (size_t)rows, args, 8)) return 0;
+        if (!(gx = mlc__cl_grad(ctx, x)) || !mlc__cl_run(ctx, MLC__CL_K_layer_norm_grad, (size_t)rows, args, 8)) return 0;
     }
     {
         cl_int want_w = w && w->requires_grad, want_b = b && b->requires_grad;
@@ -1645,7 +1660,7 @@ static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
         if (!want_w && !want_b) return 1;
         gw = want_w ? mlc__cl_grad(ctx, w) : g;
         gb = want_b ? mlc__cl_grad(ctx, b) : g;
-        return gw && gb && mlc__cl_run(ctx, "mlc_layer_norm_param_grad", (size_t)D, args, 9);
+        return gw && gb && mlc__cl_run(ctx, MLC__CL_K_layer_norm_param_grad, (size_t)D, args, 9);
     }
 }
 
@@ -1663,7 +1678,7 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(has_b), MLC__CL_ARG(rmm), MLC__CL_ARG(has_rm), MLC__CL_ARG(rvm), MLC__CL_ARG(has_rv),
                                MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_run(ctx, "mlc_batch_norm", (size_t)C, args, 16);
+        mlc__cl_run(ctx, MLC__CL_K_batch_norm, (size_t)C, args, 16);
         return 1;
     }
     {
@@ -1676,13 +1691,13 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
         gx = want_x ? mlc__cl_grad(ctx, x) : g;
         gw = want_w ? mlc__cl_grad(ctx, w) : g;
         gb = want_b ? mlc__cl_grad(ctx, b) : g;
-        return gx && gw && gb && mlc__cl_run(ctx, "mlc_batch_norm_grad", (size_t)C, args, 17);
+        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 17);
     }
 }
 
 /* The shape most one-input families share: forward reads x into y (*a = x, *b = y), backward
    adds dy into dx (*a = dy, *b = dx); args point at *a and *b, which are set before the run. */
-static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, const char *forward_kernel, const char *backward_kernel,
+static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_kernel, int backward_kernel,
                           size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b) {
     mlc_tensor *x = n->in[0];
     if (!backward) {
@@ -1701,16 +1716,17 @@ static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_float p = call->farg[0];
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a), MLC__CL_ARG(b) };
-    return mlc__cl_x_to_y(ctx, call, backward, "mlc_dropout", "mlc_dropout_grad", x->size, args, 5, &a, &b);
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5, &a, &b);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
 static int mlc__cl_copy_rows(mlc_ctx *ctx, size_t outer, size_t width, cl_mem x, size_t xlen, size_t xoff,
                              cl_mem y, size_t ylen, size_t yoff, int add) {
-    cl_int o = (cl_int)outer, w = (cl_int)width, xl = (cl_int)xlen, xo = (cl_int)xoff, yl = (cl_int)ylen, yo = (cl_int)yoff, a = add;
+    cl_ulong o = outer, w = width, xl = xlen, xo = xoff, yl = ylen, yo = yoff;
+    cl_int a = add;
     mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(w), MLC__CL_ARG(x), MLC__CL_ARG(xl), MLC__CL_ARG(xo),
                            MLC__CL_ARG(y), MLC__CL_ARG(yl), MLC__CL_ARG(yo), MLC__CL_ARG(a) };
-    return mlc__cl_run(ctx, "mlc_copy_rows", outer * width, args, 9);
+    return mlc__cl_run(ctx, MLC__CL_K_copy_rows, outer * width, args, 9);
 }
 
 static int mlc__cl_slice(mlc_ctx *ctx, mlc__node *call, int backward) {
@@ -1763,7 +1779,7 @@ static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(s[3]), MLC__CL_ARG(s[4]), MLC__CL_ARG(s[5]), MLC__CL_ARG(dims[0]), MLC__CL_ARG(dims[1]),
                                MLC__CL_ARG(dims[2]), MLC__CL_ARG(dims[3]), MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]),
                                MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(back) };
-        return mlc__cl_x_to_y(ctx, call, backward, "mlc_permute", "mlc_permute", x->size, args, 17, &a, &b);
+        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_permute, MLC__CL_K_permute, x->size, args, 17, &a, &b);
     }
 }
 
@@ -1778,7 +1794,7 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L), MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
-        return mlc__cl_x_to_y(ctx, call, backward, "mlc_index_select", "mlc_index_select_grad", call->out->size, args, 7, &a, &b);
+        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_index_select, MLC__CL_K_index_select_grad, call->out->size, args, 7, &a, &b);
     }
 }
 
@@ -1800,12 +1816,12 @@ static int mlc__cl_gather(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_st(ctx)->pending = 1;
         call->saved = (void *)mm;
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, "mlc_gather", y->size, args, 4);
+        mlc__cl_run(ctx, MLC__CL_K_gather, y->size, args, 4);
         return 1;
     }
     if (!x->requires_grad) return 1;
     if (!(a = mlc__cl_grad_in(ctx, y)) || !(b = mlc__cl_grad(ctx, x))) return 0;
-    return mlc__cl_run(ctx, "mlc_gather_grad", y->size, args, 4);
+    return mlc__cl_run(ctx, MLC__CL_K_gather_grad, y->size, args, 4);
 }
 
 /* where (cond, a, b) and masked_fill (x, mask, value) through one kernel pair */
@@ -1834,7 +1850,7 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), MLC__CL_ARG(sa), MLC__CL_ARG(sb),
                                MLC__CL_ARG(cm), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(fill), MLC__CL_ARG(a_is_fill), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_run(ctx, "mlc_where", call->out->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_where, call->out->size, args, 12);
         return 1;
     }
     if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
@@ -1845,7 +1861,7 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), { sizeof(cl_int8), sg },
                                MLC__CL_ARG(s), MLC__CL_ARG(cm), MLC__CL_ARG(g), MLC__CL_ARG(dg) };
         if (!t->requires_grad) continue;
-        if (!(dg = mlc__cl_grad(ctx, t)) || !mlc__cl_run(ctx, "mlc_where_grad", call->out->size, args, 9)) return 0;
+        if (!(dg = mlc__cl_grad(ctx, t)) || !mlc__cl_run(ctx, MLC__CL_K_where_grad, call->out->size, args, 9)) return 0;
     }
     return 1;
 }
@@ -1911,14 +1927,14 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_int first = opt->t == 1, nesterov = opt->nesterov;
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(lr),
                                MLC__CL_ARG(wd), MLC__CL_ARG(mu), MLC__CL_ARG(keep), MLC__CL_ARG(first), MLC__CL_ARG(nesterov) };
-        mlc__cl_run(ctx, "mlc_sgd", p->size, args, 10);
+        mlc__cl_run(ctx, MLC__CL_K_sgd, p->size, args, 10);
     } else if (opt->kind == MLC__RMSPROP) {
         cl_float lr = opt->lr, wd = opt->weight_decay, a = opt->beta2, eps = opt->eps, mu = opt->momentum;
         cl_int centered = opt->centered;
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
                                MLC__CL_ARG(s2), MLC__CL_ARG(lr), MLC__CL_ARG(wd), MLC__CL_ARG(a), MLC__CL_ARG(eps),
                                MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
-        mlc__cl_run(ctx, "mlc_rmsprop", p->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_rmsprop, p->size, args, 12);
     } else {                                             /* the constants as mlc__adam_update has them */
         cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
         cl_float l2 = opt->kind == MLC__ADAM ? opt->weight_decay : 0.0f;
@@ -1928,7 +1944,7 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
                                MLC__CL_ARG(b1), MLC__CL_ARG(b2), MLC__CL_ARG(eps), MLC__CL_ARG(l2), MLC__CL_ARG(shrink),
                                MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2) };
-        mlc__cl_run(ctx, "mlc_adam", p->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 12);
     }
     return !ctx->error;
 }
@@ -1973,7 +1989,7 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
     int i;
     if (!st) return;
     mlc__cl.Finish(st->queue);
-    for (i = 0; i < st->n_kernels; i++) mlc__cl.ReleaseKernel(st->kernels[i].kernel);
+    for (i = 0; i < MLC__CL_KERNEL_COUNT; i++) if (st->kernels[i]) mlc__cl.ReleaseKernel(st->kernels[i]);
     if (st->program) mlc__cl.ReleaseProgram(st->program);
     mlc__cl.ReleaseCommandQueue(st->queue);
     mlc__cl.ReleaseContext(st->context);

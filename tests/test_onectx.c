@@ -1,0 +1,232 @@
+/* One long-lived context, as a user's program has: every op family forward and backward, then
+   every optimiser, all in the same context, on the suite's device (MLC_DEVICE, the fake device
+   or the CPU), and every output, gradient and updated parameter compared with a second context
+   on the CPU that ran the same program. A context that meets more distinct kernels, buffers and
+   frames than any single-op test shows what a fresh context per test never does (the OpenCL
+   kernel cache once held 32 kernels and stopped the 33rd with an assertion). */
+#include <stdlib.h>
+#include "test.h"
+
+/* The values a run produced, in order, with a name for each piece. */
+typedef struct record {
+    float *values;
+    size_t used, cap;
+    const char *names[512];
+    size_t starts[513];
+    int count;
+} record;
+
+static int keep(record *r, const char *name, mlc_tensor *t) {
+    const float *d;
+    if (!t || r->count >= 512) return 0;
+    d = mlc_host_data(t);
+    if (!d) return 0;
+    if (r->used + t->size > r->cap) {
+        size_t cap = (r->used + t->size) * 2;
+        float *v = (float *)realloc(r->values, cap * sizeof(float));
+        if (!v) return 0;
+        r->values = v;
+        r->cap = cap;
+    }
+    memcpy(r->values + r->used, d, t->size * sizeof(float));
+    r->names[r->count] = name;
+    r->starts[r->count++] = r->used;
+    r->used += t->size;
+    r->starts[r->count] = r->used;
+    return 1;
+}
+
+/* A tensor of fixed pseudo-random values (the same in both contexts, whatever their RNG). */
+static mlc_tensor *data(mlc_ctx *ctx, int ndim, const int *shape, unsigned salt, float lo, float hi, int grad) {
+    float v[4096];
+    size_t i, n = 1;
+    int d;
+    for (d = 0; d < ndim; d++) n *= (size_t)shape[d];
+    if (n > sizeof v / sizeof v[0]) return NULL;
+    for (i = 0; i < n; i++) {
+        unsigned h = (unsigned)(i * 2654435761u) ^ (salt * 40503u + 12345u);
+        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+        v[i] = lo + (hi - lo) * (float)(h % 10007u) / 10007.0f;
+    }
+    return mlc_requires_grad(mlc_from_data(ctx, ndim, shape, v), grad);
+}
+#define DATA(ctx, salt, lo, hi, grad, ...) \
+    data(ctx, (int)(sizeof((int[]){ __VA_ARGS__ }) / sizeof(int)), (int[]){ __VA_ARGS__ }, salt, lo, hi, grad)
+
+/* Whole-number class indices in [0, classes). */
+static mlc_tensor *indices(mlc_ctx *ctx, int n, int classes, unsigned salt) {
+    float v[256];
+    int i;
+    for (i = 0; i < n && i < 256; i++) v[i] = (float)((i * 7 + (int)salt) % classes);
+    return mlc_from_data(ctx, 1, (int[]){ n }, v);
+}
+
+#define OUT(name, expr) do { mlc_tensor *o_ = (expr); \
+    if (!o_) { snprintf(test_failure, sizeof test_failure, "%s: %s", name, mlc_error_message(ctx)); return 0; } \
+    outs[n_outs] = o_; out_names[n_outs++] = name; } while (0)
+
+/* Every op family forward, one weighted sum of all outputs, one backward; records outputs and
+   the gradients of every input. 1: ran; 0: failed (test_failure says where). */
+static int run_ops(mlc_ctx *ctx, record *r) {
+    mlc_tensor *outs[128];
+    const char *out_names[128];
+    int n_outs = 0, i;
+    mlc_frame f = mlc_frame_begin(ctx);
+    mlc_tensor *a = DATA(ctx, 1, -2, 2, 1, 4, 6), *b = DATA(ctx, 2, -2, 2, 1, 1, 6);
+    mlc_tensor *pos = DATA(ctx, 3, 0.5f, 2, 1, 4, 6), *cond = DATA(ctx, 4, -1, 1, 0, 4, 6);
+    mlc_tensor *m1 = DATA(ctx, 5, -1, 1, 1, 2, 5, 3), *m2 = DATA(ctx, 6, -1, 1, 1, 2, 3, 4);
+    mlc_tensor *w = DATA(ctx, 7, -1, 1, 1, 4, 6), *bias = DATA(ctx, 8, -1, 1, 1, 4);
+    mlc_tensor *logits = DATA(ctx, 9, -3, 3, 1, 8, 5), *target = indices(ctx, 8, 5, 3);
+    mlc_tensor *img = DATA(ctx, 10, -1, 1, 1, 2, 4, 7, 7), *kern = DATA(ctx, 11, -0.5f, 0.5f, 1, 6, 2, 3, 3);
+    mlc_tensor *kb = DATA(ctx, 12, -0.5f, 0.5f, 1, 6), *emb = DATA(ctx, 13, -1, 1, 1, 10, 4);
+    mlc_tensor *lw = DATA(ctx, 14, 0.5f, 1.5f, 1, 6), *lb = DATA(ctx, 15, -0.5f, 0.5f, 1, 6);
+    mlc_tensor *rm = DATA(ctx, 16, -0.1f, 0.1f, 0, 4), *rv = DATA(ctx, 17, 0.9f, 1.1f, 0, 4);
+    mlc_tensor *bw = DATA(ctx, 18, 0.5f, 1.5f, 1, 4), *bb = DATA(ctx, 19, -0.5f, 0.5f, 1, 4);
+    mlc_tensor *prob = DATA(ctx, 20, 0, 1, 0, 4, 6), *mask = mlc_add_scalar(cond, 0.3f);
+    mlc_tensor *x3 = DATA(ctx, 21, -2, 2, 1, 2, 3, 4), *idx = indices(ctx, 5, 3, 1);
+    mlc_tensor *gidx = mlc_reshape(indices(ctx, 24, 3, 2), 3, (int[]){ 2, 3, 4 }), *tok = indices(ctx, 6, 10, 4);
+    mlc_tensor *loss, *total = NULL;
+    mlc_conv_opts conv = { 2, 1, 1, 2 };
+    CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
+    OUT("add", mlc_add(a, b)); OUT("sub", mlc_sub(a, b)); OUT("mul", mlc_mul(a, b)); OUT("div", mlc_div(a, pos));
+    OUT("add_scalar", mlc_add_scalar(a, 0.5f)); OUT("mul_scalar", mlc_mul_scalar(a, -3));
+    OUT("rsub_scalar", mlc_rsub_scalar(a, 2)); OUT("neg", mlc_neg(a)); OUT("exp", mlc_exp(a));
+    OUT("log", mlc_log(pos)); OUT("sqrt", mlc_sqrt(pos)); OUT("pow", mlc_pow(pos, 1.5f)); OUT("abs", mlc_abs(a));
+    OUT("clamp", mlc_clamp(a, -1, 1)); OUT("where", mlc_where(cond, a, b)); OUT("masked_fill", mlc_masked_fill(a, mask, 9));
+    OUT("relu", mlc_relu(a)); OUT("leaky_relu", mlc_leaky_relu(a, 0.1f)); OUT("gelu", mlc_gelu(a));
+    OUT("gelu_tanh", mlc_gelu_tanh(a)); OUT("sigmoid", mlc_sigmoid(a)); OUT("tanh", mlc_tanh(a)); OUT("silu", mlc_silu(a));
+    OUT("softmax", mlc_softmax(a, 1)); OUT("log_softmax", mlc_log_softmax(a, 0));
+    OUT("matmul", mlc_matmul(m1, m2)); OUT("matmul_t", mlc_matmul_t(m2, m2, 1, 0)); OUT("linear", mlc_linear(b, w, bias));
+    OUT("sum", mlc_sum(x3, 1, 0)); OUT("mean", mlc_mean(x3, 2, 1)); OUT("max", mlc_max(x3, 0, 0));
+    OUT("var", mlc_var(x3, 2, 0, 1)); OUT("sum_all", mlc_sum_all(a)); OUT("mean_all", mlc_mean_all(b));
+    OUT("argmax", mlc_argmax(x3, 1));
+    OUT("cross_entropy", mlc_cross_entropy(logits, target, MLC_REDUCE_MEAN, 2));
+    OUT("nll_loss", mlc_nll_loss(mlc_log_softmax(logits, 1), target, MLC_REDUCE_NONE, MLC_NO_IGNORE));
+    OUT("mse_loss", mlc_mse_loss(a, pos, MLC_REDUCE_SUM)); OUT("bce", mlc_bce_with_logits(a, prob, MLC_REDUCE_MEAN));
+    OUT("reshape", mlc_reshape(a, 2, (int[]){ 6, 4 })); OUT("flatten", mlc_flatten(img, 1));
+    OUT("transpose", mlc_transpose(x3, 0, 2)); OUT("permute", mlc_permute(x3, (int[]){ 1, 2, 0 }));
+    OUT("slice", mlc_slice(x3, 2, 1, 3)); OUT("concat", mlc_concat((mlc_tensor *[]){ a, pos, b }, 3, 0));
+    OUT("index_select", mlc_index_select(x3, 1, idx)); OUT("gather", mlc_gather(x3, 1, gidx)); OUT("copy", mlc_copy(b));
+    OUT("layer_norm", mlc_layer_norm(a, lw, lb, 1e-5f));
+    OUT("batch_norm", mlc_batch_norm(img, rm, rv, bw, bb, 1, 0.1f, 1e-5f));
+    OUT("batch_norm_eval", mlc_batch_norm(img, rm, rv, bw, bb, 0, 0.1f, 1e-5f));
+    OUT("running_mean", rm); OUT("running_var", rv);
+    OUT("embedding", mlc_embedding(emb, tok));
+    OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
+    OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
+    {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
+        mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
+        const float *dv, *av;
+        CHECK(d != NULL);
+        dv = mlc_host_data(d); av = mlc_host_data(a);
+        for (i = 0; i < (int)d->size; i++) CHECK_NEAR(dv[i] == 0 ? 0.0 : dv[i], dv[i] == 0 ? 0.0 : av[i] / 0.75f, 1e-5);
+        total = mlc_sum_all(mlc_mul(d, mlc_zeros(ctx, 2, (int[]){ 4, 6 })));   /* in the graph, adds 0 */
+    }
+    for (i = 0; i < n_outs; i++) {
+        mlc_tensor *o = outs[i], *weights;
+        int shape[MLC_MAX_DIMS];
+        CHECK_MSG(keep(r, out_names[i], o), "%s: could not read the output", out_names[i]);
+        if (!o->requires_grad) continue;
+        memcpy(shape, o->shape, sizeof shape);
+        weights = data(ctx, o->ndim, shape, 100u + (unsigned)i, -1, 1, 0);
+        total = mlc_add(total, mlc_sum_all(mlc_mul(o, weights)));
+    }
+    loss = total;
+    CHECK_MSG(loss != NULL, "the total: %s", mlc_error_message(ctx));
+    CHECK_MSG(mlc_backward(loss) == MLC_OK, "backward: %s", mlc_error_message(ctx));
+    {
+        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3 };
+        static const char *const names[] = { "grad a", "grad b", "grad pos", "grad m1", "grad m2", "grad w",
+            "grad bias", "grad logits", "grad img", "grad kern", "grad kb", "grad emb", "grad lw", "grad lb",
+            "grad bw", "grad bb", "grad x3" };
+        for (i = 0; i < (int)(sizeof leaves / sizeof leaves[0]); i++) {
+            float *g = mlc_host_grad(leaves[i]);
+            mlc_tensor *gt;
+            CHECK_MSG(g != NULL, "%s: no gradient", names[i]);
+            gt = mlc_from_data(ctx, leaves[i]->ndim, leaves[i]->shape, g);
+            CHECK_MSG(keep(r, names[i], gt), "%s: could not keep", names[i]);
+        }
+    }
+    CHECK_MSG(mlc_error(ctx) == MLC_OK, "ops: %s", mlc_error_message(ctx));
+    mlc_frame_end(f);
+    return 1;
+}
+
+/* Every optimiser, three steps each with clipping, on a small linear model. */
+static int run_optimisers(mlc_ctx *ctx, record *r) {
+    static const char *const names[] = { "sgd", "sgd nesterov", "adam", "adamw", "rmsprop centered" };
+    int k, step;
+    for (k = 0; k < 5; k++) {
+        mlc_tensor *wt = mlc_parameter(ctx, 2, (int[]){ 3, 5 }), *bt = mlc_parameter(ctx, 1, (int[]){ 3 });
+        mlc_optim *opt;
+        float w0[15], b0[3];
+        for (step = 0; step < 15; step++) w0[step] = 0.1f * (float)(step % 7) - 0.3f;
+        for (step = 0; step < 3; step++) b0[step] = 0.05f * (float)step;
+        CHECK(mlc_write(wt, w0, 15) == MLC_OK && mlc_write(bt, b0, 3) == MLC_OK);
+        opt = k == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0.1f, 0.01f, 0 })
+            : k == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0, 0, 1 })
+            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f })
+            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f })
+                     : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 });
+        CHECK(mlc_optim_add_param(opt, wt) == MLC_OK && mlc_optim_add_param(opt, bt) == MLC_OK);
+        for (step = 0; step < 3; step++) {
+            mlc_frame f = mlc_frame_begin(ctx);
+            mlc_tensor *x = DATA(ctx, 50u + (unsigned)step, -1, 1, 0, 8, 5), *y = DATA(ctx, 60u + (unsigned)step, -1, 1, 0, 8, 3);
+            mlc_tensor *loss = mlc_mse_loss(mlc_linear(x, wt, bt), y, MLC_REDUCE_MEAN);
+            mlc_zero_grad(opt);
+            CHECK_MSG(mlc_backward(loss) == MLC_OK, "%s: %s", names[k], mlc_error_message(ctx));
+            mlc_clip_grad_norm(opt, 0.5f);
+            mlc_step(opt);
+            mlc_frame_end(f);
+        }
+        CHECK_MSG(mlc_error(ctx) == MLC_OK, "%s: %s", names[k], mlc_error_message(ctx));
+        CHECK(keep(r, names[k], wt) && keep(r, names[k], bt));
+    }
+    return 1;
+}
+
+/* The whole program, twice over in the same context (a second pass finds every cache warm). */
+static int run_program(mlc_ctx *ctx, record *r) {
+    int pass;
+    for (pass = 0; pass < 2; pass++) if (!run_ops(ctx, r) || !run_optimisers(ctx, r)) return 0;
+    return 1;
+}
+
+static int onectx_every_op_family_and_optimiser(void) {
+    record dev, cpu;
+    mlc_ctx *ctx = test_ctx(5), *ref;
+    mlc_config c;
+    int ok, k;
+    size_t i;
+    memset(&dev, 0, sizeof dev);
+    memset(&cpu, 0, sizeof cpu);
+    memset(&c, 0, sizeof c);
+    c.device = "cpu";
+    c.quiet = 1;
+    ref = mlc_create(&c);
+    ok = run_program(ctx, &dev) && run_program(ref, &cpu);
+    if (ok) {
+        CHECK_MSG(dev.count == cpu.count && dev.used == cpu.used, "the runs recorded %d and %d pieces", dev.count, cpu.count);
+        for (k = 0; k < dev.count && ok; k++)
+            for (i = dev.starts[k]; i < dev.starts[k + 1]; i++) {
+                double d = dev.values[i], e = cpu.values[i];
+                if (!(fabs(d - e) <= 2e-4 + 2e-4 * fabs(e))) {
+                    snprintf(test_failure, sizeof test_failure, "%s[%zu] on %s = %.9g, on the CPU %.9g", dev.names[k],
+                             i - dev.starts[k], mlc_device_name(ctx), d, e);
+                    ok = 0;
+                    break;
+                }
+            }
+    }
+    free(dev.values);
+    free(cpu.values);
+    test_destroy(ctx);
+    mlc_destroy(ref);
+    return ok;
+}
+
+#define T(name) { #name, name },
+const test_case tests_onectx[] = {
+    T(onectx_every_op_family_and_optimiser)
+    { NULL, NULL }
+};
