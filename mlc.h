@@ -292,6 +292,7 @@ MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased);
 MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x);
 MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x);
 MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis);   /* indices as floats; no gradient */
+MLCDEF mlc_tensor *mlc_cumsum(mlc_tensor *x, int axis);   /* running sums, torch.cumsum */
 
 /* losses */
 typedef enum mlc_reduction { MLC_REDUCE_MEAN = 0, MLC_REDUCE_SUM, MLC_REDUCE_NONE } mlc_reduction;
@@ -540,23 +541,29 @@ typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_d
 
 enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
 
+/* A backend: its devices, its buffers, and one launcher for the ops it has kernels for. The
+   core keeps the books (which copy is current, uploads, downloads, views: see Devices), so a
+   new backend (Vulkan, Metal, CUDA) adds a header and a line in the registry at the end of
+   this file, and touches no op. */
 typedef struct mlc__backend {
     const char *name;
-    int (*forward)(mlc_ctx *ctx, struct mlc__node *call); /* 1: ran on the device, 0: no kernel */
-    int (*backward)(mlc_ctx *ctx, struct mlc__node *n);   /* for nodes with n->device set */
+    int (*open)(mlc_ctx *ctx, const char *spec);          /* 1: opened; 0: spec is none of its */
+    int (*devices)(mlc_device_info *out, int max);        /* its rows of mlc_devices */
+    const unsigned char *kernels;                         /* [MLC__OP_COUNT]: 1: run has the op */
+    int (*run)(mlc_ctx *ctx, struct mlc__node *n, int backward);  /* 1: ran here; 0: declined */
     int (*step)(mlc_optim *opt, int i);                   /* parameter i's update; 0: no kernel */
     int (*fill)(mlc_tensor *t, int grad, float value);    /* data or gradient = value */
     int (*upload)(mlc_tensor *t, int grad);               /* host copy -> device (mlc__buffer_of) */
     int (*download)(mlc_tensor *t, int grad);             /* device -> host copy (waits) */
     void *(*create)(mlc_ctx *ctx, size_t bytes);          /* a buffer; NULL: out of memory, or */
-    void (*free)(mlc_ctx *ctx, void *buffer);             /*   an error it set (mlc__device_alloc) */
+    void (*release)(mlc_ctx *ctx, void *buffer);          /*   an error it set (mlc__device_alloc) */
     void (*wait)(mlc_ctx *ctx);                           /* a frame ends: finish reading its host memory */
     void (*destroy)(mlc_ctx *ctx);
 } mlc__backend;
 
-#ifdef MLC_OPENCL
-static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);   /* 1: opened, 0: spec is not OpenCL's */
-static int mlc__opencl_devices(mlc_device_info *out, int max);
+static const mlc__backend *mlc__registry(int i);         /* backend i, or NULL past the last */
+#ifdef MLC_EXTRA_BACKEND
+static const mlc__backend *MLC_EXTRA_BACKEND(void);      /* a program's own backend */
 #endif
 
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
@@ -794,7 +801,7 @@ static int mlc__device_room(mlc_ctx *ctx, mlc__device_buffer **items, size_t *ca
 }
 
 static void mlc__device_free(mlc_ctx *ctx, const mlc__device_buffer *b) {
-    ctx->backend->free(ctx, b->buffer);
+    ctx->backend->release(ctx, b->buffer);
     ctx->stats.device_bytes_current -= b->bytes;
 }
 
@@ -927,14 +934,12 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     if (!device) device = getenv("MLC_DEVICE");
 #endif
     if (device && *device && strcmp(device, "cpu") != 0) {
-#ifdef MLC_OPENCL
-        if (!mlc__opencl_open(ctx, device) && !ctx->error && strcmp(device, "best") != 0)
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\" (see mlc_devices)", device);
-#else
-        if (strcmp(device, "best") != 0)
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
-                      "define MLC_OPENCL for OpenCL devices)", device);
-#endif
+        int i;
+        const mlc__backend *be;
+        for (i = 0; (be = mlc__registry(i)) != NULL && !ctx->error; i++) if (be->open(ctx, device)) break;
+        if (!be && !ctx->error && strcmp(device, "best") != 0)
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\" (see mlc_devices; \"cpu\" "
+                      "is always there, OpenCL's devices when built with MLC_OPENCL)", device);
     }
     return ctx;
 }
@@ -966,18 +971,55 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     return previous;
 }
 
+/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
+   values; its arguments are the named fields of its member of mlc__args; a backend says per op
+   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
+#define MLC__OPS(X) \
+    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
+    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
+    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
+    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
+    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
+    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
+    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
+    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
+    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
+    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
+    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward)
+#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
+typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
+#undef MLC__OP_ENUM
+
+/* An op's arguments, by op (loss: class_loss and pointwise_loss) */
+typedef union mlc__args {
+    struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
+    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
+    struct { float value; } masked_fill;
+    struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
+    struct { int len, inner; } cumsum;
+    struct { int is_log, len, inner; } softmax;
+    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
+    struct { int order[MLC_MAX_DIMS]; } permute;
+    struct { int start, count, axis; } slice;
+    struct { int count, axis; } concat;
+    struct { int axis; } index_select;
+    struct { float p; unsigned seed; } dropout;
+    struct { float eps; } layer_norm;
+    struct { int training; float momentum, eps; } batch_norm;
+    struct { int kernel, stride, padding, is_max; } pool;
+} mlc__args;
+
 typedef struct mlc__node mlc__node;
 typedef void (*mlc__backward_fn)(mlc__node *n);
 struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
     mlc__node *prev;
     size_t index;                       /* position on the tape, from 0 */
-    const char *op;
-    mlc__backward_fn backward;
+    mlc__op op;
+    const char *name;                   /* the public op, for messages ("mlc_relu") */
     mlc_tensor *out;
     mlc_tensor *in[6];
     int n_in;
-    int iarg[8];
-    float farg[4];
+    mlc__args args;
     void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
     int device;                         /* 1: ran on the device, and goes back there */
 };
@@ -1020,12 +1062,13 @@ MLCDEF void mlc_frame_end(mlc_frame f) {
 
 
 MLCDEF int mlc_devices(mlc_device_info *out, int max) {
-#ifdef MLC_OPENCL
-    return mlc__opencl_devices(out, max);
-#else
-    (void)out; (void)max;
-    return 0;
-#endif
+    const mlc__backend *be;
+    int i, n = 0;
+    for (i = 0; (be = mlc__registry(i)) != NULL; i++) {
+        int rows = be->devices ? be->devices(out ? out + n : NULL, max > n ? max - n : 0) : 0;
+        n += rows;
+    }
+    return n;
 }
 
 MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
@@ -1059,6 +1102,30 @@ static void mlc__host_wrote(mlc_tensor *t) {
 static void mlc__host_wrote_grad(mlc_tensor *t) {
     t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
     if (t->on_device) t->stale |= MLC__GRAD_DEVICE_STALE;
+}
+
+/* For backends: t's data on the device, current (its buffer made when missing, the host copy
+   uploaded when it is newer); the buffer an op writes t into; t's gradient on the device,
+   current (a new buffer takes the host gradient when that is current, else zeros), and with
+   writes set the kernel will add into it, so the host copy becomes stale. NULL: the error is
+   set. */
+static void *mlc__device_in(mlc_tensor *t) {
+    if (!t->device_data || (t->stale & MLC__DEVICE_STALE)) {
+        if (!t->ctx->backend->upload(t, 0)) return NULL;
+        t->stale &= ~(unsigned)MLC__DEVICE_STALE;
+    }
+    return t->device_data;
+}
+static void *mlc__device_out(mlc_tensor *t, const char *op) { return mlc__buffer_of(t, 0, op); }
+static void *mlc__device_grad(mlc_tensor *t, int writes, const char *op) {
+    int fresh = t->device_grad == NULL;
+    if (!mlc__buffer_of(t, 1, op)) return NULL;
+    if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
+        if (!t->ctx->backend->upload(t, 1)) return NULL;
+    } else if (fresh && !t->ctx->backend->fill(t, 1, 0.0f)) return NULL;
+    t->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
+    if (writes) t->stale |= MLC__GRAD_HOST_STALE;
+    return t->device_grad;
 }
 
 /* Zero t's gradient: on the device when it has one there (the host copy is then out of
@@ -1095,14 +1162,14 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
     int k;
     mlc_tensor *out = call->out;
     if (out->on_device) {
-        if (ctx->backend->forward(ctx, call)) {
+        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
             if (ctx->error) return -1;
             call->device = 1;
             out->stale = MLC__HOST_STALE;
             return 1;
         }
         if (ctx->error) return -1;
-        mlc__fall_back(ctx, call->op);
+        mlc__fall_back(ctx, call->name);
     }
     for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
     out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
@@ -1351,12 +1418,12 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     if (!ctx) return NULL
 
 /* Describe `out = op(inputs)`: the node the backend runs (mlc__dispatch) and the tape keeps. */
-static void mlc__call(mlc__node *call, const char *op, mlc__backward_fn backward, mlc_tensor *out,
+static void mlc__call(mlc__node *call, mlc__op op, const char *name, mlc_tensor *out,
                       mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
     int i;
     memset(call, 0, sizeof *call);
     call->op = op;
-    call->backward = backward;
+    call->name = name;
     call->out = out;
     call->in[0] = a; call->in[1] = b; call->in[2] = c; call->in[3] = d;
     for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
@@ -1376,7 +1443,7 @@ static void mlc__record(const mlc__node *call) {
     mlc_ctx *ctx = call->out->ctx;
     mlc__node *n;
     if (!mlc__recording(call)) return;
-    n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), call->op);
+    n = (mlc__node *)mlc__arena_alloc(ctx, sizeof(mlc__node), call->name);
     if (!n) return;
     *n = *call;
     n->prev = ctx->tape;
@@ -1529,8 +1596,8 @@ static void mlc__binary_backward(mlc__node *n) {
     float *ga = mlc__grad(a), *gb = mlc__grad(b);
     mlc__bcast bc;
     size_t r, j, sa, sb;
-    int kind = n->iarg[0];
-    mlc__broadcast(n->out->ctx, n->op, &bc, 2, n->in);
+    int kind = n->args.binary.kind;
+    mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
     sa = bc.last[0]; sb = bc.last[1];
     for (r = 0; r < bc.rows; r++) {
         size_t oa = mlc__bcast_row(&bc, 0, r), ob = mlc__bcast_row(&bc, 1, r);
@@ -1566,8 +1633,8 @@ static mlc_tensor *mlc__binary(const char *op, int kind, mlc_tensor *a, mlc_tens
     if (!mlc__broadcast(ctx, op, &bc, 2, mlc__in_)) return NULL;
     out = mlc__make(ctx, op, bc.ndim, bc.shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, op, mlc__binary_backward, out, a, b, NULL, NULL);
-    call.iarg[0] = kind;
+    mlc__call(&call, MLC__OP_BINARY, op, out, a, b, NULL, NULL);
+    call.args.binary.kind = kind;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
@@ -1595,7 +1662,7 @@ static void mlc__where_backward(mlc__node *n) {
     const float *g = n->out->grad, *c = n->in[0]->data;
     mlc__bcast bc;
     size_t r, j;
-    mlc__broadcast(n->out->ctx, n->op, &bc, 3, n->in);
+    mlc__broadcast(n->out->ctx, n->name, &bc, 3, n->in);
     for (r = 0; r < bc.rows; r++) {
         size_t oc = mlc__bcast_row(&bc, 0, r), oa = mlc__bcast_row(&bc, 1, r), ob = mlc__bcast_row(&bc, 2, r);
         size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
@@ -1616,7 +1683,7 @@ MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
     if (!mlc__broadcast(ctx, "mlc_where", &bc, 3, mlc__in_)) return NULL;
     out = mlc__make(ctx, "mlc_where", bc.ndim, bc.shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, "mlc_where", mlc__where_backward, out, cond, a, b, NULL);
+    mlc__call(&call, MLC__OP_WHERE, "mlc_where", out, cond, a, b, NULL);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pc = cond->data + mlc__bcast_row(&bc, 0, r), *pa = a->data + mlc__bcast_row(&bc, 1, r),
@@ -1634,7 +1701,7 @@ static void mlc__masked_fill_backward(mlc__node *n) {
     const float *g = n->out->grad;
     mlc__bcast bc;
     size_t r, j;
-    mlc__broadcast(n->out->ctx, n->op, &bc, 2, n->in);
+    mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
     for (r = 0; r < bc.rows; r++) {
         const float *pm = n->in[1]->data + mlc__bcast_row(&bc, 1, r);
         size_t sm = bc.last[1];
@@ -1654,8 +1721,8 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_masked_fill: mask %T does not broadcast to x %T", mask, x);
     out = mlc__like(x, "mlc_masked_fill");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_masked_fill", mlc__masked_fill_backward, out, x, mask, NULL, NULL);
-    call.farg[0] = value;
+    mlc__call(&call, MLC__OP_MASKED_FILL, "mlc_masked_fill", out, x, mask, NULL, NULL);
+    call.args.masked_fill.value = value;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (r = 0; where == 0 && r < bc.rows; r++) {
         const float *pm = mask->data + mlc__bcast_row(&bc, 1, r);
@@ -1817,13 +1884,15 @@ static void mlc__unary_grad(int kind, size_t n, const float *MLC__RESTRICT xs, c
 static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)piece;
-    mlc__unary_forward(n->iarg[0], end - begin, n->in[0]->data + begin, n->out->data + begin, n->farg[0], n->farg[1]);
+    mlc__unary_forward(n->args.unary.kind, end - begin, n->in[0]->data + begin, n->out->data + begin, n->args.unary.p,
+                       n->args.unary.q);
 }
 static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     const mlc_tensor *x = n->in[0], *y = n->out;
     (void)piece;
-    mlc__unary_grad(n->iarg[0], end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin, n->farg[0], n->farg[1]);
+    mlc__unary_grad(n->args.unary.kind, end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin,
+                    n->args.unary.p, n->args.unary.q);
 }
 
 static void mlc__unary_backward(mlc__node *n) {
@@ -1838,8 +1907,8 @@ static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
     MLC__ENTER(op, x);
     out = mlc__like(x, op);
     if (!out) return NULL;
-    mlc__call(&call, op, mlc__unary_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = kind; call.farg[0] = p; call.farg[1] = q;
+    mlc__call(&call, MLC__OP_UNARY, op, out, x, NULL, NULL, NULL);
+    call.args.unary.kind = kind; call.args.unary.p = p; call.args.unary.q = q;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) mlc__parallel(x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
     mlc__record(&call);
@@ -2347,7 +2416,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     if (b->ndim == 2 && !mm.ta && mm.batches > 1) {   /* [..., M, K] @ [K, N]: one tall product */
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
-    mlc__call(&call, op, mlc__matmul_backward, out, a, b, bias, NULL);
+    mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
     if (!(call.saved = mlc__arena_alloc(ctx, sizeof mm, op))) return NULL;
     memcpy(call.saved, &mm, sizeof mm);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
@@ -2389,9 +2458,9 @@ static void mlc__reduce_backward(mlc__node *n) {
     float *gx = mlc__grad(x);
     const float *g = n->out->grad;
     const int *argmax = (const int *)n->saved;
-    int kind = n->iarg[0], len = n->iarg[1], i;
-    size_t inner = (size_t)n->iarg[3], outer = len && inner ? x->size / ((size_t)len * inner) : 0, o, k;
-    float denom = kind == MLC__VAR ? (float)(len - n->iarg[4]) : (float)len;
+    int kind = n->args.reduce.kind, len = n->args.reduce.len, i;
+    size_t inner = (size_t)n->args.reduce.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0, o, k;
+    float denom = kind == MLC__VAR ? (float)(len - n->args.reduce.unbiased) : (float)len;
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
             size_t base = o * len * inner + k;
@@ -2427,8 +2496,9 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
     }
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, op, mlc__reduce_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = kind; call.iarg[1] = len; call.iarg[3] = (int)inner; call.iarg[4] = unbiased;
+    mlc__call(&call, MLC__OP_REDUCE, op, out, x, NULL, NULL, NULL);
+    call.args.reduce.kind = kind; call.args.reduce.len = len; call.args.reduce.inner = (int)inner;
+    call.args.reduce.unbiased = unbiased;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0 && (kind == MLC__MAX || kind == MLC__ARGMAX)) {   /* the device finds it again */
         argmax = (int *)mlc__arena_alloc(ctx, outer * inner * sizeof(int), op);
@@ -2478,6 +2548,46 @@ MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x) {
     return mlc_mean(mlc_reshape(x, 1, &n), 0, 0);
 }
 
+/* cumsum: y_i = Σ_{j<=i} x_j along the axis      dx_i += Σ_{j>=i} g_j
+   Running sums in float, in index order (reversed for the gradient), as a device takes them. */
+static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, size_t inner, int reverse, int add) {
+    size_t o, k;
+    int i;
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            float sum = 0.0f;
+            for (i = 0; i < len; i++) {
+                size_t at = (o * (size_t)len + (size_t)(reverse ? len - 1 - i : i)) * inner + k;
+                sum += x[at];
+                y[at] = add ? y[at] + sum : sum;
+            }
+        }
+}
+
+static void mlc__cumsum_backward(mlc__node *n) {
+    float *gx = mlc__grad(n->in[0]);
+    int len = n->args.cumsum.len;
+    size_t inner = (size_t)n->args.cumsum.inner, outer = len && inner ? n->out->size / ((size_t)len * inner) : 0;
+    if (gx) mlc__cumsum_rows(n->out->grad, gx, outer, len, inner, 1, 1);
+}
+
+MLCDEF mlc_tensor *mlc_cumsum(mlc_tensor *x, int axis) {
+    size_t outer, inner;
+    int len, where;
+    mlc_tensor *out;
+    mlc__node call;
+    MLC__ENTER("mlc_cumsum", x);
+    if (!mlc__axis(ctx, "mlc_cumsum", x, &axis)) return NULL;
+    mlc__split(x, axis, &outer, &len, &inner);
+    if (!(out = mlc__like(x, "mlc_cumsum"))) return NULL;
+    mlc__call(&call, MLC__OP_CUMSUM, "mlc_cumsum", out, x, NULL, NULL, NULL);
+    call.args.cumsum.len = len; call.args.cumsum.inner = (int)inner;
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) mlc__cumsum_rows(x->data, out->data, outer, len, inner, 0, 0);
+    mlc__record(&call);
+    return out;
+}
+
 /* ============================================================================================
    Softmax along an axis (max subtracted first, so large logits do not overflow)
      softmax      y = e^(x - max) / Σ e^(x - max)     dx = y (g - Σ g y)
@@ -2487,8 +2597,8 @@ MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x) {
 static void mlc__softmax_backward(mlc__node *n) {
     mlc_tensor *y = n->out;
     float *gx = mlc__grad(n->in[0]);
-    int len = n->iarg[1], i, is_log = n->iarg[0];
-    size_t inner = (size_t)n->iarg[2], outer = y->size / ((size_t)len * inner), o, k;
+    int len = n->args.softmax.len, i, is_log = n->args.softmax.is_log;
+    size_t inner = (size_t)n->args.softmax.inner, outer = y->size / ((size_t)len * inner), o, k;
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
             size_t base = o * len * inner + k;
@@ -2515,8 +2625,8 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
     mlc__split(x, axis, &outer, &len, &inner);
     out = mlc__like(x, op);
     if (!out || len == 0 || inner == 0) return out;
-    mlc__call(&call, op, mlc__softmax_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = is_log; call.iarg[1] = len; call.iarg[2] = (int)inner;
+    mlc__call(&call, MLC__OP_SOFTMAX, op, out, x, NULL, NULL, NULL);
+    call.args.softmax.is_log = is_log; call.args.softmax.len = len; call.args.softmax.inner = (int)inner;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (o = 0; where == 0 && o < outer; o++)
         for (k = 0; k < inner; k++) {
@@ -2547,8 +2657,8 @@ MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) { return mlc__softma
 /* Per-element weight of the incoming gradient: g_i for none, g / count for mean, g for sum. */
 static float mlc__loss_scale(const mlc__node *n, size_t i) {
     const float *g = n->out->grad;
-    if (n->iarg[0] == MLC_REDUCE_NONE) return g[i];
-    return n->iarg[0] == MLC_REDUCE_MEAN ? g[0] * n->farg[0] : g[0];
+    if (n->args.loss.reduction == MLC_REDUCE_NONE) return g[i];
+    return n->args.loss.reduction == MLC_REDUCE_MEAN ? g[0] * n->args.loss.scale : g[0];
 }
 
 /* The output of a loss: one value per element (none) or a scalar. */
@@ -2575,7 +2685,7 @@ static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved p
     for (i = 0; i < N; i++) {
         int target = (int)t->data[i];
         float g;
-        if (target == n->iarg[1]) continue;
+        if (target == n->args.loss.ignore_index) continue;
         g = mlc__loss_scale(n, (size_t)i);
         if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * probs[(size_t)i * C + c];
         gx[(size_t)i * C + target] -= g;
@@ -2601,9 +2711,9 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
         counted++;
     }
     if (!(out = mlc__loss_make(ctx, op, red, 1, target->shape))) return NULL;
-    mlc__call(&call, op, mlc__class_loss_backward, out, x, target, NULL, NULL);   /* target gets no gradient */
-    call.iarg[0] = (int)red; call.iarg[1] = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index; call.iarg[2] = softmax_first;
-    call.farg[0] = 1.0f / (float)counted;
+    mlc__call(&call, MLC__OP_CLASS_LOSS, op, out, x, target, NULL, NULL);   /* target gets no gradient */
+    call.args.loss.reduction = (int)red; call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
+    call.args.loss.softmax_first = softmax_first; call.args.loss.scale = 1.0f / (float)counted;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, (size_t)N, op);
@@ -2644,7 +2754,7 @@ static void mlc__pointwise_loss_backward(mlc__node *n) {
     size_t i;
     for (i = 0; i < p->size; i++) {
         float g = mlc__loss_scale(n, i), x = p->data[i], y = t->data[i];
-        if (n->iarg[2] == MLC__MSE) {
+        if (n->args.loss.kind == MLC__MSE) {
             if (gp) gp[i] += 2.0f * g * (x - y);
             if (gt) gt[i] -= 2.0f * g * (x - y);
         } else {
@@ -2664,8 +2774,8 @@ static mlc_tensor *mlc__pointwise_loss(const char *op, int kind, mlc_tensor *p, 
     if (!mlc_same_shape(p, t))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p, t);
     if (!(out = mlc__loss_make(ctx, op, red, p->ndim, p->shape))) return NULL;
-    mlc__call(&call, op, mlc__pointwise_loss_backward, out, p, t, NULL, NULL);
-    call.iarg[0] = (int)red; call.iarg[2] = kind; call.farg[0] = 1.0f / (float)p->size;
+    mlc__call(&call, MLC__OP_POINTWISE_LOSS, op, out, p, t, NULL, NULL);
+    call.args.loss.reduction = (int)red; call.args.loss.kind = kind; call.args.loss.scale = 1.0f / (float)p->size;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, p->size, op);
@@ -2725,9 +2835,11 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     out->ndim = ndim;
     memcpy(out->shape, s, (size_t)ndim * sizeof(int));
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
-    mlc__call(&call, "mlc_reshape", mlc__accumulate_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = 1;                   /* a view: the device shares x's buffer too */
-    if (mlc__dispatch(ctx, &call) < 0) return NULL;
+    mlc__call(&call, MLC__OP_RESHAPE, "mlc_reshape", out, x, NULL, NULL, NULL);
+    if (x->on_device) {                 /* a view of x's device buffer too, as current as x's */
+        out->device_data = x->device_data;
+        call.device = ctx->backend->kernels[MLC__OP_RESHAPE];   /* dx += g runs there */
+    }
     out->stale = x->stale & (MLC__HOST_STALE | MLC__DEVICE_STALE);  /* as current as x */
     mlc__record(&call);
     return out;
@@ -2760,7 +2872,7 @@ MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
     MLC__ENTER("mlc_copy", x);
     out = mlc__like(x, "mlc_copy");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_copy", mlc__accumulate_backward, out, x, NULL, NULL, NULL);
+    mlc__call(&call, MLC__OP_COPY, "mlc_copy", out, x, NULL, NULL, NULL);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0 && x->size) memcpy(out->data, x->data, x->size * sizeof(float));
     mlc__record(&call);
@@ -2782,7 +2894,7 @@ static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float
 }
 
 static void mlc__permute_backward(mlc__node *n) {
-    mlc__permute_walk(n->in[0], n->iarg, n->out->grad, mlc__grad(n->in[0]), 1);
+    mlc__permute_walk(n->in[0], n->args.permute.order, n->out->grad, mlc__grad(n->in[0]), 1);
 }
 
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
@@ -2799,8 +2911,8 @@ MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
     }
     out = mlc__make(ctx, "mlc_permute", x->ndim, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, "mlc_permute", mlc__permute_backward, out, x, NULL, NULL, NULL);
-    memcpy(call.iarg, ord, sizeof(int) * (size_t)x->ndim);
+    mlc__call(&call, MLC__OP_PERMUTE, "mlc_permute", out, x, NULL, NULL, NULL);
+    memcpy(call.args.permute.order, ord, sizeof(int) * (size_t)x->ndim);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) mlc__permute_walk(x, ord, x->data, out->data, 0);
     mlc__record(&call);
@@ -2821,8 +2933,8 @@ static void mlc__slice_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0];
     float *gx = mlc__grad(x);
     size_t outer, inner, o;
-    int len, start = n->iarg[0], count = n->iarg[1];
-    mlc__split(x, n->iarg[2], &outer, &len, &inner);
+    int len, start = n->args.slice.start, count = n->args.slice.count;
+    mlc__split(x, n->args.slice.axis, &outer, &len, &inner);
     for (o = 0; o < outer; o++) {
         const float *g = n->out->grad + o * count * inner;
         float *d = gx + (o * len + start) * inner;
@@ -2848,8 +2960,8 @@ MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
     shape[axis] = count;
     out = mlc__make(ctx, "mlc_slice", x->ndim, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, "mlc_slice", mlc__slice_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = start; call.iarg[1] = count; call.iarg[2] = axis;
+    mlc__call(&call, MLC__OP_SLICE, "mlc_slice", out, x, NULL, NULL, NULL);
+    call.args.slice.start = start; call.args.slice.count = count; call.args.slice.axis = axis;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (o = 0; where == 0 && o < outer; o++)
         memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner, (size_t)count * inner * sizeof(float));
@@ -2860,7 +2972,7 @@ MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
 /* concat along an axis; each input's gradient is its slab of g */
 static void mlc__concat_backward(mlc__node *n) {
     mlc_tensor **xs = (mlc_tensor **)n->saved;
-    int count = n->iarg[0], axis = n->iarg[1], total = n->out->shape[axis], k, offset = 0;
+    int count = n->args.concat.count, axis = n->args.concat.axis, total = n->out->shape[axis], k, offset = 0;
     for (k = 0; k < count; k++) {
         size_t outer, inner, o, j;
         int len;
@@ -2897,8 +3009,8 @@ MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
     saved = (mlc_tensor **)mlc__arena_alloc(ctx, (size_t)count * sizeof(mlc_tensor *), "mlc_concat");
     if (!saved) return NULL;
     memcpy(saved, xs, (size_t)count * sizeof(mlc_tensor *));  /* the inputs, in a list of their own */
-    mlc__call(&call, "mlc_concat", mlc__concat_backward, out, needs_grad ? needs_grad : xs[0], NULL, NULL, NULL);
-    call.saved = saved; call.iarg[0] = count; call.iarg[1] = axis;
+    mlc__call(&call, MLC__OP_CONCAT, "mlc_concat", out, needs_grad ? needs_grad : xs[0], NULL, NULL, NULL);
+    call.saved = saved; call.args.concat.count = count; call.args.concat.axis = axis;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (k = 0; where == 0 && k < count; k++) {
         int len;
@@ -2924,7 +3036,7 @@ static void mlc__index_select_backward(mlc__node *n) {
     float *gx = mlc__grad(x);
     size_t outer, inner, o, k;
     int len, l, L = (int)idx->size;
-    mlc__split(x, n->iarg[0], &outer, &len, &inner);
+    mlc__split(x, n->args.index_select.axis, &outer, &len, &inner);
     for (o = 0; o < outer; o++)
         for (l = 0; l < L; l++) {
             float *d = gx + (o * len + (size_t)idx->data[l]) * inner;
@@ -2951,8 +3063,8 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
     shape[axis] = L;
     out = mlc__make(ctx, "mlc_index_select", x->ndim, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, "mlc_index_select", mlc__index_select_backward, out, x, index, NULL, NULL);  /* index gets no gradient */
-    call.iarg[0] = axis;
+    mlc__call(&call, MLC__OP_INDEX_SELECT, "mlc_index_select", out, x, index, NULL, NULL);  /* index gets no gradient */
+    call.args.index_select.axis = axis;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (o = 0; where == 0 && o < outer; o++)
         for (l = 0; l < L; l++)
@@ -3001,7 +3113,7 @@ MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     if (!(map = mlc__gather_map(ctx, x, axis, index))) return NULL;
     out = mlc__like(index, "mlc_gather");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_gather", mlc__gather_backward, out, x, NULL, NULL, NULL);
+    mlc__call(&call, MLC__OP_GATHER, "mlc_gather", out, x, NULL, NULL, NULL);
     call.saved = map;                   /* the offsets into x, one per output element */
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (i = 0; where == 0 && i < index->size; i++) out->data[i] = x->data[map[i]];
@@ -3049,9 +3161,9 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_dropout", mlc__dropout_backward, out, x, NULL, NULL, NULL);
-    call.farg[0] = p;
-    call.iarg[0] = (int)(mlc_rand_u32(ctx) >> 1);      /* a device draws its mask from this seed */
+    mlc__call(&call, MLC__OP_DROPOUT, "mlc_dropout", out, x, NULL, NULL, NULL);
+    call.args.dropout.p = p;
+    call.args.dropout.seed = mlc_rand_u32(ctx) >> 1;      /* a device draws its mask from this seed */
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) {
         if (!(mask = mlc__floats(ctx, x->size, "mlc_dropout"))) return NULL;
@@ -3106,8 +3218,8 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     if (eps <= 0.0f) eps = 1e-5f;
     out = mlc__like(x, "mlc_layer_norm");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_layer_norm", mlc__layer_norm_backward, out, x, weight, bias, NULL);
-    call.farg[0] = eps;
+    mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
+    call.args.layer_norm.eps = eps;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     rows = D ? x->size / (size_t)D : 0;
@@ -3132,7 +3244,7 @@ static void mlc__batch_norm_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
     const float *stats = (const float *)n->saved, *g = n->out->grad;
-    int N = x->shape[0], C = x->shape[1], c, i, training = n->iarg[0];
+    int N = x->shape[0], C = x->shape[1], c, i, training = n->args.batch_norm.training;
     size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), k, M = (size_t)N * inner;
     for (c = 0; c < C; c++) {
         float mu = stats[2 * c], rs = stats[2 * c + 1], wc = w ? w->data[c] : 1.0f;
@@ -3181,9 +3293,10 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (momentum <= 0.0f) momentum = 0.1f;
     out = mlc__like(x, "mlc_batch_norm");
     if (!out) return NULL;
-    mlc__call(&call, "mlc_batch_norm", mlc__batch_norm_backward, out, x, weight, bias, running_mean);
+    mlc__call(&call, MLC__OP_BATCH_NORM, "mlc_batch_norm", out, x, weight, bias, running_mean);
     call.in[4] = running_var; call.n_in = 5;   /* the running statistics are updated in place */
-    call.iarg[0] = training != 0; call.farg[0] = momentum; call.farg[1] = eps;
+    call.args.batch_norm.training = training != 0; call.args.batch_norm.momentum = momentum;
+    call.args.batch_norm.eps = eps;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) {
         if (training && running_mean) running_mean->stale = MLC__HOST_STALE;
@@ -3425,7 +3538,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, "mlc_conv2d", mlc__conv2d_backward, out, x, weight, bias, NULL);
+    mlc__call(&call, MLC__OP_CONV2D, "mlc_conv2d", out, x, weight, bias, NULL);
     if (!(call.saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d"))) return NULL;
     memcpy(call.saved, &cv, sizeof cv);
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
@@ -3566,7 +3679,7 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PA
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->iarg[0]; job.S = n->iarg[1]; job.Pd = n->iarg[2]; job.is_max = n->iarg[3]; job.argmax = (int *)n->saved;
+    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding; job.is_max = n->args.pool.is_max; job.argmax = (int *)n->saved;
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
@@ -3587,8 +3700,8 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, op, mlc__pool_backward, out, x, NULL, NULL, NULL);
-    call.iarg[0] = K; call.iarg[1] = S; call.iarg[2] = Pd; call.iarg[3] = is_max;
+    mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
+    call.args.pool.kernel = K; call.args.pool.stride = S; call.args.pool.padding = Pd; call.args.pool.is_max = is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
     job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
@@ -3615,6 +3728,12 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
    ============================================================================================ */
+
+/* The CPU backward of every op, in the enum's order (from MLC__OPS) */
+#define MLC__OP_BACKWARD(name, backward) backward,
+static const mlc__backward_fn mlc__backward_of[] = { MLC__OPS(MLC__OP_BACKWARD) };
+#undef MLC__OP_BACKWARD
+typedef char mlc__backward_of_covers_every_op[sizeof mlc__backward_of / sizeof mlc__backward_of[0] == MLC__OP_COUNT ? 1 : -1];
 
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     mlc_ctx *ctx;
@@ -3644,10 +3763,9 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     for (n = out->node; n; n = n->prev) {
         int k;
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
-        if (n->device) {                                 /* the backend allocates and adds */
-            if (!ctx->backend->backward(ctx, n) && !ctx->error)
-                mlc__fail(ctx, MLC_ERR_DEVICE, "%s: backward failed on %s", n->op, mlc_device_name(ctx));
-            continue;
+        if (n->device) {                                 /* the backend allocates and adds, */
+            if (ctx->backend->run(ctx, n, 1) || ctx->error) continue;
+            mlc__fall_back(ctx, n->name);                /* or declines: the CPU runs it */
         }
         mlc__host(n->out);
         mlc__host_grad(n->out);
@@ -3657,7 +3775,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
             if (n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
         }
         if (ctx->error) break;
-        n->backward(n);
+        mlc__backward_of[n->op](n);
         for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }
     for (n = ctx->tape; n; n = n->prev) {
@@ -4334,9 +4452,28 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #ifdef __cplusplus
 }
 #endif
+
+/* ============================================================================================
+   Backends: the registry, the one place that names them. mlc_create offers the device spec to
+   each in turn; mlc_devices lists theirs. A program adds its own backend by defining
+   MLC_EXTRA_BACKEND as the name of a function that returns it (tests/test_device.c does).
+   ============================================================================================ */
 #ifdef MLC_OPENCL
-#include "mlc_opencl.h"                 /* the OpenCL backend: mlc__opencl_open, mlc__opencl_devices */
+#include "mlc_opencl.h"                 /* mlc__opencl_backend */
 #endif
+
+static const mlc__backend *mlc__registry(int i) {
+    const mlc__backend *const list[] = {
+#ifdef MLC_OPENCL
+        &mlc__opencl_backend,
+#endif
+#ifdef MLC_EXTRA_BACKEND
+        MLC_EXTRA_BACKEND(),
+#endif
+        NULL
+    };
+    return i >= 0 && i < (int)(sizeof list / sizeof list[0]) ? list[i] : NULL;
+}
 #endif /* MLC_IMPLEMENTATION_DONE */
 #endif /* MLC_IMPLEMENTATION */
 

@@ -219,7 +219,7 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
    a slot for each kernel and no limit to outgrow. */
 #define MLC__CL_KERNELS(X) X(gemm) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) X(binary_grad) \
     X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) X(conv_layout) \
-    X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) X(softmax_grad) \
+    X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) X(softmax_grad) X(cumsum) \
     X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) X(loss_total) X(layer_norm) \
     X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) X(batch_norm_grad) X(dropout) \
     X(dropout_grad) X(copy_rows) X(permute) X(index_select) X(index_select_grad) X(gather) X(gather_grad) \
@@ -290,7 +290,7 @@ static void *mlc__cl_create(mlc_ctx *ctx, size_t bytes) {
         mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");   /* not just full */
     return (void *)mem;
 }
-static void mlc__cl_free(mlc_ctx *ctx, void *buffer) { (void)ctx; mlc__cl.ReleaseMemObject((cl_mem)buffer); }
+static void mlc__cl_release(mlc_ctx *ctx, void *buffer) { (void)ctx; mlc__cl.ReleaseMemObject((cl_mem)buffer); }
 
 /* A tensor's buffer (made when missing), and a scratch one of n floats for the op being run. */
 static cl_mem mlc__cl_buffer(mlc_ctx *ctx, mlc_tensor *t, int grad) {
@@ -767,6 +767,20 @@ static const char *const mlc__cl_source[] = {
 "    for (i = 0; i < len; i++) s += is_log ? g[i * inner] : g[i * inner] * y[i * inner];\n"
 "    for (i = 0; i < len; i++) dx[i * inner] += is_log ? g[i * inner] - exp(y[i * inner]) * s : y[i * inner] * (g[i * inner] - s);\n"
 "}\n",
+"/* cumsum, one work-item per row: y_i = Σ_{j<=i} x_j; reversed (the gradient) dx_i += Σ_{j>=i} g_j */\n"
+"__kernel void mlc_cumsum(ulong outer, int len, ulong inner, int reverse, __global const float *x,\n"
+"                         __global float *y) {\n"
+"    size_t at = get_global_id(0), base;\n"
+"    float sum = 0.0f;\n"
+"    int i;\n"
+"    if (at >= outer * inner) return;\n"
+"    base = (at / inner) * len * inner + at % inner;\n"
+"    for (i = 0; i < len; i++) {\n"
+"        size_t k = base + (size_t)(reverse ? len - 1 - i : i) * inner;\n"
+"        sum += x[k];\n"
+"        y[k] = reverse ? y[k] + sum : sum;\n"
+"    }\n"
+"}\n",
 "/* ---- losses: per-element values l, then reduced (red: 0 mean, 1 sum, 2 none, as mlc_reduction) ---- */\n"
 "__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, __global const float *x,\n"
 "                             __global const float *t, __global float *l) {\n"
@@ -1156,33 +1170,13 @@ static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
     return 1;
 }
 
-/* t's data, current on the device: allocated, and uploaded when the host copy is newer. */
-static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) {
-    if (!t->device_data || (t->stale & MLC__DEVICE_STALE)) {
-        if (!mlc__cl_upload_(ctx, t, 0)) return NULL;
-        t->stale &= ~(unsigned)MLC__DEVICE_STALE;
-    }
-    return (cl_mem)t->device_data;
-}
-
-/* t's data buffer for a kernel to write (the caller marks the host copy stale). */
-static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_buffer(ctx, t, 0); }
-
-/* t's gradient, current on the device: a new buffer takes the host gradient when there is a
-   current one, else zeros; an old one takes it when it is newer. writes: a kernel will add
-   into it, so the host copy becomes stale. */
-static cl_mem mlc__cl_grad_(mlc_ctx *ctx, mlc_tensor *t, int writes) {
-    int fresh = t->device_grad == NULL;
-    if (!mlc__cl_buffer(ctx, t, 1)) return NULL;
-    if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
-        if (!mlc__cl_upload_(ctx, t, 1)) return NULL;
-    } else if (fresh && !mlc__cl_fill_mem(ctx, (cl_mem)t->device_grad, t->size, 0.0f)) return NULL;
-    t->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
-    if (writes) t->stale |= MLC__GRAD_HOST_STALE;
-    return (cl_mem)t->device_grad;
-}
-static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_grad_(ctx, t, 1); }
-static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_grad_(ctx, t, 0); }
+/* The core's books (mlc__device_in, mlc__device_grad in mlc.h) as OpenCL buffers: t's data,
+   current on the device; the buffer an op writes; t's gradient to add into (the host copy
+   becomes stale) or only to read. */
+static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) { (void)ctx; return (cl_mem)mlc__device_in(t); }
+static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_out(t, mlc__cl_st(ctx)->op); }
+static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_grad(t, 1, mlc__cl_st(ctx)->op); }
+static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_grad(t, 0, mlc__cl_st(ctx)->op); }
 
 /* ============================================================================================
    Op families, each named by its CPU backward function (the node's identity)
@@ -1190,19 +1184,19 @@ static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) { return mlc__cl_grad
 
 static int mlc__cl_unary(mlc_ctx *ctx, mlc__node *call) {
     mlc_tensor *x = call->in[0], *y = call->out;
-    cl_int kind = call->iarg[0];
+    cl_int kind = call->args.unary.kind;
     cl_ulong n = x->size;
-    cl_float p = call->farg[0], q = call->farg[1];
+    cl_float p = call->args.unary.p, q = call->args.unary.q;
     cl_mem xm = mlc__cl_in(ctx, x), ym = xm ? mlc__cl_out(ctx, y) : NULL;
     mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(p), MLC__CL_ARG(q) };
     return ym && mlc__cl_run(ctx, MLC__CL_K_unary, x->size, args, 6);
 }
 
-static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
+static int mlc__cl_unary_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
-    cl_int kind = nd->iarg[0];
+    cl_int kind = nd->args.unary.kind;
     cl_ulong n = x->size;
-    cl_float p = nd->farg[0], q = nd->farg[1];
+    cl_float p = nd->args.unary.p, q = nd->args.unary.q;
     cl_mem xm, ym, gm, gxm;
     if (!x->requires_grad) return 1;
     xm = mlc__cl_in(ctx, x);
@@ -1216,19 +1210,11 @@ static int mlc__cl_unary_back(mlc_ctx *ctx, mlc__node *nd) {
     }
 }
 
-/* copy:  y = x   dx += g.  reshape (iarg[0] = 1) is a view sharing x's storage on both sides:
-   y takes x's buffer, made current here, and mlc_reshape gives y x's stale bits. (An alias
-   written with mlc_write after the view was made is not seen by the other aliases' device
-   copies: the stale bits are per tensor.) */
-static int mlc__cl_accumulate(mlc_ctx *ctx, mlc__node *call) {
+/* copy:  y = x   dx += g  (reshape's backward too: mlc_reshape makes the view itself) */
+static int mlc__cl_copy(mlc_ctx *ctx, mlc__node *call) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_ulong n = x->size;
     cl_mem xm, ym;
-    if (call->iarg[0] == 1) {                            /* reshape: a view of the same buffer */
-        if (!(xm = mlc__cl_in(ctx, x))) return 1;
-        y->device_data = x->device_data;
-        return 1;
-    }
     if (!(xm = mlc__cl_in(ctx, x)) || !(ym = mlc__cl_out(ctx, y))) return 0;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
@@ -1236,7 +1222,7 @@ static int mlc__cl_accumulate(mlc_ctx *ctx, mlc__node *call) {
     }
 }
 
-static int mlc__cl_accumulate_back(mlc_ctx *ctx, mlc__node *nd) {
+static int mlc__cl_accumulate_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
     cl_ulong n = y->size;
     cl_mem gm, gxm;
@@ -1275,10 +1261,10 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     mlc_tensor *a = call->in[0], *b = call->in[1], *y = call->out;
     mlc__bcast bc;
     mlc__cl_dims dm;
-    cl_int kind = call->iarg[0];
+    cl_int kind = call->args.binary.kind;
     cl_ulong n = y->size;
     cl_mem am, bm, ym;
-    if (!mlc__broadcast(ctx, call->op, &bc, 2, call->in)) return 1;   /* the error is set */
+    if (!mlc__broadcast(ctx, call->name, &bc, 2, call->in)) return 1;   /* the error is set */
     mlc__cl_dims_of(&bc, &dm);
     am = mlc__cl_in(ctx, a);
     bm = am ? mlc__cl_in(ctx, b) : NULL;
@@ -1290,12 +1276,12 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     }
 }
 
-static int mlc__cl_binary_back(mlc_ctx *ctx, mlc__node *nd) {
+static int mlc__cl_binary_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc__bcast bc;
     mlc__cl_dims dm;
-    cl_int kind = nd->iarg[0], side;
+    cl_int kind = nd->args.binary.kind, side;
     cl_mem am, bm, gm;
-    if (!mlc__broadcast(ctx, nd->op, &bc, 2, nd->in)) return 0;
+    if (!mlc__broadcast(ctx, nd->name, &bc, 2, nd->in)) return 0;
     mlc__cl_dims_of(&bc, &dm);
     am = mlc__cl_in(ctx, nd->in[0]);
     bm = am ? mlc__cl_in(ctx, nd->in[1]) : NULL;
@@ -1372,7 +1358,7 @@ static int mlc__cl_matmul(mlc_ctx *ctx, mlc__node *call) {
 }
 
 /* dA, dB as mlc__matmul_backward has them; db = column sums of dC */
-static int mlc__cl_matmul_back(mlc_ctx *ctx, mlc__node *nd) {
+static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__mm *mm = (const mlc__mm *)nd->saved;
     mlc_tensor *a = nd->in[0], *b = nd->in[1], *bias = nd->in[2];
     cl_mem am = mlc__cl_in(ctx, a), bm = am ? mlc__cl_in(ctx, b) : NULL, gc = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL, g;
@@ -1463,7 +1449,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
 
 /* per chunk: dY = dy in the GEMM's layout; per group dW_g += dY_g colᵀ, dcol = W_gᵀ dY_g and
    col2im into dx; db = Σ dy */
-static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
+static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__conv *cv = (const mlc__conv *)nd->saved;
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
@@ -1506,7 +1492,8 @@ static int mlc__cl_conv2d_back(mlc_ctx *ctx, mlc__node *nd) {
 static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2], OW = y->shape[3];
-    cl_int K = call->iarg[0], S = call->iarg[1], Pd = call->iarg[2], is_max = call->iarg[3];
+    cl_int K = call->args.pool.kernel, S = call->args.pool.stride, Pd = call->args.pool.padding;
+    cl_int is_max = call->args.pool.is_max;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     if (!xm) return backward ? 0 : 1;
     if (!backward) {
@@ -1528,7 +1515,8 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
-    cl_int kind = call->iarg[0], len = call->iarg[1], inner = call->iarg[3], unbiased = call->iarg[4];
+    cl_int kind = call->args.reduce.kind, len = call->args.reduce.len, inner = call->args.reduce.inner;
+    cl_int unbiased = call->args.reduce.unbiased;
     cl_int outer = len && inner ? (cl_int)(x->size / ((size_t)len * inner)) : 0;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     if (!xm) return backward ? 0 : 1;
@@ -1550,7 +1538,7 @@ static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
-    cl_int is_log = call->iarg[0], len = call->iarg[1], inner = call->iarg[2];
+    cl_int is_log = call->args.softmax.is_log, len = call->args.softmax.len, inner = call->args.softmax.inner;
     cl_int outer = len && inner ? (cl_int)(x->size / ((size_t)len * inner)) : 0;
     cl_mem a, b, c;
     if (!backward) {
@@ -1570,8 +1558,8 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 /* l = per-element losses in a scratch buffer; y = l (none) or its sum / mean */
 static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t count) {
-    cl_int n = (cl_int)count, red = call->iarg[0];
-    cl_float scale = call->farg[0];
+    cl_int n = (cl_int)count, red = call->args.loss.reduction;
+    cl_float scale = call->args.loss.scale;
     cl_mem y = mlc__cl_out(ctx, call->out);
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l), MLC__CL_ARG(y) };
     if (!y) return 1;
@@ -1587,8 +1575,9 @@ static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t co
 
 static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *t = call->in[1];
-    cl_int sm = call->iarg[2], N = x->shape[0], C = x->shape[1], ignore = call->iarg[1], red = call->iarg[0];
-    cl_float scale = call->farg[0];
+    cl_int sm = call->args.loss.softmax_first, N = x->shape[0], C = x->shape[1], ignore = call->args.loss.ignore_index;
+    cl_int red = call->args.loss.reduction;
+    cl_float scale = call->args.loss.scale;
     cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
     if (!tm) return backward ? 0 : 1;
     if (!backward) {
@@ -1608,9 +1597,9 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *p = call->in[0], *t = call->in[1];
-    cl_int kind = call->iarg[2] == MLC__MSE ? 0 : 1, n = (cl_int)p->size, red = call->iarg[0];
+    cl_int kind = call->args.loss.kind == MLC__MSE ? 0 : 1, n = (cl_int)p->size, red = call->args.loss.reduction;
     cl_int want_p = p->requires_grad, want_t = t->requires_grad;
-    cl_float scale = call->farg[0];
+    cl_float scale = call->args.loss.scale;
     cl_mem pm = mlc__cl_in(ctx, p), tm = pm ? mlc__cl_in(ctx, t) : NULL, l, g, gp, gt;
     if (!tm) return backward ? 0 : 1;
     if (!backward) {
@@ -1636,7 +1625,7 @@ static cl_mem mlc__cl_maybe(mlc_ctx *ctx, mlc_tensor *t, cl_mem other) { return 
 static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2];
     cl_int D = x->shape[x->ndim - 1], rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL, has_b = b != NULL;
-    cl_float eps = call->farg[0];
+    cl_float eps = call->args.layer_norm.eps;
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
     cl_mem ym, g, gx, gw, gb;
     if (!bm) return backward ? 0 : 1;
@@ -1666,9 +1655,9 @@ static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2], *rm = call->in[3], *rv = call->in[4];
-    cl_int N = x->shape[0], C = x->shape[1], inner = (cl_int)mlc__numel(x->ndim - 2, x->shape + 2), training = call->iarg[0];
+    cl_int N = x->shape[0], C = x->shape[1], inner = (cl_int)mlc__numel(x->ndim - 2, x->shape + 2), training = call->args.batch_norm.training;
     cl_int has_w = w != NULL, has_b = b != NULL, has_rm = rm != NULL, has_rv = rv != NULL;
-    cl_float momentum = call->farg[0], eps = call->farg[1];
+    cl_float momentum = call->args.batch_norm.momentum, eps = call->args.batch_norm.eps;
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
     cl_mem rmm = bm ? mlc__cl_maybe(ctx, rm, xm) : NULL, rvm = rmm ? mlc__cl_maybe(ctx, rv, xm) : NULL, ym, g, gx, gw, gb;
     if (!rvm) return backward ? 0 : 1;
@@ -1712,11 +1701,22 @@ static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_
 static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     cl_int n = (cl_int)x->size;
-    cl_uint seed = (cl_uint)call->iarg[0];
-    cl_float p = call->farg[0];
+    cl_uint seed = (cl_uint)call->args.dropout.seed;
+    cl_float p = call->args.dropout.p;
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a), MLC__CL_ARG(b) };
     return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5, &a, &b);
+}
+
+/* y = cumsum(x) along the axis; backward dx += the reversed running sums of dy */
+static int mlc__cl_cumsum(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *x = call->in[0];
+    cl_int len = call->args.cumsum.len, reverse = backward;
+    cl_ulong inner = (cl_ulong)call->args.cumsum.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0;
+    cl_mem a, b;
+    mlc__cl_arg args[] = { MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(reverse),
+                           MLC__CL_ARG(a), MLC__CL_ARG(b) };
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_cumsum, MLC__CL_K_cumsum, (size_t)(outer * inner), args, 6, &a, &b);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
@@ -1732,9 +1732,9 @@ static int mlc__cl_copy_rows(mlc_ctx *ctx, size_t outer, size_t width, cl_mem x,
 static int mlc__cl_slice(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     size_t outer, inner;
-    int len, start = call->iarg[0], count = call->iarg[1];
+    int len, start = call->args.slice.start, count = call->args.slice.count;
     cl_mem a, b;
-    mlc__split(x, call->iarg[2], &outer, &len, &inner);
+    mlc__split(x, call->args.slice.axis, &outer, &len, &inner);
     if (!backward) {
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
         mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)len * inner, (size_t)start * inner, b, (size_t)count * inner, 0, 0);
@@ -1747,7 +1747,7 @@ static int mlc__cl_slice(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_concat(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor **xs = (mlc_tensor **)call->saved;
-    int count = call->iarg[0], axis = call->iarg[1], total = call->out->shape[axis], k, offset = 0;
+    int count = call->args.concat.count, axis = call->args.concat.axis, total = call->out->shape[axis], k, offset = 0;
     cl_mem y = backward ? mlc__cl_grad_in(ctx, call->out) : mlc__cl_out(ctx, call->out), x;
     if (!y) return backward ? 0 : 1;
     for (k = 0; k < count; k++) {
@@ -1773,7 +1773,7 @@ static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_mem a, b;
     int d, acc = 1;
     for (d = x->ndim - 1; d >= 0; d--) { xstride[d] = acc; acc *= x->shape[d]; }
-    for (d = 0; d < x->ndim; d++) { s[d] = xstride[call->iarg[d]]; dims[d] = call->out->shape[d]; }
+    for (d = 0; d < x->ndim; d++) { s[d] = xstride[call->args.permute.order[d]]; dims[d] = call->out->shape[d]; }
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(s[0]), MLC__CL_ARG(s[1]), MLC__CL_ARG(s[2]),
                                MLC__CL_ARG(s[3]), MLC__CL_ARG(s[4]), MLC__CL_ARG(s[5]), MLC__CL_ARG(dims[0]), MLC__CL_ARG(dims[1]),
@@ -1789,7 +1789,7 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
     int len;
     cl_int o, l, in, L = (cl_int)idx->size;
     cl_mem im, a, b;
-    mlc__split(x, call->iarg[0], &outer, &len, &inner);
+    mlc__split(x, call->args.index_select.axis, &outer, &len, &inner);
     o = (cl_int)outer; l = len; in = (cl_int)inner;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L), MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
@@ -1832,14 +1832,14 @@ static void mlc__cl_bcast_args(const mlc__bcast *bc, int k, cl_int8 *stride) {
 }
 
 static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
-    int masked = call->backward == mlc__masked_fill_backward, count = masked ? 2 : 3, d, side;
+    int masked = call->op == MLC__OP_MASKED_FILL, count = masked ? 2 : 3, d, side;
     int ci = masked ? 1 : 0, ai = masked ? 0 : 1, bi = masked ? 0 : 2;  /* masked_fill: cond = mask, b = x */
     mlc__bcast bc;
     cl_int n = (cl_int)call->out->size, nd, a_is_fill = masked;
     cl_int8 shape, sc, sa, sb;
-    cl_float fill = call->farg[0];
+    cl_float fill = call->args.masked_fill.value;
     cl_mem cm, am, bm, ym, g, dg;
-    if (!mlc__broadcast(ctx, call->op, &bc, count, call->in)) return backward ? 0 : 1;
+    if (!mlc__broadcast(ctx, call->name, &bc, count, call->in)) return backward ? 0 : 1;
     nd = bc.ndim;
     memset(&shape, 0, sizeof shape);
     for (d = 0; d < bc.ndim; d++) shape.s[d] = bc.shape[d];
@@ -1870,40 +1870,44 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
    The backend table's entries
    ============================================================================================ */
 
-/* The families written as a forward and a backward function, in the table's form. */
-static int mlc__cl_unary_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_unary_back(ctx, n) : mlc__cl_unary(ctx, n); }
-static int mlc__cl_binary_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_binary_back(ctx, n) : mlc__cl_binary(ctx, n); }
-static int mlc__cl_accumulate_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_accumulate_back(ctx, n) : mlc__cl_accumulate(ctx, n); }
-static int mlc__cl_matmul_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_matmul_back(ctx, n) : mlc__cl_matmul(ctx, n); }
-static int mlc__cl_conv2d_family(mlc_ctx *ctx, mlc__node *n, int backward) { return backward ? mlc__cl_conv2d_back(ctx, n) : mlc__cl_conv2d(ctx, n); }
+/* Which ops have kernels here: all of them (each with its forward and its backward). */
+#define MLC__CL_HAS_KERNELS(name, backward) 1,
+static const unsigned char mlc__cl_kernels[] = { MLC__OPS(MLC__CL_HAS_KERNELS) };
+#undef MLC__CL_HAS_KERNELS
+typedef char mlc__cl_kernels_cover_every_op[sizeof mlc__cl_kernels == MLC__OP_COUNT ? 1 : -1];
 
-/* Every op family with kernels, named by its CPU backward function (the node's identity); a
-   family is listed only when both its forward and backward kernels exist. */
-static const struct { mlc__backward_fn family; int (*run)(mlc_ctx *ctx, mlc__node *n, int backward); } mlc__cl_families[] = {
-    { mlc__unary_backward, mlc__cl_unary_family },          { mlc__binary_backward, mlc__cl_binary_family },
-    { mlc__accumulate_backward, mlc__cl_accumulate_family }, { mlc__matmul_backward, mlc__cl_matmul_family },
-    { mlc__conv2d_backward, mlc__cl_conv2d_family },        { mlc__pool_backward, mlc__cl_pool },
-    { mlc__reduce_backward, mlc__cl_reduce },               { mlc__softmax_backward, mlc__cl_softmax },
-    { mlc__class_loss_backward, mlc__cl_class_loss },       { mlc__pointwise_loss_backward, mlc__cl_pointwise_loss },
-    { mlc__layer_norm_backward, mlc__cl_layer_norm },       { mlc__batch_norm_backward, mlc__cl_batch_norm },
-    { mlc__dropout_backward, mlc__cl_dropout },             { mlc__slice_backward, mlc__cl_slice },
-    { mlc__concat_backward, mlc__cl_concat },               { mlc__permute_backward, mlc__cl_permute },
-    { mlc__index_select_backward, mlc__cl_index_select },   { mlc__gather_backward, mlc__cl_gather },
-    { mlc__where_backward, mlc__cl_where },                 { mlc__masked_fill_backward, mlc__cl_where },
-};
-
-/* Run node n's family, forward or backward. 1: it ran here (or failed, with the error set);
-   0: no kernel, so mlc.h runs the forward on the CPU (a backward only comes for nodes whose
-   forward ran here: it adds into the inputs' gradients). */
-static int mlc__cl_run_family(mlc_ctx *ctx, mlc__node *n, int backward) {
-    size_t i;
-    mlc__cl_st(ctx)->op = n->op;
-    for (i = 0; i < sizeof mlc__cl_families / sizeof mlc__cl_families[0]; i++)
-        if (mlc__cl_families[i].family == n->backward) return mlc__cl_families[i].run(ctx, n, backward);
+/* Run node n forward or backward. 1: it ran here (or failed, with the error set); 0: the
+   device cannot take it (a work-group too large), so mlc.h runs the forward on the CPU (a
+   backward only comes for nodes whose forward ran here: it adds into the inputs' gradients). */
+static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
+    mlc__cl_st(ctx)->op = n->name;
+    switch (n->op) {
+    case MLC__OP_UNARY:          return backward ? mlc__cl_unary_backward(ctx, n) : mlc__cl_unary(ctx, n);
+    case MLC__OP_BINARY:         return backward ? mlc__cl_binary_backward(ctx, n) : mlc__cl_binary(ctx, n);
+    case MLC__OP_RESHAPE:                                /* forward: the core made the view */
+    case MLC__OP_COPY:           return backward ? mlc__cl_accumulate_backward(ctx, n) : mlc__cl_copy(ctx, n);
+    case MLC__OP_MATMUL:         return backward ? mlc__cl_matmul_backward(ctx, n) : mlc__cl_matmul(ctx, n);
+    case MLC__OP_CONV2D:         return backward ? mlc__cl_conv2d_backward(ctx, n) : mlc__cl_conv2d(ctx, n);
+    case MLC__OP_POOL:           return mlc__cl_pool(ctx, n, backward);
+    case MLC__OP_REDUCE:         return mlc__cl_reduce(ctx, n, backward);
+    case MLC__OP_CUMSUM:         return mlc__cl_cumsum(ctx, n, backward);
+    case MLC__OP_SOFTMAX:        return mlc__cl_softmax(ctx, n, backward);
+    case MLC__OP_CLASS_LOSS:     return mlc__cl_class_loss(ctx, n, backward);
+    case MLC__OP_POINTWISE_LOSS: return mlc__cl_pointwise_loss(ctx, n, backward);
+    case MLC__OP_LAYER_NORM:     return mlc__cl_layer_norm(ctx, n, backward);
+    case MLC__OP_BATCH_NORM:     return mlc__cl_batch_norm(ctx, n, backward);
+    case MLC__OP_DROPOUT:        return mlc__cl_dropout(ctx, n, backward);
+    case MLC__OP_SLICE:          return mlc__cl_slice(ctx, n, backward);
+    case MLC__OP_CONCAT:         return mlc__cl_concat(ctx, n, backward);
+    case MLC__OP_PERMUTE:        return mlc__cl_permute(ctx, n, backward);
+    case MLC__OP_INDEX_SELECT:   return mlc__cl_index_select(ctx, n, backward);
+    case MLC__OP_GATHER:         return mlc__cl_gather(ctx, n, backward);
+    case MLC__OP_WHERE:
+    case MLC__OP_MASKED_FILL:    return mlc__cl_where(ctx, n, backward);
+    case MLC__OP_COUNT:          break;
+    }
     return 0;
 }
-static int mlc__cl_forward(mlc_ctx *ctx, mlc__node *call) { return mlc__cl_run_family(ctx, call, 0); }
-static int mlc__cl_backward(mlc_ctx *ctx, mlc__node *n) { return mlc__cl_run_family(ctx, n, 1); }
 
 /* Parameter i's update; the state is opt->state[3 i + k], long-lived tensors on the device.
    1: done (mlc_step then marks p and its state stale on the host); 0: not done (an error is
@@ -1956,10 +1960,7 @@ static int mlc__cl_fill(mlc_tensor *t, int grad, float value) {
     return (mem = mlc__cl_buffer(ctx, t, grad)) && mlc__cl_fill_mem(ctx, mem, t->size, value);
 }
 
-static int mlc__cl_upload(mlc_tensor *t, int grad) {
-    mlc__cl_st(t->ctx)->op = "upload";
-    return mlc__cl_upload_(t->ctx, t, grad);
-}
+static int mlc__cl_upload(mlc_tensor *t, int grad) { return mlc__cl_upload_(t->ctx, t, grad); }
 
 /* Device -> host copy, waiting for it (and so for every command before it). */
 static int mlc__cl_download(mlc_tensor *t, int grad) {
@@ -1997,9 +1998,11 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
     ctx->device = NULL;
 }
 
+static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);
+static int mlc__opencl_devices(mlc_device_info *out, int max);
 static const mlc__backend mlc__opencl_backend = {
-    "opencl", mlc__cl_forward, mlc__cl_backward, mlc__cl_step, mlc__cl_fill, mlc__cl_upload,
-    mlc__cl_download, mlc__cl_create, mlc__cl_free, mlc__cl_wait, mlc__cl_destroy
+    "opencl", mlc__opencl_open, mlc__opencl_devices, mlc__cl_kernels, mlc__cl_run_op, mlc__cl_step, mlc__cl_fill,
+    mlc__cl_upload, mlc__cl_download, mlc__cl_create, mlc__cl_release, mlc__cl_wait, mlc__cl_destroy
 };
 
 /* ============================================================================================

@@ -16,6 +16,7 @@
                  whole suite this way, which checks the suites' own reads and writes too. */
 #define _POSIX_C_SOURCE 200112L   /* setenv */
 #define MLC_IMPLEMENTATION
+#define MLC_EXTRA_BACKEND test_fake_backend   /* the registry offers "fake" to mlc_create */
 #include <stdlib.h>
 #include "test.h"
 
@@ -89,51 +90,42 @@ static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
     return 1;
 }
 
-/* y = -x on the device buffers; dx += -dy */
-static int fake_forward(mlc_ctx *ctx, mlc__node *call) {
-    fake_device *fd = (fake_device *)ctx->device;
-    int k;
-    fd->op = call->op;
-    if (fd->verify)
-        for (k = 0; k < call->n_in; k++) if (!fake_check(ctx, call->in[k], call->op, k)) return 0;
-    if (fd->kernel_neg && strcmp(call->op, "mlc_neg") == 0) {
-        mlc_tensor *x = call->in[0], *y = call->out;
-        const float *xd;
-        float *yd;
-        size_t i;
-        if (!fake_check(ctx, x, call->op, 0)) return 0;
-        xd = fake_buffer(x, 0);
-        yd = fake_buffer(y, 0);
-        if (!xd || !yd) return 0;
-        for (i = 0; i < y->size; i++) yd[i] = -xd[i];
+/* y = -x on the device buffers; dx += -dy (through the core's books: mlc__device_in,
+   mlc__device_out, mlc__device_grad, as a real backend's launchers use them) */
+static int fake_neg(mlc_ctx *ctx, mlc__node *n, int backward) {
+    mlc_tensor *x = n->in[0], *y = n->out;
+    const float *src;
+    float *dst;
+    size_t i;
+    if (!backward) {
+        if (!fake_check(ctx, x, n->name, 0)) return 0;
+        src = (const float *)mlc__device_in(x);
+        dst = (float *)mlc__device_out(y, n->name);
+        if (!src || !dst) return 0;
+        for (i = 0; i < y->size; i++) dst[i] = -src[i];
         return 1;
     }
-    return 0;
-}
-
-static int fake_backward(mlc_ctx *ctx, mlc__node *n) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    const float *gy;
-    float *gx;
-    size_t i;
-    ((fake_device *)ctx->device)->op = n->op;
-    if (strcmp(n->op, "mlc_neg") != 0) return 0;
     if (!x->requires_grad) return 1;
-    if (!y->device_grad || (y->stale & MLC__GRAD_DEVICE_STALE)) {     /* dy was made on the host */
-        if (!fake_upload(y, 1)) return 0;
-        y->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
-    }
-    if (!x->device_grad || (x->stale & MLC__GRAD_DEVICE_STALE)) {     /* start from the host's dx */
-        if (x->grad && !(x->stale & MLC__GRAD_HOST_STALE)) { if (!fake_upload(x, 1)) return 0; }
-        else if (!fake_fill(x, 1, 0.0f)) return 0;
-        x->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
-    }
-    gy = (const float *)y->device_grad;
-    gx = (float *)x->device_grad;
-    for (i = 0; i < x->size; i++) gx[i] -= gy[i];
-    x->stale |= MLC__GRAD_HOST_STALE;
+    src = (const float *)mlc__device_grad(y, 0, n->name);
+    dst = src ? (float *)mlc__device_grad(x, 1, n->name) : NULL;
+    if (!dst) return 0;
+    for (i = 0; i < x->size; i++) dst[i] -= src[i];
     return 1;
 }
+
+/* The fake offers every op (so verify sees each one's inputs) and runs only mlc_neg, when
+   kernel_neg is set; it declines the rest, which then fall back to the CPU. */
+static int fake_run(mlc_ctx *ctx, mlc__node *n, int backward) {
+    fake_device *fd = (fake_device *)ctx->device;
+    int k;
+    fd->op = n->name;
+    if (!backward && fd->verify)
+        for (k = 0; k < n->n_in; k++) if (!fake_check(ctx, n->in[k], n->name, k)) return 0;
+    if (fd->kernel_neg && n->op == MLC__OP_UNARY && n->args.unary.kind == MLC__NEG) return fake_neg(ctx, n, backward);
+    return 0;
+}
+#define FAKE_OFFERS(name, backward) 1,
+static const unsigned char fake_kernels[] = { MLC__OPS(FAKE_OFFERS) };
 
 static int fake_step(mlc_optim *opt, int i) {
     fake_device *fd = (fake_device *)opt->ctx->device;
@@ -145,10 +137,12 @@ static int fake_step(mlc_optim *opt, int i) {
     return 0;
 }
 
+static int fake_open(mlc_ctx *ctx, const char *spec);
 static const mlc__backend fake_backend = {
-    "fake", fake_forward, fake_backward, fake_step, fake_fill, fake_upload, fake_download,
+    "fake", fake_open, NULL, fake_kernels, fake_run, fake_step, fake_fill, fake_upload, fake_download,
     fake_create, fake_free, fake_wait, fake_destroy
 };
+static const mlc__backend *test_fake_backend(void) { return &fake_backend; }
 
 /* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
@@ -159,6 +153,13 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
     ctx->device = fd;
     ctx->backend = &fake_backend;
     return ctx;
+}
+
+/* mlc_create's device "fake" (through the registry, as any backend is opened). */
+static int fake_open(mlc_ctx *ctx, const char *spec) {
+    if (strcmp(spec, "fake") != 0) return 0;
+    test_install_fake_device(ctx);
+    return !ctx->error;
 }
 
 static fake_device *fake_of(mlc_ctx *ctx) { return ctx && ctx->backend == &fake_backend ? (fake_device *)ctx->device : NULL; }
@@ -174,10 +175,8 @@ int test_fake_device_wanted(void) {
 }
 
 mlc_ctx *test_adopt(mlc_ctx *ctx) {
-    if (ctx && test_fake_device_wanted() && !ctx->backend && !ctx->error) {
-        test_install_fake_device(ctx);
-        if (fake_of(ctx)) fake_of(ctx)->verify = 1;
-    }
+    if (ctx && test_fake_device_wanted() && !ctx->backend && !ctx->error) test_install_fake_device(ctx);
+    if (fake_of(ctx) && test_fake_device_wanted()) fake_of(ctx)->verify = 1;
     return ctx;
 }
 
@@ -186,7 +185,7 @@ mlc_ctx *test_ctx(unsigned long long seed) {
     memset(&c, 0, sizeof c);
     c.seed = seed;
     c.quiet = 1;
-    if (test_fake_device_wanted()) c.device = "cpu";   /* the fake device replaces $MLC_DEVICE */
+    if (test_fake_device_wanted()) c.device = "fake";  /* opened through the registry; replaces $MLC_DEVICE */
     return test_adopt(mlc_create(&c));
 }
 
