@@ -36,7 +36,7 @@ CONFIGURATION MACROS (define before including)
    MLC_NO_STDIO          no <stdio.h>: no default logger, no mlc_print
    MLC_USE_CBLAS         matrix products through cblas_sgemm (OpenBLAS, MKL; Accelerate on
                          Apple); link the BLAS. mlc_config.gemm plugs in any other routine.
-   MLC_EXPF MLC_LOGF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
+   MLC_EXPF MLC_LOGF MLC_LOG1PF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
                          maths functions (default: the <math.h> float versions, but tanh is
                          mlc's own polynomial: within 4 ulp, and loops of it vectorise)
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
@@ -57,6 +57,21 @@ ERRORS
 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
+
+ADDING AN OP (the places to touch, in order)
+   A map of one tensor without parameters: one line in MLC__UNARY_MAPS (public API, ops): its
+   name, y = f(x) and dy/dx. That line makes the function, the CPU loops and the OpenCL kernel
+   cases. Add a gradient check (tests/test_grad.c) and a value test against PyTorch.
+   Any other op:
+   1. its prototype in the public API;
+   2. a line in MLC__OPS (the op's enum value and its CPU backward), and its arguments as a
+      member of mlc__args;
+   3. in its section: the backward function (maths line first), then the op: MLC__ENTER, check
+      shapes, make the output, mlc__call + its args, mlc__dispatch, the CPU loop when dispatch
+      returns 0, mlc__record;
+   4. each backend: its kernels (mlc_opencl.h: the kernel source, its name in MLC__CL_KERNELS,
+      a launcher, a case in mlc__cl_run_op); a backend without them falls back to the CPU;
+   5. tests: a gradient check, a value test, a line in tests/test_onectx.c (every device).
 
 LIMITS
    Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int.
@@ -250,24 +265,36 @@ MLCDEF mlc_tensor *mlc_div(mlc_tensor *a, mlc_tensor *b);
 MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s);
 MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s);
 MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s);    /* s - x */
-MLCDEF mlc_tensor *mlc_neg(mlc_tensor *x);
-MLCDEF mlc_tensor *mlc_exp(mlc_tensor *x);
-MLCDEF mlc_tensor *mlc_log(mlc_tensor *x);
-MLCDEF mlc_tensor *mlc_sqrt(mlc_tensor *x);
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent);
-MLCDEF mlc_tensor *mlc_abs(mlc_tensor *x);
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi);
 MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b); /* cond != 0 ? a : b */
 MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value); /* mask != 0 */
 
-/* activations */
-MLCDEF mlc_tensor *mlc_relu(mlc_tensor *x);
+/* maps and activations: mlc_neg(x), mlc_exp(x), ... one per line below, as PyTorch has them
+   (NaN in, NaN out). f is y = f(x); df is dy/dx, written with x and y. */
+#define MLC__UNARY_MAPS(X) \
+    X(NEG,        neg,        -x,                          -1.0f) \
+    X(EXP,        exp,        MLC_EXPF(x),                 y) \
+    X(LOG,        log,        MLC_LOGF(x),                 1.0f / x) \
+    X(SQRT,       sqrt,       MLC_SQRTF(x),                0.5f / y) \
+    X(ABS,        abs,        x < 0 ? -x : x,              x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f) \
+    X(RELU,       relu,       x < 0 ? 0.0f : x,            x > 0 ? 1.0f : 0.0f) \
+    X(RELU6,      relu6,      x < 0 ? 0.0f : x > 6 ? 6.0f : x,         x > 0 && x < 6 ? 1.0f : 0.0f) \
+    X(GELU,       gelu,       0.5f * x * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)),          /* exact */ \
+                  0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x)) \
+    X(GELU_TANH,  gelu_tanh,  0.5f * x * (1.0f + MLC_TANHF(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))), \
+                  mlc__gelu_tanh_slope(x)) \
+    X(SIGMOID,    sigmoid,    mlc__sigmoidf(x),            y * (1.0f - y)) \
+    X(TANH,       tanh,       MLC_TANHF(x),                1.0f - y * y) \
+    X(SILU,       silu,       x * mlc__sigmoidf(x),        mlc__sigmoidf(x) * (1.0f + x * (1.0f - mlc__sigmoidf(x)))) \
+    X(SOFTPLUS,   softplus,   x > 20.0f ? x : MLC_LOG1PF(MLC_EXPF(x)),                  mlc__sigmoidf(x)) \
+    X(LOGSIGMOID, logsigmoid, (x < 0 ? x : 0.0f) - MLC_LOG1PF(MLC_EXPF(x < 0 ? x : -x)), mlc__sigmoidf(-x)) \
+    X(HARDSWISH,  hardswish,  x * (x + 3 < 0 ? 0.0f : x + 3 > 6 ? 6.0f : x + 3) / 6, \
+                  x < -3 ? 0.0f : x > 3 ? 1.0f : (2 * x + 3) / 6)
+#define MLC__UNARY_DECLARE(NAME, name, f, df) MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x);
+MLC__UNARY_MAPS(MLC__UNARY_DECLARE)
+#undef MLC__UNARY_DECLARE
 MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope);
-MLCDEF mlc_tensor *mlc_gelu(mlc_tensor *x);          /* exact, with erf */
-MLCDEF mlc_tensor *mlc_gelu_tanh(mlc_tensor *x);     /* the tanh approximation */
-MLCDEF mlc_tensor *mlc_sigmoid(mlc_tensor *x);
-MLCDEF mlc_tensor *mlc_tanh(mlc_tensor *x);
-MLCDEF mlc_tensor *mlc_silu(mlc_tensor *x);
 MLCDEF mlc_tensor *mlc_softmax(mlc_tensor *x, int axis);
 MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis);
 
@@ -482,6 +509,9 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #endif
 #ifndef MLC_LOGF
 #define MLC_LOGF logf
+#endif
+#ifndef MLC_LOG1PF
+#define MLC_LOG1PF log1pf
 #endif
 #ifndef MLC_SQRTF
 #define MLC_SQRTF sqrtf
@@ -1735,35 +1765,32 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
 }
 
 /* ============================================================================================
-   Elementwise ops of one tensor, and activations. y = f(x), dx = g f'(x):
-     neg      y = -x                  dx = -g
-     exp      y = e^x                 dx = g y
-     log      y = ln x                dx = g / x
-     sqrt     y = √x                  dx = g / (2y)
-     pow      y = x^p                 dx = g p x^(p-1)
-     abs      y = |x|                 dx = g sign(x)
-     clamp    y = min(max(x,lo),hi)   dx = g [lo <= x <= hi]
-     +s, *s   y = x + s, x s, s - x   dx = g, g s, -g
-     relu     y = max(x, 0)           dx = g [x > 0]
-     leaky    y = x > 0 ? x : a x     dx = g (x > 0 ? 1 : a)
-     gelu     y = x Φ(x)              dx = g (Φ(x) + x φ(x))
-     gelu_t   y = x (1 + tanh u) / 2, u = √(2/π)(x + 0.044715 x³)
-                                      dx = g ((1 + t)/2 + x (1 - t²) u' / 2)
-     sigmoid  y = 1 / (1 + e^-x)      dx = g y (1 - y)
-     tanh     y = tanh x              dx = g (1 - y²)
-     silu     y = x σ(x)              dx = g σ(x) (1 + x (1 - σ(x)))
+   Elementwise ops of one tensor, and activations: y = f(x), dx += g f'(x). Each kind is one
+   line of MLC__UNARY_KINDS: its public name, f(x), and f'(x) written with x, y = f(x) and the
+   op's parameters p, q. That line makes the enum value, the CPU loops forward and backward,
+   and the OpenCL kernels' cases (the same text, compiled for the device). Kinds without
+   parameters get their public function from the line too (MLC__UNARY_MAPS, with the maths in
+   the public API section); the rest (MLC__UNARY_SCALED) are written out below.
    ============================================================================================ */
 
-typedef enum {
-    MLC__NEG, MLC__EXP, MLC__LOG, MLC__SQRT, MLC__POW, MLC__ABS, MLC__CLAMP, MLC__ADDS, MLC__MULS,
-    MLC__RSUBS, MLC__RELU, MLC__LEAKY, MLC__GELU, MLC__GELU_TANH, MLC__SIGMOID, MLC__TANH, MLC__SILU
-} mlc__unary_kind;
+#define MLC__UNARY_SCALED(X) \
+    X(POW,        pow,          MLC_POWF(x, p),         p == 0.0f ? 0.0f : p * MLC_POWF(x, p - 1.0f)) \
+    X(CLAMP,      clamp,        x < p ? p : x > q ? q : x,                  x >= p && x <= q ? 1.0f : 0.0f) \
+    X(ADDS,       add_scalar,   x + p,                                      1.0f) \
+    X(MULS,       mul_scalar,   x * p,                                      p) \
+    X(RSUBS,      rsub_scalar,  p - x,                                      -1.0f) \
+    X(LEAKY,      leaky_relu,   x > 0 ? x : p * x,                          x > 0 ? 1.0f : p)
+#define MLC__UNARY_KINDS(X) MLC__UNARY_MAPS(X) MLC__UNARY_SCALED(X)
 
-static const char *const mlc__unary_names[] = {
-    "mlc_neg", "mlc_exp", "mlc_log", "mlc_sqrt", "mlc_pow", "mlc_abs", "mlc_clamp", "mlc_add_scalar",
-    "mlc_mul_scalar", "mlc_rsub_scalar", "mlc_relu", "mlc_leaky_relu", "mlc_gelu", "mlc_gelu_tanh",
-    "mlc_sigmoid", "mlc_tanh", "mlc_silu"
-};
+#define MLC__UNARY_ENUM(NAME, name, f, df) MLC__##NAME,
+typedef enum mlc__unary_kind { MLC__UNARY_KINDS(MLC__UNARY_ENUM) MLC__UNARY_COUNT } mlc__unary_kind;
+#undef MLC__UNARY_ENUM
+#define MLC__UNARY_NAME(NAME, name, f, df) "mlc_" #name,
+static const char *const mlc__unary_names[] = { MLC__UNARY_KINDS(MLC__UNARY_NAME) };
+#undef MLC__UNARY_NAME
+#define MLC__UNARY_KIND_NAME(NAME, name, f, df) #NAME,
+static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY_KIND_NAME) };   /* for kernels */
+#undef MLC__UNARY_KIND_NAME
 
 #define MLC__SQRT_2_OVER_PI 0.7978845608028654f
 #define MLC__INV_SQRT_2 0.7071067811865476f
@@ -1828,54 +1855,28 @@ static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__
 }
 #endif
 
-static void mlc__unary_forward(int kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
+static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
 #if MLC__X86
     if (kind == MLC__TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
 #endif
+#define MLC__UNARY_FORWARD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP(f);
     switch (kind) {
-    case MLC__NEG:       MLC__MAP(-x);
-    case MLC__EXP:       MLC__MAP(MLC_EXPF(x));
-    case MLC__LOG:       MLC__MAP(MLC_LOGF(x));
-    case MLC__SQRT:      MLC__MAP(MLC_SQRTF(x));
-    case MLC__POW:       MLC__MAP(MLC_POWF(x, p));
-    case MLC__ABS:       MLC__MAP(x < 0 ? -x : x);
-    case MLC__CLAMP:     MLC__MAP(x < p ? p : x > q ? q : x);
-    case MLC__ADDS:      MLC__MAP(x + p);
-    case MLC__MULS:      MLC__MAP(x * p);
-    case MLC__RSUBS:     MLC__MAP(p - x);
-    case MLC__RELU:      MLC__MAP(x > 0 ? x : 0.0f);
-    case MLC__LEAKY:     MLC__MAP(x > 0 ? x : p * x);
-    case MLC__GELU:      MLC__MAP(0.5f * x * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)));
-    case MLC__GELU_TANH: MLC__MAP(0.5f * x * (1.0f + MLC_TANHF(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))));
-    case MLC__SIGMOID:   MLC__MAP(mlc__sigmoidf(x));
-    case MLC__TANH:      MLC__MAP(MLC_TANHF(x));
-    default:             MLC__MAP(x * mlc__sigmoidf(x));                 /* silu */
+    MLC__UNARY_KINDS(MLC__UNARY_FORWARD_CASE)
+    case MLC__UNARY_COUNT: break;
     }
+#undef MLC__UNARY_FORWARD_CASE
 }
 
-static void mlc__unary_grad(int kind, size_t n, const float *MLC__RESTRICT xs, const float *MLC__RESTRICT ys,
+static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs, const float *MLC__RESTRICT ys,
                             const float *MLC__RESTRICT g, float *MLC__RESTRICT gx, float p, float q) {
     size_t i;
+#define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP_GRAD(df);
     switch (kind) {
-    case MLC__NEG:       MLC__MAP_GRAD(-1.0f);
-    case MLC__EXP:       MLC__MAP_GRAD(y);
-    case MLC__LOG:       MLC__MAP_GRAD(1.0f / x);
-    case MLC__SQRT:      MLC__MAP_GRAD(0.5f / y);
-    case MLC__POW:       MLC__MAP_GRAD(p * MLC_POWF(x, p - 1.0f));
-    case MLC__ABS:       MLC__MAP_GRAD(x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f);
-    case MLC__CLAMP:     MLC__MAP_GRAD(x >= p && x <= q ? 1.0f : 0.0f);
-    case MLC__ADDS:      MLC__MAP_GRAD(1.0f);
-    case MLC__MULS:      MLC__MAP_GRAD(p);
-    case MLC__RSUBS:     MLC__MAP_GRAD(-1.0f);
-    case MLC__RELU:      MLC__MAP_GRAD(x > 0 ? 1.0f : 0.0f);
-    case MLC__LEAKY:     MLC__MAP_GRAD(x > 0 ? 1.0f : p);
-    case MLC__GELU:      MLC__MAP_GRAD(0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x));
-    case MLC__GELU_TANH: MLC__MAP_GRAD(mlc__gelu_tanh_slope(x));
-    case MLC__SIGMOID:   MLC__MAP_GRAD(y * (1.0f - y));
-    case MLC__TANH:      MLC__MAP_GRAD(1.0f - y * y);
-    default:             MLC__MAP_GRAD(mlc__sigmoidf(x) * (1.0f + x * (1.0f - mlc__sigmoidf(x))));   /* silu */
+    MLC__UNARY_KINDS(MLC__UNARY_GRAD_CASE)
+    case MLC__UNARY_COUNT: break;
     }
+#undef MLC__UNARY_GRAD_CASE
 }
 #undef MLC__MAP
 #undef MLC__MAP_GRAD
@@ -1884,14 +1885,14 @@ static void mlc__unary_grad(int kind, size_t n, const float *MLC__RESTRICT xs, c
 static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)piece;
-    mlc__unary_forward(n->args.unary.kind, end - begin, n->in[0]->data + begin, n->out->data + begin, n->args.unary.p,
+    mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin, n->out->data + begin, n->args.unary.p,
                        n->args.unary.q);
 }
 static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     const mlc_tensor *x = n->in[0], *y = n->out;
     (void)piece;
-    mlc__unary_grad(n->args.unary.kind, end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin,
+    mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin,
                     n->args.unary.p, n->args.unary.q);
 }
 
@@ -1899,7 +1900,7 @@ static void mlc__unary_backward(mlc__node *n) {
     if (mlc__grad(n->in[0])) mlc__parallel(n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
 }
 
-static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
+static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, float q) {
     const char *op = mlc__unary_names[kind];
     mlc_tensor *out;
     mlc__node call;
@@ -1915,12 +1916,11 @@ static mlc_tensor *mlc__unary(int kind, mlc_tensor *x, float p, float q) {
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_neg(mlc_tensor *x) { return mlc__unary(MLC__NEG, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_exp(mlc_tensor *x) { return mlc__unary(MLC__EXP, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_log(mlc_tensor *x) { return mlc__unary(MLC__LOG, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_sqrt(mlc_tensor *x) { return mlc__unary(MLC__SQRT, x, 0, 0); }
+#define MLC__UNARY_DEFINE(NAME, name, f, df) \
+    MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x) { return mlc__unary(MLC__##NAME, x, 0, 0); }
+MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
+#undef MLC__UNARY_DEFINE
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
-MLCDEF mlc_tensor *mlc_abs(mlc_tensor *x) { return mlc__unary(MLC__ABS, x, 0, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
     if (x && !x->ctx->error && !(lo <= hi))
         return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", lo, hi);
@@ -1929,13 +1929,7 @@ MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
 MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
 MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__MULS, x, s, 0); }
 MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__RSUBS, x, s, 0); }
-MLCDEF mlc_tensor *mlc_relu(mlc_tensor *x) { return mlc__unary(MLC__RELU, x, 0, 0); }
 MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) { return mlc__unary(MLC__LEAKY, x, slope, 0); }
-MLCDEF mlc_tensor *mlc_gelu(mlc_tensor *x) { return mlc__unary(MLC__GELU, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_gelu_tanh(mlc_tensor *x) { return mlc__unary(MLC__GELU_TANH, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_sigmoid(mlc_tensor *x) { return mlc__unary(MLC__SIGMOID, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_tanh(mlc_tensor *x) { return mlc__unary(MLC__TANH, x, 0, 0); }
-MLCDEF mlc_tensor *mlc_silu(mlc_tensor *x) { return mlc__unary(MLC__SILU, x, 0, 0); }
 
 /* ============================================================================================
    Matrix products

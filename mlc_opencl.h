@@ -312,24 +312,37 @@ static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
 
 /* Pieces of the program, each under the 4095 characters C99 promises for one literal. */
 static const char *const mlc__cl_source[] = {
-"/* mlc.h's sigmoid, tanh and gelu-tanh slope, so device and CPU agree */\n"
+"/* mlc.h's sigmoid, tanh and gelu-tanh slope, step for step, so device and CPU agree */\n"
 "#define MLC__SQRT_2_OVER_PI " MLC__CL_STR(MLC__SQRT_2_OVER_PI) "\n"
 "#define MLC__INV_SQRT_2 " MLC__CL_STR(MLC__INV_SQRT_2) "\n"
 "#define MLC__INV_SQRT_2PI " MLC__CL_STR(MLC__INV_SQRT_2PI) "\n"
-"float mlc_sigmoid(float x) {\n"
+"#define MLC_EXPF exp\n#define MLC_LOGF log\n#define MLC_LOG1PF log1p\n#define MLC_SQRTF sqrt\n"
+"#define MLC_ERFF erf\n#define MLC_POWF pow\n#define MLC_TANHF mlc__tanhf\n"
+"float mlc__sigmoidf(float x) {\n"
 "    if (x >= 0) return 1.0f / (1.0f + exp(-x));\n"
 "    { float e = exp(x); return e / (1.0f + e); }\n"
 "}\n"
-"/* tanh|x| = 1 - 2 / (e^(2|x|) + 1), the odd Taylor series below 0.3 */\n"
-"float mlc_tanh(float x) {\n"
-"    float a = x < 0 ? -x : x, x2 = x * x, t;\n"
-"    if (a < 0.3f) return x + x * x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835 + x2 * (-1382.0f / 155925)))));\n"
-"    t = a > 9.0f ? 1.0f : 1.0f - 2.0f / (exp(2.0f * a) + 1.0f);\n"
-"    return x < 0 ? -t : t;\n"
+"/* tanh|x| = m / (m + 2), m = e^(2|x|) - 1 = 2^n (e^r - 1) + 2^n - 1 (see mlc__tanhf in mlc.h) */\n"
+"float mlc__tanhf(float x) {\n"
+"    uint bits = as_uint(x), sign = bits & 0x80000000u;\n"
+"    float a, y, k, n, r, m, two_n;\n"
+"    bits &= 0x7fffffffu;\n"
+"    bits = bits < 0x41100000u ? bits : 0x41100000u;\n"
+"    bits |= (uint)(x != x) * 0x7fc00000u;\n"
+"    a = as_float(bits);\n"
+"    y = 2.0f * a;\n"
+"    k = y * 1.44269504f + 12582912.0f;\n"
+"    n = k - 12582912.0f;\n"
+"    r = (y - n * 0.693145751953125f) - n * 1.428606765330187e-6f;\n"
+"    two_n = as_float((as_uint(k) - 0x4b400000u + 127u) << 23);\n"
+"    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720\n"
+"        + r * (1.0f / 5040)))))))) + (two_n - 1.0f);\n"
+"    y = m / (m + 2.0f);\n"
+"    return as_float(as_uint(y) | sign);\n"
 "}\n"
 "/* d/dx of x (1 + tanh u) / 2 with u = sqrt(2/pi)(x + 0.044715 x^3) */\n"
-"float mlc_gelu_tanh_slope(float x) {\n"
-"    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = mlc_tanh(u);\n"
+"float mlc__gelu_tanh_slope(float x) {\n"
+"    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);\n"
 "    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);\n"
 "}\n"
 "/* fill: x = v */\n"
@@ -347,58 +360,30 @@ static const char *const mlc__cl_source[] = {
 "    if (i < n) gx[i] += g[i];\n"
 "}\n",
 
-"/* unary: y = f(x), the kinds of mlc__unary_forward; p, q are the op's parameters */\n"
+"/* unary: y = f(x), each kind's f from MLC__UNARY_KINDS in mlc.h; p, q: the op's parameters */\n"
 "__kernel void mlc_unary(int kind, ulong n, __global const float *xs, __global float *ys, float p, float q) {\n"
 "    size_t i = get_global_id(0);\n"
-"    float x, y;\n"
+"    float x, y = 0.0f;\n"
 "    if (i >= n) return;\n"
 "    x = xs[i];\n"
 "    switch (kind) {\n"
-"    case MLC__NEG:       y = -x; break;\n"
-"    case MLC__EXP:       y = exp(x); break;\n"
-"    case MLC__LOG:       y = log(x); break;\n"
-"    case MLC__SQRT:      y = sqrt(x); break;\n"
-"    case MLC__POW:       y = pow(x, p); break;\n"
-"    case MLC__ABS:       y = x < 0 ? -x : x; break;\n"
-"    case MLC__CLAMP:     y = x < p ? p : x > q ? q : x; break;\n"
-"    case MLC__ADDS:      y = x + p; break;\n"
-"    case MLC__MULS:      y = x * p; break;\n"
-"    case MLC__RSUBS:     y = p - x; break;\n"
-"    case MLC__RELU:      y = x > 0 ? x : 0.0f; break;\n"
-"    case MLC__LEAKY:     y = x > 0 ? x : p * x; break;\n"
-"    case MLC__GELU:      y = 0.5f * x * (1.0f + erf(x * MLC__INV_SQRT_2)); break;\n"
-"    case MLC__GELU_TANH: y = 0.5f * x * (1.0f + mlc_tanh(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))); break;\n"
-"    case MLC__SIGMOID:   y = mlc_sigmoid(x); break;\n"
-"    case MLC__TANH:      y = mlc_tanh(x); break;\n"
-"    default:             y = x * mlc_sigmoid(x); break;   /* silu */\n"
+#define MLC__CL_UNARY_FORWARD(NAME, name, f, df) "    case MLC__" #NAME ": y = " #f "; break;\n"
+MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
+#undef MLC__CL_UNARY_FORWARD
 "    }\n"
 "    ys[i] = y;\n"
-"}\n"
-"/* unary backward: gx += g f'(x), given x and y = f(x), as in mlc__unary_grad */\n"
+"}\n",
+"/* unary backward: gx += g f'(x), given x and y = f(x), each kind's f' from MLC__UNARY_KINDS */\n"
 "__kernel void mlc_unary_grad(int kind, ulong n, __global const float *xs, __global const float *ys,\n"
 "                             __global const float *g, __global float *gx, float p, float q) {\n"
 "    size_t i = get_global_id(0);\n"
-"    float x, y, d;\n"
+"    float x, y, d = 0.0f;\n"
 "    if (i >= n) return;\n"
 "    x = xs[i]; y = ys[i];\n"
 "    switch (kind) {\n"
-"    case MLC__NEG:       d = -1.0f; break;\n"
-"    case MLC__EXP:       d = y; break;\n"
-"    case MLC__LOG:       d = 1.0f / x; break;\n"
-"    case MLC__SQRT:      d = 0.5f / y; break;\n"
-"    case MLC__POW:       d = p * pow(x, p - 1.0f); break;\n"
-"    case MLC__ABS:       d = x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f; break;\n"
-"    case MLC__CLAMP:     d = x >= p && x <= q ? 1.0f : 0.0f; break;\n"
-"    case MLC__ADDS:      d = 1.0f; break;\n"
-"    case MLC__MULS:      d = p; break;\n"
-"    case MLC__RSUBS:     d = -1.0f; break;\n"
-"    case MLC__RELU:      d = x > 0 ? 1.0f : 0.0f; break;\n"
-"    case MLC__LEAKY:     d = x > 0 ? 1.0f : p; break;\n"
-"    case MLC__GELU:      d = 0.5f * (1.0f + erf(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * exp(-0.5f * x * x); break;\n"
-"    case MLC__GELU_TANH: d = mlc_gelu_tanh_slope(x); break;\n"
-"    case MLC__SIGMOID:   d = y * (1.0f - y); break;\n"
-"    case MLC__TANH:      d = 1.0f - y * y; break;\n"
-"    default:             d = mlc_sigmoid(x) * (1.0f + x * (1.0f - mlc_sigmoid(x))); break;   /* silu */\n"
+#define MLC__CL_UNARY_GRAD(NAME, name, f, df) "    case MLC__" #NAME ": d = " #df "; break;\n"
+MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
+#undef MLC__CL_UNARY_GRAD
 "    }\n"
 "    gx[i] += g[i] * d;\n"
 "}\n",
@@ -1058,22 +1043,18 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
     const char *strings[PIECES + 1], *extra = getenv("MLC_OPENCL_OPTIONS");
-    char prelude[1024], options[512];
+    char prelude[2048], options[512];
     cl_int err;
     int i;
     if (st->program) return 1;
     mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
                 st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
-    mlc__format(prelude, sizeof prelude,
-        "#pragma OPENCL FP_CONTRACT OFF\n"
-        "#define MLC__NEG %d\n#define MLC__EXP %d\n#define MLC__LOG %d\n#define MLC__SQRT %d\n#define MLC__POW %d\n"
-        "#define MLC__ABS %d\n#define MLC__CLAMP %d\n#define MLC__ADDS %d\n#define MLC__MULS %d\n#define MLC__RSUBS %d\n"
-        "#define MLC__RELU %d\n#define MLC__LEAKY %d\n#define MLC__GELU %d\n#define MLC__GELU_TANH %d\n"
-        "#define MLC__SIGMOID %d\n#define MLC__TANH %d\n"
-        "#define MLC__ADD %d\n#define MLC__SUB %d\n#define MLC__MUL %d\n#define MLC__DIV %d\n",
-        (int)MLC__NEG, (int)MLC__EXP, (int)MLC__LOG, (int)MLC__SQRT, (int)MLC__POW, (int)MLC__ABS, (int)MLC__CLAMP,
-        (int)MLC__ADDS, (int)MLC__MULS, (int)MLC__RSUBS, (int)MLC__RELU, (int)MLC__LEAKY, (int)MLC__GELU,
-        (int)MLC__GELU_TANH, (int)MLC__SIGMOID, (int)MLC__TANH, (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV);
+    mlc__format(prelude, sizeof prelude, "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
+                "#define MLC__MUL %d\n#define MLC__DIV %d\n", (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV);
+    for (i = 0; i < MLC__UNARY_COUNT; i++) {            /* the unary kinds' values, by name */
+        size_t used = strlen(prelude);
+        mlc__format(prelude + used, sizeof prelude - used, "#define MLC__%s %d\n", mlc__unary_kind_names[i], i);
+    }
     strings[0] = prelude;
     for (i = 0; i < PIECES; i++) strings[i + 1] = mlc__cl_source[i];
     st->program = mlc__cl.CreateProgramWithSource(st->context, PIECES + 1, strings, NULL, &err);

@@ -107,6 +107,12 @@ FN(gelu_tanh) { (void)u; return mlc_gelu_tanh(x[0]); }
 FN(sigmoid) { (void)u; return mlc_sigmoid(x[0]); }
 FN(tanh) { (void)u; return mlc_tanh(x[0]); }
 FN(silu) { (void)u; return mlc_silu(x[0]); }
+FN(softplus) { (void)u; return mlc_softplus(mlc_mul_scalar(x[0], 4)); }     /* past the threshold too */
+FN(relu6) { (void)u; return mlc_relu6(mlc_mul_scalar(x[0], 4)); }
+FN(logsigmoid) { (void)u; return mlc_logsigmoid(mlc_mul_scalar(x[0], 3)); }
+FN(hardswish) { (void)u; return mlc_hardswish(mlc_mul_scalar(x[0], 2)); }
+FN(cumsum_mid) { (void)u; return mlc_cumsum(x[0], 1); }
+FN(cumsum_last) { (void)u; return mlc_cumsum(x[0], -1); }
 GRAD(neg, ANY, S(2, 3, 4))
 GRAD(exp, ANY, S(2, 3, 4))
 GRAD(log, POSITIVE, S(2, 3, 4))
@@ -122,6 +128,12 @@ GRAD(gelu_tanh, ANY, S(2, 4, 5))
 GRAD(sigmoid, ANY, S(2, 4, 5))
 GRAD(tanh, ANY, S(2, 4, 5))
 GRAD(silu, ANY, S(2, 4, 5))
+GRAD(softplus, ANY, S(2, 4, 5))
+GRAD(relu6, DISTINCT, S(2, 4, 5))
+GRAD(logsigmoid, ANY, S(2, 4, 5))
+GRAD(hardswish, DISTINCT, S(2, 4, 5))
+GRAD(cumsum_mid, ANY, S(3, 2, 3, 4))
+GRAD(cumsum_last, ANY, S(2, 3, 5))
 
 /* matrix products */
 FN(matmul) { (void)u; return mlc_matmul(x[0], x[1]); }
@@ -296,7 +308,7 @@ const test_case tests_grad[] = {
     T(add_same) T(add_row) T(add_both) T(add_scalar_tensor) T(sub_bcast) T(mul_bcast) T(mul_self) T(div_bcast)
     T(where3) T(masked_fill)
     T(neg) T(exp) T(log) T(sqrt) T(pow) T(abs) T(clamp) T(scalars) T(relu) T(leaky_relu) T(gelu) T(gelu_tanh)
-    T(sigmoid) T(tanh) T(silu)
+    T(sigmoid) T(tanh) T(silu) T(softplus) T(relu6) T(logsigmoid) T(hardswish) T(cumsum_mid) T(cumsum_last)
     T(matmul) T(matmul_ta) T(matmul_tb) T(matmul_tab) T(matmul_batched) T(matmul_batched_tab) T(matmul_shared_b)
     T(matmul_shared_b_ta) T(matmul_shared_a) T(linear)
     T(sum0) T(sum1_keep) T(mean_last) T(max1) T(max_last_keep) T(var_unbiased) T(var_biased_keep) T(sum_all) T(mean_all)

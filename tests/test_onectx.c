@@ -95,6 +95,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("clamp", mlc_clamp(a, -1, 1)); OUT("where", mlc_where(cond, a, b)); OUT("masked_fill", mlc_masked_fill(a, mask, 9));
     OUT("relu", mlc_relu(a)); OUT("leaky_relu", mlc_leaky_relu(a, 0.1f)); OUT("gelu", mlc_gelu(a));
     OUT("gelu_tanh", mlc_gelu_tanh(a)); OUT("sigmoid", mlc_sigmoid(a)); OUT("tanh", mlc_tanh(a)); OUT("silu", mlc_silu(a));
+    OUT("softplus", mlc_softplus(a)); OUT("relu6", mlc_relu6(mlc_mul_scalar(a, 4))); OUT("logsigmoid", mlc_logsigmoid(a));
+    OUT("hardswish", mlc_hardswish(mlc_mul_scalar(a, 2))); OUT("cumsum", mlc_cumsum(x3, 1));
     OUT("softmax", mlc_softmax(a, 1)); OUT("log_softmax", mlc_log_softmax(a, 0));
     OUT("matmul", mlc_matmul(m1, m2)); OUT("matmul_t", mlc_matmul_t(m2, m2, 1, 0)); OUT("linear", mlc_linear(b, w, bias));
     OUT("sum", mlc_sum(x3, 1, 0)); OUT("mean", mlc_mean(x3, 2, 1)); OUT("max", mlc_max(x3, 0, 0));

@@ -209,6 +209,77 @@ static int activations(void) {
     return 1;
 }
 
+/* softplus, relu6, logsigmoid, hardswish and their gradients, against PyTorch 1.13 */
+static int activations_added_through_the_table(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float xs[9] = { -4, -1, -0.5f, 0, 0.5f, 1, 3, 7, 25 };
+    static const float want[4][2][9] = {
+        { { 0.0181499291f, 0.313261688f, 0.474076986f, 0.693147182f, 0.974076986f, 1.31326163f, 3.04858732f, 7.00091171f, 25 },
+          { 0.0179862101f, 0.268941432f, 0.377540678f, 0.5f, 0.622459352f, 0.731058598f, 0.952574134f, 0.999088943f, 1 } },
+        { { 0, 0, 0, 0, 0.5f, 1, 3, 6, 6 }, { 0, 0, 0, 0, 1, 1, 1, 0, 0 } },
+        { { -4.01814985f, -1.31326175f, -0.974076986f, -0.693147182f, -0.474076986f, -0.313261688f, -0.048587352f,
+            -0.000911466486f, -1.38879437e-11f },
+          { 0.982013762f, 0.731058598f, 0.622459292f, 0.5f, 0.377540678f, 0.268941432f, 0.0474258736f, 0.000911051233f,
+            1.38879437e-11f } },
+        { { 0, -0.333333343f, -0.208333328f, 0, 0.291666657f, 0.666666687f, 3, 7, 25 },
+          { 0, 0.166666657f, 0.333333313f, 0.5f, 0.666666687f, 0.833333373f, 1.5f, 1, 1 } },
+    };
+    mlc_tensor *(*const fns[4])(mlc_tensor *) = { mlc_softplus, mlc_relu6, mlc_logsigmoid, mlc_hardswish };
+    int k;
+    for (k = 0; k < 4; k++) {
+        mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 9), 1), *y = fns[k](x);
+        CHECK_TENSOR(y, want[k][0], 2e-6);
+        CHECK(mlc_backward(mlc_sum_all(y)) == MLC_OK);
+        CHECK(mlc_host_grad(x) != NULL);
+        {
+            mlc_tensor *g = mlc_from_data(ctx, 1, (int[]){ 9 }, mlc_host_grad(x));
+            CHECK_TENSOR(g, want[k][1], 2e-6);
+        }
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
+/* NaN in, NaN out, as in PyTorch (relu(NaN) was 0); the gradient of x^0 is 0, also at 0 */
+static int maps_propagate_nan_and_pow_zero_has_zero_gradient(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float nan_in[2] = { NAN, 1.0f }, zeros[2] = { 0.0f, 2.0f }, none[2] = { 0, 0 };
+    mlc_tensor *(*const fns[])(mlc_tensor *) = { mlc_relu, mlc_relu6, mlc_hardswish, mlc_softplus, mlc_logsigmoid,
+                                                 mlc_sigmoid, mlc_tanh, mlc_silu, mlc_gelu, mlc_abs };
+    mlc_tensor *x = T(ctx, nan_in, 2), *p = mlc_requires_grad(T(ctx, zeros, 2), 1), *g;
+    size_t k;
+    for (k = 0; k < sizeof fns / sizeof fns[0]; k++) {
+        mlc_tensor *y = fns[k](x);
+        CHECK(y != NULL);
+        CHECK_MSG(isnan(mlc_host_data(y)[0]), "map %zu of NaN is %g", k, (double)mlc_host_data(y)[0]);
+    }
+    CHECK(isnan(mlc_get(mlc_leaky_relu(x, 0.1f), 0)) && isnan(mlc_get(mlc_clamp(x, -1, 1), 0)));
+    CHECK(mlc_backward(mlc_sum_all(mlc_pow(p, 0.0f))) == MLC_OK);
+    g = mlc_from_data(ctx, 1, (int[]){ 2 }, mlc_host_grad(p));
+    CHECK_TENSOR(g, none, 0);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* cumsum along each axis, and its gradient (the reversed running sums), against PyTorch */
+static int cumsum_values_and_gradient(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float xs[6] = { 0, 1, 2, 3, 4, 5 }, rows[6] = { 0, 1, 3, 3, 7, 12 }, cols[6] = { 0, 1, 2, 3, 5, 7 };
+    const float g_rows[6] = { 3, 2, 1, 3, 2, 1 }, ones[6] = { 1, 1, 1, 1, 1, 1 };
+    mlc_tensor *x = mlc_requires_grad(mlc_from_data(ctx, 2, (int[]){ 2, 3 }, xs), 1), *y;
+    CHECK_TENSOR(mlc_cumsum(x, 1), rows, 0);
+    CHECK_TENSOR(mlc_cumsum(x, -2), cols, 0);
+    CHECK(mlc_backward(mlc_sum_all(mlc_cumsum(x, 1))) == MLC_OK);
+    CHECK_TENSOR(mlc_from_data(ctx, 2, (int[]){ 2, 3 }, mlc_host_grad(x)), g_rows, 0);
+    x = mlc_requires_grad(mlc_from_data(ctx, 2, (int[]){ 2, 3 }, xs), 1);
+    y = mlc_slice(mlc_cumsum(x, 0), 0, 1, 2);                       /* only the last row's sums */
+    CHECK(mlc_backward(mlc_sum_all(y)) == MLC_OK);
+    CHECK_TENSOR(mlc_from_data(ctx, 2, (int[]){ 2, 3 }, mlc_host_grad(x)), ones, 0);
+    CHECK(mlc_cumsum(x, 2) == NULL && mlc_error(ctx) == MLC_ERR_INDEX && strstr(mlc_error_message(ctx), "mlc_cumsum"));
+    test_destroy(ctx);
+    return 1;
+}
+
 /* mlc's own tanh (a polynomial, no libm) within 4 ulp of tanh in double, on the CPU: every
    2^-7 from -12 to 12, tiny values (where tanh x = x), and NaN, infinities and -0 */
 static int tanh_within_4_ulp(void) {
@@ -1115,6 +1186,9 @@ const test_case tests_ops[] = {
     { "where_three_way", where_three_way },
     { "masked_fill_causal", masked_fill_causal },
     { "activations", activations },
+    { "activations_added_through_the_table", activations_added_through_the_table },
+    { "maps_propagate_nan_and_pow_zero_has_zero_gradient", maps_propagate_nan_and_pow_zero_has_zero_gradient },
+    { "cumsum_values_and_gradient", cumsum_values_and_gradient },
     { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
     { "matmul_2d_and_transposes", matmul_2d_and_transposes },
