@@ -163,7 +163,8 @@ MLCDEF float mlc_rand_uniform(mlc_ctx *ctx);            /* [0, 1) */
 MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
 
 /* Frames: everything an op allocates between begin and end is released by end. */
-typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level; } mlc_frame;
+typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level;
+                           uint64_t id, tape_id; } mlc_frame;
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
@@ -183,6 +184,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
     int on_device;                      /* 1: lives on the context's device (see Devices) */
     int level;                          /* how many frames were open when it was made */
+    uint64_t frame_id, tape_id;         /* the frame and the tape it was made in (misuse checks) */
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
 };
@@ -560,6 +562,7 @@ static int mlc__opencl_devices(mlc_device_info *out, int max);
 #endif
 
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
+#define MLC__MAX_FRAMES 64              /* frames open at once */
 typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
     mlc__device_buffer *frame, *spare, *kept;
     size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
@@ -582,6 +585,8 @@ struct mlc_ctx {
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
     int level;                         /* frames open now */
+    uint64_t frame_ids[MLC__MAX_FRAMES]; /* the id of each open frame, outermost first */
+    uint64_t frames_made, tape_id;     /* frame ids handed out; tape id, new after each backward */
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
@@ -702,14 +707,23 @@ static void *mlc__fail(mlc_ctx *ctx, mlc_result code, const char *fmt, ...) {
     return NULL;
 }
 
+/* The one place sizes are computed with overflow checks: *out = a * b + c; 0 when it overflows
+   size_t (element and byte counts of a shape, arena blocks, heap headers). */
+static int mlc__size(size_t a, size_t b, size_t c, size_t *out) {
+    if (b && a > ((size_t)-1 - c) / b) return 0;
+    *out = a * b + c;
+    return 1;
+}
+
 /* Every heap allocation carries its size in front, so the statistics stay exact. */
 #define MLC__HEADER 16
 static void *mlc__heap_alloc(mlc_ctx *ctx, size_t bytes) {
     unsigned char *p;
-    if (bytes > (size_t)-1 - MLC__HEADER) return NULL;
+    size_t total;
+    if (!mlc__size(bytes, 1, MLC__HEADER, &total)) return NULL;
     p = (unsigned char *)(ctx->config.allocator.alloc
-            ? ctx->config.allocator.alloc(bytes + MLC__HEADER, ctx->config.allocator.user)
-            : malloc(bytes + MLC__HEADER));
+            ? ctx->config.allocator.alloc(total, ctx->config.allocator.user)
+            : malloc(total));
     if (!p) return NULL;
     memcpy(p, &bytes, sizeof bytes);
     ctx->stats.allocs++;
@@ -732,7 +746,8 @@ static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
 
 /* Long-lived memory: linked into the context so mlc_destroy frees whatever the user kept. */
 static void *mlc__owned_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
-    mlc__owned *o = (mlc__owned *)mlc__heap_alloc(ctx, sizeof(mlc__owned) + 16 + bytes);
+    size_t total;
+    mlc__owned *o = mlc__size(bytes, 1, sizeof(mlc__owned) + 16, &total) ? (mlc__owned *)mlc__heap_alloc(ctx, total) : NULL;
     if (!o) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory allocating %zu bytes", op, bytes);
     o->next = ctx->owned.next; o->prev = &ctx->owned;
     ctx->owned.next->prev = o; ctx->owned.next = o;
@@ -751,7 +766,9 @@ static void mlc__owned_free(mlc_ctx *ctx, void *ptr) {
 /* The arena: bump allocation in a chain of blocks, 32-byte aligned. */
 static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     mlc__block *b = ctx->block;
-    bytes = (bytes + 31) & ~(size_t)31;
+    size_t total;
+    if (!mlc__size(bytes, 1, 31, &bytes)) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (%zu bytes asked)", op, bytes);
+    bytes &= ~(size_t)31;
     while (b && b->capacity - b->used < bytes) {      /* try the next kept block */
         b = b->next;
         if (b) b->used = 0;
@@ -760,7 +777,7 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
         size_t cap = ctx->config.arena_block_bytes;
         mlc__block *nb, *last = ctx->block;
         if (cap < bytes) cap = bytes;
-        nb = (mlc__block *)mlc__heap_alloc(ctx, sizeof(mlc__block) + 32 + cap);
+        nb = mlc__size(cap, 1, sizeof(mlc__block) + 32, &total) ? (mlc__block *)mlc__heap_alloc(ctx, total) : NULL;
         if (!nb) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
         nb->next = NULL; nb->capacity = cap; nb->used = 0;
         nb->base = (unsigned char *)(((uintptr_t)(nb + 1) + 31) & ~(uintptr_t)31);
@@ -879,6 +896,7 @@ static void mlc__device_close(mlc_ctx *ctx) {
    ============================================================================================ */
 
 MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the reference seeding */
+    if (!ctx) return;
     ctx->rng_state = 0;
     ctx->rng_inc = (seed << 1u) | 1u;
     (void)mlc_rand_u32(ctx);
@@ -887,8 +905,9 @@ MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the r
 }
 
 MLCDEF uint32_t mlc_rand_u32(mlc_ctx *ctx) {
-    uint64_t old = ctx->rng_state;
+    uint64_t old = ctx ? ctx->rng_state : 0;
     uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    if (!ctx) return 0;
     ctx->rng_state = old * 6364136223846793005ULL + ctx->rng_inc;
     return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
 }
@@ -961,7 +980,9 @@ MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
 }
 MLCDEF void mlc_clear_error(mlc_ctx *ctx) { if (ctx) { ctx->error = MLC_OK; ctx->message[0] = '\0'; } }
 MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
-    int previous = ctx->grad_enabled;
+    int previous;
+    if (!ctx) return 0;
+    previous = ctx->grad_enabled;
     ctx->grad_enabled = enabled;
     return previous;
 }
@@ -983,18 +1004,31 @@ struct mlc__node {                      /* one recorded op: its output, inputs a
 };
 
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
-    mlc_stats s = ctx->stats;
+    mlc_stats s;
+    if (!ctx) { memset(&s, 0, sizeof s); return s; }
+    s = ctx->stats;
     s.tape_nodes = ctx->tape ? ctx->tape->index + 1 : 0;
     return s;
 }
 
+/* Frames end in order, innermost first. Ending an outer frame while inner ones are open is
+   MLC_ERR_STATE and ends the inner ones too (their memory is released); ending a frame twice is
+   MLC_ERR_STATE and does nothing. At most MLC__MAX_FRAMES (64) are open at once. */
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     mlc_frame f;
+    memset(&f, 0, sizeof f);
+    if (!ctx) return f;
+    if (ctx->level >= MLC__MAX_FRAMES) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_begin: %d frames are open already (the most at once)", ctx->level);
+        return f;
+    }
     f.ctx = ctx;
     f.block = ctx->block;
     f.block_used = ctx->block ? ctx->block->used : 0;
     f.arena_used = ctx->stats.arena_used;
     f.tape = ctx->tape;
+    f.tape_id = ctx->tape_id;
+    f.id = ctx->frame_ids[ctx->level] = ++ctx->frames_made;
     f.level = ctx->level++;
     return f;
 }
@@ -1002,12 +1036,49 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
 MLCDEF void mlc_frame_end(mlc_frame f) {
     mlc_ctx *ctx = f.ctx;
     if (!ctx) return;
+    if (f.level < 0 || f.level >= ctx->level || ctx->frame_ids[f.level] != f.id) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: the frame has ended already");
+        return;
+    }
+    if (f.level != ctx->level - 1)
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: %d inner frame(s) still open; frames end innermost first "
+                  "(the inner ones were ended too)", ctx->level - 1 - f.level);
     ctx->block = f.block ? (mlc__block *)f.block : ctx->first_block;
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
-    ctx->tape = (mlc__node *)f.tape;
+    ctx->tape = f.tape_id == ctx->tape_id ? (mlc__node *)f.tape : NULL;   /* a backward consumed it */
     ctx->level = f.level;
     if (ctx->backend) mlc__device_release_frames(ctx, f.level);
+}
+
+/* A shape as text, "[2, 3]", for messages about shapes that have no tensor yet. */
+typedef struct mlc__text { char text[96]; } mlc__text;
+static mlc__text mlc__shape_text(int ndim, const int *shape) {
+    mlc__text s;
+    size_t n = 0;
+    int d;
+    s.text[n++] = '[';
+    for (d = 0; d < ndim && n < sizeof s.text - 16; d++) {
+        mlc__format(s.text + n, sizeof s.text - n, d ? ", %d" : "%d", shape[d]);
+        n += strlen(s.text + n);
+    }
+    s.text[n++] = ']';
+    s.text[n] = '\0';
+    return s;
+}
+
+/* Whether t was made in a frame that has ended (its memory is the arena's again). Reliable while
+   that memory has not been handed out again; like any dangling pointer, not always after. */
+static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
+    return !t->persistent && t->level > 0 && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
+}
+
+/* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
+static int mlc__usable(mlc_tensor *t, const char *op) {
+    if (!t) return 0;
+    if (!mlc__ended(t->ctx, t)) return 1;
+    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was made in a frame that has ended (mlc_frame_end freed it)", op, t);
+    return 0;
 }
 
 /* ============================================================================================
@@ -1073,8 +1144,8 @@ static void mlc__clear_grad(mlc_tensor *t) {
     mlc__host_wrote_grad(t);
 }
 
-MLCDEF float *mlc_host_data(mlc_tensor *t) { return t ? mlc__host(t) : NULL; }
-MLCDEF float *mlc_host_grad(mlc_tensor *t) { return t ? mlc__host_grad(t) : NULL; }
+MLCDEF float *mlc_host_data(mlc_tensor *t) { return mlc__usable(t, "mlc_host_data") ? mlc__host(t) : NULL; }
+MLCDEF float *mlc_host_grad(mlc_tensor *t) { return mlc__usable(t, "mlc_host_grad") ? mlc__host_grad(t) : NULL; }
 
 static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
     int i;
@@ -1111,7 +1182,7 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
 
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
     mlc_ctx *ctx;
-    if (!t || t->ctx->error) return NULL;
+    if (!t || t->ctx->error || !mlc__usable(t, "mlc_to")) return NULL;
     ctx = t->ctx;
     on_device = on_device != 0;
     if (on_device && !ctx->backend) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: context runs on the CPU only (no device)");
@@ -1156,10 +1227,14 @@ static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *s
 /* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived). */
 static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
     mlc_tensor *t;
-    size_t size, bytes;
+    size_t size = 1, bytes;
+    int d;
     if (!ctx || ctx->error || !mlc__check_shape(ctx, op, ndim, shape)) return NULL;
-    size = mlc__numel(ndim, shape);
-    bytes = ((sizeof(mlc_tensor) + 31) & ~(size_t)31) + size * sizeof(float);
+    for (d = 0; d < ndim; d++)
+        if (!mlc__size(size, (size_t)shape[d], 0, &size)) break;
+    if (d < ndim || !mlc__size(size, sizeof(float), (sizeof(mlc_tensor) + 31) & ~(size_t)31, &bytes))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than size_t counts",
+                                       op, mlc__shape_text(ndim, shape).text);
     t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
@@ -1171,6 +1246,8 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->persistent = persistent;
     t->on_device = ctx->op_device;
     t->level = ctx->level;
+    t->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
+    t->tape_id = ctx->tape_id;
     t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
 }
@@ -1255,7 +1332,7 @@ MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
 
 MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     mlc_tensor *t;
-    if (!x || x->ctx->error) return NULL;
+    if (!x || x->ctx->error || !mlc__usable(x, "mlc_keep")) return NULL;
     x->ctx->op_device = x->on_device;
     t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
     if (!t) return NULL;
@@ -1273,33 +1350,33 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
 }
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
-    if (!t) return NULL;
+    if (!mlc__usable(t, "mlc_requires_grad")) return NULL;
     if (on && t->node == NULL && !mlc__alloc_grad(t, "mlc_requires_grad")) return NULL;
     t->requires_grad = on || t->node;
     return t;
 }
 
 MLCDEF float mlc_item(mlc_tensor *t) {
-    if (!t) return NAN;
+    if (!mlc__usable(t, "mlc_item")) return NAN;
     if (t->size != 1) { mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size); return NAN; }
     return mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
-    if (!t) return NAN;
+    if (!mlc__usable(t, "mlc_get")) return NAN;
     if (i >= t->size) { mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t, t->size); return NAN; }
     return mlc__host(t)[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
-    if (!t) return MLC_ERR_NULL;
+    if (!mlc__usable(t, "mlc_read")) return t ? t->ctx->error : MLC_ERR_NULL;
     if (!dst || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
     memcpy(dst, mlc__host(t), count * sizeof(float));
     return MLC_OK;
 }
 
 MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
-    if (!t) return MLC_ERR_NULL;
+    if (!mlc__usable(t, "mlc_write")) return t ? t->ctx->error : MLC_ERR_NULL;
     if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
     if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
@@ -1338,6 +1415,9 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     for (i = 0; i < count; i++) {
         if (!inputs[i]) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_NULL, "%s: input %d is NULL", op, i);
         if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
+        if (mlc__ended(ctx, inputs[i]))
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was made in a frame that has ended "
+                                        "(mlc_frame_end freed it)", op, i);
         if (inputs[i]->on_device != inputs[0]->on_device)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: input 0 is on %s and input %d on %s; move one with mlc_to",
                                         op, inputs[0]->on_device ? mlc_device_name(ctx) : "cpu", i, inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
@@ -2267,6 +2347,11 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
 }
 
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    if (!ctx || ctx->error) return;
+    if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid", M, N, K, beta);
+        return;
+    }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
 }
 
@@ -3623,6 +3708,16 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     if (!out) return MLC_ERR_NULL;
     ctx = out->ctx;
     if (ctx->error) return ctx->error;
+    if (!mlc__usable(out, "mlc_backward") || (grad_out && !mlc__usable(grad_out, "mlc_backward"))) return ctx->error;
+    if (grad_out && grad_out->ctx != ctx) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_backward: the gradient %T belongs to another context", grad_out);
+        return ctx->error;
+    }
+    if (out->node && out->tape_id != ctx->tape_id) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier mlc_backward, which "
+                  "frees it; run the forward again", out);
+        return ctx->error;
+    }
     if (!out->requires_grad) {
         mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: tensor %T does not require a gradient (no input needed one, or gradients were off)", out);
         return ctx->error;
@@ -3644,6 +3739,11 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     for (n = out->node; n; n = n->prev) {
         int k;
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
+        for (k = 0; k < n->n_in; k++)                    /* an input whose graph a backward used up */
+            if (n->in[k] && n->in[k]->node && n->in[k]->requires_grad && n->in[k]->tape_id != ctx->tape_id)
+                mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: input %T of an op comes from a graph an earlier "
+                          "mlc_backward used (and freed); run that forward again", n->in[k]);
+        if (ctx->error) break;
         if (n->device) {                                 /* the backend allocates and adds */
             if (!ctx->backend->backward(ctx, n) && !ctx->error)
                 mlc__fail(ctx, MLC_ERR_DEVICE, "%s: backward failed on %s", n->op, mlc_device_name(ctx));
@@ -3665,6 +3765,8 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         n->out->device_grad = NULL;
         n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     }
+    ctx->tape = NULL;                                    /* the tape is used up (PyTorch's default) */
+    ctx->tape_id++;
     return ctx->error;
 }
 
@@ -3682,15 +3784,30 @@ static double mlc__project(mlc_tensor *y, const float *r) {
 MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tensor **inputs, int count,
                          const mlc_gradcheck_opts *opts, mlc_gradcheck_report *report) {
     mlc_gradcheck_report rep;
-    mlc_frame outer = mlc_frame_begin(ctx);
+    mlc_frame outer;
     mlc_gradcheck_opts o;
-    uint64_t rng_state = ctx->rng_state, rng_inc = ctx->rng_inc;
+    uint64_t rng_state, rng_inc;
     mlc_tensor *y, *r;
     float **analytic;
     int k, ok = 1, grad_was;
     size_t i;
     memset(&rep, 0, sizeof rep);
     rep.worst_input = -1;
+    if (report) *report = rep;
+    if (!ctx || ctx->error) return 0;
+    if (!fn || !inputs || count < 1) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: %s", !fn ? "fn is NULL" : "no inputs");
+        return 0;
+    }
+    for (k = 0; k < count; k++)
+        if (!inputs[k] || inputs[k]->ctx != ctx || !mlc__usable(inputs[k], "mlc_gradcheck")) {
+            mlc__fail(ctx, inputs[k] ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_gradcheck: input %d is %s", k,
+                      inputs[k] ? "from another context" : "NULL");
+            return 0;
+        }
+    outer = mlc_frame_begin(ctx);
+    if (!outer.ctx) return 0;
+    rng_state = ctx->rng_state; rng_inc = ctx->rng_inc;
     o.eps = opts && opts->eps > 0 ? opts->eps : 1e-3;
     o.atol = opts && opts->atol > 0 ? opts->atol : 1e-3;
     o.rtol = opts && opts->rtol > 0 ? opts->rtol : 1e-2;
