@@ -1073,6 +1073,15 @@ static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
     return !t->persistent && t->level > 0 && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
 }
 
+/* out becomes a copy of x's header (a view of its data) made now, in the current frame. */
+static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
+    mlc_ctx *ctx = x->ctx;
+    *out = *x;
+    out->level = ctx->level;
+    out->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
+    out->tape_id = ctx->tape_id;
+}
+
 /* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
 static int mlc__usable(mlc_tensor *t, const char *op) {
     if (!t) return 0;
@@ -2806,7 +2815,7 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     }
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_reshape");
     if (!out) return NULL;
-    *out = *x;                          /* same data, new shape, no gradient of its own */
+    mlc__view(out, x);                  /* same data, new shape, no gradient of its own */
     out->ndim = ndim;
     memcpy(out->shape, s, (size_t)ndim * sizeof(int));
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
@@ -2832,7 +2841,7 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     MLC__ENTER("mlc_detach", x);
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_detach");
     if (!out) return NULL;
-    *out = *x;
+    mlc__view(out, x);
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
     out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     return out;
