@@ -427,6 +427,10 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
+/* A config field left 0 takes its default; MLC_ZERO (-0.0f) asks for an explicit zero instead
+   (AdamW weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum).
+   Values are checked when the optimiser is made: NaN, infinite or out-of-range is MLC_ERR_ARG. */
+#define MLC_ZERO (-0.0f)
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
 typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
 typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
@@ -1071,6 +1075,21 @@ static mlc__text mlc__shape_text(int ndim, const int *shape) {
    that memory has not been handed out again; like any dangling pointer, not always after. */
 static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
     return !t->persistent && t->level > 0 && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
+}
+
+/* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
+static float mlc__setting(float v, float def) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return bits == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+}
+
+/* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
+   the op and the field. */
+static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi, int below_hi) {
+    if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi, below_hi ? ')' : ']');
+    return 0;
 }
 
 /* out becomes a copy of x's header (a view of its data) made now, in the current frame. */
@@ -3197,7 +3216,8 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     D = x->shape[x->ndim - 1];
     if ((weight && (weight->ndim != 1 || weight->shape[0] != D)) || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight, bias, D, x);
-    if (eps <= 0.0f) eps = 1e-5f;
+    eps = mlc__setting(eps, 1e-5f);
+    if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
     out = mlc__like(x, "mlc_layer_norm");
     if (!out) return NULL;
     mlc__call(&call, "mlc_layer_norm", mlc__layer_norm_backward, out, x, weight, bias, NULL);
@@ -3271,8 +3291,9 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_batch_norm: eval mode needs running_mean and running_var");
     if (training && M < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
-    if (eps <= 0.0f) eps = 1e-5f;
-    if (momentum <= 0.0f) momentum = 0.1f;
+    eps = mlc__setting(eps, 1e-5f); momentum = mlc__setting(momentum, 0.1f);
+    if (!mlc__in_range(ctx, "mlc_batch_norm", "eps", eps, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, "mlc_batch_norm", "momentum", momentum, 0.0f, 1.0f, 0)) return NULL;
     out = mlc__like(x, "mlc_batch_norm");
     if (!out) return NULL;
     mlc__call(&call, "mlc_batch_norm", mlc__batch_norm_backward, out, x, weight, bias, running_mean);
@@ -3966,6 +3987,10 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
         mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
         return m->ctx->error;
     }
+    if (t->ctx != m->ctx) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" belongs to another context", name);
+        return m->ctx->error;
+    }
     if (!(name = mlc__strdup(m->ctx, name))) return m->ctx->error;
     if (is_buffer) { m->buffers[*count] = t; m->buffer_names[*count] = name; }
     else { m->params[*count] = t; m->param_names[*count] = name; }
@@ -3975,11 +4000,24 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
 MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) { return mlc__module_add(m, name, p, 0); }
 MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) { return mlc__module_add(m, name, b, 1); }
 
+/* Whether `inner` is m or inside it (modules form a tree: adding such a child would make a cycle). */
+static int mlc__module_holds(const mlc_module *m, const mlc_module *inner) {
+    int i;
+    if (m == inner) return 1;
+    for (i = 0; i < m->n_children; i++) if (mlc__module_holds(m->children[i], inner)) return 1;
+    return 0;
+}
+
 MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child) {
     mlc_module **children;
     char **names;
     if (!m) return MLC_ERR_NULL;
     if (!child || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    if (child->ctx != m->ctx || mlc__module_holds(child, m)) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add_child: %s \"%s\" %s", child->type, name,
+                  child->ctx != m->ctx ? "belongs to another context" : "contains the module (a cycle)");
+        return m->ctx->error ? m->ctx->error : MLC_ERR_ARG;
+    }
     children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
     names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
     if (!children || !names || !(names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
@@ -4002,7 +4040,11 @@ MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn 
 }
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
-    if (!m || !x) return NULL;
+    if (!m || !x) return (mlc_tensor *)mlc__fail(m ? m->ctx : x ? x->ctx : NULL, MLC_ERR_NULL, "mlc_forward: %s is NULL",
+                                                 m ? "the input" : "the module");
+    if (x->ctx != m->ctx)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another context than %s",
+                                       x, m->type);
     if (!m->forward) return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_forward: module %s has no forward function", m->type);
     return m->forward(m, x);
 }
@@ -4044,6 +4086,10 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
     mlc_tensor *w, *b;
     float bound;
     if (!m) return NULL;
+    if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 || opts.dilation < 0)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, stride %d, padding %d, "
+                                       "dilation %d are not valid", in_channels, out_channels, kernel, opts.stride,
+                                       opts.padding, opts.dilation);
     if (groups < 1 || in_channels % groups) return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: %d input channels do not split into %d groups", in_channels, groups);
     shape[0] = out_channels; shape[1] = in_channels / groups; shape[2] = shape[3] = kernel;
     m->conv = opts;
@@ -4110,12 +4156,14 @@ static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; ret
 
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
     mlc_module *m = mlc__module(ctx, "Dropout", mlc__dropout_forward);
+    if (m && !mlc__in_range(ctx, "mlc_nn_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (m) m->alpha = p;
     return m;
 }
 MLCDEF mlc_module *mlc_nn_relu(mlc_ctx *ctx) { return mlc__module(ctx, "ReLU", mlc__relu_forward); }
 MLCDEF mlc_module *mlc_nn_leaky_relu(mlc_ctx *ctx, float slope) {
     mlc_module *m = mlc__module(ctx, "LeakyReLU", mlc__leaky_forward);
+    if (m && !mlc__in_range(ctx, "mlc_nn_leaky_relu", "slope", slope, -FLT_MAX, FLT_MAX, 0)) return NULL;
     if (m) m->alpha = slope;
     return m;
 }
@@ -4126,11 +4174,15 @@ MLCDEF mlc_module *mlc_nn_silu(mlc_ctx *ctx) { return mlc__module(ctx, "SiLU", m
 MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx) { return mlc__module(ctx, "Flatten", mlc__flatten_forward); }
 MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "MaxPool2d", mlc__max_pool_forward);
+    if (m && (kernel < 1 || stride < 0))
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "AvgPool2d", mlc__avg_pool_forward);
+    if (m && (kernel < 1 || stride < 0))
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
@@ -4234,10 +4286,12 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     int k;
     if (!opt) return MLC_ERR_NULL;
     ctx = opt->ctx;
-    if (!p || !p->persistent || !p->grad) {
-        mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : "the tensor is not a parameter (use mlc_parameter)");
+    if (!p || !p->persistent || !p->grad || p->ctx != ctx) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : p->ctx != ctx
+                  ? "the parameter belongs to another context" : "the tensor is not a parameter (use mlc_parameter)");
         return ctx->error ? ctx->error : MLC_ERR_ARG;
     }
+    for (k = 0; k < opt->count; k++) if (opt->params[k] == p) return MLC_OK;   /* added before: updated once */
     if (opt->count == opt->capacity) {
         int cap = opt->capacity ? 2 * opt->capacity : 16;
         mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
@@ -4277,29 +4331,49 @@ static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc__optim_kind kind, float lr, float
     mlc_optim *opt;
     if (!ctx || ctx->error) return NULL;
     if (!(opt = (mlc_optim *)mlc__owned_alloc(ctx, sizeof(mlc_optim), "mlc_optim"))) return NULL;
-    opt->ctx = ctx; opt->kind = kind; opt->lr = lr > 0 ? lr : default_lr;
+    opt->ctx = ctx; opt->kind = kind; opt->lr = mlc__setting(lr, default_lr);
     return opt;
 }
 
-/* The module's parameters join once the rule is set up, as it decides which state they keep. */
-static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module) {
-    return opt && (!module || mlc__optim_add_module(opt, module) == MLC_OK) ? opt : NULL;
+/* The settings every rule shares are checked (and the module's context), then the module's
+   parameters join once the rule is set up, as it decides which state they keep. */
+static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *op) {
+    mlc_ctx *ctx = opt ? opt->ctx : NULL;
+    if (!opt) return NULL;
+    if (module && module->ctx != ctx) mlc__fail(ctx, MLC_ERR_ARG, "%s: the module belongs to another context", op);
+    if (ctx->error || !mlc__in_range(ctx, op, "lr", opt->lr, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "eps", opt->eps, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "weight_decay", opt->weight_decay, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "momentum", opt->momentum, 0.0f, FLT_MAX, 0) ||
+        (opt->kind == MLC__SGD && !mlc__in_range(ctx, op, "dampening", opt->dampening, -FLT_MAX, FLT_MAX, 0)) ||
+        (opt->kind != MLC__SGD && !mlc__in_range(ctx, op, opt->kind == MLC__RMSPROP ? "alpha" : "beta2", opt->beta2,
+                                                 0.0f, 1.0f, opt->kind != MLC__RMSPROP)) ||
+        (opt->kind != MLC__SGD && opt->kind != MLC__RMSPROP && !mlc__in_range(ctx, op, "beta1", opt->beta1, 0.0f, 1.0f, 1))) {
+        mlc__owned_free(ctx, opt);
+        return NULL;
+    }
+    if (opt->nesterov && (opt->momentum <= 0.0f || opt->dampening != 0.0f)) {
+        mlc__owned_free(ctx, opt);
+        return (mlc_optim *)mlc__fail(ctx, MLC_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0", op);
+    }
+    if (module && mlc__optim_add_module(opt, module) != MLC_OK) return NULL;
+    return opt;
 }
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
     if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
-    return mlc__optim_of(opt, module);
+    return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
 static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind, float default_wd) {
     mlc_optim *opt = mlc__optim(ctx, kind, c.lr, 1e-3f);
     if (!opt) return NULL;
-    opt->beta1 = c.beta1 > 0 ? c.beta1 : 0.9f;
-    opt->beta2 = c.beta2 > 0 ? c.beta2 : 0.999f;
-    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
-    opt->weight_decay = c.weight_decay > 0 ? c.weight_decay : default_wd;
-    return mlc__optim_of(opt, module);
+    opt->beta1 = mlc__setting(c.beta1, 0.9f);
+    opt->beta2 = mlc__setting(c.beta2, 0.999f);
+    opt->eps = mlc__setting(c.eps, 1e-8f);
+    opt->weight_decay = mlc__setting(c.weight_decay, default_wd);
+    return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
 MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f); }
 MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f); }
@@ -4307,10 +4381,10 @@ MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c)
 MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__RMSPROP, c.lr, 0.01f);
     if (!opt) return NULL;
-    opt->beta2 = c.alpha > 0 ? c.alpha : 0.99f;
-    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
+    opt->beta2 = mlc__setting(c.alpha, 0.99f);
+    opt->eps = mlc__setting(c.eps, 1e-8f);
     opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
-    return mlc__optim_of(opt, module);
+    return mlc__optim_of(opt, module, "mlc_rmsprop");
 }
 
 MLCDEF void mlc_zero_grad(mlc_optim *opt) {
@@ -4422,7 +4496,9 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     }
 }
 
-MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr) { if (opt) opt->lr = lr; }
+MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr) {
+    if (opt && mlc__in_range(opt->ctx, "mlc_optim_set_lr", "lr", lr, 0.0f, FLT_MAX, 0)) opt->lr = lr;
+}
 MLCDEF float mlc_optim_lr(const mlc_optim *opt) { return opt ? opt->lr : 0.0f; }
 
 MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
@@ -4430,9 +4506,11 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
     float scale;
     int i;
     size_t j;
-    if (!opt) return 0.0f;
+    if (!opt || opt->ctx->error) return 0.0f;
+    if (!mlc__in_range(opt->ctx, "mlc_clip_grad_norm", "max_norm", max_norm, 0.0f, FLT_MAX, 0)) return 0.0f;
     for (i = 0; i < opt->count; i++) {
         const float *g = mlc__host_grad(opt->params[i]);   /* the norm is read on the host */
+        if (!g) return 0.0f;
         for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * g[j];
     }
     total = sqrt(total);
