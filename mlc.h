@@ -957,6 +957,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
         if (strcmp(device, "best") != 0)
             mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
                       "define MLC_OPENCL for OpenCL devices)", device);
+        else mlc__log(ctx, MLC_LOG_WARN, "best: this build has no device backend (define MLC_OPENCL); running on the CPU");
 #endif
     }
     return ctx;
