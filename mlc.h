@@ -47,6 +47,13 @@ MEMORY
    blocks, so a steady training loop reaches its high-water mark in the first step and then
    allocates nothing (mlc_get_stats(ctx).allocs stops growing). Parameters (mlc_parameter,
    modules) and optimiser state are long-lived and freed by mlc_destroy (or mlc_tensor_free).
+   Frames end innermost first: ending an outer frame while an inner one is open is MLC_ERR_STATE
+   and ends the inner ones too; ending a frame twice is MLC_ERR_STATE. A tensor remembers its
+   frame: an op (or mlc_item, mlc_read, mlc_backward...) given a tensor whose frame has ended
+   refuses it with MLC_ERR_STATE naming the op. mlc_backward uses up the tape (PyTorch's
+   default, no retain_graph): a second backward through the same graph is MLC_ERR_STATE; run
+   the forward again. Sizes are computed with overflow checks: a shape whose byte count does not
+   fit in size_t is MLC_ERR_SHAPE.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
@@ -54,12 +61,34 @@ ERRORS
    logs it, and the op returns NULL. Every op given NULL returns NULL and no op runs while the
    error is set, so a chained expression fails cleanly and the caller checks once:
    mlc_error(ctx) / mlc_error_message(ctx), then mlc_clear_error(ctx). Nothing aborts or exits.
+   Every public function accepts NULL where it takes a context or an object (nothing happens,
+   and an error is set where there is a context). Objects of two contexts never mix: a module,
+   parameter, optimiser or tensor given to another context's call is MLC_ERR_ARG; so is a
+   module added inside itself (a cycle). A parameter added to an optimiser twice (by hand, or
+   shared by two modules) is kept once, so it is updated once.
+
+DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for a real zero)
+   MLC_ZERO is -0.0f: a zero with its sign bit set, which reads as 0 in arithmetic.
+     mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
+     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
+     mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
+     batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
+     layer norm          eps 1e-5
+     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
+   Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
+   negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
+   naming the call and the field; so are bad module arguments (dropout p outside [0, 1], a conv
+   or pool kernel < 1) and norm settings (momentum outside [0, 1], eps < 0) when the op runs.
 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
 
 LIMITS
-   Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int.
+   Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int. At most
+   64 frames are open at once. A tensor from an ended frame is caught while its arena memory has
+   not been handed out again; after that, like any dangling pointer, it may not be.
+   mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
 */
@@ -751,7 +780,8 @@ static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
 /* Long-lived memory: linked into the context so mlc_destroy frees whatever the user kept. */
 static void *mlc__owned_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     size_t total;
-    mlc__owned *o = mlc__size(bytes, 1, sizeof(mlc__owned) + 16, &total) ? (mlc__owned *)mlc__heap_alloc(ctx, total) : NULL;
+    mlc__owned *o = mlc__size(bytes, 1, sizeof(mlc__owned) + 16, &total)
+                  ? (mlc__owned *)mlc__heap_alloc(ctx, total) : NULL;
     if (!o) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory allocating %zu bytes", op, bytes);
     o->next = ctx->owned.next; o->prev = &ctx->owned;
     ctx->owned.next->prev = o; ctx->owned.next = o;
@@ -771,7 +801,8 @@ static void mlc__owned_free(mlc_ctx *ctx, void *ptr) {
 static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     mlc__block *b = ctx->block;
     size_t total;
-    if (!mlc__size(bytes, 1, 31, &bytes)) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (%zu bytes asked)", op, bytes);
+    if (!mlc__size(bytes, 1, 31, &bytes))
+        return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (%zu bytes asked)", op, bytes);
     bytes &= ~(size_t)31;
     while (b && b->capacity - b->used < bytes) {      /* try the next kept block */
         b = b->next;
@@ -781,7 +812,8 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
         size_t cap = ctx->config.arena_block_bytes;
         mlc__block *nb, *last = ctx->block;
         if (cap < bytes) cap = bytes;
-        nb = mlc__size(cap, 1, sizeof(mlc__block) + 32, &total) ? (mlc__block *)mlc__heap_alloc(ctx, total) : NULL;
+        nb = mlc__size(cap, 1, sizeof(mlc__block) + 32, &total)
+           ? (mlc__block *)mlc__heap_alloc(ctx, total) : NULL;
         if (!nb) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
         nb->next = NULL; nb->capacity = cap; nb->used = 0;
         nb->base = (unsigned char *)(((uintptr_t)(nb + 1) + 31) & ~(uintptr_t)31);
@@ -957,7 +989,8 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
         if (strcmp(device, "best") != 0)
             mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: unknown device \"%s\" (this build has \"cpu\"; "
                       "define MLC_OPENCL for OpenCL devices)", device);
-        else mlc__log(ctx, MLC_LOG_WARN, "best: this build has no device backend (define MLC_OPENCL); running on the CPU");
+        else mlc__log(ctx, MLC_LOG_WARN, "best: this build has no device backend (define MLC_OPENCL); "
+                      "running on the CPU");
 #endif
     }
     return ctx;
@@ -1024,7 +1057,8 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     memset(&f, 0, sizeof f);
     if (!ctx) return f;
     if (ctx->level >= MLC__MAX_FRAMES) {
-        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_begin: %d frames are open already (the most at once)", ctx->level);
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_begin: %d frames are open already (the most at once)",
+                  ctx->level);
         return f;
     }
     f.ctx = ctx;
@@ -1046,8 +1080,8 @@ MLCDEF void mlc_frame_end(mlc_frame f) {
         return;
     }
     if (f.level != ctx->level - 1)
-        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: %d inner frame(s) still open; frames end innermost first "
-                  "(the inner ones were ended too)", ctx->level - 1 - f.level);
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: %d inner frame(s) still open; frames end "
+                  "innermost first (the inner ones were ended too)", ctx->level - 1 - f.level);
     ctx->block = f.block ? (mlc__block *)f.block : ctx->first_block;
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
@@ -1075,7 +1109,8 @@ static mlc__text mlc__shape_text(int ndim, const int *shape) {
 /* Whether t was made in a frame that has ended (its memory is the arena's again). Reliable while
    that memory has not been handed out again; like any dangling pointer, not always after. */
 static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
-    return !t->persistent && t->level > 0 && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
+    return !t->persistent && t->level > 0
+        && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
 }
 
 /* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
@@ -1087,9 +1122,11 @@ static float mlc__setting(float v, float def) {
 
 /* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
    the op and the field. */
-static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi, int below_hi) {
+static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
+                         int below_hi) {
     if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
-    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi, below_hi ? ')' : ']');
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi,
+              below_hi ? ')' : ']');
     return 0;
 }
 
@@ -1106,7 +1143,8 @@ static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
 static int mlc__usable(mlc_tensor *t, const char *op) {
     if (!t) return 0;
     if (!mlc__ended(t->ctx, t)) return 1;
-    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was made in a frame that has ended (mlc_frame_end freed it)", op, t);
+    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was made in a frame that has ended "
+              "(mlc_frame_end freed it)", op, t);
     return 0;
 }
 
@@ -1174,7 +1212,9 @@ static void mlc__clear_grad(mlc_tensor *t) {
 }
 
 MLCDEF float *mlc_host_data(mlc_tensor *t) { return mlc__usable(t, "mlc_host_data") ? mlc__host(t) : NULL; }
-MLCDEF float *mlc_host_grad(mlc_tensor *t) { return mlc__usable(t, "mlc_host_grad") ? mlc__host_grad(t) : NULL; }
+MLCDEF float *mlc_host_grad(mlc_tensor *t) {
+    return mlc__usable(t, "mlc_host_grad") ? mlc__host_grad(t) : NULL;
+}
 
 static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
     int i;
@@ -1262,8 +1302,8 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     for (d = 0; d < ndim; d++)
         if (!mlc__size(size, (size_t)shape[d], 0, &size)) break;
     if (d < ndim || !mlc__size(size, sizeof(float), (sizeof(mlc_tensor) + 31) & ~(size_t)31, &bytes))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than size_t counts",
-                                       op, mlc__shape_text(ndim, shape).text);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than "
+                                       "size_t counts", op, mlc__shape_text(ndim, shape).text);
     t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
@@ -2378,7 +2418,8 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
     if (!ctx || ctx->error) return;
     if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
-        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid", M, N, K, beta);
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
+                  M, N, K, beta);
         return;
     }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
@@ -3517,7 +3558,10 @@ static void mlc__conv2d_backward(mlc__node *n) {
    in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would divide by 0). */
 static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int pad, int dil) {
     const long long most = 2147483647;
-    if (KH < 1 || KW < 1) { mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW); return 0; }
+    if (KH < 1 || KW < 1) {
+        mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW);
+        return 0;
+    }
     if (pad < 0 || dil < 1 || (long long)H + 2LL * pad > most || (long long)W + 2LL * pad > most ||
         (long long)dil * (KH - 1) + 1 > most || (long long)dil * (KW - 1) + 1 > most) {
         mlc__fail(ctx, MLC_ERR_ARG, "%s: padding %d or dilation %d is too large for an int", op, pad, dil);
@@ -3754,14 +3798,15 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     if (!out) return MLC_ERR_NULL;
     ctx = out->ctx;
     if (ctx->error) return ctx->error;
-    if (!mlc__usable(out, "mlc_backward") || (grad_out && !mlc__usable(grad_out, "mlc_backward"))) return ctx->error;
+    if (!mlc__usable(out, "mlc_backward") || (grad_out && !mlc__usable(grad_out, "mlc_backward")))
+        return ctx->error;
     if (grad_out && grad_out->ctx != ctx) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_backward: the gradient %T belongs to another context", grad_out);
         return ctx->error;
     }
     if (out->node && out->tape_id != ctx->tape_id) {
-        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier mlc_backward, which "
-                  "frees it; run the forward again", out);
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier "
+                  "mlc_backward, which frees it; run the forward again", out);
         return ctx->error;
     }
     if (!out->requires_grad) {
@@ -4056,11 +4101,12 @@ MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn 
 }
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
-    if (!m || !x) return (mlc_tensor *)mlc__fail(m ? m->ctx : x ? x->ctx : NULL, MLC_ERR_NULL, "mlc_forward: %s is NULL",
-                                                 m ? "the input" : "the module");
+    if (!m || !x)
+        return (mlc_tensor *)mlc__fail(m ? m->ctx : x ? x->ctx : NULL, MLC_ERR_NULL,
+                                       "mlc_forward: %s is NULL", m ? "the input" : "the module");
     if (x->ctx != m->ctx)
-        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another context than %s",
-                                       x, m->type);
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another "
+                                       "context than %s", x, m->type);
     if (!m->forward) return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_forward: module %s has no forward function", m->type);
     return m->forward(m, x);
 }
@@ -4102,10 +4148,11 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
     mlc_tensor *w, *b;
     float bound;
     if (!m) return NULL;
-    if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 || opts.dilation < 0)
-        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, stride %d, padding %d, "
-                                       "dilation %d are not valid", in_channels, out_channels, kernel, opts.stride,
-                                       opts.padding, opts.dilation);
+    if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 ||
+        opts.dilation < 0)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, "
+                                       "stride %d, padding %d, dilation %d are not valid", in_channels,
+                                       out_channels, kernel, opts.stride, opts.padding, opts.dilation);
     if (groups < 1 || in_channels % groups) return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: %d input channels do not split into %d groups", in_channels, groups);
     shape[0] = out_channels; shape[1] = in_channels / groups; shape[2] = shape[3] = kernel;
     m->conv = opts;
@@ -4191,14 +4238,16 @@ MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx) { return mlc__module(ctx, "Flatt
 MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "MaxPool2d", mlc__max_pool_forward);
     if (m && (kernel < 1 || stride < 0))
-        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d are not valid", kernel, stride);
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d "
+                                       "are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "AvgPool2d", mlc__avg_pool_forward);
     if (m && (kernel < 1 || stride < 0))
-        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d are not valid", kernel, stride);
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d "
+                                       "are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
@@ -4304,10 +4353,11 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     ctx = opt->ctx;
     if (!p || !p->persistent || !p->grad || p->ctx != ctx) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : p->ctx != ctx
-                  ? "the parameter belongs to another context" : "the tensor is not a parameter (use mlc_parameter)");
+                  ? "the parameter belongs to another context"
+                  : "the tensor is not a parameter (use mlc_parameter)");
         return ctx->error ? ctx->error : MLC_ERR_ARG;
     }
-    for (k = 0; k < opt->count; k++) if (opt->params[k] == p) return MLC_OK;   /* added before: updated once */
+    for (k = 0; k < opt->count; k++) if (opt->params[k] == p) return MLC_OK;   /* added before: kept once */
     if (opt->count == opt->capacity) {
         int cap = opt->capacity ? 2 * opt->capacity : 16;
         mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
@@ -4355,22 +4405,24 @@ static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc__optim_kind kind, float lr, float
    parameters join once the rule is set up, as it decides which state they keep. */
 static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *op) {
     mlc_ctx *ctx = opt ? opt->ctx : NULL;
+    int sgd = opt && opt->kind == MLC__SGD, rms = opt && opt->kind == MLC__RMSPROP;
     if (!opt) return NULL;
-    if (module && module->ctx != ctx) mlc__fail(ctx, MLC_ERR_ARG, "%s: the module belongs to another context", op);
+    if (module && module->ctx != ctx)
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: the module belongs to another context", op);
     if (ctx->error || !mlc__in_range(ctx, op, "lr", opt->lr, 0.0f, FLT_MAX, 0) ||
         !mlc__in_range(ctx, op, "eps", opt->eps, 0.0f, FLT_MAX, 0) ||
         !mlc__in_range(ctx, op, "weight_decay", opt->weight_decay, 0.0f, FLT_MAX, 0) ||
         !mlc__in_range(ctx, op, "momentum", opt->momentum, 0.0f, FLT_MAX, 0) ||
-        (opt->kind == MLC__SGD && !mlc__in_range(ctx, op, "dampening", opt->dampening, -FLT_MAX, FLT_MAX, 0)) ||
-        (opt->kind != MLC__SGD && !mlc__in_range(ctx, op, opt->kind == MLC__RMSPROP ? "alpha" : "beta2", opt->beta2,
-                                                 0.0f, 1.0f, opt->kind != MLC__RMSPROP)) ||
-        (opt->kind != MLC__SGD && opt->kind != MLC__RMSPROP && !mlc__in_range(ctx, op, "beta1", opt->beta1, 0.0f, 1.0f, 1))) {
+        (sgd && !mlc__in_range(ctx, op, "dampening", opt->dampening, -FLT_MAX, FLT_MAX, 0)) ||
+        (!sgd && !mlc__in_range(ctx, op, rms ? "alpha" : "beta2", opt->beta2, 0.0f, 1.0f, !rms)) ||
+        (!sgd && !rms && !mlc__in_range(ctx, op, "beta1", opt->beta1, 0.0f, 1.0f, 1))) {
         mlc__owned_free(ctx, opt);
         return NULL;
     }
     if (opt->nesterov && (opt->momentum <= 0.0f || opt->dampening != 0.0f)) {
         mlc__owned_free(ctx, opt);
-        return (mlc_optim *)mlc__fail(ctx, MLC_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0", op);
+        return (mlc_optim *)mlc__fail(ctx, MLC_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0",
+                                      op);
     }
     if (module && mlc__optim_add_module(opt, module) != MLC_OK) return NULL;
     return opt;
