@@ -47,6 +47,13 @@ MEMORY
    blocks, so a steady training loop reaches its high-water mark in the first step and then
    allocates nothing (mlc_get_stats(ctx).allocs stops growing). Parameters (mlc_parameter,
    modules) and optimiser state are long-lived and freed by mlc_destroy (or mlc_tensor_free).
+   Frames end innermost first: ending an outer frame while an inner one is open is MLC_ERR_STATE
+   and ends the inner ones too; ending a frame twice is MLC_ERR_STATE. A tensor remembers its
+   frame: an op (or mlc_item, mlc_read, mlc_backward...) given a tensor whose frame has ended
+   refuses it with MLC_ERR_STATE naming the op. mlc_backward uses up the tape (PyTorch's
+   default, no retain_graph): a second backward through the same graph is MLC_ERR_STATE; run
+   the forward again. Sizes are computed with overflow checks: a shape whose byte count does not
+   fit in size_t is MLC_ERR_SHAPE.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
@@ -54,6 +61,25 @@ ERRORS
    logs it, and the op returns NULL. Every op given NULL returns NULL and no op runs while the
    error is set, so a chained expression fails cleanly and the caller checks once:
    mlc_error(ctx) / mlc_error_message(ctx), then mlc_clear_error(ctx). Nothing aborts or exits.
+   Every public function accepts NULL where it takes a context or an object (nothing happens,
+   and an error is set where there is a context). Objects of two contexts never mix: a module,
+   parameter, optimiser or tensor given to another context's call is MLC_ERR_ARG; so is a
+   module added inside itself (a cycle). A parameter added to an optimiser twice (by hand, or
+   shared by two modules) is kept once, so it is updated once.
+
+DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for a real zero)
+   MLC_ZERO is -0.0f: a zero with its sign bit set, which reads as 0 in arithmetic.
+     mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
+     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
+     mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
+     batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
+     layer norm          eps 1e-5
+     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
+   Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
+   negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
+   naming the call and the field; so are bad module arguments (dropout p outside [0, 1], a conv
+   or pool kernel < 1) and norm settings (momentum outside [0, 1], eps < 0) when the op runs.
 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
@@ -74,7 +100,10 @@ ADDING AN OP (the places to touch, in order)
    5. tests: a gradient check, a value test, a line in tests/test_onectx.c (every device).
 
 LIMITS
-   Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int.
+   Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int. At most
+   64 frames are open at once. A tensor from an ended frame is caught while its arena memory has
+   not been handed out again; after that, like any dangling pointer, it may not be.
+   mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
 */
@@ -178,7 +207,8 @@ MLCDEF float mlc_rand_uniform(mlc_ctx *ctx);            /* [0, 1) */
 MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
 
 /* Frames: everything an op allocates between begin and end is released by end. */
-typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level; } mlc_frame;
+typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level;
+                           uint64_t id, tape_id; } mlc_frame;
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
@@ -198,6 +228,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
     int on_device;                      /* 1: lives on the context's device (see Devices) */
     int level;                          /* how many frames were open when it was made */
+    uint64_t frame_id, tape_id;         /* the frame and the tape it was made in (misuse checks) */
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
 };
@@ -453,6 +484,10 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
+/* A config field left 0 takes its default; MLC_ZERO (-0.0f) asks for an explicit zero instead
+   (AdamW weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum).
+   Values are checked when the optimiser is made: NaN, infinite or out-of-range is MLC_ERR_ARG. */
+#define MLC_ZERO (-0.0f)
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
 typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
 typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
@@ -597,6 +632,7 @@ static const mlc__backend *MLC_EXTRA_BACKEND(void);      /* a program's own back
 #endif
 
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
+#define MLC__MAX_FRAMES 64              /* frames open at once */
 typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
     mlc__device_buffer *frame, *spare, *kept;
     size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
@@ -619,6 +655,8 @@ struct mlc_ctx {
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
     int level;                         /* frames open now */
+    uint64_t frame_ids[MLC__MAX_FRAMES]; /* the id of each open frame, outermost first */
+    uint64_t frames_made, tape_id;     /* frame ids handed out; tape id, new after each backward */
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
@@ -739,14 +777,23 @@ static void *mlc__fail(mlc_ctx *ctx, mlc_result code, const char *fmt, ...) {
     return NULL;
 }
 
+/* The one place sizes are computed with overflow checks: *out = a * b + c; 0 when it overflows
+   size_t (element and byte counts of a shape, arena blocks, heap headers). */
+static int mlc__size(size_t a, size_t b, size_t c, size_t *out) {
+    if (b && a > ((size_t)-1 - c) / b) return 0;
+    *out = a * b + c;
+    return 1;
+}
+
 /* Every heap allocation carries its size in front, so the statistics stay exact. */
 #define MLC__HEADER 16
 static void *mlc__heap_alloc(mlc_ctx *ctx, size_t bytes) {
     unsigned char *p;
-    if (bytes > (size_t)-1 - MLC__HEADER) return NULL;
+    size_t total;
+    if (!mlc__size(bytes, 1, MLC__HEADER, &total)) return NULL;
     p = (unsigned char *)(ctx->config.allocator.alloc
-            ? ctx->config.allocator.alloc(bytes + MLC__HEADER, ctx->config.allocator.user)
-            : malloc(bytes + MLC__HEADER));
+            ? ctx->config.allocator.alloc(total, ctx->config.allocator.user)
+            : malloc(total));
     if (!p) return NULL;
     memcpy(p, &bytes, sizeof bytes);
     ctx->stats.allocs++;
@@ -769,7 +816,9 @@ static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
 
 /* Long-lived memory: linked into the context so mlc_destroy frees whatever the user kept. */
 static void *mlc__owned_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
-    mlc__owned *o = (mlc__owned *)mlc__heap_alloc(ctx, sizeof(mlc__owned) + 16 + bytes);
+    size_t total;
+    mlc__owned *o = mlc__size(bytes, 1, sizeof(mlc__owned) + 16, &total)
+                  ? (mlc__owned *)mlc__heap_alloc(ctx, total) : NULL;
     if (!o) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory allocating %zu bytes", op, bytes);
     o->next = ctx->owned.next; o->prev = &ctx->owned;
     ctx->owned.next->prev = o; ctx->owned.next = o;
@@ -788,7 +837,10 @@ static void mlc__owned_free(mlc_ctx *ctx, void *ptr) {
 /* The arena: bump allocation in a chain of blocks, 32-byte aligned. */
 static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     mlc__block *b = ctx->block;
-    bytes = (bytes + 31) & ~(size_t)31;
+    size_t total;
+    if (!mlc__size(bytes, 1, 31, &bytes))
+        return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (%zu bytes asked)", op, bytes);
+    bytes &= ~(size_t)31;
     while (b && b->capacity - b->used < bytes) {      /* try the next kept block */
         b = b->next;
         if (b) b->used = 0;
@@ -797,7 +849,8 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
         size_t cap = ctx->config.arena_block_bytes;
         mlc__block *nb, *last = ctx->block;
         if (cap < bytes) cap = bytes;
-        nb = (mlc__block *)mlc__heap_alloc(ctx, sizeof(mlc__block) + 32 + cap);
+        nb = mlc__size(cap, 1, sizeof(mlc__block) + 32, &total)
+           ? (mlc__block *)mlc__heap_alloc(ctx, total) : NULL;
         if (!nb) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
         nb->next = NULL; nb->capacity = cap; nb->used = 0;
         nb->base = (unsigned char *)(((uintptr_t)(nb + 1) + 31) & ~(uintptr_t)31);
@@ -916,6 +969,7 @@ static void mlc__device_close(mlc_ctx *ctx) {
    ============================================================================================ */
 
 MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the reference seeding */
+    if (!ctx) return;
     ctx->rng_state = 0;
     ctx->rng_inc = (seed << 1u) | 1u;
     (void)mlc_rand_u32(ctx);
@@ -924,8 +978,9 @@ MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the r
 }
 
 MLCDEF uint32_t mlc_rand_u32(mlc_ctx *ctx) {
-    uint64_t old = ctx->rng_state;
+    uint64_t old = ctx ? ctx->rng_state : 0;
     uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    if (!ctx) return 0;
     ctx->rng_state = old * 6364136223846793005ULL + ctx->rng_inc;
     return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
 }
@@ -970,6 +1025,9 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
         if (!be && !ctx->error && strcmp(device, "best") != 0)
             mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\" (see mlc_devices; \"cpu\" "
                       "is always there, OpenCL's devices when built with MLC_OPENCL)", device);
+        else if (!be && !ctx->error)
+            mlc__log(ctx, MLC_LOG_WARN, "best: no device found (OpenCL needs MLC_OPENCL and a driver); "
+                     "running on the CPU");
     }
     return ctx;
 }
@@ -996,7 +1054,9 @@ MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
 }
 MLCDEF void mlc_clear_error(mlc_ctx *ctx) { if (ctx) { ctx->error = MLC_OK; ctx->message[0] = '\0'; } }
 MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
-    int previous = ctx->grad_enabled;
+    int previous;
+    if (!ctx) return 0;
+    previous = ctx->grad_enabled;
     ctx->grad_enabled = enabled;
     return previous;
 }
@@ -1055,18 +1115,32 @@ struct mlc__node {                      /* one recorded op: its output, inputs a
 };
 
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
-    mlc_stats s = ctx->stats;
+    mlc_stats s;
+    if (!ctx) { memset(&s, 0, sizeof s); return s; }
+    s = ctx->stats;
     s.tape_nodes = ctx->tape ? ctx->tape->index + 1 : 0;
     return s;
 }
 
+/* Frames end in order, innermost first. Ending an outer frame while inner ones are open is
+   MLC_ERR_STATE and ends the inner ones too (their memory is released); ending a frame twice is
+   MLC_ERR_STATE and does nothing. At most MLC__MAX_FRAMES (64) are open at once. */
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     mlc_frame f;
+    memset(&f, 0, sizeof f);
+    if (!ctx) return f;
+    if (ctx->level >= MLC__MAX_FRAMES) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_begin: %d frames are open already (the most at once)",
+                  ctx->level);
+        return f;
+    }
     f.ctx = ctx;
     f.block = ctx->block;
     f.block_used = ctx->block ? ctx->block->used : 0;
     f.arena_used = ctx->stats.arena_used;
     f.tape = ctx->tape;
+    f.tape_id = ctx->tape_id;
+    f.id = ctx->frame_ids[ctx->level] = ++ctx->frames_made;
     f.level = ctx->level++;
     return f;
 }
@@ -1074,12 +1148,77 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
 MLCDEF void mlc_frame_end(mlc_frame f) {
     mlc_ctx *ctx = f.ctx;
     if (!ctx) return;
+    if (f.level < 0 || f.level >= ctx->level || ctx->frame_ids[f.level] != f.id) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: the frame has ended already");
+        return;
+    }
+    if (f.level != ctx->level - 1)
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_frame_end: %d inner frame(s) still open; frames end "
+                  "innermost first (the inner ones were ended too)", ctx->level - 1 - f.level);
     ctx->block = f.block ? (mlc__block *)f.block : ctx->first_block;
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
-    ctx->tape = (mlc__node *)f.tape;
+    ctx->tape = f.tape_id == ctx->tape_id ? (mlc__node *)f.tape : NULL;   /* a backward consumed it */
     ctx->level = f.level;
     if (ctx->backend) mlc__device_release_frames(ctx, f.level);
+}
+
+/* A shape as text, "[2, 3]", for messages about shapes that have no tensor yet. */
+typedef struct mlc__text { char text[96]; } mlc__text;
+static mlc__text mlc__shape_text(int ndim, const int *shape) {
+    mlc__text s;
+    size_t n = 0;
+    int d;
+    s.text[n++] = '[';
+    for (d = 0; d < ndim && n < sizeof s.text - 16; d++) {
+        mlc__format(s.text + n, sizeof s.text - n, d ? ", %d" : "%d", shape[d]);
+        n += strlen(s.text + n);
+    }
+    s.text[n++] = ']';
+    s.text[n] = '\0';
+    return s;
+}
+
+/* Whether t was made in a frame that has ended (its memory is the arena's again). Reliable while
+   that memory has not been handed out again; like any dangling pointer, not always after. */
+static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
+    return !t->persistent && t->level > 0
+        && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
+}
+
+/* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
+static float mlc__setting(float v, float def) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return bits == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+}
+
+/* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
+   the op and the field. */
+static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
+                         int below_hi) {
+    if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi,
+              below_hi ? ')' : ']');
+    return 0;
+}
+
+/* out becomes a copy of x's header (a view of its data) made now, in the current frame. */
+static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
+    mlc_ctx *ctx = x->ctx;
+    *out = *x;
+    out->level = ctx->level;
+    out->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
+    out->tape_id = ctx->tape_id;
+}
+
+/* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
+static int mlc__usable(mlc_tensor *t, const char *op) {
+    if (!t) return 0;
+    if (!mlc__ended(t->ctx, t)) return 1;
+    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was made in a frame that has ended "
+              "(mlc_frame_end freed it)", op, t);
+    return 0;
 }
 
 /* ============================================================================================
@@ -1170,8 +1309,10 @@ static void mlc__clear_grad(mlc_tensor *t) {
     mlc__host_wrote_grad(t);
 }
 
-MLCDEF float *mlc_host_data(mlc_tensor *t) { return t ? mlc__host(t) : NULL; }
-MLCDEF float *mlc_host_grad(mlc_tensor *t) { return t ? mlc__host_grad(t) : NULL; }
+MLCDEF float *mlc_host_data(mlc_tensor *t) { return mlc__usable(t, "mlc_host_data") ? mlc__host(t) : NULL; }
+MLCDEF float *mlc_host_grad(mlc_tensor *t) {
+    return mlc__usable(t, "mlc_host_grad") ? mlc__host_grad(t) : NULL;
+}
 
 static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
     int i;
@@ -1208,7 +1349,7 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
 
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
     mlc_ctx *ctx;
-    if (!t || t->ctx->error) return NULL;
+    if (!t || t->ctx->error || !mlc__usable(t, "mlc_to")) return NULL;
     ctx = t->ctx;
     on_device = on_device != 0;
     if (on_device && !ctx->backend) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: context runs on the CPU only (no device)");
@@ -1253,10 +1394,14 @@ static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *s
 /* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived). */
 static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
     mlc_tensor *t;
-    size_t size, bytes;
+    size_t size = 1, bytes;
+    int d;
     if (!ctx || ctx->error || !mlc__check_shape(ctx, op, ndim, shape)) return NULL;
-    size = mlc__numel(ndim, shape);
-    bytes = ((sizeof(mlc_tensor) + 31) & ~(size_t)31) + size * sizeof(float);
+    for (d = 0; d < ndim; d++)
+        if (!mlc__size(size, (size_t)shape[d], 0, &size)) break;
+    if (d < ndim || !mlc__size(size, sizeof(float), (sizeof(mlc_tensor) + 31) & ~(size_t)31, &bytes))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than "
+                                       "size_t counts", op, mlc__shape_text(ndim, shape).text);
     t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
@@ -1268,6 +1413,8 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->persistent = persistent;
     t->on_device = ctx->op_device;
     t->level = ctx->level;
+    t->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
+    t->tape_id = ctx->tape_id;
     t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
 }
@@ -1352,7 +1499,7 @@ MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
 
 MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     mlc_tensor *t;
-    if (!x || x->ctx->error) return NULL;
+    if (!x || x->ctx->error || !mlc__usable(x, "mlc_keep")) return NULL;
     x->ctx->op_device = x->on_device;
     t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
     if (!t) return NULL;
@@ -1370,33 +1517,33 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
 }
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
-    if (!t) return NULL;
+    if (!mlc__usable(t, "mlc_requires_grad")) return NULL;
     if (on && t->node == NULL && !mlc__alloc_grad(t, "mlc_requires_grad")) return NULL;
     t->requires_grad = on || t->node;
     return t;
 }
 
 MLCDEF float mlc_item(mlc_tensor *t) {
-    if (!t) return NAN;
+    if (!mlc__usable(t, "mlc_item")) return NAN;
     if (t->size != 1) { mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size); return NAN; }
     return mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
-    if (!t) return NAN;
+    if (!mlc__usable(t, "mlc_get")) return NAN;
     if (i >= t->size) { mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t, t->size); return NAN; }
     return mlc__host(t)[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
-    if (!t) return MLC_ERR_NULL;
+    if (!mlc__usable(t, "mlc_read")) return t ? t->ctx->error : MLC_ERR_NULL;
     if (!dst || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
     memcpy(dst, mlc__host(t), count * sizeof(float));
     return MLC_OK;
 }
 
 MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
-    if (!t) return MLC_ERR_NULL;
+    if (!mlc__usable(t, "mlc_write")) return t ? t->ctx->error : MLC_ERR_NULL;
     if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
     if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
@@ -1435,6 +1582,9 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     for (i = 0; i < count; i++) {
         if (!inputs[i]) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_NULL, "%s: input %d is NULL", op, i);
         if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
+        if (mlc__ended(ctx, inputs[i]))
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was made in a frame that has ended "
+                                        "(mlc_frame_end freed it)", op, i);
         if (inputs[i]->on_device != inputs[0]->on_device)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: input 0 is on %s and input %d on %s; move one with mlc_to",
                                         op, inputs[0]->on_device ? mlc_device_name(ctx) : "cpu", i, inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
@@ -2330,6 +2480,12 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
 }
 
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+    if (!ctx || ctx->error) return;
+    if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
+                  M, N, K, beta);
+        return;
+    }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
 }
 
@@ -2825,7 +2981,7 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     }
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_reshape");
     if (!out) return NULL;
-    *out = *x;                          /* same data, new shape, no gradient of its own */
+    mlc__view(out, x);                  /* same data, new shape, no gradient of its own */
     out->ndim = ndim;
     memcpy(out->shape, s, (size_t)ndim * sizeof(int));
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
@@ -2853,7 +3009,7 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     MLC__ENTER("mlc_detach", x);
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_detach");
     if (!out) return NULL;
-    *out = *x;
+    mlc__view(out, x);
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
     out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     return out;
@@ -3209,7 +3365,8 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     D = x->shape[x->ndim - 1];
     if ((weight && (weight->ndim != 1 || weight->shape[0] != D)) || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight, bias, D, x);
-    if (eps <= 0.0f) eps = 1e-5f;
+    eps = mlc__setting(eps, 1e-5f);
+    if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
     out = mlc__like(x, "mlc_layer_norm");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
@@ -3283,8 +3440,9 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_batch_norm: eval mode needs running_mean and running_var");
     if (training && M < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
-    if (eps <= 0.0f) eps = 1e-5f;
-    if (momentum <= 0.0f) momentum = 0.1f;
+    eps = mlc__setting(eps, 1e-5f); momentum = mlc__setting(momentum, 0.1f);
+    if (!mlc__in_range(ctx, "mlc_batch_norm", "eps", eps, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, "mlc_batch_norm", "momentum", momentum, 0.0f, 1.0f, 0)) return NULL;
     out = mlc__like(x, "mlc_batch_norm");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_BATCH_NORM, "mlc_batch_norm", out, x, weight, bias, running_mean);
@@ -3504,6 +3662,22 @@ static void mlc__conv2d_backward(mlc__node *n) {
     }
 }
 
+/* A window of KH x KW with padding and dilation over an H x W input: every size it leads to fits
+   in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would divide by 0). */
+static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int pad, int dil) {
+    const long long most = 2147483647;
+    if (KH < 1 || KW < 1) {
+        mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW);
+        return 0;
+    }
+    if (pad < 0 || dil < 1 || (long long)H + 2LL * pad > most || (long long)W + 2LL * pad > most ||
+        (long long)dil * (KH - 1) + 1 > most || (long long)dil * (KW - 1) + 1 > most) {
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding %d or dilation %d is too large for an int", op, pad, dil);
+        return 0;
+    }
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
     mlc_tensor *out;
@@ -3525,6 +3699,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T and weight %T do not fit groups = %d", x, weight, cv.groups);
     if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
+    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.pad, cv.dil)) return NULL;
     cv.OH = (cv.H + 2 * cv.pad - cv.dil * (cv.KH - 1) - 1) / cv.stride + 1;
     cv.OW = (cv.W + 2 * cv.pad - cv.dil * (cv.KW - 1) - 1) / cv.stride + 1;
     if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
@@ -3685,6 +3860,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     MLC__ENTER(op, x);
     if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
+    if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
     if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op, K, S, Pd);
     H = x->shape[2]; W = x->shape[3];
@@ -3736,6 +3912,17 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     if (!out) return MLC_ERR_NULL;
     ctx = out->ctx;
     if (ctx->error) return ctx->error;
+    if (!mlc__usable(out, "mlc_backward") || (grad_out && !mlc__usable(grad_out, "mlc_backward")))
+        return ctx->error;
+    if (grad_out && grad_out->ctx != ctx) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_backward: the gradient %T belongs to another context", grad_out);
+        return ctx->error;
+    }
+    if (out->node && out->tape_id != ctx->tape_id) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier "
+                  "mlc_backward, which frees it; run the forward again", out);
+        return ctx->error;
+    }
     if (!out->requires_grad) {
         mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: tensor %T does not require a gradient (no input needed one, or gradients were off)", out);
         return ctx->error;
@@ -3757,6 +3944,11 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     for (n = out->node; n; n = n->prev) {
         int k;
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
+        for (k = 0; k < n->n_in; k++)                    /* an input whose graph a backward used up */
+            if (n->in[k] && n->in[k]->node && n->in[k]->requires_grad && n->in[k]->tape_id != ctx->tape_id)
+                mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: input %T of an op comes from a graph an earlier "
+                          "mlc_backward used (and freed); run that forward again", n->in[k]);
+        if (ctx->error) break;
         if (n->device) {                                 /* the backend allocates and adds, */
             if (ctx->backend->run(ctx, n, 1) || ctx->error) continue;
             mlc__fall_back(ctx, n->name);                /* or declines: the CPU runs it */
@@ -3777,6 +3969,8 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         n->out->device_grad = NULL;
         n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     }
+    ctx->tape = NULL;                                    /* the tape is used up (PyTorch's default) */
+    ctx->tape_id++;
     return ctx->error;
 }
 
@@ -3794,15 +3988,30 @@ static double mlc__project(mlc_tensor *y, const float *r) {
 MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tensor **inputs, int count,
                          const mlc_gradcheck_opts *opts, mlc_gradcheck_report *report) {
     mlc_gradcheck_report rep;
-    mlc_frame outer = mlc_frame_begin(ctx);
+    mlc_frame outer;
     mlc_gradcheck_opts o;
-    uint64_t rng_state = ctx->rng_state, rng_inc = ctx->rng_inc;
+    uint64_t rng_state, rng_inc;
     mlc_tensor *y, *r;
     float **analytic;
     int k, ok = 1, grad_was;
     size_t i;
     memset(&rep, 0, sizeof rep);
     rep.worst_input = -1;
+    if (report) *report = rep;
+    if (!ctx || ctx->error) return 0;
+    if (!fn || !inputs || count < 1) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: %s", !fn ? "fn is NULL" : "no inputs");
+        return 0;
+    }
+    for (k = 0; k < count; k++)
+        if (!inputs[k] || inputs[k]->ctx != ctx || !mlc__usable(inputs[k], "mlc_gradcheck")) {
+            mlc__fail(ctx, inputs[k] ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_gradcheck: input %d is %s", k,
+                      inputs[k] ? "from another context" : "NULL");
+            return 0;
+        }
+    outer = mlc_frame_begin(ctx);
+    if (!outer.ctx) return 0;
+    rng_state = ctx->rng_state; rng_inc = ctx->rng_inc;
     o.eps = opts && opts->eps > 0 ? opts->eps : 1e-3;
     o.atol = opts && opts->atol > 0 ? opts->atol : 1e-3;
     o.rtol = opts && opts->rtol > 0 ? opts->rtol : 1e-2;
@@ -3952,6 +4161,10 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
         mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
         return m->ctx->error;
     }
+    if (t->ctx != m->ctx) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" belongs to another context", name);
+        return m->ctx->error;
+    }
     if (!(name = mlc__strdup(m->ctx, name))) return m->ctx->error;
     if (is_buffer) { m->buffers[*count] = t; m->buffer_names[*count] = name; }
     else { m->params[*count] = t; m->param_names[*count] = name; }
@@ -3961,11 +4174,24 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
 MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) { return mlc__module_add(m, name, p, 0); }
 MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) { return mlc__module_add(m, name, b, 1); }
 
+/* Whether `inner` is m or inside it (modules form a tree: adding such a child would make a cycle). */
+static int mlc__module_holds(const mlc_module *m, const mlc_module *inner) {
+    int i;
+    if (m == inner) return 1;
+    for (i = 0; i < m->n_children; i++) if (mlc__module_holds(m->children[i], inner)) return 1;
+    return 0;
+}
+
 MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child) {
     mlc_module **children;
     char **names;
     if (!m) return MLC_ERR_NULL;
     if (!child || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    if (child->ctx != m->ctx || mlc__module_holds(child, m)) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add_child: %s \"%s\" %s", child->type, name,
+                  child->ctx != m->ctx ? "belongs to another context" : "contains the module (a cycle)");
+        return m->ctx->error ? m->ctx->error : MLC_ERR_ARG;
+    }
     children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
     names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
     if (!children || !names || !(names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
@@ -3988,7 +4214,12 @@ MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn 
 }
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
-    if (!m || !x) return NULL;
+    if (!m || !x)
+        return (mlc_tensor *)mlc__fail(m ? m->ctx : x ? x->ctx : NULL, MLC_ERR_NULL,
+                                       "mlc_forward: %s is NULL", m ? "the input" : "the module");
+    if (x->ctx != m->ctx)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another "
+                                       "context than %s", x, m->type);
     if (!m->forward) return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_forward: module %s has no forward function", m->type);
     return m->forward(m, x);
 }
@@ -4030,6 +4261,11 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
     mlc_tensor *w, *b;
     float bound;
     if (!m) return NULL;
+    if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 ||
+        opts.dilation < 0)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, "
+                                       "stride %d, padding %d, dilation %d are not valid", in_channels,
+                                       out_channels, kernel, opts.stride, opts.padding, opts.dilation);
     if (groups < 1 || in_channels % groups) return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: %d input channels do not split into %d groups", in_channels, groups);
     shape[0] = out_channels; shape[1] = in_channels / groups; shape[2] = shape[3] = kernel;
     m->conv = opts;
@@ -4096,12 +4332,14 @@ static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; ret
 
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
     mlc_module *m = mlc__module(ctx, "Dropout", mlc__dropout_forward);
+    if (m && !mlc__in_range(ctx, "mlc_nn_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (m) m->alpha = p;
     return m;
 }
 MLCDEF mlc_module *mlc_nn_relu(mlc_ctx *ctx) { return mlc__module(ctx, "ReLU", mlc__relu_forward); }
 MLCDEF mlc_module *mlc_nn_leaky_relu(mlc_ctx *ctx, float slope) {
     mlc_module *m = mlc__module(ctx, "LeakyReLU", mlc__leaky_forward);
+    if (m && !mlc__in_range(ctx, "mlc_nn_leaky_relu", "slope", slope, -FLT_MAX, FLT_MAX, 0)) return NULL;
     if (m) m->alpha = slope;
     return m;
 }
@@ -4112,11 +4350,17 @@ MLCDEF mlc_module *mlc_nn_silu(mlc_ctx *ctx) { return mlc__module(ctx, "SiLU", m
 MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx) { return mlc__module(ctx, "Flatten", mlc__flatten_forward); }
 MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "MaxPool2d", mlc__max_pool_forward);
+    if (m && (kernel < 1 || stride < 0))
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d "
+                                       "are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     mlc_module *m = mlc__module(ctx, "AvgPool2d", mlc__avg_pool_forward);
+    if (m && (kernel < 1 || stride < 0))
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d "
+                                       "are not valid", kernel, stride);
     if (m) { m->kernel = kernel; m->conv.stride = stride; }
     return m;
 }
@@ -4220,10 +4464,13 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     int k;
     if (!opt) return MLC_ERR_NULL;
     ctx = opt->ctx;
-    if (!p || !p->persistent || !p->grad) {
-        mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : "the tensor is not a parameter (use mlc_parameter)");
+    if (!p || !p->persistent || !p->grad || p->ctx != ctx) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : p->ctx != ctx
+                  ? "the parameter belongs to another context"
+                  : "the tensor is not a parameter (use mlc_parameter)");
         return ctx->error ? ctx->error : MLC_ERR_ARG;
     }
+    for (k = 0; k < opt->count; k++) if (opt->params[k] == p) return MLC_OK;   /* added before: kept once */
     if (opt->count == opt->capacity) {
         int cap = opt->capacity ? 2 * opt->capacity : 16;
         mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
@@ -4263,29 +4510,51 @@ static mlc_optim *mlc__optim(mlc_ctx *ctx, mlc__optim_kind kind, float lr, float
     mlc_optim *opt;
     if (!ctx || ctx->error) return NULL;
     if (!(opt = (mlc_optim *)mlc__owned_alloc(ctx, sizeof(mlc_optim), "mlc_optim"))) return NULL;
-    opt->ctx = ctx; opt->kind = kind; opt->lr = lr > 0 ? lr : default_lr;
+    opt->ctx = ctx; opt->kind = kind; opt->lr = mlc__setting(lr, default_lr);
     return opt;
 }
 
-/* The module's parameters join once the rule is set up, as it decides which state they keep. */
-static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module) {
-    return opt && (!module || mlc__optim_add_module(opt, module) == MLC_OK) ? opt : NULL;
+/* The settings every rule shares are checked (and the module's context), then the module's
+   parameters join once the rule is set up, as it decides which state they keep. */
+static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *op) {
+    mlc_ctx *ctx = opt ? opt->ctx : NULL;
+    int sgd = opt && opt->kind == MLC__SGD, rms = opt && opt->kind == MLC__RMSPROP;
+    if (!opt) return NULL;
+    if (module && module->ctx != ctx)
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: the module belongs to another context", op);
+    if (ctx->error || !mlc__in_range(ctx, op, "lr", opt->lr, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "eps", opt->eps, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "weight_decay", opt->weight_decay, 0.0f, FLT_MAX, 0) ||
+        !mlc__in_range(ctx, op, "momentum", opt->momentum, 0.0f, FLT_MAX, 0) ||
+        (sgd && !mlc__in_range(ctx, op, "dampening", opt->dampening, -FLT_MAX, FLT_MAX, 0)) ||
+        (!sgd && !mlc__in_range(ctx, op, rms ? "alpha" : "beta2", opt->beta2, 0.0f, 1.0f, !rms)) ||
+        (!sgd && !rms && !mlc__in_range(ctx, op, "beta1", opt->beta1, 0.0f, 1.0f, 1))) {
+        mlc__owned_free(ctx, opt);
+        return NULL;
+    }
+    if (opt->nesterov && (opt->momentum <= 0.0f || opt->dampening != 0.0f)) {
+        mlc__owned_free(ctx, opt);
+        return (mlc_optim *)mlc__fail(ctx, MLC_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening 0",
+                                      op);
+    }
+    if (module && mlc__optim_add_module(opt, module) != MLC_OK) return NULL;
+    return opt;
 }
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
     if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
-    return mlc__optim_of(opt, module);
+    return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
 static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind, float default_wd) {
     mlc_optim *opt = mlc__optim(ctx, kind, c.lr, 1e-3f);
     if (!opt) return NULL;
-    opt->beta1 = c.beta1 > 0 ? c.beta1 : 0.9f;
-    opt->beta2 = c.beta2 > 0 ? c.beta2 : 0.999f;
-    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
-    opt->weight_decay = c.weight_decay > 0 ? c.weight_decay : default_wd;
-    return mlc__optim_of(opt, module);
+    opt->beta1 = mlc__setting(c.beta1, 0.9f);
+    opt->beta2 = mlc__setting(c.beta2, 0.999f);
+    opt->eps = mlc__setting(c.eps, 1e-8f);
+    opt->weight_decay = mlc__setting(c.weight_decay, default_wd);
+    return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
 MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f); }
 MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f); }
@@ -4293,10 +4562,10 @@ MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c)
 MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__RMSPROP, c.lr, 0.01f);
     if (!opt) return NULL;
-    opt->beta2 = c.alpha > 0 ? c.alpha : 0.99f;
-    opt->eps = c.eps > 0 ? c.eps : 1e-8f;
+    opt->beta2 = mlc__setting(c.alpha, 0.99f);
+    opt->eps = mlc__setting(c.eps, 1e-8f);
     opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
-    return mlc__optim_of(opt, module);
+    return mlc__optim_of(opt, module, "mlc_rmsprop");
 }
 
 MLCDEF void mlc_zero_grad(mlc_optim *opt) {
@@ -4408,7 +4677,9 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     }
 }
 
-MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr) { if (opt) opt->lr = lr; }
+MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr) {
+    if (opt && mlc__in_range(opt->ctx, "mlc_optim_set_lr", "lr", lr, 0.0f, FLT_MAX, 0)) opt->lr = lr;
+}
 MLCDEF float mlc_optim_lr(const mlc_optim *opt) { return opt ? opt->lr : 0.0f; }
 
 MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
@@ -4416,9 +4687,11 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
     float scale;
     int i;
     size_t j;
-    if (!opt) return 0.0f;
+    if (!opt || opt->ctx->error) return 0.0f;
+    if (!mlc__in_range(opt->ctx, "mlc_clip_grad_norm", "max_norm", max_norm, 0.0f, FLT_MAX, 0)) return 0.0f;
     for (i = 0; i < opt->count; i++) {
         const float *g = mlc__host_grad(opt->params[i]);   /* the norm is read on the host */
+        if (!g) return 0.0f;
         for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * g[j];
     }
     total = sqrt(total);

@@ -2062,7 +2062,7 @@ static int mlc__opencl_open(mlc_ctx *ctx, const char *spec) {
     if (!mlc__cl_load()) {
         if (is_opencl) mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
                                  "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)");
-        else if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL library; running on the CPU");
+        else if (is_best) mlc__log(ctx, MLC_LOG_WARN, "best: no OpenCL library; running on the CPU");
         return 0;
     }
     count = mlc__cl_enumerate(platforms, devices);
@@ -2088,7 +2088,7 @@ static int mlc__opencl_open(mlc_ctx *ctx, const char *spec) {
             if (mlc__cl_contains(name, spec)) return mlc__cl_open_device(ctx, platforms[i], devices[i], i, 0);
         }
     }
-    if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL GPU found; running on the CPU");
+    if (is_best) mlc__log(ctx, MLC_LOG_WARN, "best: no OpenCL GPU found; running on the CPU");
     return 0;
 }
 

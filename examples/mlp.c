@@ -1,11 +1,13 @@
 /* The classic first program of the PyTorch-on-a-Mac guides, in C: an MLP 10 -> 100 (tanh) -> 1
    fitted by Adam to 64 random samples with the mean squared error. */
 #include <stdio.h>
+#include <stdlib.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 
 int main(void) {
-    mlc_config config = { .seed = 42, .device = "best" };
+    /* $MLC_DEVICE when set (cpu, opencl, opencl:N, a piece of a name), else the best device */
+    mlc_config config = { .seed = 42, .device = getenv("MLC_DEVICE") ? NULL : "best" };
     mlc_ctx *ctx = mlc_create(&config);
     if (!ctx) return 1;
     printf("Using device: %s\n", mlc_device_name(ctx));

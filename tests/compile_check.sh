@@ -62,6 +62,16 @@ if printf '#include <cblas.h>\nint main(void){return 0;}\n' | gcc -x c - -o "$tm
     check "gcc.use_cblas" sh -c "gcc $strict -I. -o '$tmp/cblas' '$tmp/cblas.c' -lopenblas -lm && '$tmp/cblas'"
 else skipped="$skipped MLC_USE_CBLAS(libopenblas-dev)"; fi
 
+# Every ```c block of the README is a complete program that compiles with only mlc.h beside it,
+# and runs (on the CPU).
+mkdir -p "$tmp/readme" && cp mlc.h "$tmp/readme/"
+awk -v dir="$tmp/readme" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0; next }
+    on { print > (dir "/block" n ".c") }' README.md
+for block in "$tmp"/readme/block*.c; do
+    [ -e "$block" ] || { failed=$((failed + 1)); echo "FAIL compile.readme: no C block in README.md"; break; }
+    check "readme.$(basename "$block" .c)" sh -c "cd '$tmp/readme' && cc $strict -o prog '$block' -lm && MLC_DEVICE=cpu ./prog >/dev/null"
+done
+
 if [ -n "$skipped" ]; then
     echo "compile checks SKIPPED for:$skipped (not installed)"
     if [ "${CI:-}" = "true" ]; then echo "CI=true: nothing may be skipped"; exit 1; fi

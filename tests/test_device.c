@@ -14,10 +14,12 @@
                  must hold the same values in both (else someone wrote t->data without telling
                  mlc), and a host copy marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
                  whole suite this way, which checks the suites' own reads and writes too. */
-#define _POSIX_C_SOURCE 200112L   /* setenv */
+#define _POSIX_C_SOURCE 200112L   /* setenv, dup, dup2 */
 #define MLC_IMPLEMENTATION
 #define MLC_EXTRA_BACKEND test_fake_backend   /* the registry offers "fake" to mlc_create */
 #include <stdlib.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include "test.h"
 
 /* ---- the fake backend ------------------------------------------------------------------- */
@@ -26,6 +28,7 @@ typedef struct fake_device {
     int kernel_neg, verify;
     size_t limit_bytes;             /* > 0: a "device" that holds no more than this */
     const char *op;                 /* the op being run, for messages */
+    long creates, fail_from;        /* buffers made; >= 0: refuse every one from that number on */
 } fake_device;
 
 /* t's data (grad 0) or gradient buffer on the device, made when missing. */
@@ -37,6 +40,8 @@ static float *fake_buffer(mlc_tensor *t, int grad) {
 static void *fake_create(mlc_ctx *ctx, size_t bytes) {
     fake_device *fd = (fake_device *)ctx->device;
     if (fd->limit_bytes && ctx->stats.device_bytes_current + bytes > fd->limit_bytes) return NULL;   /* full */
+    if (fd->fail_from >= 0 && fd->creates >= fd->fail_from) return NULL;                         /* refused */
+    fd->creates++;
     return malloc(bytes);
 }
 static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
@@ -150,6 +155,7 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
     if (!ctx || ctx->error || ctx->backend) return ctx;
     fd = (fake_device *)calloc(1, sizeof *fd);
     if (!fd) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory"); return ctx; }
+    fd->fail_from = -1;
     ctx->device = fd;
     ctx->backend = &fake_backend;
     return ctx;
@@ -163,6 +169,13 @@ static int fake_open(mlc_ctx *ctx, const char *spec) {
 }
 
 static fake_device *fake_of(mlc_ctx *ctx) { return ctx && ctx->backend == &fake_backend ? (fake_device *)ctx->device : NULL; }
+
+long test_fake_device_fail_at(mlc_ctx *ctx, long k) {
+    fake_device *fd = fake_of(ctx);
+    if (!fd) return -1;
+    fd->fail_from = k;
+    return fd->creates;
+}
 
 /* ---- the tests' contexts ----------------------------------------------------------------- */
 
@@ -603,8 +616,9 @@ static int opencl_gemm_kernels_agree(void) {
             xc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(19, 13), mlc_host_data(x)), 0), 1);
             wc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(11, 13), mlc_host_data(w)), 0), 1);
             bc = mlc_requires_grad(mlc_to(mlc_from_data(ctx, MLC_SHAPE(11), mlc_host_data(bias)), 0), 1);
-            y = mlc_linear(x, w, bias); yc = mlc_linear(xc, wc, bc);
-            mlc_backward(mlc_sum_all(mlc_mul(y, y)));
+            y = mlc_linear(x, w, bias);
+            mlc_backward(mlc_sum_all(mlc_mul(y, y)));              /* a backward uses up its graph */
+            yc = mlc_linear(xc, wc, bc);
             mlc_backward(mlc_sum_all(mlc_mul(yc, yc)));
             CHECK(mlc_error(ctx) == MLC_OK && !xc->on_device && x->on_device);
             for (i = 0; i < 19 * 13; i++) CHECK_NEAR(mlc_host_grad(x)[i], xc->grad[i], 1e-4 * (1 + fabs(xc->grad[i])));
@@ -631,7 +645,17 @@ static int opencl_build_failure(void) {
     ctx = mlc_create(&c);
     CHECK(ctx && mlc_has_device(ctx));
     x = mlc_from_data(ctx, MLC_SHAPE(3), values);
-    CHECK(mlc_neg(x) == NULL);
+    {   /* the OpenCL compiler may print its diagnostics itself ("3 errors generated."): not here */
+        int out = dup(1), err = dup(2), null = open("/dev/null", O_WRONLY);
+        mlc_tensor *y;
+        fflush(stdout); fflush(stderr);
+        if (null >= 0) { dup2(null, 1); dup2(null, 2); close(null); }
+        y = mlc_neg(x);
+        fflush(stdout); fflush(stderr);
+        if (out >= 0) { dup2(out, 1); close(out); }
+        if (err >= 0) { dup2(err, 2); close(err); }
+        CHECK(y == NULL);
+    }
     unsetenv("MLC_OPENCL_OPTIONS");
     CHECK_MSG(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "kernel build failed on "),
               "%.400s", mlc_error_message(ctx));
