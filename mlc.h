@@ -4424,6 +4424,7 @@ static uint32_t mlc__be32(const unsigned char *p) {
 typedef struct mlc__huffman {
     short count[16];                    /* count[n]: codes of length n (count[0]: unused symbols) */
     short symbol[288];                  /* the symbols, in the order of their codes */
+    int longest;                        /* the longest code's length */
 } mlc__huffman;
 
 typedef struct mlc__inflate {
@@ -4499,6 +4500,7 @@ static int mlc__huffman_build(mlc__huffman *h, const short *length, int n) {
     int symbol, len, left = 1;
     memset(h->count, 0, sizeof h->count);
     for (symbol = 0; symbol < n; symbol++) h->count[length[symbol]]++;
+    for (h->longest = 15; h->longest > 0 && !h->count[h->longest]; h->longest--) {}
     if (h->count[0] == n) return 0;
     for (len = 1; len < 16; len++) {                /* codes of each length still free */
         left = 2 * left - h->count[len];
@@ -4512,10 +4514,11 @@ static int mlc__huffman_build(mlc__huffman *h, const short *length, int n) {
 }
 
 /* One symbol: read bits until the code so far is one of the codes of its length (canonical
-   codes of one length are consecutive numbers, after those of the shorter lengths). */
+   codes of one length are consecutive numbers, after those of the shorter lengths). Past the
+   longest length no symbol has the bits read: the error is at the byte of the last bit. */
 static int mlc__huffman_decode(mlc__inflate *s, const mlc__huffman *h) {
     int code = 0, first = 0, index = 0, len;
-    for (len = 1; len < 16; len++) {
+    for (len = 1; len <= h->longest; len++) {
         code |= (int)mlc__inflate_bits(s, 1);
         if (s->bad) return -1;
         if (code - h->count[len] < first) return h->symbol[index + (code - first)];
@@ -4693,13 +4696,12 @@ static void mlc__gzip_skip_string(mlc__inflate *s, const char *what) {
 static void mlc__gzip_member(mlc__inflate *s) {
     size_t start = s->pos;
     int flags;
-    if (s->size - s->pos < 10) {
-        mlc__inflate_fail(s, s->size, "the gzip header is cut off (truncated)");
+    if ((s->size - start >= 1 && s->in[start] != 0x1f) || (s->size - start >= 2 && s->in[start + 1] != 0x8b)) {
+        mlc__inflate_fail(s, start, "not gzip data (it does not start with the bytes 31 139)");
         return;
     }
-    if (s->in[start] != 0x1f || s->in[start + 1] != 0x8b) {
-        mlc__inflate_fail(s, start, "not gzip data (the magic is %u %u, not 31 139)", s->in[start],
-                          s->in[start + 1]);
+    if (s->size - s->pos < 10) {
+        mlc__inflate_fail(s, s->size, "the gzip header is cut off (truncated)");
         return;
     }
     if (s->in[start + 2] != 8) {
@@ -4863,7 +4865,8 @@ static int mlc__idx_shape(mlc__idx *r) {
             return mlc__idx_fail(r, 4 + 4 * d, "the dimensions' product overflows at dimension %zu", d);
         count *= v;
     }
-    if (count * (size_t)r->width > r->limit - r->offset)
+    if (r->gzipped ? count * (size_t)r->width > r->limit - r->offset
+                   : count * (size_t)r->width != r->limit - r->offset)
         return mlc__idx_fail(r, r->offset, "the shape %T needs %zu bytes of values, but the input holds "
                              "%s%zu",
                              &shape_of, count * (size_t)r->width, r->gzipped ? "at most " : "",
@@ -5018,7 +5021,7 @@ static int mlc__csv_scan(mlc__csv *c, float *out) {
         for (q = p;; q++) {                         /* each field up to a comma or the line's end */
             const char *comma = (const char *)memchr(q, ',', (size_t)(stop - q));
             const char *from = q, *to = comma ? comma : stop;
-            double v;
+            double v = 0.0;
             fields++;
             while (from < to && (*from == ' ' || *from == '\t')) from++;
             while (to > from && (to[-1] == ' ' || to[-1] == '\t')) to--;
