@@ -560,15 +560,17 @@ static int run_epoch(mlc_ctx *ctx, mlc_batches *b, int *order, int *batches, int
     *batches = 0;
     for (;;) {
         mlc_frame f = mlc_frame_begin(ctx);
-        int i, got = mlc_batches_next(b, &x, &y);
+        int i, sum, got = mlc_batches_next(b, &x, &y);
         if (!got) { CHECK(!x && !y); mlc_frame_end(f); break; }
         CHECK(x && y && x->ndim == 2 && x->shape[1] == 2 && y->ndim == 1 && x->shape[0] == y->shape[0]);
-        for (i = 0; i < x->shape[0]; i++) {
+        for (i = 0, sum = 0; i < x->shape[0]; i++) {
             int row = (int)mlc_host_data(y)[i];
             CHECK(mlc_host_data(x)[2 * i] == row && mlc_host_data(x)[2 * i + 1] == 100 + row);
             CHECK(seen < 10);
             order[seen++] = row;
+            sum += 2 * row + 100;
         }
+        CHECK(mlc_item(mlc_sum_all(x)) == sum);      /* an op sees the batch (on a device too) */
         sizes[(*batches)++] = x->shape[0];
         mlc_frame_end(f);
     }
