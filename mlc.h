@@ -33,7 +33,8 @@ CONFIGURATION MACROS (define before including)
    MLC_IMPLEMENTATION    emit the implementation in this translation unit
    MLC_STATIC            make every function static (private copy per translation unit)
    MLC_ASSERT(x)         internal invariants only (default: assert from <assert.h>)
-   MLC_NO_STDIO          no <stdio.h>: no default logger, no mlc_print
+   MLC_NO_STDIO          no <stdio.h>: no default logger, no mlc_print, no file reading
+                         (mlc_idx_load, mlc_csv_load; parsing from memory stays)
    MLC_USE_CBLAS         matrix products through cblas_sgemm (OpenBLAS, MKL; Accelerate on
                          Apple); link the BLAS. mlc_config.gemm plugs in any other routine.
    MLC_EXPF MLC_LOGF MLC_LOG1PF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
@@ -508,6 +509,54 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm);
 MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma);
 MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr);
 
+/* ============================================================================================
+   Public API: data files (gzip, IDX, CSV) and batches. File bytes are untrusted: every size is
+   checked before it is used, and a corrupt file is MLC_ERR_IO with a message naming the file
+   and the byte offset (for CSV also the line and field). The tensors the readers return are
+   long-lived (mlc_tensor_free, or mlc_destroy). Reading files (*_load) is left out by
+   MLC_NO_STDIO; parsing from memory (*_from_memory, mlc_gunzip) stays.
+   ============================================================================================ */
+
+/* Receives output in order, in pieces; returns 0 to go on, nonzero to stop (an error). */
+typedef int (*mlc_sink_fn)(const unsigned char *bytes, size_t size, void *user);
+/* Decompress gzip data (RFC 1952 members around deflate, RFC 1951) from memory, handing the
+   output to sink in pieces of at most 32 KiB; each member's CRC-32 and length are checked.
+   name labels the messages (a file name; NULL: "memory"). Uses 35 KiB of heap while it runs. */
+MLCDEF mlc_result mlc_gunzip(mlc_ctx *ctx, const void *data, size_t size, const char *name,
+                             mlc_sink_fn sink, void *user);
+
+/* IDX (the MNIST family's format: bytes 0 0 type ndim, ndim big-endian uint32 dimensions, then
+   the values big-endian; types u8 i8 i16 i32 f32 f64), raw or gzipped (told by the magic), as a
+   float tensor of the file's shape. Flags: MLC_IDX_SCALE_U8 divides u8 values by 255. */
+#define MLC_IDX_SCALE_U8 1
+MLCDEF mlc_tensor *mlc_idx_from_memory(mlc_ctx *ctx, const void *data, size_t size, int flags,
+                                       const char *name);
+/* Numeric CSV: comma-separated numbers, every row as long as the first, blank lines skipped;
+   header 1 skips the first line. Gives [rows, columns]. */
+MLCDEF mlc_tensor *mlc_csv_from_memory(mlc_ctx *ctx, const char *text, size_t size, int header,
+                                       const char *name);
+#ifndef MLC_NO_STDIO
+MLCDEF mlc_tensor *mlc_idx_load(mlc_ctx *ctx, const char *path, int flags);
+MLCDEF mlc_tensor *mlc_csv_load(mlc_ctx *ctx, const char *path, int header);
+#endif
+
+/* Batches of rows of x [N, ...] and y [N, ...] (y may be NULL), in order or shuffled with the
+   context's RNG (Fisher-Yates from 0..N-1 at each epoch's start, so a run repeats from its
+   seed). x and y must outlive the iterator, which lives until mlc_batches_free or mlc_destroy. */
+typedef struct mlc_batches mlc_batches;
+typedef struct mlc_batch_config {
+    int batch_size;                     /* 0: 32 */
+    int shuffle;                        /* 1: a new order every epoch */
+    int drop_last;                      /* 1: no short last batch */
+} mlc_batch_config;
+MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_config config);
+/* The epoch's next batch, as new tensors in the current frame ([B, ...] rows of x and y): 1.
+   0 when the epoch is over (or on an error), with *x and *y NULL; the next call starts the
+   next epoch. */
+MLCDEF int mlc_batches_next(mlc_batches *b, mlc_tensor **x, mlc_tensor **y);
+MLCDEF int mlc_batches_count(const mlc_batches *b);     /* batches per epoch */
+MLCDEF void mlc_batches_free(mlc_batches *b);
+
 #ifdef __cplusplus
 }
 #endif
@@ -527,6 +576,7 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #include <stdlib.h>
 #ifndef MLC_NO_STDIO
 #include <stdio.h>
+#include <errno.h>
 #endif
 #ifdef MLC_USE_CBLAS
 #ifdef __APPLE__
@@ -4714,6 +4764,837 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
     progress = total_steps > warmup_steps ? (double)(step - warmup_steps) / (total_steps - warmup_steps) : 1.0;
     if (progress > 1.0) progress = 1.0;
     return min_lr + (base_lr - min_lr) * (float)(0.5 * (1.0 + cos(3.141592653589793 * progress)));
+}
+
+/* ============================================================================================
+   Files: IDX and CSV data, batches
+   A small gzip reader (RFC 1952 around deflate, RFC 1951), the IDX and CSV parsers on top of
+   it, reading whole files, and the batch iterator. Input is untrusted: each read is checked
+   against the input's length before it happens, and corrupt data stops with an MLC_ERR_IO
+   naming the file and the byte offset.
+   ============================================================================================ */
+
+/* ---- CRC-32, gzip's checksum (polynomial 0xEDB88320, bits reflected), by a table ---------- */
+static void mlc__crc32_table(uint32_t table[256]) {
+    uint32_t c;
+    int n, k;
+    for (n = 0; n < 256; n++) {
+        for (c = (uint32_t)n, k = 0; k < 8; k++) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table[n] = c;
+    }
+}
+static uint32_t mlc__crc32(const uint32_t table[256], uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n--) crc = table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+static uint32_t mlc__le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint32_t mlc__be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* ---- Inflate (RFC 1951) ---------------------------------------------------------------------
+   Deflate data is a chain of blocks: stored (raw bytes), or Huffman-coded with the RFC's fixed
+   codes or with codes sent at the block's start (dynamic). A coded block is a stream of
+   literals (a byte), matches (a length 3..258 and a distance 1..32768 back into the output)
+   and an end-of-block symbol. Bits come from the least significant end of each byte.
+   A Huffman code here is canonical: the code lengths alone define it, so the decoder keeps
+   how many codes each length has and the symbols in code order, and walks the code one bit at
+   a time (zlib's puff.c does it so: slower than a lookup table, and plain to read). Output
+   goes through a 32 KiB window (a match reaches back at most that far), handed to the sink
+   each time the window fills, so memory stays small whatever the data's size. */
+#define MLC__WINDOW 32768
+typedef struct mlc__huffman {
+    short count[16];                    /* count[n]: codes of length n (count[0]: unused symbols) */
+    short symbol[288];                  /* the symbols, in the order of their codes */
+    int longest;                        /* the longest code's length */
+} mlc__huffman;
+
+typedef struct mlc__inflate {
+    mlc_ctx *ctx;
+    const char *op, *name;
+    const unsigned char *in;            /* the whole input, its size, the next byte to read */
+    size_t size, pos;
+    uint32_t bits;                      /* bits of in[pos - 1] not used yet (always fewer than 8) */
+    int nbits;
+    size_t out, flushed;                /* bytes produced in this member; those handed to the sink */
+    uint32_t crc;                       /* CRC-32 of the bytes handed over */
+    mlc_sink_fn sink;
+    void *user;
+    int bad;                            /* an error was reported: every loop stops */
+    mlc__huffman lencode, distcode;
+    uint32_t crc_table[256];
+    unsigned char window[MLC__WINDOW];  /* out's last 32 KiB: byte i of the member at i % 32768 */
+} mlc__inflate;
+
+/* The offset of the input byte that holds the last bit read. */
+static size_t mlc__inflate_at(const mlc__inflate *s) {
+    size_t back = 1 + (size_t)s->nbits / 8;
+    return s->pos >= back ? s->pos - back : 0;
+}
+
+static int mlc__inflate_fail(mlc__inflate *s, size_t at, const char *fmt, ...) {
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    mlc__vformat(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!s->bad) mlc__fail(s->ctx, MLC_ERR_IO, "%s: %s: byte %zu: %s", s->op, s->name, at, what);
+    s->bad = 1;
+    return 0;
+}
+
+/* The next `need` bits (0..13), first bit lowest. */
+static unsigned mlc__inflate_bits(mlc__inflate *s, int need) {
+    uint32_t value = s->bits;
+    if (s->bad) return 0;
+    while (s->nbits < need) {
+        if (s->pos >= s->size)
+            return (unsigned)mlc__inflate_fail(s, s->size, "the data ends inside a block (truncated)");
+        value |= (uint32_t)s->in[s->pos++] << s->nbits;
+        s->nbits += 8;
+    }
+    s->bits = value >> need;
+    s->nbits -= need;
+    return (unsigned)(value & ((1u << need) - 1u));
+}
+
+/* Hand the window's bytes not yet handed over to the sink (they never wrap: this runs each
+   time the window fills, and at a member's end). */
+static void mlc__inflate_flush(mlc__inflate *s) {
+    const unsigned char *start = s->window + s->flushed % MLC__WINDOW;
+    size_t n = s->out - s->flushed;
+    if (s->bad || !n) return;
+    s->crc = mlc__crc32(s->crc_table, s->crc, start, n);
+    s->flushed = s->out;
+    if (s->sink(start, n, s->user) != 0)
+        mlc__inflate_fail(s, mlc__inflate_at(s), "the reader of the output stopped (%zu bytes in)", s->out);
+}
+
+static void mlc__inflate_put(mlc__inflate *s, unsigned char byte) {
+    s->window[s->out % MLC__WINDOW] = byte;
+    if (++s->out % MLC__WINDOW == 0) mlc__inflate_flush(s);
+}
+
+/* Code lengths to a code. 0: complete; > 0: incomplete (codes left over); < 0: over-subscribed
+   (more codes than the lengths allow). No lengths at all counts as complete: decoding fails. */
+static int mlc__huffman_build(mlc__huffman *h, const short *length, int n) {
+    short offset[16];
+    int symbol, len, left = 1;
+    memset(h->count, 0, sizeof h->count);
+    for (symbol = 0; symbol < n; symbol++) h->count[length[symbol]]++;
+    for (h->longest = 15; h->longest > 0 && !h->count[h->longest]; h->longest--) {}
+    if (h->count[0] == n) return 0;
+    for (len = 1; len < 16; len++) {                /* codes of each length still free */
+        left = 2 * left - h->count[len];
+        if (left < 0) return left;
+    }
+    offset[1] = 0;
+    for (len = 1; len < 15; len++) offset[len + 1] = (short)(offset[len] + h->count[len]);
+    for (symbol = 0; symbol < n; symbol++)
+        if (length[symbol]) h->symbol[offset[length[symbol]]++] = (short)symbol;
+    return left;
+}
+
+/* One symbol: read bits until the code so far is one of the codes of its length (canonical
+   codes of one length are consecutive numbers, after those of the shorter lengths). Past the
+   longest length no symbol has the bits read: the error is at the byte of the last bit. */
+static int mlc__huffman_decode(mlc__inflate *s, const mlc__huffman *h) {
+    int code = 0, first = 0, index = 0, len;
+    for (len = 1; len <= h->longest; len++) {
+        code |= (int)mlc__inflate_bits(s, 1);
+        if (s->bad) return -1;
+        if (code - h->count[len] < first) return h->symbol[index + (code - first)];
+        index += h->count[len];
+        first = (first + h->count[len]) << 1;
+        code <<= 1;
+    }
+    mlc__inflate_fail(s, mlc__inflate_at(s), "invalid Huffman code (no symbol has it)");
+    return -1;
+}
+
+/* A coded block's symbols, up to end-of-block (256). */
+static void mlc__inflate_codes(mlc__inflate *s, const mlc__huffman *lencode, const mlc__huffman *distcode) {
+    static const short len_base[29] = { 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35,
+                                        43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258 };
+    static const short len_extra[29] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 0 };
+    static const unsigned short dist_base[30] = { 1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129,
+        193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577 };
+    static const short dist_extra[30] = { 0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8,
+                                          9, 9, 10, 10, 11, 11, 12, 12, 13, 13 };
+    for (;;) {
+        int symbol = mlc__huffman_decode(s, lencode);
+        size_t len, dist;
+        if (s->bad || symbol == 256) return;
+        if (symbol < 256) { mlc__inflate_put(s, (unsigned char)symbol); continue; }
+        symbol -= 257;                              /* a match: its length, then its distance */
+        if (symbol >= 29) {
+            mlc__inflate_fail(s, mlc__inflate_at(s), "length symbol %d is reserved", symbol + 257);
+            return;
+        }
+        len = (size_t)len_base[symbol] + mlc__inflate_bits(s, len_extra[symbol]);
+        symbol = mlc__huffman_decode(s, distcode);
+        if (s->bad) return;
+        if (symbol >= 30) {
+            mlc__inflate_fail(s, mlc__inflate_at(s), "distance symbol %d is reserved", symbol);
+            return;
+        }
+        dist = (size_t)dist_base[symbol] + mlc__inflate_bits(s, dist_extra[symbol]);
+        if (s->bad) return;
+        if (dist > s->out) {
+            mlc__inflate_fail(s, mlc__inflate_at(s), "a match reaches %zu bytes back, but only %zu were "
+                              "written (distance too far)", dist, s->out);
+            return;
+        }
+        while (len--) mlc__inflate_put(s, s->window[(s->out - dist) % MLC__WINDOW]);
+    }
+}
+
+static void mlc__inflate_stored(mlc__inflate *s) {   /* LEN, ~LEN (16 bits each), LEN bytes */
+    size_t len;
+    s->bits = 0;                                    /* to the next byte boundary */
+    s->nbits = 0;
+    if (s->size - s->pos < 4) {
+        mlc__inflate_fail(s, s->size, "the data ends inside a stored block's header (truncated)");
+        return;
+    }
+    len = (size_t)s->in[s->pos] | (size_t)s->in[s->pos + 1] << 8;
+    if ((len ^ 0xffffu) != ((size_t)s->in[s->pos + 2] | (size_t)s->in[s->pos + 3] << 8)) {
+        mlc__inflate_fail(s, s->pos, "a stored block's length %zu does not match its complement", len);
+        return;
+    }
+    s->pos += 4;
+    if (s->size - s->pos < len) {
+        mlc__inflate_fail(s, s->size, "a stored block of %zu bytes is cut off after %zu (truncated)",
+                          len, s->size - s->pos);
+        return;
+    }
+    while (len-- && !s->bad) mlc__inflate_put(s, s->in[s->pos++]);
+}
+
+static void mlc__inflate_fixed(mlc__inflate *s) {   /* the RFC's codes (section 3.2.6) */
+    short lengths[288];
+    int symbol;
+    for (symbol = 0; symbol < 144; symbol++) lengths[symbol] = 8;
+    for (; symbol < 256; symbol++) lengths[symbol] = 9;
+    for (; symbol < 280; symbol++) lengths[symbol] = 7;
+    for (; symbol < 288; symbol++) lengths[symbol] = 8;
+    mlc__huffman_build(&s->lencode, lengths, 288);
+    for (symbol = 0; symbol < 30; symbol++) lengths[symbol] = 5;
+    mlc__huffman_build(&s->distcode, lengths, 30);
+    mlc__inflate_codes(s, &s->lencode, &s->distcode);
+}
+
+/* A dynamic block starts with its codes: the code lengths of the literal/length and distance
+   codes, themselves Huffman-coded (with run-length symbols 16, 17, 18) by a code-length code
+   whose own lengths come first, 3 bits each, in a fixed order. */
+static void mlc__inflate_dynamic(mlc__inflate *s) {
+    static const unsigned char order[19] = { 16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1,
+                                             15 };
+    short lengths[286 + 30];
+    int nlen, ndist, ncode, index, err;
+    size_t at = mlc__inflate_at(s);
+    nlen = (int)mlc__inflate_bits(s, 5) + 257;
+    ndist = (int)mlc__inflate_bits(s, 5) + 1;
+    ncode = (int)mlc__inflate_bits(s, 4) + 4;
+    if (s->bad) return;
+    if (nlen > 286 || ndist > 30) {
+        mlc__inflate_fail(s, at, "a block declares %d length and %d distance codes (at most 286 and 30)",
+                          nlen, ndist);
+        return;
+    }
+    for (index = 0; index < 19; index++)
+        lengths[order[index]] = (short)(index < ncode ? mlc__inflate_bits(s, 3) : 0);
+    if (s->bad) return;
+    if (mlc__huffman_build(&s->lencode, lengths, 19) != 0) {
+        mlc__inflate_fail(s, mlc__inflate_at(s), "the code-length code is incomplete or over-subscribed");
+        return;
+    }
+    for (index = 0; index < nlen + ndist;) {
+        int symbol = mlc__huffman_decode(s, &s->lencode), repeat;
+        short len = 0;
+        if (s->bad) return;
+        if (symbol < 16) { lengths[index++] = (short)symbol; continue; }
+        if (symbol == 16) {                         /* the previous length, 3..6 times */
+            if (index == 0) {
+                mlc__inflate_fail(s, mlc__inflate_at(s), "a repeat comes before any code length");
+                return;
+            }
+            len = lengths[index - 1];
+            repeat = 3 + (int)mlc__inflate_bits(s, 2);
+        } else if (symbol == 17) repeat = 3 + (int)mlc__inflate_bits(s, 3);   /* zeros */
+        else repeat = 11 + (int)mlc__inflate_bits(s, 7);
+        if (s->bad) return;
+        if (index + repeat > nlen + ndist) {
+            mlc__inflate_fail(s, mlc__inflate_at(s), "code lengths run past the %d declared", nlen + ndist);
+            return;
+        }
+        while (repeat--) lengths[index++] = len;
+    }
+    if (lengths[256] == 0) {
+        mlc__inflate_fail(s, mlc__inflate_at(s), "a block has no end-of-block code");
+        return;
+    }
+    /* An incomplete code is allowed only as a single code of one bit (RFC 1951 and zlib). */
+    err = mlc__huffman_build(&s->lencode, lengths, nlen);
+    if (err < 0 || (err > 0 && nlen != s->lencode.count[0] + s->lencode.count[1])) {
+        mlc__inflate_fail(s, mlc__inflate_at(s), "the literal/length code is incomplete or over-subscribed");
+        return;
+    }
+    err = mlc__huffman_build(&s->distcode, lengths + nlen, ndist);
+    if (err < 0 || (err > 0 && ndist != s->distcode.count[0] + s->distcode.count[1])) {
+        mlc__inflate_fail(s, mlc__inflate_at(s), "the distance code is incomplete or over-subscribed");
+        return;
+    }
+    mlc__inflate_codes(s, &s->lencode, &s->distcode);
+}
+
+static void mlc__inflate_blocks(mlc__inflate *s) {
+    int last;
+    do {
+        size_t at;
+        int type;
+        last = (int)mlc__inflate_bits(s, 1);
+        type = (int)mlc__inflate_bits(s, 2);
+        at = mlc__inflate_at(s);
+        if (s->bad) return;
+        if (type == 0) mlc__inflate_stored(s);
+        else if (type == 1) mlc__inflate_fixed(s);
+        else if (type == 2) mlc__inflate_dynamic(s);
+        else mlc__inflate_fail(s, at, "block type 3 is reserved");
+    } while (!last && !s->bad);
+}
+
+/* ---- gzip (RFC 1952): members of header, deflate data, CRC-32 and length -------------------- */
+enum { MLC__GZ_FHCRC = 2, MLC__GZ_FEXTRA = 4, MLC__GZ_FNAME = 8, MLC__GZ_FCOMMENT = 16 };
+
+/* A zero-terminated header field (file name, comment): skip it, inside the input. */
+static void mlc__gzip_skip_string(mlc__inflate *s, const char *what) {
+    const unsigned char *end = (const unsigned char *)memchr(s->in + s->pos, 0, s->size - s->pos);
+    if (!end) { mlc__inflate_fail(s, s->size, "the header's %s has no end (truncated)", what); return; }
+    s->pos = (size_t)(end - s->in) + 1;
+}
+
+static void mlc__gzip_member(mlc__inflate *s) {
+    size_t start = s->pos;
+    int flags;
+    if ((s->size - start >= 1 && s->in[start] != 0x1f) || (s->size - start >= 2 && s->in[start + 1] != 0x8b)) {
+        mlc__inflate_fail(s, start, "not gzip data (it does not start with the bytes 31 139)");
+        return;
+    }
+    if (s->size - s->pos < 10) {
+        mlc__inflate_fail(s, s->size, "the gzip header is cut off (truncated)");
+        return;
+    }
+    if (s->in[start + 2] != 8) {
+        mlc__inflate_fail(s, start + 2, "compression method %u is not deflate (8)", s->in[start + 2]);
+        return;
+    }
+    flags = s->in[start + 3];
+    if (flags & 0xe0) {
+        mlc__inflate_fail(s, start + 3, "reserved header flags are set (%d)", flags);
+        return;
+    }
+    s->pos += 10;                                   /* magic, method, flags, time, extra flags, OS */
+    if (flags & MLC__GZ_FEXTRA) {                   /* XLEN, then XLEN bytes */
+        size_t xlen;
+        if (s->size - s->pos < 2) {
+            mlc__inflate_fail(s, s->size, "the header's extra field is cut off");
+            return;
+        }
+        xlen = (size_t)s->in[s->pos] | (size_t)s->in[s->pos + 1] << 8;
+        if (s->size - s->pos - 2 < xlen) {
+            mlc__inflate_fail(s, s->size, "the header's extra field of %zu bytes is cut off", xlen);
+            return;
+        }
+        s->pos += 2 + xlen;
+    }
+    if (flags & MLC__GZ_FNAME) mlc__gzip_skip_string(s, "file name");
+    if (!s->bad && (flags & MLC__GZ_FCOMMENT)) mlc__gzip_skip_string(s, "comment");
+    if (!s->bad && (flags & MLC__GZ_FHCRC)) {       /* the low 16 bits of the header's CRC-32 */
+        uint32_t crc = mlc__crc32(s->crc_table, 0, s->in + start, s->pos - start) & 0xffffu;
+        if (s->size - s->pos < 2) { mlc__inflate_fail(s, s->size, "the header's CRC is cut off"); return; }
+        if (crc != ((uint32_t)s->in[s->pos] | (uint32_t)s->in[s->pos + 1] << 8)) {
+            mlc__inflate_fail(s, s->pos, "the header's CRC-16 does not match");
+            return;
+        }
+        s->pos += 2;
+    }
+    if (s->bad) return;
+    s->bits = 0; s->nbits = 0; s->out = 0; s->flushed = 0; s->crc = 0;
+    mlc__inflate_blocks(s);
+    mlc__inflate_flush(s);
+    if (s->bad) return;
+    s->bits = 0; s->nbits = 0;                      /* the trailer starts at a byte boundary */
+    if (s->size - s->pos < 8) {
+        mlc__inflate_fail(s, s->size, "the gzip trailer is cut off (truncated)");
+        return;
+    }
+    if (mlc__le32(s->in + s->pos) != s->crc) {
+        mlc__inflate_fail(s, s->pos, "CRC-32 mismatch: the data is corrupt");
+        return;
+    }
+    if (mlc__le32(s->in + s->pos + 4) != (uint32_t)s->out) {
+        mlc__inflate_fail(s, s->pos + 4, "the trailer gives the length %zu, but %zu bytes came out",
+                          (size_t)mlc__le32(s->in + s->pos + 4), s->out);
+        return;
+    }
+    s->pos += 8;
+}
+
+static int mlc__gunzip(mlc_ctx *ctx, const char *op, const void *data, size_t size, const char *name,
+                       mlc_sink_fn sink, void *user) {
+    mlc__inflate *s;
+    int ok;
+    if (!ctx || ctx->error) return 0;
+    if ((!data && size) || !sink) {
+        mlc__fail(ctx, MLC_ERR_NULL, "%s: %s is NULL", op, sink ? "data" : "sink");
+        return 0;
+    }
+    if (!(s = (mlc__inflate *)mlc__heap_alloc(ctx, sizeof *s))) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory for the inflate state", op);
+        return 0;
+    }
+    memset(s, 0, sizeof *s - sizeof s->window);
+    s->ctx = ctx; s->op = op; s->name = name ? name : "memory";
+    s->in = (const unsigned char *)data; s->size = size;
+    s->sink = sink; s->user = user;
+    mlc__crc32_table(s->crc_table);
+    do mlc__gzip_member(s); while (!s->bad && s->pos < s->size);   /* members follow each other */
+    ok = !s->bad;
+    mlc__heap_free(ctx, s);
+    return ok;
+}
+
+MLCDEF mlc_result mlc_gunzip(mlc_ctx *ctx, const void *data, size_t size, const char *name,
+                             mlc_sink_fn sink, void *user) {
+    if (!ctx) return MLC_ERR_NULL;
+    return mlc__gunzip(ctx, "mlc_gunzip", data, size, name, sink, user) ? MLC_OK : ctx->error;
+}
+
+/* ---- IDX ------------------------------------------------------------------------------------
+   Bytes 0 0, a type code, ndim; ndim big-endian uint32 dimensions; then the values, big-endian,
+   row-major. The reader takes the bytes in pieces (straight from inflate's window when the
+   file is gzipped), so the decompressed file is never held whole: the header first, then the
+   tensor is made and each value converted as it arrives. */
+typedef struct mlc__idx {
+    mlc_ctx *ctx;
+    const char *op, *name;
+    int flags, gzipped;
+    size_t limit;                       /* the most bytes the input can hold after the header */
+    unsigned char head[4 + 4 * MLC_MAX_DIMS];
+    size_t head_size;                   /* 4 until ndim is known */
+    size_t offset;                      /* bytes taken so far */
+    int type, width;                    /* the type code, and its bytes per value */
+    mlc_tensor *t;
+    size_t done;                        /* values written */
+    unsigned char part[8];              /* a value split between two pieces */
+    int part_len;
+} mlc__idx;
+
+static int mlc__idx_fail(mlc__idx *r, size_t at, const char *fmt, ...) {
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    mlc__vformat(what, sizeof what, fmt, ap);
+    va_end(ap);
+    mlc__fail(r->ctx, MLC_ERR_IO, "%s: %s: byte %zu%s: %s", r->op, r->name, at,
+              r->gzipped ? " of the decompressed data" : "", what);
+    return 1;                                        /* for the sink: stop */
+}
+
+static int mlc__idx_width(int type) {
+    switch (type) {
+    case 0x08: case 0x09: return 1;                  /* u8, i8 */
+    case 0x0B: return 2;                             /* i16 */
+    case 0x0C: case 0x0D: return 4;                  /* i32, f32 */
+    case 0x0E: return 8;                             /* f64 */
+    default: return 0;
+    }
+}
+
+static float mlc__idx_value(const unsigned char *p, int type, int scale_u8) {
+    uint32_t u;
+    float f;
+    double d;
+    switch (type) {
+    case 0x08: return scale_u8 ? (float)p[0] / 255.0f : (float)p[0];
+    case 0x09: return (float)((int)p[0] - (p[0] >= 128 ? 256 : 0));
+    case 0x0B: u = (uint32_t)p[0] << 8 | p[1]; return (float)((long)u - (u >= 32768u ? 65536L : 0L));
+    case 0x0C: u = mlc__be32(p); return (float)((double)u - (u >= 0x80000000u ? 4294967296.0 : 0.0));
+    case 0x0D: u = mlc__be32(p); memcpy(&f, &u, 4); return f;
+    default: {
+        uint64_t w = (uint64_t)mlc__be32(p) << 32 | mlc__be32(p + 4);
+        memcpy(&d, &w, 8);
+        return (float)d;
+    }
+    }
+}
+
+/* The header is whole: check the shape against the input and make the tensor. */
+static int mlc__idx_shape(mlc__idx *r) {
+    mlc_tensor shape_of;                /* only for %T in messages */
+    size_t count = 1, d, ndim = r->head[3];
+    memset(&shape_of, 0, sizeof shape_of);
+    shape_of.ndim = (int)ndim;
+    for (d = 0; d < ndim; d++) {
+        uint32_t v = mlc__be32(r->head + 4 + 4 * d);
+        if (v > 2147483647u)
+            return mlc__idx_fail(r, 4 + 4 * d, "dimension %zu is %zu, more than a tensor dimension holds "
+                                 "(2^31 - 1)", d, (size_t)v);
+        shape_of.shape[d] = (int)v;
+        if (v && count > (size_t)-1 / (size_t)r->width / v)
+            return mlc__idx_fail(r, 4 + 4 * d, "the dimensions' product overflows at dimension %zu", d);
+        count *= v;
+    }
+    if (r->gzipped ? count * (size_t)r->width > r->limit - r->offset
+                   : count * (size_t)r->width != r->limit - r->offset)
+        return mlc__idx_fail(r, r->offset, "the shape %T needs %zu bytes of values, but the input holds "
+                             "%s%zu",
+                             &shape_of, count * (size_t)r->width, r->gzipped ? "at most " : "",
+                             r->limit - r->offset);
+    r->t = mlc__new(r->ctx, r->op, (int)ndim, shape_of.shape, 1);
+    return r->t == NULL;
+}
+
+/* The sink: takes the next piece of the file. */
+static int mlc__idx_take(const unsigned char *p, size_t n, void *user) {
+    mlc__idx *r = (mlc__idx *)user;
+    while (n) {
+        size_t whole, i;
+        if (!r->t) {                                /* the header, a byte at a time */
+            r->head[r->offset++] = *p++;
+            n--;
+            if (r->offset == 4) {                   /* the magic: 0 0 type ndim */
+                r->type = r->head[2];
+                r->width = mlc__idx_width(r->type);
+                if (r->head[0] || r->head[1])
+                    return mlc__idx_fail(r, 0, "not an IDX file (it starts with %u %u, not 0 0)",
+                                         r->head[0], r->head[1]);
+                if (!r->width) return mlc__idx_fail(r, 2, "unknown type code %u", r->head[2]);
+                if (r->head[3] < 1 || r->head[3] > MLC_MAX_DIMS)
+                    return mlc__idx_fail(r, 3, "%u dimensions (a tensor has 1 to %d)", r->head[3],
+                                         MLC_MAX_DIMS);
+                r->head_size = 4 + 4 * (size_t)r->head[3];
+            } else if (r->offset == r->head_size && mlc__idx_shape(r)) return 1;
+            continue;
+        }
+        if (r->done == r->t->size)
+            return mlc__idx_fail(r, r->offset, "more bytes follow the %zu values of shape %T", r->t->size,
+                                 r->t);
+        if (r->part_len || n < (size_t)r->width) {  /* a value split across pieces */
+            while (n && r->part_len < r->width) { r->part[r->part_len++] = *p++; n--; r->offset++; }
+            if (r->part_len == r->width) {
+                r->t->data[r->done++] = mlc__idx_value(r->part, r->type, r->flags & MLC_IDX_SCALE_U8);
+                r->part_len = 0;
+            }
+            continue;
+        }
+        whole = n / (size_t)r->width;
+        if (whole > r->t->size - r->done) whole = r->t->size - r->done;
+        for (i = 0; i < whole; i++)
+            r->t->data[r->done + i] = mlc__idx_value(p + i * (size_t)r->width, r->type,
+                                                     r->flags & MLC_IDX_SCALE_U8);
+        r->done += whole;
+        p += whole * (size_t)r->width;
+        n -= whole * (size_t)r->width;
+        r->offset += whole * (size_t)r->width;
+    }
+    return 0;
+}
+
+static mlc_tensor *mlc__idx_parse(mlc_ctx *ctx, const char *op, const void *data, size_t size, int flags,
+                                  const char *name) {
+    mlc__idx r;
+    const unsigned char *bytes = (const unsigned char *)data;
+    if (!ctx || ctx->error) return NULL;
+    if (!data && size) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "%s: data is NULL", op);
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx; r.op = op; r.name = name ? name : "memory"; r.flags = flags; r.head_size = 4;
+    r.gzipped = size >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
+    if (r.gzipped) {                                /* deflate expands 1032 times at the most */
+        r.limit = size > (size_t)-1 / 1032 ? (size_t)-1 : size * 1032;
+        mlc__gunzip(ctx, op, data, size, r.name, mlc__idx_take, &r);
+    } else {
+        r.limit = size;
+        if (size) mlc__idx_take(bytes, size, &r);
+    }
+    if (!ctx->error && !r.t)
+        mlc__idx_fail(&r, r.offset, "the header ends early (%zu of %zu bytes)", r.offset, r.head_size);
+    else if (!ctx->error && r.done < r.t->size)
+        mlc__idx_fail(&r, r.offset, "the data ends early: shape %T needs %zu bytes of values, %zu are there",
+                      r.t, r.t->size * (size_t)r.width, r.offset - r.head_size);
+    if (ctx->error) {
+        if (r.t) mlc_tensor_free(r.t);
+        return NULL;
+    }
+    mlc__host_wrote(r.t);
+    return r.t;
+}
+
+MLCDEF mlc_tensor *mlc_idx_from_memory(mlc_ctx *ctx, const void *data, size_t size, int flags,
+                                       const char *name) {
+    return mlc__idx_parse(ctx, "mlc_idx_from_memory", data, size, flags, name);
+}
+
+/* ---- CSV ------------------------------------------------------------------------------------ */
+
+/* A decimal number as strtod reads one (sign, digits, point, exponent; nan, inf), without the
+   locale. 1 when [p, end) is exactly one number. */
+static int mlc__parse_number(const char *p, const char *end, double *out) {
+    unsigned long long mantissa = 0;
+    int digits = 0, scale = 0, negative = 0;
+    long exponent = 0;
+    if (p < end && (*p == '+' || *p == '-')) negative = *p++ == '-';
+    if (end - p == 3 || end - p == 8) {             /* nan, inf, infinity (any case) */
+        char word[9];
+        int i, n = (int)(end - p);
+        for (i = 0; i < n; i++) word[i] = (char)(p[i] | 0x20);
+        word[n] = '\0';
+        if (!strcmp(word, "nan") || !strcmp(word, "inf") || !strcmp(word, "infinity")) {
+            *out = word[0] == 'n' ? (double)NAN : negative ? -(double)INFINITY : (double)INFINITY;
+            return 1;
+        }
+    }
+    for (; p < end && *p >= '0' && *p <= '9'; p++, digits++)     /* 19 digits are kept, */
+        if (mantissa < 1000000000000000000ULL) mantissa = mantissa * 10 + (unsigned)(*p - '0');
+        else scale++;                                             /* the rest only scale */
+    if (p < end && *p == '.')
+        for (p++; p < end && *p >= '0' && *p <= '9'; p++, digits++)
+            if (mantissa < 1000000000000000000ULL) {
+                mantissa = mantissa * 10 + (unsigned)(*p - '0');
+                scale--;
+            }
+    if (!digits) return 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        int esign = 1, edigits = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) esign = *p++ == '-' ? -1 : 1;
+        for (; p < end && *p >= '0' && *p <= '9'; p++, edigits++)
+            if (exponent < 100000) exponent = exponent * 10 + (*p - '0');
+        if (!edigits) return 0;
+        scale += (int)(esign * exponent);
+    }
+    if (p != end) return 0;
+    *out = scale < 0 ? (double)mantissa / pow(10.0, -scale) : (double)mantissa * pow(10.0, scale);
+    if (negative) *out = -*out;
+    return 1;
+}
+
+typedef struct mlc__csv {
+    mlc_ctx *ctx;
+    const char *op, *name, *text;
+    size_t size;
+    int header, rows, cols;
+} mlc__csv;
+
+/* One pass over the text: without out it counts and checks rows and fields; with out (after
+   such a pass) it fills out. 1: fine. */
+static int mlc__csv_scan(mlc__csv *c, float *out) {
+    const char *p = c->text, *end = c->text + c->size;
+    int line = 0, rows = 0, cols = -1;
+    for (; p < end; line++) {
+        const char *eol = (const char *)memchr(p, '\n', (size_t)(end - p));
+        const char *stop = eol ? eol : end, *next = eol ? eol + 1 : end, *q;
+        int fields = 0;
+        if (stop > p && stop[-1] == '\r') stop--;
+        for (q = p; q < stop && (*q == ' ' || *q == '\t'); q++) {}
+        if ((line == 0 && c->header) || q == stop) { p = next; continue; }   /* header, blank line */
+        for (q = p;; q++) {                         /* each field up to a comma or the line's end */
+            const char *comma = (const char *)memchr(q, ',', (size_t)(stop - q));
+            const char *from = q, *to = comma ? comma : stop;
+            double v = 0.0;
+            fields++;
+            while (from < to && (*from == ' ' || *from == '\t')) from++;
+            while (to > from && (to[-1] == ' ' || to[-1] == '\t')) to--;
+            if (!mlc__parse_number(from, to, &v) || (v == v && fabs(v) > FLT_MAX && fabs(v) <= DBL_MAX)) {
+                char field[40];
+                size_t n = (size_t)(to - from) < sizeof field - 4 ? (size_t)(to - from) : sizeof field - 4;
+                memcpy(field, from, n);
+                strcpy(field + n, (size_t)(to - from) > n ? "..." : "");
+                mlc__fail(c->ctx, MLC_ERR_IO, "%s: %s: line %d, field %d (byte %zu): \"%s\" is %s", c->op,
+                          c->name, line + 1, fields, (size_t)(from - c->text), field,
+                          from == to ? "empty, not a number" : v == v && fabs(v) > FLT_MAX
+                          ? "outside float's range" : "not a number");
+                return 0;
+            }
+            if (out) out[(size_t)rows * (size_t)c->cols + (size_t)fields - 1] = (float)v;
+            if (!comma) break;
+            q = comma;
+        }
+        if (cols < 0) cols = fields;
+        else if (fields != cols) {
+            mlc__fail(c->ctx, MLC_ERR_IO, "%s: %s: line %d (byte %zu) has %d fields, but the first row "
+                      "has %d",
+                      c->op, c->name, line + 1, (size_t)(p - c->text), fields, cols);
+            return 0;
+        }
+        if (rows == 2147483647) {
+            mlc__fail(c->ctx, MLC_ERR_IO, "%s: %s: more than 2^31 - 1 rows", c->op, c->name);
+            return 0;
+        }
+        rows++;
+        p = next;
+    }
+    if (!rows) { mlc__fail(c->ctx, MLC_ERR_IO, "%s: %s: no rows of numbers", c->op, c->name); return 0; }
+    c->rows = rows;
+    c->cols = cols;
+    return 1;
+}
+
+static mlc_tensor *mlc__csv_parse(mlc_ctx *ctx, const char *op, const char *text, size_t size, int header,
+                                  const char *name) {
+    mlc__csv c;
+    mlc_tensor *t;
+    int shape[2];
+    if (!ctx || ctx->error) return NULL;
+    if (!text && size) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "%s: text is NULL", op);
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx; c.op = op; c.name = name ? name : "memory"; c.text = text; c.size = size; c.header = header;
+    if (!mlc__csv_scan(&c, NULL)) return NULL;
+    shape[0] = c.rows;
+    shape[1] = c.cols;
+    if (!(t = mlc__new(ctx, op, 2, shape, 1))) return NULL;
+    mlc__csv_scan(&c, t->data);
+    mlc__host_wrote(t);
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_csv_from_memory(mlc_ctx *ctx, const char *text, size_t size, int header,
+                                       const char *name) {
+    return mlc__csv_parse(ctx, "mlc_csv_from_memory", text, size, header, name);
+}
+
+/* ---- Whole files ---------------------------------------------------------------------------- */
+#ifndef MLC_NO_STDIO
+/* The file's bytes on the heap (mlc__heap_free them), or NULL with the error set. */
+static unsigned char *mlc__read_file(mlc_ctx *ctx, const char *op, const char *path, size_t *size) {
+    FILE *f;
+    long n;
+    unsigned char *bytes = NULL;
+    if (!ctx || ctx->error) return NULL;
+    if (!path) return (unsigned char *)mlc__fail(ctx, MLC_ERR_NULL, "%s: path is NULL", op);
+    if (!(f = fopen(path, "rb")))
+        return (unsigned char *)mlc__fail(ctx, MLC_ERR_IO, "%s: cannot open %s: %s", op, path,
+                                          strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+        mlc__fail(ctx, MLC_ERR_IO, "%s: %s: cannot find the file's size", op, path);
+    else if (!(bytes = (unsigned char *)mlc__heap_alloc(ctx, (size_t)n + 1)))
+        mlc__fail(ctx, MLC_ERR_MEMORY, "%s: %s: out of memory reading %zu bytes", op, path, (size_t)n);
+    else if (fread(bytes, 1, (size_t)n, f) != (size_t)n) {
+        mlc__fail(ctx, MLC_ERR_IO, "%s: %s: read error before byte %zu", op, path, (size_t)n);
+        mlc__heap_free(ctx, bytes);
+        bytes = NULL;
+    }
+    fclose(f);
+    if (bytes) *size = (size_t)n;
+    return bytes;
+}
+
+MLCDEF mlc_tensor *mlc_idx_load(mlc_ctx *ctx, const char *path, int flags) {
+    size_t size = 0;
+    unsigned char *bytes = mlc__read_file(ctx, "mlc_idx_load", path, &size);
+    mlc_tensor *t = bytes ? mlc__idx_parse(ctx, "mlc_idx_load", bytes, size, flags, path) : NULL;
+    if (bytes) mlc__heap_free(ctx, bytes);
+    return t;
+}
+
+MLCDEF mlc_tensor *mlc_csv_load(mlc_ctx *ctx, const char *path, int header) {
+    size_t size = 0;
+    unsigned char *bytes = mlc__read_file(ctx, "mlc_csv_load", path, &size);
+    mlc_tensor *t = bytes ? mlc__csv_parse(ctx, "mlc_csv_load", (const char *)bytes, size, header, path)
+                          : NULL;
+    if (bytes) mlc__heap_free(ctx, bytes);
+    return t;
+}
+#endif
+
+/* ---- Batches -------------------------------------------------------------------------------- */
+struct mlc_batches {
+    mlc_ctx *ctx;
+    mlc_tensor *x, *y;
+    int n, batch_size, shuffle, drop_last;
+    int next;                           /* the next position in order; -1: an epoch starts */
+    int *order;                         /* this epoch's permutation of 0..n-1 */
+};
+
+/* A uniform integer in [0, bound), bound > 0: rejection, so no value is favoured. */
+static uint32_t mlc__rand_below(mlc_ctx *ctx, uint32_t bound) {
+    uint32_t threshold = (0u - bound) % bound, r;
+    do r = mlc_rand_u32(ctx); while (r < threshold);
+    return r % bound;
+}
+
+MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_config config) {
+    mlc_ctx *ctx;
+    mlc_batches *b;
+    if (!x) return NULL;
+    ctx = x->ctx;
+    if (ctx->error) return NULL;
+    if (x->ndim < 1 || config.batch_size < 0
+        || (y && (y->ctx != ctx || y->ndim < 1 || y->shape[0] != x->shape[0])))
+        return (mlc_batches *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batches_create: x %T and y %T need the same "
+                                        "first dimension, and batch_size (%d) may not be negative", x, y,
+                                        config.batch_size);
+    if (!(b = (mlc_batches *)mlc__owned_alloc(ctx, sizeof *b, "mlc_batches_create"))) return NULL;
+    b->order = (int *)mlc__owned_alloc(ctx, sizeof(int) * ((size_t)x->shape[0] + 1), "mlc_batches_create");
+    if (!b->order) { mlc__owned_free(ctx, b); return NULL; }
+    b->ctx = ctx; b->x = x; b->y = y; b->n = x->shape[0];
+    b->batch_size = config.batch_size ? config.batch_size : 32;
+    b->shuffle = config.shuffle; b->drop_last = config.drop_last;
+    b->next = -1;
+    return b;
+}
+
+/* Rows order[from, from + count) of t as a new [count, ...] tensor in the current frame. */
+static mlc_tensor *mlc__gather_rows(mlc_tensor *t, const int *order, int count) {
+    int shape[MLC_MAX_DIMS], i;
+    size_t row = t->shape[0] ? t->size / (size_t)t->shape[0] : 0;
+    const float *src = mlc__host(t);
+    mlc_tensor *out;
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = count;
+    if (!(out = mlc__new(t->ctx, "mlc_batches_next", t->ndim, shape, 0))) return NULL;
+    for (i = 0; i < count; i++)
+        memcpy(out->data + (size_t)i * row, src + (size_t)order[i] * row, row * sizeof(float));
+    mlc__host_wrote(out);
+    return out;
+}
+
+MLCDEF int mlc_batches_next(mlc_batches *b, mlc_tensor **x, mlc_tensor **y) {
+    int count, i;
+    if (x) *x = NULL;
+    if (y) *y = NULL;
+    if (!b || b->ctx->error) return 0;
+    if (b->next < 0) {                              /* a new epoch: 0..n-1, shuffled (Fisher-Yates) */
+        for (i = 0; i < b->n; i++) b->order[i] = i;
+        for (i = b->n - 1; b->shuffle && i > 0; i--) {
+            int j = (int)mlc__rand_below(b->ctx, (uint32_t)i + 1u), keep = b->order[i];
+            b->order[i] = b->order[j];
+            b->order[j] = keep;
+        }
+        b->next = 0;
+    }
+    count = b->n - b->next < b->batch_size ? b->n - b->next : b->batch_size;
+    if (count == 0 || (b->drop_last && count < b->batch_size)) { b->next = -1; return 0; }
+    if (x && !(*x = mlc__gather_rows(b->x, b->order + b->next, count))) return 0;
+    if (y && b->y && !(*y = mlc__gather_rows(b->y, b->order + b->next, count))) return 0;
+    b->next += count;
+    return 1;
+}
+
+MLCDEF int mlc_batches_count(const mlc_batches *b) {
+    if (!b) return 0;
+    return b->drop_last ? b->n / b->batch_size : (b->n + b->batch_size - 1) / b->batch_size;
+}
+
+MLCDEF void mlc_batches_free(mlc_batches *b) {
+    if (!b) return;
+    mlc__owned_free(b->ctx, b->order);
+    mlc__owned_free(b->ctx, b);
 }
 
 #ifdef __cplusplus
