@@ -4727,13 +4727,14 @@ static int mlc__st_entry_parse(mlc__json *j, mlc__st_entry *e) {
     return 1;
 }
 
-/* Room for one more item in an owned array of `size`-byte items (doubling). */
-static int mlc__st_grow(mlc_ctx *ctx, void **items, int *cap, int count, size_t size) {
+/* Room for `need` items in an owned array of `size`-byte items holding `used` (doubling). */
+static int mlc__st_grow(mlc_ctx *ctx, void **items, int *cap, int used, int need, size_t size) {
     void *p;
-    int n = *cap ? 2 * *cap : 16;
-    if (count < *cap) return 1;
-    if (*cap > 0x3FFFFFFF || !(p = mlc__owned_alloc(ctx, (size_t)n * size, "safetensors"))) return 0;
-    if (count) memcpy(p, *items, (size_t)count * size);
+    int n = *cap ? *cap : 16;
+    if (need <= *cap) return 1;
+    while (n < need) { if (n > 0x3FFFFFFF) return mlc__fail(ctx, MLC_ERR_MEMORY, "safetensors: too many entries") != NULL; n *= 2; }
+    if (!(p = mlc__owned_alloc(ctx, (size_t)n * size, "safetensors"))) return 0;
+    if (used) memcpy(p, *items, (size_t)used * size);
     mlc__owned_free(ctx, *items);
     *items = p; *cap = n;
     return 1;
@@ -4745,7 +4746,7 @@ static int mlc__st_metadata(mlc__json *j) {
     if (mlc__json_peek(j) == '}') { j->i++; return 1; }
     for (;;) {
         const char *key, *value;
-        if (!mlc__st_grow(st->ctx, (void **)&st->meta, &st->cap_meta, st->n_meta + 1, sizeof(char *))) return 0;
+        if (!mlc__st_grow(st->ctx, (void **)&st->meta, &st->cap_meta, st->n_meta, st->n_meta + 2, sizeof(char *))) return 0;
         if (!(key = mlc__json_string(j)) || !mlc__json_expect(j, ':', "expected ':'")) return 0;
         if (mlc__json_peek(j) != '"') return mlc__json_fail(j, "a __metadata__ value is not a string");
         if (!(value = mlc__json_string(j))) return 0;
@@ -4772,7 +4773,7 @@ static int mlc__st_header(mlc_safetensors *st, const unsigned char *header, size
                 if (!mlc__st_metadata(&j)) return 0;
             } else {
                 mlc__st_entry *e;
-                if (!mlc__st_grow(st->ctx, (void **)&st->entries, &st->capacity, st->count, sizeof *e)) return 0;
+                if (!mlc__st_grow(st->ctx, (void **)&st->entries, &st->capacity, st->count, st->count + 1, sizeof *e)) return 0;
                 e = &st->entries[st->count++];
                 memset(e, 0, sizeof *e);
                 e->name = name; e->at = 8 + at;
@@ -5401,7 +5402,7 @@ MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_
 
 MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path) {
     FILE *f;
-    long size;
+    long size = 0;
     unsigned char *copy = NULL;
     mlc_safetensors *st;
     if (!ctx || ctx->error) return NULL;

@@ -13,7 +13,7 @@
 
 char test_failure[512];
 
-#define SUITES(X) X(tensor) X(ops) X(gemm) X(grad) X(errors) X(modules) X(optim) X(train) X(device)
+#define SUITES(X) X(tensor) X(ops) X(gemm) X(grad) X(errors) X(modules) X(optim) X(train) X(device) X(safetensors)
 #define DECLARE(s) extern const test_case tests_##s[];
 SUITES(DECLARE)
 #define ENTRY(s) { #s, tests_##s },
