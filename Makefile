@@ -124,3 +124,16 @@ fuzz: $(BUILD)/fuzz-safetensors
 	mkdir -p $(BUILD)/fuzz-corpus
 	./$(BUILD)/fuzz-safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
+
+# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes three models and a
+# batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
+# mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
+INTEROP_PYTHON ?= /usr/bin/python3
+$(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
+	$(CC) $(CFLAGS) -I. -o $@ tests/interop/interop.c $(LDLIBS)
+
+test-interop: $(BUILD)/interop
+	rm -rf $(BUILD)/interop-data && mkdir -p $(BUILD)/interop-data
+	$(INTEROP_PYTHON) tests/interop/torch_interop.py write $(BUILD)/interop-data
+	./$(BUILD)/interop $(BUILD)/interop-data
+	$(INTEROP_PYTHON) tests/interop/torch_interop.py check $(BUILD)/interop-data
