@@ -130,7 +130,7 @@ fuzz: $(BUILD)/fuzz-safetensors
 # mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3
 $(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
-	$(CC) $(CFLAGS) -I. -o $@ tests/interop/interop.c $(LDLIBS)
+	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)
 
 test-interop: $(BUILD)/interop
 	rm -rf $(BUILD)/interop-data && mkdir -p $(BUILD)/interop-data

@@ -513,7 +513,8 @@ MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc
 MLCDEF mlc_result mlc_module_save(mlc_module *m, const char *path, const char *const *metadata);
 MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim *opt,
                                       const mlc_train_state *state);   /* opt, state may be NULL */
-MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt, mlc_train_state *state);
+MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt,
+                                      mlc_train_state *state);
 #endif
 
 #ifdef __cplusplus
@@ -4419,11 +4420,12 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 #define MLC__ST_RESERVED "__mlc__."
 
 typedef enum { MLC__F32, MLC__F16, MLC__BF16, MLC__F64, MLC__I64, MLC__I32, MLC__I16, MLC__I8, MLC__U64,
-               MLC__U32, MLC__U16, MLC__U8, MLC__BOOL, MLC__F8_E4M3, MLC__F8_E5M2, MLC__DTYPE_COUNT } mlc__dtype;
+               MLC__U32, MLC__U16, MLC__U8, MLC__BOOL, MLC__F8_E4M3, MLC__F8_E5M2,
+               MLC__DTYPE_COUNT } mlc__dtype;
 static const char *const mlc__dtype_names[] = { "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U64",
                                                 "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2" };
 static const unsigned char mlc__dtype_sizes[] = { 4, 2, 2, 8, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1 };
-typedef char mlc__dtype_names_check[sizeof mlc__dtype_names / sizeof *mlc__dtype_names == MLC__DTYPE_COUNT ? 1 : -1];
+typedef char mlc__dtype_names_check[sizeof mlc__dtype_names / sizeof(char *) == MLC__DTYPE_COUNT ? 1 : -1];
 typedef char mlc__dtype_sizes_check[sizeof mlc__dtype_sizes == MLC__DTYPE_COUNT ? 1 : -1];
 
 typedef struct mlc__st_entry {
@@ -4459,7 +4461,8 @@ static void *mlc__st_fail(mlc_safetensors *st, const char *tensor, size_t at, co
     if (!tensor) return mlc__fail(st->ctx, MLC_ERR_IO, "safetensors %s: %s (byte %zu)", st->label, what, at);
     n = strlen(tensor);
     mlc__format(name, sizeof name, "%s%s", n > 80 ? "..." : "", tensor + (n > 80 ? n - 77 : 0));
-    return mlc__fail(st->ctx, MLC_ERR_IO, "safetensors %s: tensor \"%s\": %s (byte %zu)", st->label, name, what, at);
+    return mlc__fail(st->ctx, MLC_ERR_IO, "safetensors %s: tensor \"%s\": %s (byte %zu)", st->label, name,
+                     what, at);
 }
 
 static uint64_t mlc__le(const unsigned char *p, int bytes) {   /* a little-endian unsigned integer */
@@ -4507,13 +4510,16 @@ typedef struct mlc__json {
 } mlc__json;
 
 static int mlc__json_fail(mlc__json *j, const char *what) {
-    if (j->i >= j->n) mlc__st_fail(j->st, j->tensor, 8 + j->i, "header JSON: %s, found the header's end", what);
+    if (j->i >= j->n)
+        mlc__st_fail(j->st, j->tensor, 8 + j->i, "header JSON: %s, found the header's end", what);
     else mlc__st_fail(j->st, j->tensor, 8 + j->i, "header JSON: %s", what);
     return 0;
 }
 
 static int mlc__json_peek(mlc__json *j) {
-    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++;
+    while (j->i < j->n &&
+           (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
     return j->i < j->n ? j->s[j->i] : -1;
 }
 
@@ -4528,7 +4534,10 @@ static int mlc__json_hex4(mlc__json *j, unsigned long *cp) {
     *cp = 0;
     for (k = 0; k < 4; k++, j->i++) {
         int c = j->i < j->n ? j->s[j->i] : -1;
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int v = c >= '0' && c <= '9' ? c - '0'
+            : c >= 'a' && c <= 'f'   ? c - 'a' + 10
+            : c >= 'A' && c <= 'F'   ? c - 'A' + 10
+                                     : -1;
         if (v < 0) return mlc__json_fail(j, "expected four hex digits after \\u");
         *cp = *cp << 4 | (unsigned long)v;
     }
@@ -4551,7 +4560,10 @@ static const char *mlc__json_string(mlc__json *j) {
         if (c == '"') { j->i++; break; }
         if (c < 0x20) { mlc__json_fail(j, "control character in a string"); return NULL; }
         if (c != '\\') {
-            if (!(len = mlc__utf8_len(j->s + j->i, j->n - j->i))) { mlc__json_fail(j, "a string is not valid UTF-8"); return NULL; }
+            if (!(len = mlc__utf8_len(j->s + j->i, j->n - j->i))) {
+                mlc__json_fail(j, "a string is not valid UTF-8");
+                return NULL;
+            }
             memcpy(out + k, j->s + j->i, len);
             k += len; j->i += len;
             continue;
@@ -4569,7 +4581,10 @@ static const char *mlc__json_string(mlc__json *j) {
         default: mlc__json_fail(j, "unknown escape in a string"); return NULL;
         }
         if (!mlc__json_hex4(j, &cp)) return NULL;
-        if (cp >= 0xDC00 && cp <= 0xDFFF) { mlc__json_fail(j, "a low surrogate without its high half"); return NULL; }
+        if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            mlc__json_fail(j, "a low surrogate without its high half");
+            return NULL;
+        }
         if (cp >= 0xD800 && cp <= 0xDBFF) {                 /* a pair: \uD83D\uDE00 */
             unsigned long lo;
             if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u') {
@@ -4577,14 +4592,19 @@ static const char *mlc__json_string(mlc__json *j) {
             }
             j->i += 2;
             if (!mlc__json_hex4(j, &lo)) return NULL;
-            if (lo < 0xDC00 || lo > 0xDFFF) { mlc__json_fail(j, "a high surrogate without its low half"); return NULL; }
+            if (lo < 0xDC00 || lo > 0xDFFF) {
+                mlc__json_fail(j, "a high surrogate without its low half");
+                return NULL;
+            }
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
         if (cp == 0) { mlc__json_fail(j, "\\u0000 in a string"); return NULL; }
         if (cp < 0x80) out[k++] = (char)cp;
         else if (cp < 0x800) { out[k++] = (char)(0xC0 | cp >> 6); out[k++] = (char)(0x80 | (cp & 0x3F)); }
         else if (cp < 0x10000) {
-            out[k++] = (char)(0xE0 | cp >> 12); out[k++] = (char)(0x80 | (cp >> 6 & 0x3F)); out[k++] = (char)(0x80 | (cp & 0x3F));
+            out[k++] = (char)(0xE0 | cp >> 12);
+            out[k++] = (char)(0x80 | (cp >> 6 & 0x3F));
+            out[k++] = (char)(0x80 | (cp & 0x3F));
         } else {
             out[k++] = (char)(0xF0 | cp >> 18); out[k++] = (char)(0x80 | (cp >> 12 & 0x3F));
             out[k++] = (char)(0x80 | (cp >> 6 & 0x3F)); out[k++] = (char)(0x80 | (cp & 0x3F));
@@ -4637,7 +4657,8 @@ static int mlc__json_skip(mlc__json *j, int depth) {
     if (c == 't' || c == 'f' || c == 'n') {
         const char *word = c == 't' ? "true" : c == 'f' ? "false" : "null";
         size_t len = strlen(word);
-        if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0) return mlc__json_fail(j, "expected a value");
+        if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0)
+            return mlc__json_fail(j, "expected a value");
         j->i += len;
         return 1;
     }
@@ -4671,7 +4692,8 @@ static int mlc__st_dims(mlc__json *j, mlc__st_entry *e) {
     if (!mlc__json_expect(j, '[', "expected '[' to open shape")) return 0;
     if (mlc__json_peek(j) == ']') { j->i++; return 1; }
     for (;;) {
-        if (e->ndim == MLC_MAX_DIMS) return mlc__json_fail(j, "shape has more than 6 dimensions (MLC_MAX_DIMS)");
+        if (e->ndim == MLC_MAX_DIMS)
+            return mlc__json_fail(j, "shape has more than 6 dimensions (MLC_MAX_DIMS)");
         if (!mlc__json_uint(j, &v)) return 0;
         if (v > 2147483647u) return mlc__json_fail(j, "a dimension above 2^31 - 1");
         e->shape[e->ndim++] = (int)v;
@@ -4687,7 +4709,8 @@ static int mlc__st_offsets(mlc__json *j, mlc__st_entry *e) {
         !mlc__json_expect(j, ',', "data_offsets needs two numbers") || !mlc__json_uint(j, &b) ||
         !mlc__json_expect(j, ']', "data_offsets needs two numbers")) return 0;
     if (a > b) return mlc__json_fail(j, "data_offsets begins after it ends");
-    if (b > (uint64_t)(size_t)-1) return mlc__json_fail(j, "data_offsets beyond this machine's address space");
+    if (b > (uint64_t)(size_t)-1)
+        return mlc__json_fail(j, "data_offsets beyond this machine's address space");
     e->begin = (size_t)a; e->end = (size_t)b;
     return 1;
 }
@@ -4703,14 +4726,18 @@ static int mlc__st_entry_parse(mlc__json *j, mlc__st_entry *e) {
             size_t key_at = j->i;
             const char *key = mlc__json_string(j);
             if (!key || !mlc__json_expect(j, ':', "expected ':'")) return 0;
-            bit = strcmp(key, "dtype") == 0 ? 1 : strcmp(key, "shape") == 0 ? 2 : strcmp(key, "data_offsets") == 0 ? 4 : 0;
+            bit = strcmp(key, "dtype") == 0        ? 1
+                : strcmp(key, "shape") == 0        ? 2
+                : strcmp(key, "data_offsets") == 0 ? 4
+                                                   : 0;
             j->st->pool_used = mark;
             if (bit & have) { j->i = key_at; return mlc__json_fail(j, "a key given twice"); }
             have |= bit;
             if (bit == 1) {
                 const char *dtype = mlc__json_string(j);
                 if (!dtype) return 0;
-                for (e->dtype = 0; e->dtype < MLC__DTYPE_COUNT && strcmp(dtype, mlc__dtype_names[e->dtype]); e->dtype++) {}
+                for (e->dtype = 0; e->dtype < MLC__DTYPE_COUNT && strcmp(dtype, mlc__dtype_names[e->dtype]);
+                     e->dtype++) {}
                 j->st->pool_used = mark;
                 if (e->dtype == MLC__DTYPE_COUNT) return mlc__json_fail(j, "unknown dtype");
             } else if (bit == 2) { if (!mlc__st_dims(j, e)) return 0; }
@@ -4732,7 +4759,10 @@ static int mlc__st_grow(mlc_ctx *ctx, void **items, int *cap, int used, int need
     void *p;
     int n = *cap ? *cap : 16;
     if (need <= *cap) return 1;
-    while (n < need) { if (n > 0x3FFFFFFF) return mlc__fail(ctx, MLC_ERR_MEMORY, "safetensors: too many entries") != NULL; n *= 2; }
+    while (n < need) {
+        if (n > 0x3FFFFFFF) return mlc__fail(ctx, MLC_ERR_MEMORY, "safetensors: too many entries") != NULL;
+        n *= 2;
+    }
     if (!(p = mlc__owned_alloc(ctx, (size_t)n * size, "safetensors"))) return 0;
     if (used) memcpy(p, *items, (size_t)used * size);
     mlc__owned_free(ctx, *items);
@@ -4746,7 +4776,9 @@ static int mlc__st_metadata(mlc__json *j) {
     if (mlc__json_peek(j) == '}') { j->i++; return 1; }
     for (;;) {
         const char *key, *value;
-        if (!mlc__st_grow(st->ctx, (void **)&st->meta, &st->cap_meta, st->n_meta, st->n_meta + 2, sizeof(char *))) return 0;
+        if (!mlc__st_grow(st->ctx, (void **)&st->meta, &st->cap_meta, st->n_meta, st->n_meta + 2,
+                          sizeof(char *)))
+            return 0;
         if (!(key = mlc__json_string(j)) || !mlc__json_expect(j, ':', "expected ':'")) return 0;
         if (mlc__json_peek(j) != '"') return mlc__json_fail(j, "a __metadata__ value is not a string");
         if (!(value = mlc__json_string(j))) return 0;
@@ -4773,7 +4805,9 @@ static int mlc__st_header(mlc_safetensors *st, const unsigned char *header, size
                 if (!mlc__st_metadata(&j)) return 0;
             } else {
                 mlc__st_entry *e;
-                if (!mlc__st_grow(st->ctx, (void **)&st->entries, &st->capacity, st->count, st->count + 1, sizeof *e)) return 0;
+                if (!mlc__st_grow(st->ctx, (void **)&st->entries, &st->capacity, st->count, st->count + 1,
+                                  sizeof *e))
+                    return 0;
                 e = &st->entries[st->count++];
                 memset(e, 0, sizeof *e);
                 e->name = name; e->at = 8 + at;
@@ -4794,7 +4828,9 @@ static int mlc__st_by_name(const void *a, const void *b) {
 }
 static int mlc__st_by_offset(const void *a, const void *b) {
     const mlc__st_entry *x = *(const mlc__st_entry *const *)a, *y = *(const mlc__st_entry *const *)b;
-    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1) : x->end != y->end ? (x->end < y->end ? -1 : 1) : 0;
+    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1)
+        : x->end != y->end      ? (x->end < y->end ? -1 : 1)
+                                : 0;
 }
 
 /* Every entry's size from dtype and shape (no overflow) matches its offsets, which lie in the
@@ -4815,31 +4851,39 @@ static int mlc__st_check(mlc_safetensors *st) {
             return mlc__st_fail(st, e->name, e->at, "its byte count overflows") != NULL;
         bytes = count * mlc__dtype_sizes[e->dtype];
         if (e->end > st->body_size)
-            return mlc__st_fail(st, e->name, st->body_at + e->begin, "data_offsets [%zu, %zu] run past the data's "
-                                "%zu bytes (a truncated file?)", e->begin, e->end, st->body_size) != NULL;
+            return mlc__st_fail(st, e->name, st->body_at + e->begin,
+                                "data_offsets [%zu, %zu] run past the data's "
+                                "%zu bytes (a truncated file?)",
+                                e->begin, e->end, st->body_size) != NULL;
         if (e->end - e->begin != bytes)
-            return mlc__st_fail(st, e->name, st->body_at + e->begin, "data_offsets [%zu, %zu] hold %zu bytes, "
-                                "but %s of %zu elements needs %zu", e->begin, e->end, e->end - e->begin,
-                                mlc__dtype_names[e->dtype], count, bytes) != NULL;
+            return mlc__st_fail(st, e->name, st->body_at + e->begin,
+                                "data_offsets [%zu, %zu] hold %zu bytes, "
+                                "but %s of %zu elements needs %zu",
+                                e->begin, e->end, e->end - e->begin, mlc__dtype_names[e->dtype], count,
+                                bytes) != NULL;
     }
-    if (!(order = (mlc__st_entry **)mlc__owned_alloc(st->ctx, ((size_t)st->count + 1) * sizeof *order, "safetensors")))
+    if (!(order = (mlc__st_entry **)mlc__owned_alloc(st->ctx, ((size_t)st->count + 1) * sizeof *order,
+                                                     "safetensors")))
         return 0;
     for (i = 0; i < st->count; i++) order[i] = &st->entries[i];
     qsort(order, (size_t)st->count, sizeof *order, mlc__st_by_offset);
     for (i = 0; i < st->count; i++) {
         const mlc__st_entry *e = order[i];
         if (e->begin < expected) {
-            mlc__st_fail(st, e->name, st->body_at + e->begin, "its data overlaps tensor \"%s\"", order[i - 1]->name);
+            mlc__st_fail(st, e->name, st->body_at + e->begin, "its data overlaps tensor \"%s\"",
+                         order[i - 1]->name);
             break;
         }
         if (e->begin > expected) {
-            mlc__st_fail(st, e->name, st->body_at + expected, "a gap of %zu bytes before its data", e->begin - expected);
+            mlc__st_fail(st, e->name, st->body_at + expected, "a gap of %zu bytes before its data",
+                         e->begin - expected);
             break;
         }
         expected = e->end;
     }
     if (i == st->count && expected != st->body_size)
-        mlc__st_fail(st, NULL, st->body_at + expected, "%zu bytes after the last tensor", st->body_size - expected);
+        mlc__st_fail(st, NULL, st->body_at + expected, "%zu bytes after the last tensor",
+                     st->body_size - expected);
     qsort(order, (size_t)st->count, sizeof *order, mlc__st_by_name);
     for (i = 1; !st->ctx->error && i < st->count; i++)
         if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
@@ -4862,24 +4906,34 @@ MLCDEF void mlc_safetensors_close(mlc_safetensors *st) {
     mlc__owned_free(ctx, st);
 }
 
-MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *data, size_t size, const char *label) {
+MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *data, size_t size,
+                                                    const char *label) {
     mlc_safetensors *st;
     const unsigned char *p = (const unsigned char *)data;
     uint64_t n;
     size_t label_len;
     if (!ctx || ctx->error) return NULL;
-    if (!data && size) return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_safetensors_from_memory: data is NULL");
+    if (!data && size)
+        return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_safetensors_from_memory: data is NULL");
     if (!label) label = "(memory)";
     label_len = strlen(label);
-    if (!(st = (mlc_safetensors *)mlc__owned_alloc(ctx, sizeof *st + label_len + 1, "safetensors"))) return NULL;
+    if (!(st = (mlc_safetensors *)mlc__owned_alloc(ctx, sizeof *st + label_len + 1, "safetensors")))
+        return NULL;
     st->ctx = ctx;
     memcpy((char *)(st + 1), label, label_len + 1);
     st->label = (const char *)(st + 1);
-    if (size < 8) { mlc__st_fail(st, NULL, 0, "the file is %zu bytes, too short for the 8-byte header length", size); goto fail; }
+    if (size < 8) {
+        mlc__st_fail(st, NULL, 0, "the file is %zu bytes, too short for the 8-byte header length", size);
+        goto fail;
+    }
     n = mlc__le(p, 8);
-    if (n > MLC__ST_MAX_HEADER) { mlc__st_fail(st, NULL, 0, "the header length %zu is above the 100 MiB limit", (size_t)n); goto fail; }
+    if (n > MLC__ST_MAX_HEADER) {
+        mlc__st_fail(st, NULL, 0, "the header length %zu is above the 100 MiB limit", (size_t)n);
+        goto fail;
+    }
     if (n > size - 8) {
-        mlc__st_fail(st, NULL, 0, "the header length %zu runs past the file's end (%zu bytes; truncated?)", (size_t)n, size);
+        mlc__st_fail(st, NULL, 0, "the header length %zu runs past the file's end (%zu bytes; truncated?)",
+                     (size_t)n, size);
         goto fail;
     }
     st->body = p + 8 + n; st->body_at = 8 + (size_t)n; st->body_size = size - 8 - (size_t)n;
@@ -4898,7 +4952,8 @@ MLCDEF const char *mlc_safetensors_name(const mlc_safetensors *st, int i) {
 }
 MLCDEF const char *mlc_safetensors_metadata(const mlc_safetensors *st, const char *key) {
     int i;
-    for (i = 0; st && key && i < st->n_meta; i += 2) if (strcmp(st->meta[i], key) == 0) return st->meta[i + 1];
+    for (i = 0; st && key && i < st->n_meta; i += 2)
+        if (strcmp(st->meta[i], key) == 0) return st->meta[i + 1];
     return NULL;
 }
 
@@ -4952,9 +5007,11 @@ MLCDEF mlc_tensor *mlc_safetensors_get(mlc_safetensors *st, const char *name) {
     mlc_tensor *t;
     if (!st || st->ctx->error) return NULL;
     if (!name || !(e = mlc__st_find(st, name)))
-        return (mlc_tensor *)mlc__fail(st->ctx, MLC_ERR_ARG, "mlc_safetensors_get: %s has no tensor \"%s\"", st->label, name);
+        return (mlc_tensor *)mlc__fail(st->ctx, MLC_ERR_ARG, "mlc_safetensors_get: %s has no tensor \"%s\"",
+                                       st->label, name);
     if (!mlc__st_loadable(e->dtype))
-        return (mlc_tensor *)mlc__st_fail(st, name, e->at, "dtype %s cannot be read as float32", mlc__dtype_names[e->dtype]);
+        return (mlc_tensor *)mlc__st_fail(st, name, e->at, "dtype %s cannot be read as float32",
+                                          mlc__dtype_names[e->dtype]);
     if (!(t = mlc_empty(st->ctx, e->ndim, e->shape))) return NULL;
     mlc__st_convert(st->body + e->begin, e->dtype, t->data, t->size);
     mlc__host_wrote(t);
@@ -4968,12 +5025,15 @@ static void mlc__st_note(mlc_load_report *r, const char *kind, const char *name,
     size_t n = strlen(r->names);
     if (n + 4 >= sizeof r->names) return;
     if (n + 40 + strlen(name) >= sizeof r->names) { memcpy(r->names + n, "...", 4); return; }
-    if (shape) mlc__format(r->names + n, sizeof r->names - n, "%s%s %s %T in the file, %T here", n ? "; " : "", kind,
-                           name, file_shape, shape);
+    if (shape)
+        mlc__format(r->names + n, sizeof r->names - n, "%s%s %s %T in the file, %T here", n ? "; " : "", kind,
+                    name, file_shape, shape);
     else mlc__format(r->names + n, sizeof r->names - n, "%s%s %s", n ? "; " : "", kind, name);
 }
 
-static int mlc__st_reserved(const char *name) { return strncmp(name, MLC__ST_RESERVED, sizeof MLC__ST_RESERVED - 1) == 0; }
+static int mlc__st_reserved(const char *name) {
+    return strncmp(name, MLC__ST_RESERVED, sizeof MLC__ST_RESERVED - 1) == 0;
+}
 
 /* A tensor's host copy is about to be overwritten: wait for an upload that may read it. */
 static float *mlc__st_host_for_write(mlc_tensor *t) {
@@ -4988,24 +5048,28 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
     const mlc__st_entry **match = NULL;
     mlc_load_report report;
     int n, i, partial = opts && opts->partial;
-    if (!st || !m) return st ? mlc__fail(st->ctx, MLC_ERR_NULL, "mlc_safetensors_load: module is NULL"), st->ctx->error
-                             : MLC_ERR_NULL;
+    if (!st || !m)
+        return st             ? mlc__fail(st->ctx, MLC_ERR_NULL, "mlc_safetensors_load: module is NULL"),
+               st->ctx->error : MLC_ERR_NULL;
     ctx = st->ctx;
     if (ctx->error) return ctx->error;
     memset(&report, 0, sizeof report);
     n = mlc_module_state(m, NULL, 0);
-    state = (mlc_named_tensor *)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *state, "mlc_safetensors_load");
-    match = (const mlc__st_entry **)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *match, "mlc_safetensors_load");
+    state = (mlc_named_tensor *)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *state,
+                                                 "mlc_safetensors_load");
+    match = (const mlc__st_entry **)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *match,
+                                                     "mlc_safetensors_load");
     used = (unsigned char *)mlc__owned_alloc(ctx, (size_t)st->count + 1, "mlc_safetensors_load");
     if (!state || !match || !used) goto done;
     mlc_module_state(m, state, n);
-    for (i = 0; i < n; i++) {                                 /* every state tensor: in the file, shaped so? */
+    for (i = 0; i < n; i++) { /* every state tensor: in the file, shaped so? */
         const mlc__st_entry *e = mlc__st_find(st, state[i].name);
         mlc_tensor *t = state[i].tensor, file_shape;
         if (!e) { report.missing++; mlc__st_note(&report, "missing", state[i].name, NULL, NULL); continue; }
         used[e - st->entries] = 1;
         if (!mlc__st_loadable(e->dtype)) {
-            mlc__st_fail(st, e->name, e->at, "dtype %s cannot be loaded as float32", mlc__dtype_names[e->dtype]);
+            mlc__st_fail(st, e->name, e->at, "dtype %s cannot be loaded as float32",
+                         mlc__dtype_names[e->dtype]);
             goto done;
         }
         if (e->ndim != t->ndim || memcmp(e->shape, t->shape, (size_t)t->ndim * sizeof(int)) != 0) {
@@ -5024,8 +5088,10 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
             mlc__st_note(&report, "unexpected", st->entries[i].name, NULL, NULL);
         }
     if (!partial && (report.missing || report.unexpected || report.mismatched)) {
-        mlc__fail(ctx, report.mismatched ? MLC_ERR_SHAPE : MLC_ERR_ARG, "mlc_safetensors_load: %s does not fit the "
-                  "module (nothing loaded): %s", st->label, report.names);
+        mlc__fail(ctx, report.mismatched ? MLC_ERR_SHAPE : MLC_ERR_ARG,
+                  "mlc_safetensors_load: %s does not fit the "
+                  "module (nothing loaded): %s",
+                  st->label, report.names);
         goto done;
     }
     for (i = 0; i < n; i++) {
@@ -5043,7 +5109,8 @@ done:
     return ctx->error;
 }
 
-MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size, const mlc_load_opts *opts) {
+MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
+                                         const mlc_load_opts *opts) {
     mlc_safetensors *st;
     if (!m) return MLC_ERR_NULL;
     if (!(st = mlc_safetensors_from_memory(m->ctx, data, size, NULL))) return m->ctx->error;
@@ -5089,7 +5156,8 @@ static void mlc__out_json(mlc__out *o, const char *s) {   /* a JSON string (s is
 }
 
 /* The header's JSON, padded with spaces so the data starts at a multiple of 8. */
-static void mlc__st_build_header(mlc__out *o, const mlc__st_item *items, int count, const char *const *metadata) {
+static void mlc__st_build_header(mlc__out *o, const mlc__st_item *items, int count,
+                                 const char *const *metadata) {
     size_t offset = 0;
     int i, d;
     mlc__out_str(o, "{");
@@ -5104,8 +5172,13 @@ static void mlc__st_build_header(mlc__out *o, const mlc__st_item *items, int cou
     for (i = 0; i < count; i++) {
         if (i) mlc__out_str(o, ",");
         mlc__out_json(o, items[i].name);
-        mlc__out_str(o, ":{\"dtype\":\""); mlc__out_str(o, mlc__dtype_names[items[i].dtype]); mlc__out_str(o, "\",\"shape\":[");
-        for (d = 0; d < items[i].ndim; d++) { if (d) mlc__out_str(o, ","); mlc__out_uint(o, (size_t)items[i].shape[d]); }
+        mlc__out_str(o, ":{\"dtype\":\"");
+        mlc__out_str(o, mlc__dtype_names[items[i].dtype]);
+        mlc__out_str(o, "\",\"shape\":[");
+        for (d = 0; d < items[i].ndim; d++) {
+            if (d) mlc__out_str(o, ",");
+            mlc__out_uint(o, (size_t)items[i].shape[d]);
+        }
         mlc__out_str(o, "],\"data_offsets\":["); mlc__out_uint(o, offset); mlc__out_str(o, ",");
         offset += items[i].bytes;
         mlc__out_uint(o, offset); mlc__out_str(o, "]}");
@@ -5119,16 +5192,22 @@ static int mlc__st_check_items(mlc_ctx *ctx, const char *op, const mlc__st_item 
                                const char *const *metadata) {
     int i, k;
     for (i = 0; metadata && metadata[i]; i++) {
-        if (!mlc__utf8_valid(metadata[i])) return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata string %d is not UTF-8", op, i) != NULL;
-        if (i % 2 == 0 && !metadata[i + 1]) return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata key \"%s\" has no value", op, metadata[i]) != NULL;
+        if (!mlc__utf8_valid(metadata[i]))
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata string %d is not UTF-8", op, i) != NULL;
+        if (i % 2 == 0 && !metadata[i + 1])
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata key \"%s\" has no value", op, metadata[i]) !=
+                NULL;
     }
     for (i = 0; i < count; i++) {
         if (!items[i].name || !mlc__utf8_valid(items[i].name) || strcmp(items[i].name, "__metadata__") == 0)
-            return mlc__fail(ctx, MLC_ERR_ARG, "%s: tensor %d's name is NULL, not UTF-8 or __metadata__", op, i) != NULL;
-        if (!items[i].t && !items[i].raw) return mlc__fail(ctx, MLC_ERR_NULL, "%s: tensor \"%s\" is NULL", op, items[i].name) != NULL;
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: tensor %d's name is NULL, not UTF-8 or __metadata__", op,
+                             i) != NULL;
+        if (!items[i].t && !items[i].raw)
+            return mlc__fail(ctx, MLC_ERR_NULL, "%s: tensor \"%s\" is NULL", op, items[i].name) != NULL;
         for (k = 0; k < i; k++)
             if (strcmp(items[k].name, items[i].name) == 0)
-                return mlc__fail(ctx, MLC_ERR_ARG, "%s: the name \"%s\" comes twice", op, items[i].name) != NULL;
+                return mlc__fail(ctx, MLC_ERR_ARG, "%s: the name \"%s\" comes twice", op, items[i].name) !=
+                    NULL;
     }
     return 1;
 }
@@ -5160,7 +5239,8 @@ static int mlc__st_write(mlc_ctx *ctx, const char *op, const mlc__st_item *items
                 uint32_t bits;
                 memcpy(&bits, &data[j + k], 4);
                 chunk[4 * k] = (unsigned char)bits; chunk[4 * k + 1] = (unsigned char)(bits >> 8);
-                chunk[4 * k + 2] = (unsigned char)(bits >> 16); chunk[4 * k + 3] = (unsigned char)(bits >> 24);
+                chunk[4 * k + 2] = (unsigned char)(bits >> 16);
+                chunk[4 * k + 3] = (unsigned char)(bits >> 24);
             }
             ok = sink(user, chunk, 4 * n);
         }
@@ -5174,18 +5254,26 @@ static int mlc__sink_memory(void *user, const void *bytes, size_t len) {
 }
 
 /* Items for tensors (float32); NULL on error. */
-static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count, int extra, const char *op) {
+static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count, int extra,
+                                   const char *op) {
     mlc__st_item *items;
     int i;
-    if (count < 0 || (count && !tensors)) return (mlc__st_item *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d tensors at %s", op,
-                                                                       count, tensors ? "an address" : "NULL");
-    if (!(items = (mlc__st_item *)mlc__owned_alloc(ctx, ((size_t)count + (size_t)extra + 1) * sizeof *items, op))) return NULL;
+    if (count < 0 || (count && !tensors))
+        return (mlc__st_item *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d tensors at %s", op, count,
+                                         tensors ? "an address" : "NULL");
+    if (!(items = (mlc__st_item *)mlc__owned_alloc(ctx, ((size_t)count + (size_t)extra + 1) * sizeof *items,
+                                                   op)))
+        return NULL;
     for (i = 0; i < count; i++) {
         mlc_tensor *t = tensors[i].tensor;
         items[i].name = tensors[i].name;
         items[i].dtype = MLC__F32;
         items[i].t = t;
-        if (t) { items[i].ndim = t->ndim; memcpy(items[i].shape, t->shape, sizeof t->shape); items[i].bytes = 4 * t->size; }
+        if (t) {
+            items[i].ndim = t->ndim;
+            memcpy(items[i].shape, t->shape, sizeof t->shape);
+            items[i].bytes = 4 * t->size;
+        }
     }
     return items;
 }
@@ -5202,7 +5290,8 @@ MLCDEF size_t mlc_safetensors_encode(mlc_ctx *ctx, const mlc_named_tensor *tenso
                                      const char *const *metadata, void *buf, size_t cap) {
     mlc__st_item *items;
     size_t n;
-    if (!ctx || ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_encode"))) return 0;
+    if (!ctx || ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_encode")))
+        return 0;
     n = mlc__st_encode_items(ctx, "mlc_safetensors_encode", items, count, metadata, buf, cap);
     mlc__owned_free(ctx, items);
     return n;
@@ -5212,7 +5301,8 @@ MLCDEF size_t mlc_safetensors_encode(mlc_ctx *ctx, const mlc_named_tensor *tenso
 static mlc_named_tensor *mlc__module_state_list(mlc_module *m, int *count, const char *op) {
     mlc_named_tensor *state;
     *count = mlc_module_state(m, NULL, 0);
-    if (!(state = (mlc_named_tensor *)mlc__owned_alloc(m->ctx, ((size_t)*count + 1) * sizeof *state, op))) return NULL;
+    if (!(state = (mlc_named_tensor *)mlc__owned_alloc(m->ctx, ((size_t)*count + 1) * sizeof *state, op)))
+        return NULL;
     mlc_module_state(m, state, *count);
     return state;
 }
@@ -5247,10 +5337,16 @@ static void mlc__put_le(unsigned char *p, uint64_t v, int bytes) {
     for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static void mlc__ckpt_raw(mlc__ckpt *c, const char *name, int dtype, int dim, const unsigned char *raw, size_t bytes) {
+static void mlc__ckpt_raw(mlc__ckpt *c, const char *name, int dtype, int dim, const unsigned char *raw,
+                          size_t bytes) {
     mlc__st_item *it = &c->items[c->count++];
     memset(it, 0, sizeof *it);
-    it->name = name; it->dtype = dtype; it->ndim = dim ? 1 : 0; it->shape[0] = dim; it->raw = raw; it->bytes = bytes;
+    it->name = name;
+    it->dtype = dtype;
+    it->ndim = dim ? 1 : 0;
+    it->shape[0] = dim;
+    it->raw = raw;
+    it->bytes = bytes;
 }
 
 static void mlc__ckpt_free(mlc_ctx *ctx, mlc__ckpt *c) {
@@ -5258,15 +5354,19 @@ static void mlc__ckpt_free(mlc_ctx *ctx, mlc__ckpt *c) {
     mlc__owned_free(ctx, c->items);
 }
 
-static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const mlc_train_state *state, const char *op) {
+static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
+                           const char *op) {
     mlc_ctx *ctx = m->ctx;
     int n = mlc_module_state(m, NULL, 0), extra = 0, i, k;
     float lr = opt ? opt->lr : 0.0f;
     uint32_t lr_bits;
     memset(c, 0, sizeof *c);
-    if (opt && opt->ctx != ctx) return mlc__fail(ctx, MLC_ERR_ARG, "%s: the optimiser belongs to another context", op) != NULL;
+    if (opt && opt->ctx != ctx)
+        return mlc__fail(ctx, MLC_ERR_ARG, "%s: the optimiser belongs to another context", op) != NULL;
     for (i = 0; opt && i < opt->count; i++) for (k = 0; k < 3; k++) extra += opt->state[3 * i + k] != NULL;
-    if (!(c->list = (mlc_named_tensor *)mlc__owned_alloc(ctx, ((size_t)n + (size_t)extra + 1) * sizeof *c->list, op))) return 0;
+    if (!(c->list = (mlc_named_tensor *)mlc__owned_alloc(
+              ctx, ((size_t)n + (size_t)extra + 1) * sizeof *c->list, op)))
+        return 0;
     mlc_module_state(m, c->list, n);
     for (i = 0, c->count = n; opt && i < opt->count; i++)
         for (k = 0; k < 3; k++)
@@ -5294,7 +5394,8 @@ static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const ml
     return 1;
 }
 
-MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state, void *buf, size_t cap) {
+MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state, void *buf,
+                                    size_t cap) {
     mlc__ckpt c;
     size_t n = 0;
     if (!m || m->ctx->error) return 0;
@@ -5307,27 +5408,34 @@ MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_tra
 /* A reserved entry of the given dtype and shape ([] or [dim]), or NULL and an error. */
 static const mlc__st_entry *mlc__ckpt_entry(mlc_safetensors *st, const char *name, int dtype, int dim) {
     const mlc__st_entry *e = mlc__st_find(st, name);
-    if (!e) return (const mlc__st_entry *)mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry");
+    if (!e)
+        return (const mlc__st_entry *)mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry");
     if (e->dtype != dtype || e->ndim != (dim ? 1 : 0) || (dim && e->shape[0] != dim))
         return (const mlc__st_entry *)mlc__st_fail(st, name, e->at, "expected %s of shape [%s%d]",
                                                    mlc__dtype_names[dtype], dim ? "" : "scalar ", dim);
     return e;
 }
 
-static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_optim *opt, mlc_train_state *state) {
+static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_optim *opt,
+                                       mlc_train_state *state) {
     mlc_ctx *ctx = st->ctx;
-    const char *format = mlc_safetensors_metadata(st, "format"), *kind = mlc_safetensors_metadata(st, "mlc.optim");
+    const char *format = mlc_safetensors_metadata(st, "format"),
+               *kind = mlc_safetensors_metadata(st, "mlc.optim");
     const mlc__st_entry *train, *rng, *t = NULL, *lr = NULL;
     int i, k, found = 0, expected = 0;
     char name[128];
     if (!format || strcmp(format, "mlc-checkpoint") != 0) {
-        mlc__st_fail(st, NULL, 8, "not an mlc checkpoint (no \"format\": \"mlc-checkpoint\" in __metadata__)");
+        mlc__st_fail(st, NULL, 8,
+                     "not an mlc checkpoint (no \"format\": \"mlc-checkpoint\" in __metadata__)");
         return ctx->error;
     }
     if (!(train = mlc__ckpt_entry(st, MLC__ST_RESERVED "train", MLC__I64, 2)) ||
         !(rng = mlc__ckpt_entry(st, MLC__ST_RESERVED "rng", MLC__U64, 2))) return ctx->error;
     if (opt) {                                          /* check all of it before changing anything */
-        if (opt->ctx != ctx) return mlc__fail(ctx, MLC_ERR_ARG, "mlc_checkpoint_load: the optimiser belongs to another context"), ctx->error;
+        if (opt->ctx != ctx)
+            return mlc__fail(ctx, MLC_ERR_ARG,
+                             "mlc_checkpoint_load: the optimiser belongs to another context"),
+                   ctx->error;
         if (!kind || strcmp(kind, mlc__optim_kind_names[opt->kind]) != 0) {
             mlc__st_fail(st, NULL, 8, "the checkpoint holds optimiser \"%s\", not %s", kind ? kind : "(none)",
                          mlc__optim_kind_names[opt->kind]);
@@ -5341,17 +5449,24 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
                 const mlc_tensor *s = opt->state[3 * i + k];
                 if (!s) continue;
                 expected++;
-                mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i, mlc__optim_slot_names[opt->kind][k]);
-                if (!(e = mlc__st_find(st, name))) { mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry"); return ctx->error; }
-                if (e->dtype != MLC__F32 || e->ndim != s->ndim || memcmp(e->shape, s->shape, sizeof(int) * (size_t)s->ndim)) {
+                mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i,
+                            mlc__optim_slot_names[opt->kind][k]);
+                if (!(e = mlc__st_find(st, name))) {
+                    mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry");
+                    return ctx->error;
+                }
+                if (e->dtype != MLC__F32 || e->ndim != s->ndim ||
+                    memcmp(e->shape, s->shape, sizeof(int) * (size_t)s->ndim)) {
                     mlc__st_fail(st, name, e->at, "expected F32 of shape %T", s);
                     return ctx->error;
                 }
             }
         for (i = 0; i < st->count; i++)
-            found += strncmp(st->entries[i].name, MLC__ST_RESERVED "optim.", sizeof MLC__ST_RESERVED + 5) == 0;
+            found += strncmp(st->entries[i].name, MLC__ST_RESERVED "optim.", sizeof MLC__ST_RESERVED + 5) ==
+                0;
         if (found != expected + 2) {
-            mlc__st_fail(st, NULL, 8, "the checkpoint holds %d optimiser entries, this optimiser has %d", found - 2, expected);
+            mlc__st_fail(st, NULL, 8, "the checkpoint holds %d optimiser entries, this optimiser has %d",
+                         found - 2, expected);
             return ctx->error;
         }
     }
@@ -5360,8 +5475,10 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
         for (k = 0; k < 3; k++) {
             mlc_tensor *s = opt->state[3 * i + k];
             if (!s) continue;
-            mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i, mlc__optim_slot_names[opt->kind][k]);
-            mlc__st_convert(st->body + mlc__st_find(st, name)->begin, MLC__F32, mlc__st_host_for_write(s), s->size);
+            mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i,
+                        mlc__optim_slot_names[opt->kind][k]);
+            mlc__st_convert(st->body + mlc__st_find(st, name)->begin, MLC__F32, mlc__st_host_for_write(s),
+                            s->size);
             mlc__host_wrote(s);
         }
     if (opt) {
@@ -5392,8 +5509,10 @@ MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_
 /* ---- Files: reading whole, writing atomically -------------------------------------------- */
 #ifndef MLC_NO_STDIO
 #include <errno.h>
-#if (defined(__unix__) || defined(__APPLE__)) && \
-    (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(__APPLE__))
+/* fsync where <stdio.h> declared fileno (POSIX, not strict ISO C): glibc says so in __USE_POSIX,
+   fixed when stdio.h came in (a later header defining _POSIX_C_SOURCE does not change it). */
+#if defined(__GLIBC__) ? defined(__USE_POSIX) : defined(__APPLE__) || (defined(__unix__) && \
+    (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
 #include <unistd.h>
 #define MLC__FSYNC(f) fsync(fileno(f))   /* the data reaches the disk before the rename */
 #else
@@ -5407,7 +5526,9 @@ MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path) {
     mlc_safetensors *st;
     if (!ctx || ctx->error) return NULL;
     if (!path) return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_safetensors_open: path is NULL");
-    if (!(f = fopen(path, "rb"))) return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot open it: %s", path, strerror(errno));
+    if (!(f = fopen(path, "rb")))
+        return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot open it: %s", path,
+                                            strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
         mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot find its size: %s", path, strerror(errno));
     else if ((copy = (unsigned char *)mlc__owned_alloc(ctx, (size_t)size + 1, "mlc_safetensors_open")) &&
@@ -5431,11 +5552,13 @@ MLCDEF mlc_result mlc_module_load(mlc_module *m, const char *path, const mlc_loa
     return m->ctx->error;
 }
 
-static int mlc__sink_file(void *user, const void *bytes, size_t len) { return fwrite(bytes, 1, len, (FILE *)user) == len; }
+static int mlc__sink_file(void *user, const void *bytes, size_t len) {
+    return fwrite(bytes, 1, len, (FILE *)user) == len;
+}
 
 /* Write "path.tmp", flush, fsync, close, rename over path; on failure remove the temporary. */
-static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, const mlc__st_item *items, int count,
-                               const char *const *metadata) {
+static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, const mlc__st_item *items,
+                               int count, const char *const *metadata) {
     size_t len;
     char *tmp;
     FILE *f;
@@ -5452,7 +5575,8 @@ static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, c
         return ctx->error;
     }
     errno = 0;
-    ok = mlc__st_write(ctx, op, items, count, metadata, mlc__sink_file, f) && fflush(f) == 0 && MLC__FSYNC(f) == 0;
+    ok = mlc__st_write(ctx, op, items, count, metadata, mlc__sink_file, f) && fflush(f) == 0 &&
+        MLC__FSYNC(f) == 0;
     if (!ok) err = errno;
     if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
 #ifdef _WIN32
@@ -5468,11 +5592,12 @@ static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, c
     return ctx->error;
 }
 
-MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc_named_tensor *tensors, int count,
-                                       const char *const *metadata) {
+MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc_named_tensor *tensors,
+                                       int count, const char *const *metadata) {
     mlc__st_item *items;
     if (!ctx) return MLC_ERR_NULL;
-    if (ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_save"))) return ctx->error;
+    if (ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_save")))
+        return ctx->error;
     mlc__st_save(ctx, "mlc_safetensors_save", path, items, count, metadata);
     mlc__owned_free(ctx, items);
     return ctx->error;
@@ -5482,13 +5607,15 @@ MLCDEF mlc_result mlc_module_save(mlc_module *m, const char *path, const char *c
     mlc_named_tensor *state;
     int count;
     if (!m) return MLC_ERR_NULL;
-    if (m->ctx->error || !(state = mlc__module_state_list(m, &count, "mlc_module_save"))) return m->ctx->error;
+    if (m->ctx->error || !(state = mlc__module_state_list(m, &count, "mlc_module_save")))
+        return m->ctx->error;
     mlc_safetensors_save(m->ctx, path, state, count, metadata);
     mlc__owned_free(m->ctx, state);
     return m->ctx->error;
 }
 
-MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim *opt, const mlc_train_state *state) {
+MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim *opt,
+                                      const mlc_train_state *state) {
     mlc__ckpt c;
     if (!m) return MLC_ERR_NULL;
     if (m->ctx->error) return m->ctx->error;
@@ -5498,7 +5625,8 @@ MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim
     return m->ctx->error;
 }
 
-MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt, mlc_train_state *state) {
+MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt,
+                                      mlc_train_state *state) {
     mlc_safetensors *st;
     if (!m) return MLC_ERR_NULL;
     if (!(st = mlc_safetensors_open(m->ctx, path))) return m->ctx->error;
