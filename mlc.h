@@ -62,6 +62,8 @@ LIMITS
    Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
+   safetensors files are untrusted input: the loader checks everything before it reads and is
+   fuzzed (make fuzz); report any crash. mlc_safetensors_open reads a whole file into memory.
 */
 #ifndef MLC_H
 #define MLC_H

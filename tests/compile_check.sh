@@ -62,6 +62,13 @@ if printf '#include <cblas.h>\nint main(void){return 0;}\n' | gcc -x c - -o "$tm
     check "gcc.use_cblas" sh -c "gcc $strict -I. -o '$tmp/cblas' '$tmp/cblas.c' -lopenblas -lm && '$tmp/cblas'"
 else skipped="$skipped MLC_USE_CBLAS(libopenblas-dev)"; fi
 
+# Every ```c block in README.md is a whole program that builds with only mlc.h beside it.
+awk -v dir="$tmp" '/^```c$/ { n++; f = dir "/readme" n ".c"; on = 1; next } /^```$/ { on = 0 } on { print > f }' README.md
+for src in "$tmp"/readme*.c; do
+    [ -e "$src" ] || continue
+    check "readme.$(basename "$src" .c)" gcc $strict -I. -o "$tmp/readme" "$src" -lm
+done
+
 if [ -n "$skipped" ]; then
     echo "compile checks SKIPPED for:$skipped (not installed)"
     if [ "${CI:-}" = "true" ]; then echo "CI=true: nothing may be skipped"; exit 1; fi
