@@ -6,7 +6,7 @@ LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/n
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 
-.PHONY: all examples demo test test-sanitize compile-check bench clean
+.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop
 
 all: examples
 examples: $(EXAMPLES)
@@ -113,3 +113,30 @@ bench: | $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
+
+# The safetensors loader under libFuzzer (clang, with ASan and UBSan) for FUZZ_SECONDS, from
+# the seed corpus in tests/fuzz-corpus/safetensors; new inputs go to build/fuzz-corpus, a
+# crashing input to build/crash-*. (Its own directory keeps it out of the suites' tests/*.c.)
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+$(BUILD)/fuzz-safetensors: tests/fuzz/fuzz_safetensors.c mlc.h | $(BUILD)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
+	    -o $@ tests/fuzz/fuzz_safetensors.c -lm
+
+fuzz: $(BUILD)/fuzz-safetensors
+	mkdir -p $(BUILD)/fuzz-corpus
+	./$(BUILD)/fuzz-safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
+
+# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes three models and a
+# batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
+# mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
+INTEROP_PYTHON ?= /usr/bin/python3
+$(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
+	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)
+
+test-interop: $(BUILD)/interop
+	rm -rf $(BUILD)/interop-data && mkdir -p $(BUILD)/interop-data
+	$(INTEROP_PYTHON) tests/interop/torch_interop.py write $(BUILD)/interop-data
+	./$(BUILD)/interop $(BUILD)/interop-data
+	$(INTEROP_PYTHON) tests/interop/torch_interop.py check $(BUILD)/interop-data

@@ -107,6 +107,8 @@ LIMITS
    mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
+   safetensors files are untrusted input: the loader checks everything before it reads and is
+   fuzzed (make fuzz); report any crash. mlc_safetensors_open reads a whole file into memory.
 */
 #ifndef MLC_H
 #define MLC_H
@@ -556,6 +558,78 @@ MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_c
 MLCDEF int mlc_batches_next(mlc_batches *b, mlc_tensor **x, mlc_tensor **y);
 MLCDEF int mlc_batches_count(const mlc_batches *b);     /* batches per epoch */
 MLCDEF void mlc_batches_free(mlc_batches *b);
+
+/* ============================================================================================
+   Public API: files (safetensors and checkpoints)
+   safetensors: an 8-byte little-endian header length N, N bytes of JSON
+   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+   "__metadata__": {"key": "value"}}, then the tensors' raw little-endian bytes. A file is
+   untrusted input: the header, every dtype, shape and offset are checked (overflow included)
+   before any tensor is touched, and a bad file gives MLC_ERR_IO with a message naming the
+   file, the tensor and the byte offset. The data must be indexed whole: tensors may not
+   overlap and may leave no gap or trailing bytes (as the reference implementation demands).
+   Loading converts F32, F16, BF16, F64 and the integer dtypes (PyTorch's num_batches_tracked
+   is I64) to float32. Memory buffers need no stdio; paths are left out by MLC_NO_STDIO.
+   ============================================================================================ */
+
+typedef struct mlc_safetensors mlc_safetensors;   /* a checked file: names, shapes, metadata */
+
+typedef struct mlc_load_report {        /* what a module load matched (filled in both modes) */
+    int loaded, missing, unexpected, mismatched;
+    char names[512];                    /* "missing: 0.bias; unexpected: x; shape: 1.weight [2] vs [3]" */
+} mlc_load_report;
+
+typedef struct mlc_load_opts {          /* zero: strict */
+    int partial;                        /* 1: load what matches by name and shape, skip the rest */
+    mlc_load_report *report;            /* optional */
+} mlc_load_opts;
+
+/* Parse and check a file held in memory (data must outlive the result); label names it in
+   messages. NULL on error (the context's error says why). */
+MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *data, size_t size,
+                                                    const char *label);
+MLCDEF void mlc_safetensors_close(mlc_safetensors *st);
+MLCDEF int mlc_safetensors_count(const mlc_safetensors *st);                    /* tensors */
+MLCDEF const char *mlc_safetensors_name(const mlc_safetensors *st, int i);      /* in file order */
+MLCDEF const char *mlc_safetensors_metadata(const mlc_safetensors *st, const char *key); /* or NULL */
+/* A float32 copy of a tensor of the file (a temporary of the current frame). */
+MLCDEF mlc_tensor *mlc_safetensors_get(mlc_safetensors *st, const char *name);
+/* Copy the file's tensors into m's parameters and buffers (mlc_module_state names). Strict:
+   every state tensor is present with its shape and the file holds no other (names under the
+   reserved prefix "__mlc__." excepted), else an error naming them and nothing is changed.
+   Partial: matching tensors load; missing, unexpected and wrongly shaped ones are skipped. */
+MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const mlc_load_opts *opts);
+MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
+                                         const mlc_load_opts *opts);
+/* Encode tensors as a safetensors file into buf (when cap is large enough); returns the
+   file's size (0 on error). metadata: key, value, key, value, ..., NULL (or NULL). */
+MLCDEF size_t mlc_safetensors_encode(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count,
+                                     const char *const *metadata, void *buf, size_t cap);
+MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void *buf, size_t cap);
+
+/* Checkpoints: model state, optimiser state (state buffers, step count, learning rate), the
+   training position and the context's RNG in one safetensors file, so a resumed run continues
+   bit for bit. Reserved names: "__mlc__.optim.<i>.<slot>" (i: the parameter's index in the
+   optimiser, slot: PyTorch's momentum_buffer, exp_avg, exp_avg_sq, square_avg, grad_avg),
+   "__mlc__.optim.t" and "__mlc__.train" (I64), "__mlc__.optim.lr" (F32), "__mlc__.rng" (U64). */
+typedef struct mlc_train_state { long long step, epoch; } mlc_train_state;   /* yours to count */
+MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
+                                    void *buf, size_t cap);   /* as mlc_safetensors_encode */
+MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_module *m,
+                                             mlc_optim *opt, mlc_train_state *state);
+#ifndef MLC_NO_STDIO
+MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path);  /* reads it whole */
+MLCDEF mlc_result mlc_module_load(mlc_module *m, const char *path, const mlc_load_opts *opts);
+/* Saving is atomic: "path.tmp" is written, flushed (and fsync'd where <unistd.h> declares
+   it), closed and renamed over path, so a failed save leaves the previous file as it was. */
+MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc_named_tensor *tensors,
+                                       int count, const char *const *metadata);
+MLCDEF mlc_result mlc_module_save(mlc_module *m, const char *path, const char *const *metadata);
+MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim *opt,
+                                      const mlc_train_state *state);   /* opt, state may be NULL */
+MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt,
+                                      mlc_train_state *state);
+#endif
 
 #ifdef __cplusplus
 }
@@ -5596,6 +5670,1239 @@ MLCDEF void mlc_batches_free(mlc_batches *b) {
     mlc__owned_free(b->ctx, b->order);
     mlc__owned_free(b->ctx, b);
 }
+
+/* ============================================================================================
+   Files: safetensors and checkpoints
+   Reading checks before it touches anything: the header length (8 bytes, little-endian, at
+   most 100 MiB and inside the file), then a strict JSON parser (nesting at most 64 deep,
+   escapes with \uXXXX and surrogate pairs, UTF-8 checked, no NUL in a string) fills a table
+   of entries; each entry's dtype, shape (element count and byte count without overflow) and
+   data_offsets are checked, the table is sorted by offset (no overlap, no gap, no bytes after
+   the last tensor) and by name (no duplicates). Only then is tensor data read, converted to
+   float32 from little-endian bytes on any host. Writing builds the header twice (once to
+   measure), pads it with spaces to a multiple of 8, then streams the data.
+   ============================================================================================ */
+
+#define MLC__ST_MAX_HEADER ((size_t)100 << 20)   /* the reference implementation's limit */
+#define MLC__ST_MAX_DEPTH 64
+#define MLC__ST_RESERVED "__mlc__."
+
+typedef enum { MLC__F32, MLC__F16, MLC__BF16, MLC__F64, MLC__I64, MLC__I32, MLC__I16, MLC__I8, MLC__U64,
+               MLC__U32, MLC__U16, MLC__U8, MLC__BOOL, MLC__F8_E4M3, MLC__F8_E5M2,
+               MLC__DTYPE_COUNT } mlc__dtype;
+static const char *const mlc__dtype_names[] = { "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U64",
+                                                "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2" };
+static const unsigned char mlc__dtype_sizes[] = { 4, 2, 2, 8, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1 };
+typedef char mlc__dtype_names_check[sizeof mlc__dtype_names / sizeof(char *) == MLC__DTYPE_COUNT ? 1 : -1];
+typedef char mlc__dtype_sizes_check[sizeof mlc__dtype_sizes == MLC__DTYPE_COUNT ? 1 : -1];
+
+typedef struct mlc__st_entry {
+    const char *name;
+    int dtype, ndim;
+    int shape[MLC_MAX_DIMS];
+    size_t begin, end;                  /* data_offsets, from the start of the data */
+    size_t at;                          /* where its name starts in the file, for messages */
+} mlc__st_entry;
+
+struct mlc_safetensors {
+    mlc_ctx *ctx;
+    const char *label;                  /* the file's name in messages */
+    const unsigned char *body;          /* the tensors' bytes */
+    size_t body_size, body_at;          /* their size and offset in the file (8 + header) */
+    void *copy;                         /* the file's bytes, when mlc_safetensors_open read them */
+    mlc__st_entry *entries, **by_name;  /* in file order, and sorted by name */
+    int count, capacity;
+    const char **meta;                  /* __metadata__: key, value, key, value, ... */
+    int n_meta, cap_meta;
+    char *pool;                         /* decoded strings; never longer than the header */
+    size_t pool_used, pool_cap;
+};
+
+/* A corrupt file: MLC_ERR_IO naming the file, the tensor (when known) and the byte offset. */
+static void *mlc__st_fail(mlc_safetensors *st, const char *tensor, size_t at, const char *fmt, ...) {
+    char what[200], name[84];
+    size_t n;
+    va_list ap;
+    va_start(ap, fmt);
+    mlc__vformat(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!tensor) return mlc__fail(st->ctx, MLC_ERR_IO, "safetensors %s: %s (byte %zu)", st->label, what, at);
+    n = strlen(tensor);
+    mlc__format(name, sizeof name, "%s%s", n > 80 ? "..." : "", tensor + (n > 80 ? n - 77 : 0));
+    return mlc__fail(st->ctx, MLC_ERR_IO, "safetensors %s: tensor \"%s\": %s (byte %zu)", st->label, name,
+                     what, at);
+}
+
+static uint64_t mlc__le(const unsigned char *p, int bytes) {   /* a little-endian unsigned integer */
+    uint64_t v = 0;
+    while (bytes-- > 0) v = v << 8 | p[bytes];
+    return v;
+}
+
+/* The length of the UTF-8 sequence at s (n bytes left), 0 when it is not valid UTF-8
+   (overlong forms, surrogates and code points above U+10FFFF are not). */
+static size_t mlc__utf8_len(const unsigned char *s, size_t n) {
+    unsigned long cp;
+    size_t len, k;
+    if (s[0] < 0x80) return 1;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) { len = 2; cp = s[0] & 0x1Fu; }
+    else if (s[0] >= 0xE0 && s[0] <= 0xEF) { len = 3; cp = s[0] & 0x0Fu; }
+    else if (s[0] >= 0xF0 && s[0] <= 0xF4) { len = 4; cp = s[0] & 0x07u; }
+    else return 0;
+    if (n < len) return 0;
+    for (k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3Fu);
+    }
+    if (len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
+    if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
+    return len;
+}
+
+static int mlc__utf8_valid(const char *s) {
+    size_t n = strlen(s), i = 0, len;
+    while (i < n) {
+        if (!(len = mlc__utf8_len((const unsigned char *)s + i, n - i))) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* ---- The JSON header: a strict parser for what safetensors needs -------------------------- */
+
+typedef struct mlc__json {
+    mlc_safetensors *st;
+    const unsigned char *s;
+    size_t n, i;
+    const char *tensor;                 /* the entry being read, for messages */
+} mlc__json;
+
+static int mlc__json_fail(mlc__json *j, const char *what) {
+    if (j->i >= j->n)
+        mlc__st_fail(j->st, j->tensor, 8 + j->i, "header JSON: %s, found the header's end", what);
+    else mlc__st_fail(j->st, j->tensor, 8 + j->i, "header JSON: %s", what);
+    return 0;
+}
+
+static int mlc__json_peek(mlc__json *j) {
+    while (j->i < j->n &&
+           (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
+    return j->i < j->n ? j->s[j->i] : -1;
+}
+
+static int mlc__json_expect(mlc__json *j, int c, const char *what) {
+    if (mlc__json_peek(j) != c) return mlc__json_fail(j, what);
+    j->i++;
+    return 1;
+}
+
+static int mlc__json_hex4(mlc__json *j, unsigned long *cp) {
+    int k;
+    *cp = 0;
+    for (k = 0; k < 4; k++, j->i++) {
+        int c = j->i < j->n ? j->s[j->i] : -1;
+        int v = c >= '0' && c <= '9' ? c - '0'
+            : c >= 'a' && c <= 'f'   ? c - 'a' + 10
+            : c >= 'A' && c <= 'F'   ? c - 'A' + 10
+                                     : -1;
+        if (v < 0) return mlc__json_fail(j, "expected four hex digits after \\u");
+        *cp = *cp << 4 | (unsigned long)v;
+    }
+    return 1;
+}
+
+/* A string, decoded into the pool (NUL-terminated); NULL on error. Decoding never makes a
+   string longer than its JSON form, so the pool (the header's size) always has room. */
+static const char *mlc__json_string(mlc__json *j) {
+    mlc_safetensors *st = j->st;
+    char *out = st->pool + st->pool_used;
+    size_t k = 0, len;
+    if (mlc__json_peek(j) != '"') { mlc__json_fail(j, "expected a string"); return NULL; }
+    j->i++;
+    for (;;) {
+        unsigned long cp;
+        int c = j->i < j->n ? j->s[j->i] : -1;
+        MLC_ASSERT(st->pool_used + k + 4 <= st->pool_cap);
+        if (c < 0) { mlc__json_fail(j, "unterminated string"); return NULL; }
+        if (c == '"') { j->i++; break; }
+        if (c < 0x20) { mlc__json_fail(j, "control character in a string"); return NULL; }
+        if (c != '\\') {
+            if (!(len = mlc__utf8_len(j->s + j->i, j->n - j->i))) {
+                mlc__json_fail(j, "a string is not valid UTF-8");
+                return NULL;
+            }
+            memcpy(out + k, j->s + j->i, len);
+            k += len; j->i += len;
+            continue;
+        }
+        j->i++;
+        c = j->i < j->n ? j->s[j->i++] : -1;
+        switch (c) {
+        case '"': case '\\': case '/': out[k++] = (char)c; continue;
+        case 'b': out[k++] = '\b'; continue;
+        case 'f': out[k++] = '\f'; continue;
+        case 'n': out[k++] = '\n'; continue;
+        case 'r': out[k++] = '\r'; continue;
+        case 't': out[k++] = '\t'; continue;
+        case 'u': break;
+        default: mlc__json_fail(j, "unknown escape in a string"); return NULL;
+        }
+        if (!mlc__json_hex4(j, &cp)) return NULL;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            mlc__json_fail(j, "a low surrogate without its high half");
+            return NULL;
+        }
+        if (cp >= 0xD800 && cp <= 0xDBFF) {                 /* a pair: \uD83D\uDE00 */
+            unsigned long lo;
+            if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u') {
+                mlc__json_fail(j, "a high surrogate without its low half"); return NULL;
+            }
+            j->i += 2;
+            if (!mlc__json_hex4(j, &lo)) return NULL;
+            if (lo < 0xDC00 || lo > 0xDFFF) {
+                mlc__json_fail(j, "a high surrogate without its low half");
+                return NULL;
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        if (cp == 0) { mlc__json_fail(j, "\\u0000 in a string"); return NULL; }
+        if (cp < 0x80) out[k++] = (char)cp;
+        else if (cp < 0x800) { out[k++] = (char)(0xC0 | cp >> 6); out[k++] = (char)(0x80 | (cp & 0x3F)); }
+        else if (cp < 0x10000) {
+            out[k++] = (char)(0xE0 | cp >> 12);
+            out[k++] = (char)(0x80 | (cp >> 6 & 0x3F));
+            out[k++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            out[k++] = (char)(0xF0 | cp >> 18); out[k++] = (char)(0x80 | (cp >> 12 & 0x3F));
+            out[k++] = (char)(0x80 | (cp >> 6 & 0x3F)); out[k++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    out[k] = '\0';
+    st->pool_used += k + 1;
+    return out;
+}
+
+/* A non-negative integer without sign, fraction or exponent. */
+static int mlc__json_uint(mlc__json *j, uint64_t *v) {
+    int c = mlc__json_peek(j);
+    if (c == '-') return mlc__json_fail(j, "a negative number");
+    if (c < '0' || c > '9') return mlc__json_fail(j, "expected a non-negative integer");
+    if (c == '0' && j->i + 1 < j->n && j->s[j->i + 1] >= '0' && j->s[j->i + 1] <= '9')
+        return mlc__json_fail(j, "a number with a leading zero");
+    for (*v = 0; j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'; j->i++) {
+        unsigned d = (unsigned)(j->s[j->i] - '0');
+        if (*v > (UINT64_MAX - d) / 10) return mlc__json_fail(j, "a number above 2^64");
+        *v = *v * 10 + d;
+    }
+    if (j->i < j->n && (j->s[j->i] == '.' || j->s[j->i] == 'e' || j->s[j->i] == 'E'))
+        return mlc__json_fail(j, "expected an integer");
+    return 1;
+}
+
+/* Any value (a key this reader does not use), nested at most MLC__ST_MAX_DEPTH deep. */
+static int mlc__json_skip(mlc__json *j, int depth) {
+    int c = mlc__json_peek(j), close;
+    size_t mark = j->st->pool_used;
+    if (depth > MLC__ST_MAX_DEPTH) return mlc__json_fail(j, "nested more than 64 deep");
+    if (c == '"') { const char *s = mlc__json_string(j); j->st->pool_used = mark; return s != NULL; }
+    if (c == '{' || c == '[') {
+        close = c == '{' ? '}' : ']';
+        j->i++;
+        if (mlc__json_peek(j) == close) { j->i++; return 1; }
+        for (;;) {
+            if (close == '}') {
+                const char *key = mlc__json_string(j);
+                j->st->pool_used = mark;
+                if (!key || !mlc__json_expect(j, ':', "expected ':'")) return 0;
+            }
+            if (!mlc__json_skip(j, depth + 1)) return 0;
+            if (mlc__json_peek(j) != ',') break;
+            j->i++;
+        }
+        return mlc__json_expect(j, close, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+    if (c == 't' || c == 'f' || c == 'n') {
+        const char *word = c == 't' ? "true" : c == 'f' ? "false" : "null";
+        size_t len = strlen(word);
+        if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0)
+            return mlc__json_fail(j, "expected a value");
+        j->i += len;
+        return 1;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {           /* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+        size_t digits;
+        if (c == '-') j->i++;
+        if (j->i < j->n && j->s[j->i] == '0') j->i++;
+        else {
+            for (digits = 0; j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'; j->i++) digits++;
+            if (!digits) return mlc__json_fail(j, "expected digits");
+        }
+        if (j->i < j->n && j->s[j->i] == '.') {
+            for (j->i++, digits = 0; j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'; j->i++) digits++;
+            if (!digits) return mlc__json_fail(j, "expected digits after '.'");
+        }
+        if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+            j->i++;
+            if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-')) j->i++;
+            for (digits = 0; j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'; j->i++) digits++;
+            if (!digits) return mlc__json_fail(j, "expected digits in an exponent");
+        }
+        return 1;
+    }
+    return mlc__json_fail(j, "expected a value");
+}
+
+/* ---- Reading: the table of entries, checked --------------------------------------------- */
+
+static int mlc__st_dims(mlc__json *j, mlc__st_entry *e) {
+    uint64_t v;
+    if (!mlc__json_expect(j, '[', "expected '[' to open shape")) return 0;
+    if (mlc__json_peek(j) == ']') { j->i++; return 1; }
+    for (;;) {
+        if (e->ndim == MLC_MAX_DIMS)
+            return mlc__json_fail(j, "shape has more than 6 dimensions (MLC_MAX_DIMS)");
+        if (!mlc__json_uint(j, &v)) return 0;
+        if (v > 2147483647u) return mlc__json_fail(j, "a dimension above 2^31 - 1");
+        e->shape[e->ndim++] = (int)v;
+        if (mlc__json_peek(j) != ',') break;
+        j->i++;
+    }
+    return mlc__json_expect(j, ']', "expected ',' or ']' in shape");
+}
+
+static int mlc__st_offsets(mlc__json *j, mlc__st_entry *e) {
+    uint64_t a, b;
+    if (!mlc__json_expect(j, '[', "expected '[' to open data_offsets") || !mlc__json_uint(j, &a) ||
+        !mlc__json_expect(j, ',', "data_offsets needs two numbers") || !mlc__json_uint(j, &b) ||
+        !mlc__json_expect(j, ']', "data_offsets needs two numbers")) return 0;
+    if (a > b) return mlc__json_fail(j, "data_offsets begins after it ends");
+    if (b > (uint64_t)(size_t)-1)
+        return mlc__json_fail(j, "data_offsets beyond this machine's address space");
+    e->begin = (size_t)a; e->end = (size_t)b;
+    return 1;
+}
+
+/* One tensor's entry: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}; other keys
+   are skipped; each of the three appears once. */
+static int mlc__st_entry_parse(mlc__json *j, mlc__st_entry *e) {
+    int have = 0, bit;
+    size_t mark = j->st->pool_used;
+    if (!mlc__json_expect(j, '{', "expected '{' to open a tensor's entry")) return 0;
+    if (mlc__json_peek(j) != '}')
+        for (;;) {
+            size_t key_at = j->i;
+            const char *key = mlc__json_string(j);
+            if (!key || !mlc__json_expect(j, ':', "expected ':'")) return 0;
+            bit = strcmp(key, "dtype") == 0        ? 1
+                : strcmp(key, "shape") == 0        ? 2
+                : strcmp(key, "data_offsets") == 0 ? 4
+                                                   : 0;
+            j->st->pool_used = mark;
+            if (bit & have) { j->i = key_at; return mlc__json_fail(j, "a key given twice"); }
+            have |= bit;
+            if (bit == 1) {
+                const char *dtype = mlc__json_string(j);
+                if (!dtype) return 0;
+                for (e->dtype = 0; e->dtype < MLC__DTYPE_COUNT && strcmp(dtype, mlc__dtype_names[e->dtype]);
+                     e->dtype++) {}
+                j->st->pool_used = mark;
+                if (e->dtype == MLC__DTYPE_COUNT) return mlc__json_fail(j, "unknown dtype");
+            } else if (bit == 2) { if (!mlc__st_dims(j, e)) return 0; }
+            else if (bit == 4) { if (!mlc__st_offsets(j, e)) return 0; }
+            else if (!mlc__json_skip(j, 3)) return 0;
+            if (mlc__json_peek(j) != ',') break;
+            j->i++;
+        }
+    if (!mlc__json_expect(j, '}', "expected ',' or '}' in a tensor's entry")) return 0;
+    if (have != 7) {
+        j->i--;
+        return mlc__json_fail(j, !(have & 1) ? "no dtype" : !(have & 2) ? "no shape" : "no data_offsets");
+    }
+    return 1;
+}
+
+/* Room for `need` items in an owned array of `size`-byte items holding `used` (doubling). */
+static int mlc__st_grow(mlc_ctx *ctx, void **items, int *cap, int used, int need, size_t size) {
+    void *p;
+    int n = *cap ? *cap : 16;
+    if (need <= *cap) return 1;
+    while (n < need) {
+        if (n > 0x3FFFFFFF) return mlc__fail(ctx, MLC_ERR_MEMORY, "safetensors: too many entries") != NULL;
+        n *= 2;
+    }
+    if (!(p = mlc__owned_alloc(ctx, (size_t)n * size, "safetensors"))) return 0;
+    if (used) memcpy(p, *items, (size_t)used * size);
+    mlc__owned_free(ctx, *items);
+    *items = p; *cap = n;
+    return 1;
+}
+
+static int mlc__st_metadata(mlc__json *j) {
+    mlc_safetensors *st = j->st;
+    if (!mlc__json_expect(j, '{', "expected '{' to open __metadata__")) return 0;
+    if (mlc__json_peek(j) == '}') { j->i++; return 1; }
+    for (;;) {
+        const char *key, *value;
+        if (!mlc__st_grow(st->ctx, (void **)&st->meta, &st->cap_meta, st->n_meta, st->n_meta + 2,
+                          sizeof(char *)))
+            return 0;
+        if (!(key = mlc__json_string(j)) || !mlc__json_expect(j, ':', "expected ':'")) return 0;
+        if (mlc__json_peek(j) != '"') return mlc__json_fail(j, "a __metadata__ value is not a string");
+        if (!(value = mlc__json_string(j))) return 0;
+        st->meta[st->n_meta++] = key; st->meta[st->n_meta++] = value;
+        if (mlc__json_peek(j) != ',') break;
+        j->i++;
+    }
+    return mlc__json_expect(j, '}', "expected ',' or '}' in __metadata__");
+}
+
+static int mlc__st_header(mlc_safetensors *st, const unsigned char *header, size_t n) {
+    mlc__json j;
+    int have_meta = 0;
+    j.st = st; j.s = header; j.n = n; j.i = 0; j.tensor = NULL;
+    if (!mlc__json_expect(&j, '{', "expected '{' to open the header")) return 0;
+    if (mlc__json_peek(&j) != '}')
+        for (;;) {
+            size_t at = j.i;
+            const char *name = mlc__json_string(&j);
+            if (!name || !mlc__json_expect(&j, ':', "expected ':'")) return 0;
+            if (strcmp(name, "__metadata__") == 0) {
+                if (have_meta) { j.i = at; return mlc__json_fail(&j, "__metadata__ given twice"); }
+                have_meta = 1;
+                if (!mlc__st_metadata(&j)) return 0;
+            } else {
+                mlc__st_entry *e;
+                if (!mlc__st_grow(st->ctx, (void **)&st->entries, &st->capacity, st->count, st->count + 1,
+                                  sizeof *e))
+                    return 0;
+                e = &st->entries[st->count++];
+                memset(e, 0, sizeof *e);
+                e->name = name; e->at = 8 + at;
+                j.tensor = name;
+                if (!mlc__st_entry_parse(&j, e)) return 0;
+                j.tensor = NULL;
+            }
+            if (mlc__json_peek(&j) != ',') break;
+            j.i++;
+        }
+    if (!mlc__json_expect(&j, '}', "expected ',' or '}' in the header")) return 0;
+    if (mlc__json_peek(&j) != -1) return mlc__json_fail(&j, "bytes after the header's JSON");
+    return 1;
+}
+
+static int mlc__st_by_name(const void *a, const void *b) {
+    return strcmp((*(const mlc__st_entry *const *)a)->name, (*(const mlc__st_entry *const *)b)->name);
+}
+static int mlc__st_by_offset(const void *a, const void *b) {
+    const mlc__st_entry *x = *(const mlc__st_entry *const *)a, *y = *(const mlc__st_entry *const *)b;
+    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1)
+        : x->end != y->end      ? (x->end < y->end ? -1 : 1)
+                                : 0;
+}
+
+/* Every entry's size from dtype and shape (no overflow) matches its offsets, which lie in the
+   file; sorted by offset they tile the data exactly; no name comes twice. */
+static int mlc__st_check(mlc_safetensors *st) {
+    mlc__st_entry **order;
+    size_t expected = 0;
+    int i, d;
+    for (i = 0; i < st->count; i++) {
+        mlc__st_entry *e = &st->entries[i];
+        size_t count = 1, bytes;
+        for (d = 0; d < e->ndim; d++) {
+            if (e->shape[d] && count > (size_t)-1 / (size_t)e->shape[d])
+                return mlc__st_fail(st, e->name, e->at, "its shape's element count overflows") != NULL;
+            count *= (size_t)e->shape[d];
+        }
+        if (count > (size_t)-1 / mlc__dtype_sizes[e->dtype])
+            return mlc__st_fail(st, e->name, e->at, "its byte count overflows") != NULL;
+        bytes = count * mlc__dtype_sizes[e->dtype];
+        if (e->end > st->body_size)
+            return mlc__st_fail(st, e->name, st->body_at + e->begin,
+                                "data_offsets [%zu, %zu] run past the data's "
+                                "%zu bytes (a truncated file?)",
+                                e->begin, e->end, st->body_size) != NULL;
+        if (e->end - e->begin != bytes)
+            return mlc__st_fail(st, e->name, st->body_at + e->begin,
+                                "data_offsets [%zu, %zu] hold %zu bytes, "
+                                "but %s of %zu elements needs %zu",
+                                e->begin, e->end, e->end - e->begin, mlc__dtype_names[e->dtype], count,
+                                bytes) != NULL;
+    }
+    if (!(order = (mlc__st_entry **)mlc__owned_alloc(st->ctx, ((size_t)st->count + 1) * sizeof *order,
+                                                     "safetensors")))
+        return 0;
+    for (i = 0; i < st->count; i++) order[i] = &st->entries[i];
+    qsort(order, (size_t)st->count, sizeof *order, mlc__st_by_offset);
+    for (i = 0; i < st->count; i++) {
+        const mlc__st_entry *e = order[i];
+        if (e->begin < expected) {
+            mlc__st_fail(st, e->name, st->body_at + e->begin, "its data overlaps tensor \"%s\"",
+                         order[i - 1]->name);
+            break;
+        }
+        if (e->begin > expected) {
+            mlc__st_fail(st, e->name, st->body_at + expected, "a gap of %zu bytes before its data",
+                         e->begin - expected);
+            break;
+        }
+        expected = e->end;
+    }
+    if (i == st->count && expected != st->body_size)
+        mlc__st_fail(st, NULL, st->body_at + expected, "%zu bytes after the last tensor",
+                     st->body_size - expected);
+    qsort(order, (size_t)st->count, sizeof *order, mlc__st_by_name);
+    for (i = 1; !st->ctx->error && i < st->count; i++)
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+            const mlc__st_entry *later = order[i - 1]->at > order[i]->at ? order[i - 1] : order[i];
+            mlc__st_fail(st, later->name, later->at, "the name appears twice");
+        }
+    st->by_name = order;
+    return !st->ctx->error;
+}
+
+MLCDEF void mlc_safetensors_close(mlc_safetensors *st) {
+    mlc_ctx *ctx;
+    if (!st) return;
+    ctx = st->ctx;
+    mlc__owned_free(ctx, st->entries);
+    mlc__owned_free(ctx, st->by_name);
+    mlc__owned_free(ctx, (void *)st->meta);
+    mlc__owned_free(ctx, st->pool);
+    mlc__owned_free(ctx, st->copy);
+    mlc__owned_free(ctx, st);
+}
+
+MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *data, size_t size,
+                                                    const char *label) {
+    mlc_safetensors *st;
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t n;
+    size_t label_len;
+    if (!ctx || ctx->error) return NULL;
+    if (!data && size)
+        return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_safetensors_from_memory: data is NULL");
+    if (!label) label = "(memory)";
+    label_len = strlen(label);
+    if (!(st = (mlc_safetensors *)mlc__owned_alloc(ctx, sizeof *st + label_len + 1, "safetensors")))
+        return NULL;
+    st->ctx = ctx;
+    memcpy((char *)(st + 1), label, label_len + 1);
+    st->label = (const char *)(st + 1);
+    if (size < 8) {
+        mlc__st_fail(st, NULL, 0, "the file is %zu bytes, too short for the 8-byte header length", size);
+        goto fail;
+    }
+    n = mlc__le(p, 8);
+    if (n > MLC__ST_MAX_HEADER) {
+        mlc__st_fail(st, NULL, 0, "the header length %zu is above the 100 MiB limit", (size_t)n);
+        goto fail;
+    }
+    if (n > size - 8) {
+        mlc__st_fail(st, NULL, 0, "the header length %zu runs past the file's end (%zu bytes; truncated?)",
+                     (size_t)n, size);
+        goto fail;
+    }
+    st->body = p + 8 + n; st->body_at = 8 + (size_t)n; st->body_size = size - 8 - (size_t)n;
+    st->pool_cap = (size_t)n + 8;
+    if (!(st->pool = (char *)mlc__owned_alloc(ctx, st->pool_cap, "safetensors"))) goto fail;
+    if (!mlc__st_header(st, p + 8, (size_t)n) || !mlc__st_check(st)) goto fail;
+    return st;
+fail:
+    mlc_safetensors_close(st);
+    return NULL;
+}
+
+MLCDEF int mlc_safetensors_count(const mlc_safetensors *st) { return st ? st->count : 0; }
+MLCDEF const char *mlc_safetensors_name(const mlc_safetensors *st, int i) {
+    return st && i >= 0 && i < st->count ? st->entries[i].name : NULL;
+}
+MLCDEF const char *mlc_safetensors_metadata(const mlc_safetensors *st, const char *key) {
+    int i;
+    for (i = 0; st && key && i < st->n_meta; i += 2)
+        if (strcmp(st->meta[i], key) == 0) return st->meta[i + 1];
+    return NULL;
+}
+
+static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *name) {
+    int lo = 0, hi = st->count;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(st->by_name[mid]->name, name);
+        if (!c) return st->by_name[mid];
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    return NULL;
+}
+
+/* float32 from IEEE half: the bits moved into place (subnormals scaled exactly). */
+static float mlc__half_to_float(unsigned h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31, mantissa = h & 1023, bits;
+    float f;
+    if (exponent == 0) { f = (float)mantissa * 5.9604644775390625e-8f; return sign ? -f : f; }
+    bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int mlc__st_loadable(int dtype) { return dtype != MLC__F8_E4M3 && dtype != MLC__F8_E5M2; }
+
+/* count elements of dtype at p, to float32. */
+static void mlc__st_convert(const unsigned char *p, int dtype, float *out, size_t count) {
+    size_t i, w = mlc__dtype_sizes[dtype];
+    for (i = 0; i < count; i++, p += w) {
+        uint64_t v = mlc__le(p, (int)w);
+        uint32_t bits;
+        double d;
+        switch (dtype) {
+        case MLC__F32: bits = (uint32_t)v; memcpy(&out[i], &bits, 4); continue;
+        case MLC__F16: out[i] = mlc__half_to_float((unsigned)v); continue;
+        case MLC__BF16: bits = (uint32_t)v << 16; memcpy(&out[i], &bits, 4); continue;
+        case MLC__F64: memcpy(&d, &v, 8); break;
+        case MLC__I64: d = (double)(int64_t)v; break;
+        case MLC__I32: d = (double)(int32_t)(uint32_t)v; break;
+        case MLC__I16: d = (double)(int16_t)(uint16_t)v; break;
+        case MLC__I8: d = (double)(int8_t)(uint8_t)v; break;
+        case MLC__BOOL: d = v != 0; break;
+        default: d = (double)v; break;                  /* the unsigned integers */
+        }
+        out[i] = d > FLT_MAX ? HUGE_VALF : d < -FLT_MAX ? -HUGE_VALF : (float)d;
+    }
+}
+
+MLCDEF mlc_tensor *mlc_safetensors_get(mlc_safetensors *st, const char *name) {
+    const mlc__st_entry *e;
+    mlc_tensor *t;
+    if (!st || st->ctx->error) return NULL;
+    if (!name || !(e = mlc__st_find(st, name)))
+        return (mlc_tensor *)mlc__fail(st->ctx, MLC_ERR_ARG, "mlc_safetensors_get: %s has no tensor \"%s\"",
+                                       st->label, name);
+    if (!mlc__st_loadable(e->dtype))
+        return (mlc_tensor *)mlc__st_fail(st, name, e->at, "dtype %s cannot be read as float32",
+                                          mlc__dtype_names[e->dtype]);
+    if (!(t = mlc_empty(st->ctx, e->ndim, e->shape))) return NULL;
+    mlc__st_convert(st->body + e->begin, e->dtype, t->data, t->size);
+    mlc__host_wrote(t);
+    return t;
+}
+
+/* ---- Loading a module's state ------------------------------------------------------------ */
+
+static void mlc__st_note(mlc_load_report *r, const char *kind, const char *name, const mlc_tensor *file_shape,
+                         const mlc_tensor *shape) {
+    size_t n = strlen(r->names);
+    if (n + 4 >= sizeof r->names) return;
+    if (n + 40 + strlen(name) >= sizeof r->names) { memcpy(r->names + n, "...", 4); return; }
+    if (shape)
+        mlc__format(r->names + n, sizeof r->names - n, "%s%s %s %T in the file, %T here", n ? "; " : "", kind,
+                    name, file_shape, shape);
+    else mlc__format(r->names + n, sizeof r->names - n, "%s%s %s", n ? "; " : "", kind, name);
+}
+
+static int mlc__st_reserved(const char *name) {
+    return strncmp(name, MLC__ST_RESERVED, sizeof MLC__ST_RESERVED - 1) == 0;
+}
+
+/* A tensor's host copy is about to be overwritten: wait for an upload that may read it. */
+static float *mlc__st_host_for_write(mlc_tensor *t) {
+    if (t->device_data) t->ctx->backend->wait(t->ctx);
+    return t->data;
+}
+
+MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const mlc_load_opts *opts) {
+    mlc_ctx *ctx;
+    mlc_named_tensor *state = NULL;
+    unsigned char *used = NULL;
+    const mlc__st_entry **match = NULL;
+    mlc_load_report report;
+    int n, i, partial = opts && opts->partial;
+    if (!st || !m)
+        return st             ? mlc__fail(st->ctx, MLC_ERR_NULL, "mlc_safetensors_load: module is NULL"),
+               st->ctx->error : MLC_ERR_NULL;
+    ctx = st->ctx;
+    if (ctx->error) return ctx->error;
+    memset(&report, 0, sizeof report);
+    n = mlc_module_state(m, NULL, 0);
+    state = (mlc_named_tensor *)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *state,
+                                                 "mlc_safetensors_load");
+    match = (const mlc__st_entry **)mlc__owned_alloc(ctx, ((size_t)n + 1) * sizeof *match,
+                                                     "mlc_safetensors_load");
+    used = (unsigned char *)mlc__owned_alloc(ctx, (size_t)st->count + 1, "mlc_safetensors_load");
+    if (!state || !match || !used) goto done;
+    mlc_module_state(m, state, n);
+    for (i = 0; i < n; i++) { /* every state tensor: in the file, shaped so? */
+        const mlc__st_entry *e = mlc__st_find(st, state[i].name);
+        mlc_tensor *t = state[i].tensor, file_shape;
+        if (!e) { report.missing++; mlc__st_note(&report, "missing", state[i].name, NULL, NULL); continue; }
+        used[e - st->entries] = 1;
+        if (!mlc__st_loadable(e->dtype)) {
+            mlc__st_fail(st, e->name, e->at, "dtype %s cannot be loaded as float32",
+                         mlc__dtype_names[e->dtype]);
+            goto done;
+        }
+        if (e->ndim != t->ndim || memcmp(e->shape, t->shape, (size_t)t->ndim * sizeof(int)) != 0) {
+            memset(&file_shape, 0, sizeof file_shape);
+            file_shape.ndim = e->ndim;
+            memcpy(file_shape.shape, e->shape, sizeof e->shape);
+            report.mismatched++;
+            mlc__st_note(&report, "shape", state[i].name, &file_shape, t);
+            continue;
+        }
+        match[i] = e;
+    }
+    for (i = 0; i < st->count; i++)
+        if (!used[i] && !mlc__st_reserved(st->entries[i].name)) {
+            report.unexpected++;
+            mlc__st_note(&report, "unexpected", st->entries[i].name, NULL, NULL);
+        }
+    if (!partial && (report.missing || report.unexpected || report.mismatched)) {
+        mlc__fail(ctx, report.mismatched ? MLC_ERR_SHAPE : MLC_ERR_ARG,
+                  "mlc_safetensors_load: %s does not fit the "
+                  "module (nothing loaded): %s",
+                  st->label, report.names);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        mlc_tensor *t = state[i].tensor;
+        if (!match[i]) continue;
+        mlc__st_convert(st->body + match[i]->begin, match[i]->dtype, mlc__st_host_for_write(t), t->size);
+        mlc__host_wrote(t);
+        report.loaded++;
+    }
+done:
+    if (opts && opts->report) *opts->report = report;
+    mlc__owned_free(ctx, state);
+    mlc__owned_free(ctx, (void *)match);
+    mlc__owned_free(ctx, used);
+    return ctx->error;
+}
+
+MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
+                                         const mlc_load_opts *opts) {
+    mlc_safetensors *st;
+    if (!m) return MLC_ERR_NULL;
+    if (!(st = mlc_safetensors_from_memory(m->ctx, data, size, NULL))) return m->ctx->error;
+    mlc_safetensors_load(st, m, opts);
+    mlc_safetensors_close(st);
+    return m->ctx->error;
+}
+
+/* ---- Writing ------------------------------------------------------------------------------ */
+
+typedef struct mlc__st_item {           /* one tensor to write: float32 data, or raw bytes */
+    const char *name;
+    int dtype, ndim;
+    int shape[MLC_MAX_DIMS];
+    mlc_tensor *t;
+    const unsigned char *raw;
+    size_t bytes;
+} mlc__st_item;
+
+typedef struct mlc__out { unsigned char *buf; size_t n, cap; } mlc__out;   /* measures when buf is NULL */
+
+static void mlc__out_bytes(mlc__out *o, const void *p, size_t len) {
+    if (o->buf && o->n <= o->cap && len <= o->cap - o->n) memcpy(o->buf + o->n, p, len);
+    o->n += len;
+}
+static void mlc__out_str(mlc__out *o, const char *s) { mlc__out_bytes(o, s, strlen(s)); }
+static void mlc__out_uint(mlc__out *o, size_t v) {
+    char text[24];
+    mlc__format(text, sizeof text, "%zu", v);
+    mlc__out_str(o, text);
+}
+static void mlc__out_json(mlc__out *o, const char *s) {   /* a JSON string (s is valid UTF-8) */
+    static const char hex[] = "0123456789abcdef";
+    mlc__out_str(o, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char esc[6] = { '\\', 'u', '0', '0', 0, 0 };
+        if (c == '"' || c == '\\') { esc[1] = (char)c; mlc__out_bytes(o, esc, 2); }
+        else if (c < 0x20) { esc[4] = hex[c >> 4]; esc[5] = hex[c & 15]; mlc__out_bytes(o, esc, 6); }
+        else mlc__out_bytes(o, s, 1);
+    }
+    mlc__out_str(o, "\"");
+}
+
+/* The header's JSON, padded with spaces so the data starts at a multiple of 8. */
+static void mlc__st_build_header(mlc__out *o, const mlc__st_item *items, int count,
+                                 const char *const *metadata) {
+    size_t offset = 0;
+    int i, d;
+    mlc__out_str(o, "{");
+    if (metadata && metadata[0]) {
+        mlc__out_str(o, "\"__metadata__\":{");
+        for (i = 0; metadata[i] && metadata[i + 1]; i += 2) {
+            if (i) mlc__out_str(o, ",");
+            mlc__out_json(o, metadata[i]); mlc__out_str(o, ":"); mlc__out_json(o, metadata[i + 1]);
+        }
+        mlc__out_str(o, count ? "}," : "}");
+    }
+    for (i = 0; i < count; i++) {
+        if (i) mlc__out_str(o, ",");
+        mlc__out_json(o, items[i].name);
+        mlc__out_str(o, ":{\"dtype\":\"");
+        mlc__out_str(o, mlc__dtype_names[items[i].dtype]);
+        mlc__out_str(o, "\",\"shape\":[");
+        for (d = 0; d < items[i].ndim; d++) {
+            if (d) mlc__out_str(o, ",");
+            mlc__out_uint(o, (size_t)items[i].shape[d]);
+        }
+        mlc__out_str(o, "],\"data_offsets\":["); mlc__out_uint(o, offset); mlc__out_str(o, ",");
+        offset += items[i].bytes;
+        mlc__out_uint(o, offset); mlc__out_str(o, "]}");
+    }
+    mlc__out_str(o, "}");
+    while (o->n % 8) mlc__out_str(o, " ");
+}
+
+/* Names and metadata are UTF-8, names unique and not "__metadata__"; the tensors exist. */
+static int mlc__st_check_items(mlc_ctx *ctx, const char *op, const mlc__st_item *items, int count,
+                               const char *const *metadata) {
+    int i, k;
+    for (i = 0; metadata && metadata[i]; i++) {
+        if (!mlc__utf8_valid(metadata[i]))
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata string %d is not UTF-8", op, i) != NULL;
+        if (i % 2 == 0 && !metadata[i + 1])
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: metadata key \"%s\" has no value", op, metadata[i]) !=
+                NULL;
+    }
+    for (i = 0; i < count; i++) {
+        if (!items[i].name || !mlc__utf8_valid(items[i].name) || strcmp(items[i].name, "__metadata__") == 0)
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: tensor %d's name is NULL, not UTF-8 or __metadata__", op,
+                             i) != NULL;
+        if (!items[i].t && !items[i].raw)
+            return mlc__fail(ctx, MLC_ERR_NULL, "%s: tensor \"%s\" is NULL", op, items[i].name) != NULL;
+        for (k = 0; k < i; k++)
+            if (strcmp(items[k].name, items[i].name) == 0)
+                return mlc__fail(ctx, MLC_ERR_ARG, "%s: the name \"%s\" comes twice", op, items[i].name) !=
+                    NULL;
+    }
+    return 1;
+}
+
+typedef int (*mlc__sink)(void *user, const void *bytes, size_t len);   /* 1: written */
+
+/* The whole file through sink: length, header, then each tensor as little-endian bytes. */
+static int mlc__st_write(mlc_ctx *ctx, const char *op, const mlc__st_item *items, int count,
+                         const char *const *metadata, mlc__sink sink, void *user) {
+    mlc__out header = { NULL, 0, 0 };
+    unsigned char chunk[4096], length[8];
+    int i, ok = 1;
+    if (!mlc__st_check_items(ctx, op, items, count, metadata)) return 0;
+    mlc__st_build_header(&header, items, count, metadata);
+    if (!(header.buf = (unsigned char *)mlc__owned_alloc(ctx, header.n, op))) return 0;
+    header.cap = header.n; header.n = 0;
+    mlc__st_build_header(&header, items, count, metadata);
+    for (i = 0; i < 8; i++) length[i] = (unsigned char)((uint64_t)header.n >> (8 * i));
+    ok = sink(user, length, 8) && sink(user, header.buf, header.n);
+    mlc__owned_free(ctx, header.buf);
+    for (i = 0; ok && i < count; i++) {
+        const float *data;
+        size_t j, k, n;
+        if (items[i].raw) { ok = !items[i].bytes || sink(user, items[i].raw, items[i].bytes); continue; }
+        if (!(data = mlc__host(items[i].t)) || ctx->error) return 0;
+        for (j = 0; ok && j < items[i].t->size; j += n) {
+            n = items[i].t->size - j < sizeof chunk / 4 ? items[i].t->size - j : sizeof chunk / 4;
+            for (k = 0; k < n; k++) {
+                uint32_t bits;
+                memcpy(&bits, &data[j + k], 4);
+                chunk[4 * k] = (unsigned char)bits; chunk[4 * k + 1] = (unsigned char)(bits >> 8);
+                chunk[4 * k + 2] = (unsigned char)(bits >> 16);
+                chunk[4 * k + 3] = (unsigned char)(bits >> 24);
+            }
+            ok = sink(user, chunk, 4 * n);
+        }
+    }
+    return ok;
+}
+
+static int mlc__sink_memory(void *user, const void *bytes, size_t len) {
+    mlc__out_bytes((mlc__out *)user, bytes, len);
+    return 1;
+}
+
+/* Items for tensors (float32); NULL on error. */
+static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count, int extra,
+                                   const char *op) {
+    mlc__st_item *items;
+    int i;
+    if (count < 0 || (count && !tensors))
+        return (mlc__st_item *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d tensors at %s", op, count,
+                                         tensors ? "an address" : "NULL");
+    if (!(items = (mlc__st_item *)mlc__owned_alloc(ctx, ((size_t)count + (size_t)extra + 1) * sizeof *items,
+                                                   op)))
+        return NULL;
+    for (i = 0; i < count; i++) {
+        mlc_tensor *t = tensors[i].tensor;
+        items[i].name = tensors[i].name;
+        items[i].dtype = MLC__F32;
+        items[i].t = t;
+        if (t) {
+            items[i].ndim = t->ndim;
+            memcpy(items[i].shape, t->shape, sizeof t->shape);
+            items[i].bytes = 4 * t->size;
+        }
+    }
+    return items;
+}
+
+static size_t mlc__st_encode_items(mlc_ctx *ctx, const char *op, const mlc__st_item *items, int count,
+                                   const char *const *metadata, void *buf, size_t cap) {
+    mlc__out out;
+    out.buf = (unsigned char *)buf; out.n = 0; out.cap = buf ? cap : 0;
+    if (!mlc__st_write(ctx, op, items, count, metadata, mlc__sink_memory, &out)) return 0;
+    return out.n;
+}
+
+MLCDEF size_t mlc_safetensors_encode(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count,
+                                     const char *const *metadata, void *buf, size_t cap) {
+    mlc__st_item *items;
+    size_t n;
+    if (!ctx || ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_encode")))
+        return 0;
+    n = mlc__st_encode_items(ctx, "mlc_safetensors_encode", items, count, metadata, buf, cap);
+    mlc__owned_free(ctx, items);
+    return n;
+}
+
+/* A module's state as a list (owned; free it with mlc__owned_free). */
+static mlc_named_tensor *mlc__module_state_list(mlc_module *m, int *count, const char *op) {
+    mlc_named_tensor *state;
+    *count = mlc_module_state(m, NULL, 0);
+    if (!(state = (mlc_named_tensor *)mlc__owned_alloc(m->ctx, ((size_t)*count + 1) * sizeof *state, op)))
+        return NULL;
+    mlc_module_state(m, state, *count);
+    return state;
+}
+
+MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void *buf, size_t cap) {
+    mlc_named_tensor *state;
+    size_t n;
+    int count;
+    if (!m || m->ctx->error || !(state = mlc__module_state_list(m, &count, "mlc_module_encode"))) return 0;
+    n = mlc_safetensors_encode(m->ctx, state, count, metadata, buf, cap);
+    mlc__owned_free(m->ctx, state);
+    return n;
+}
+
+/* ---- Checkpoints ------------------------------------------------------------------------- */
+
+static const char *const mlc__optim_kind_names[] = { "sgd", "adam", "adamw", "rmsprop" };
+static const char *const mlc__optim_slot_names[4][3] = {   /* PyTorch's names for state[3 i + k] */
+    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", NULL }, { "exp_avg", "exp_avg_sq", NULL },
+    { "momentum_buffer", "square_avg", "grad_avg" } };
+
+typedef struct mlc__ckpt {              /* a checkpoint's items and the bytes of its scalars */
+    mlc_named_tensor *list;             /* the module's state, then the optimiser's buffers */
+    mlc__st_item *items;
+    int count;
+    unsigned char t[8], lr[4], train[16], rng[16];
+    const char *metadata[5];
+} mlc__ckpt;
+
+static void mlc__put_le(unsigned char *p, uint64_t v, int bytes) {
+    int i;
+    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void mlc__ckpt_raw(mlc__ckpt *c, const char *name, int dtype, int dim, const unsigned char *raw,
+                          size_t bytes) {
+    mlc__st_item *it = &c->items[c->count++];
+    memset(it, 0, sizeof *it);
+    it->name = name;
+    it->dtype = dtype;
+    it->ndim = dim ? 1 : 0;
+    it->shape[0] = dim;
+    it->raw = raw;
+    it->bytes = bytes;
+}
+
+static void mlc__ckpt_free(mlc_ctx *ctx, mlc__ckpt *c) {
+    mlc__owned_free(ctx, c->list);
+    mlc__owned_free(ctx, c->items);
+}
+
+static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
+                           const char *op) {
+    mlc_ctx *ctx = m->ctx;
+    int n = mlc_module_state(m, NULL, 0), extra = 0, i, k;
+    float lr = opt ? opt->lr : 0.0f;
+    uint32_t lr_bits;
+    memset(c, 0, sizeof *c);
+    if (opt && opt->ctx != ctx)
+        return mlc__fail(ctx, MLC_ERR_ARG, "%s: the optimiser belongs to another context", op) != NULL;
+    for (i = 0; opt && i < opt->count; i++) for (k = 0; k < 3; k++) extra += opt->state[3 * i + k] != NULL;
+    if (!(c->list = (mlc_named_tensor *)mlc__owned_alloc(
+              ctx, ((size_t)n + (size_t)extra + 1) * sizeof *c->list, op)))
+        return 0;
+    mlc_module_state(m, c->list, n);
+    for (i = 0, c->count = n; opt && i < opt->count; i++)
+        for (k = 0; k < 3; k++)
+            if (opt->state[3 * i + k]) {
+                mlc__format(c->list[c->count].name, sizeof c->list[0].name, MLC__ST_RESERVED "optim.%d.%s", i,
+                            mlc__optim_slot_names[opt->kind][k]);
+                c->list[c->count++].tensor = opt->state[3 * i + k];
+            }
+    if (!(c->items = mlc__st_items(ctx, c->list, c->count, 4, op))) return 0;
+    mlc__put_le(c->t, opt ? (uint64_t)opt->t : 0, 8);
+    memcpy(&lr_bits, &lr, 4);
+    mlc__put_le(c->lr, lr_bits, 4);
+    mlc__put_le(c->train, state ? (uint64_t)state->step : 0, 8);
+    mlc__put_le(c->train + 8, state ? (uint64_t)state->epoch : 0, 8);
+    mlc__put_le(c->rng, ctx->rng_state, 8);
+    mlc__put_le(c->rng + 8, ctx->rng_inc, 8);
+    if (opt) {
+        mlc__ckpt_raw(c, MLC__ST_RESERVED "optim.t", MLC__I64, 0, c->t, 8);
+        mlc__ckpt_raw(c, MLC__ST_RESERVED "optim.lr", MLC__F32, 0, c->lr, 4);
+    }
+    mlc__ckpt_raw(c, MLC__ST_RESERVED "train", MLC__I64, 2, c->train, 16);
+    mlc__ckpt_raw(c, MLC__ST_RESERVED "rng", MLC__U64, 2, c->rng, 16);
+    c->metadata[0] = "format"; c->metadata[1] = "mlc-checkpoint";
+    c->metadata[2] = "mlc.optim"; c->metadata[3] = opt ? mlc__optim_kind_names[opt->kind] : "none";
+    return 1;
+}
+
+MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state, void *buf,
+                                    size_t cap) {
+    mlc__ckpt c;
+    size_t n = 0;
+    if (!m || m->ctx->error) return 0;
+    if (mlc__ckpt_build(&c, m, opt, state, "mlc_checkpoint_encode"))
+        n = mlc__st_encode_items(m->ctx, "mlc_checkpoint_encode", c.items, c.count, c.metadata, buf, cap);
+    mlc__ckpt_free(m->ctx, &c);
+    return n;
+}
+
+/* A reserved entry of the given dtype and shape ([] or [dim]), or NULL and an error. */
+static const mlc__st_entry *mlc__ckpt_entry(mlc_safetensors *st, const char *name, int dtype, int dim) {
+    const mlc__st_entry *e = mlc__st_find(st, name);
+    if (!e)
+        return (const mlc__st_entry *)mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry");
+    if (e->dtype != dtype || e->ndim != (dim ? 1 : 0) || (dim && e->shape[0] != dim))
+        return (const mlc__st_entry *)mlc__st_fail(st, name, e->at, "expected %s of shape [%s%d]",
+                                                   mlc__dtype_names[dtype], dim ? "" : "scalar ", dim);
+    return e;
+}
+
+static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_optim *opt,
+                                       mlc_train_state *state) {
+    mlc_ctx *ctx = st->ctx;
+    const char *format = mlc_safetensors_metadata(st, "format"),
+               *kind = mlc_safetensors_metadata(st, "mlc.optim");
+    const mlc__st_entry *train, *rng, *t = NULL, *lr = NULL;
+    int i, k, found = 0, expected = 0;
+    char name[128];
+    if (!format || strcmp(format, "mlc-checkpoint") != 0) {
+        mlc__st_fail(st, NULL, 8,
+                     "not an mlc checkpoint (no \"format\": \"mlc-checkpoint\" in __metadata__)");
+        return ctx->error;
+    }
+    if (!(train = mlc__ckpt_entry(st, MLC__ST_RESERVED "train", MLC__I64, 2)) ||
+        !(rng = mlc__ckpt_entry(st, MLC__ST_RESERVED "rng", MLC__U64, 2))) return ctx->error;
+    if (opt) {                                          /* check all of it before changing anything */
+        if (opt->ctx != ctx)
+            return mlc__fail(ctx, MLC_ERR_ARG,
+                             "mlc_checkpoint_load: the optimiser belongs to another context"),
+                   ctx->error;
+        if (!kind || strcmp(kind, mlc__optim_kind_names[opt->kind]) != 0) {
+            mlc__st_fail(st, NULL, 8, "the checkpoint holds optimiser \"%s\", not %s", kind ? kind : "(none)",
+                         mlc__optim_kind_names[opt->kind]);
+            return ctx->error;
+        }
+        if (!(t = mlc__ckpt_entry(st, MLC__ST_RESERVED "optim.t", MLC__I64, 0)) ||
+            !(lr = mlc__ckpt_entry(st, MLC__ST_RESERVED "optim.lr", MLC__F32, 0))) return ctx->error;
+        for (i = 0; i < opt->count; i++)
+            for (k = 0; k < 3; k++) {
+                const mlc__st_entry *e;
+                const mlc_tensor *s = opt->state[3 * i + k];
+                if (!s) continue;
+                expected++;
+                mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i,
+                            mlc__optim_slot_names[opt->kind][k]);
+                if (!(e = mlc__st_find(st, name))) {
+                    mlc__st_fail(st, name, st->body_at, "the checkpoint lacks this entry");
+                    return ctx->error;
+                }
+                if (e->dtype != MLC__F32 || e->ndim != s->ndim ||
+                    memcmp(e->shape, s->shape, sizeof(int) * (size_t)s->ndim)) {
+                    mlc__st_fail(st, name, e->at, "expected F32 of shape %T", s);
+                    return ctx->error;
+                }
+            }
+        for (i = 0; i < st->count; i++)
+            found += strncmp(st->entries[i].name, MLC__ST_RESERVED "optim.", sizeof MLC__ST_RESERVED + 5) ==
+                0;
+        if (found != expected + 2) {
+            mlc__st_fail(st, NULL, 8, "the checkpoint holds %d optimiser entries, this optimiser has %d",
+                         found - 2, expected);
+            return ctx->error;
+        }
+    }
+    if (mlc_safetensors_load(st, m, NULL) != MLC_OK) return ctx->error;      /* strict */
+    for (i = 0; opt && i < opt->count; i++)
+        for (k = 0; k < 3; k++) {
+            mlc_tensor *s = opt->state[3 * i + k];
+            if (!s) continue;
+            mlc__format(name, sizeof name, MLC__ST_RESERVED "optim.%d.%s", i,
+                        mlc__optim_slot_names[opt->kind][k]);
+            mlc__st_convert(st->body + mlc__st_find(st, name)->begin, MLC__F32, mlc__st_host_for_write(s),
+                            s->size);
+            mlc__host_wrote(s);
+        }
+    if (opt) {
+        float rate;
+        opt->t = (long long)mlc__le(st->body + t->begin, 8);
+        mlc__st_convert(st->body + lr->begin, MLC__F32, &rate, 1);
+        opt->lr = rate;
+    }
+    if (state) {
+        state->step = (long long)mlc__le(st->body + train->begin, 8);
+        state->epoch = (long long)mlc__le(st->body + train->begin + 8, 8);
+    }
+    ctx->rng_state = mlc__le(st->body + rng->begin, 8);
+    ctx->rng_inc = mlc__le(st->body + rng->begin + 8, 8);
+    return ctx->error;
+}
+
+MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_module *m, mlc_optim *opt,
+                                             mlc_train_state *state) {
+    mlc_safetensors *st;
+    if (!m) return MLC_ERR_NULL;
+    if (!(st = mlc_safetensors_from_memory(m->ctx, data, size, NULL))) return m->ctx->error;
+    mlc__checkpoint_load(st, m, opt, state);
+    mlc_safetensors_close(st);
+    return m->ctx->error;
+}
+
+/* ---- Files: reading whole, writing atomically -------------------------------------------- */
+#ifndef MLC_NO_STDIO
+#include <errno.h>
+/* fsync where <stdio.h> declared fileno (POSIX, not strict ISO C): glibc says so in __USE_POSIX,
+   fixed when stdio.h came in (a later header defining _POSIX_C_SOURCE does not change it). */
+#if defined(__GLIBC__) ? defined(__USE_POSIX) : defined(__APPLE__) || (defined(__unix__) && \
+    (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
+#include <unistd.h>
+#define MLC__FSYNC(f) fsync(fileno(f))   /* the data reaches the disk before the rename */
+#else
+#define MLC__FSYNC(f) 0                  /* strict ISO C: no fsync declared; fflush only */
+#endif
+
+MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path) {
+    FILE *f;
+    long size = 0;
+    unsigned char *copy = NULL;
+    mlc_safetensors *st;
+    if (!ctx || ctx->error) return NULL;
+    if (!path) return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_safetensors_open: path is NULL");
+    if (!(f = fopen(path, "rb")))
+        return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot open it: %s", path,
+                                            strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+        mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot find its size: %s", path, strerror(errno));
+    else if ((copy = (unsigned char *)mlc__owned_alloc(ctx, (size_t)size + 1, "mlc_safetensors_open")) &&
+             fread(copy, 1, (size_t)size, f) != (size_t)size)
+        mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: read error after %zu bytes", path, (size_t)ftell(f));
+    fclose(f);
+    if (ctx->error || !(st = mlc_safetensors_from_memory(ctx, copy, (size_t)size, path))) {
+        mlc__owned_free(ctx, copy);
+        return NULL;
+    }
+    st->copy = copy;
+    return st;
+}
+
+MLCDEF mlc_result mlc_module_load(mlc_module *m, const char *path, const mlc_load_opts *opts) {
+    mlc_safetensors *st;
+    if (!m) return MLC_ERR_NULL;
+    if (!(st = mlc_safetensors_open(m->ctx, path))) return m->ctx->error;
+    mlc_safetensors_load(st, m, opts);
+    mlc_safetensors_close(st);
+    return m->ctx->error;
+}
+
+static int mlc__sink_file(void *user, const void *bytes, size_t len) {
+    return fwrite(bytes, 1, len, (FILE *)user) == len;
+}
+
+/* Write "path.tmp", flush, fsync, close, rename over path; on failure remove the temporary. */
+static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, const mlc__st_item *items,
+                               int count, const char *const *metadata) {
+    size_t len;
+    char *tmp;
+    FILE *f;
+    int ok, err = 0;
+    if (ctx->error) return ctx->error;
+    if (!path) return mlc__fail(ctx, MLC_ERR_NULL, "%s: path is NULL", op), ctx->error;
+    len = strlen(path);
+    if (!(tmp = (char *)mlc__owned_alloc(ctx, len + 5, op))) return ctx->error;
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    if (!(f = fopen(tmp, "wb"))) {
+        mlc__fail(ctx, MLC_ERR_IO, "%s: cannot create %s: %s", op, tmp, strerror(errno));
+        mlc__owned_free(ctx, tmp);
+        return ctx->error;
+    }
+    errno = 0;
+    ok = mlc__st_write(ctx, op, items, count, metadata, mlc__sink_file, f) && fflush(f) == 0 &&
+        MLC__FSYNC(f) == 0;
+    if (!ok) err = errno;
+    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
+#ifdef _WIN32
+    if (ok) remove(path);               /* rename does not replace a file there (not atomic) */
+#endif
+    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
+    if (!ok) {
+        remove(tmp);
+        mlc__fail(ctx, MLC_ERR_IO, "%s: writing %s failed (%s); %s is as it was", op, tmp,
+                  err ? strerror(err) : "error", path);
+    }
+    mlc__owned_free(ctx, tmp);
+    return ctx->error;
+}
+
+MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc_named_tensor *tensors,
+                                       int count, const char *const *metadata) {
+    mlc__st_item *items;
+    if (!ctx) return MLC_ERR_NULL;
+    if (ctx->error || !(items = mlc__st_items(ctx, tensors, count, 0, "mlc_safetensors_save")))
+        return ctx->error;
+    mlc__st_save(ctx, "mlc_safetensors_save", path, items, count, metadata);
+    mlc__owned_free(ctx, items);
+    return ctx->error;
+}
+
+MLCDEF mlc_result mlc_module_save(mlc_module *m, const char *path, const char *const *metadata) {
+    mlc_named_tensor *state;
+    int count;
+    if (!m) return MLC_ERR_NULL;
+    if (m->ctx->error || !(state = mlc__module_state_list(m, &count, "mlc_module_save")))
+        return m->ctx->error;
+    mlc_safetensors_save(m->ctx, path, state, count, metadata);
+    mlc__owned_free(m->ctx, state);
+    return m->ctx->error;
+}
+
+MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim *opt,
+                                      const mlc_train_state *state) {
+    mlc__ckpt c;
+    if (!m) return MLC_ERR_NULL;
+    if (m->ctx->error) return m->ctx->error;
+    if (mlc__ckpt_build(&c, m, opt, state, "mlc_checkpoint_save"))
+        mlc__st_save(m->ctx, "mlc_checkpoint_save", path, c.items, c.count, c.metadata);
+    mlc__ckpt_free(m->ctx, &c);
+    return m->ctx->error;
+}
+
+MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt,
+                                      mlc_train_state *state) {
+    mlc_safetensors *st;
+    if (!m) return MLC_ERR_NULL;
+    if (!(st = mlc_safetensors_open(m->ctx, path))) return m->ctx->error;
+    mlc__checkpoint_load(st, m, opt, state);
+    mlc_safetensors_close(st);
+    return m->ctx->error;
+}
+#endif /* MLC_NO_STDIO */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,142 @@
+/* The mlc side of the PyTorch interop test (tests/interop/torch_interop.py writes the files;
+   make test-interop runs both). For each model (mlp, cnn, embed): build it with mlc's modules,
+   load PyTorch's state dict strictly (num_batches_tracked arrives as I64), run PyTorch's batch
+   in training mode and match the output, the loss, and the gradients of the input and of every
+   parameter; match the eval-mode output (batch norm's running statistics updated as PyTorch
+   does); then train 3 Adam steps, save the weights and the eval output for PyTorch to match.
+   Tolerance: |mlc - torch| <= 1e-5 + 1e-4 |torch| per element.
+   Usage: interop DIR. Prints PASS/FAIL lines and "interop (mlc side): N passed, M failed". */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+
+#define RTOL 1e-4
+#define ATOL 1e-5
+
+static int passed, failed;
+
+static void report(int ok, const char *model, const char *what, const char *detail) {
+    printf("%s %s: %s%s%s\n", ok ? "PASS" : "FAIL", model, what, detail[0] ? " " : "", detail);
+    if (ok) passed++; else failed++;
+}
+
+/* mlc's tensor against PyTorch's, elementwise within the tolerance. */
+static void compare(const char *model, const char *what, mlc_tensor *got, mlc_tensor *want) {
+    char detail[160];
+    double worst = 0;
+    size_t i, bad = 0;
+    const float *g, *w;
+    if (!got || !want || got->size != want->size) {
+        snprintf(detail, sizeof detail, "(missing or %zu vs %zu elements)", got ? got->size : 0, want ? want->size : 0);
+        report(0, model, what, detail);
+        return;
+    }
+    g = mlc_host_data(got);
+    w = mlc_host_data(want);
+    for (i = 0; i < got->size; i++) {
+        double d = fabs((double)g[i] - (double)w[i]);
+        if (d > worst) worst = d;
+        if (!(d <= ATOL + RTOL * fabs((double)w[i]))) bad++;
+    }
+    snprintf(detail, sizeof detail, "(max |mlc - torch| = %.3g over %zu elements%s)", worst, got->size,
+             bad ? ", out of tolerance" : "");
+    report(bad == 0, model, what, detail);
+}
+
+static mlc_module *build(mlc_ctx *ctx, const char *name) {
+    mlc_conv_opts pad = { 0, 1, 0, 0 };
+    if (strcmp(name, "mlp") == 0)
+        return mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 20, 32), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 32, 16),
+                                 mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 16, 4), NULL);
+    if (strcmp(name, "cnn") == 0)
+        return mlc_nn_sequential(ctx, mlc_nn_conv2d(ctx, 1, 8, 3, pad), mlc_nn_batch_norm(ctx, 8), mlc_nn_relu(ctx),
+                                 mlc_nn_max_pool2d(ctx, 2, 2), mlc_nn_conv2d(ctx, 8, 16, 3, pad),
+                                 mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
+                                 mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 16 * 7 * 7, 10), NULL);
+    return mlc_nn_sequential(ctx, mlc_nn_embedding(ctx, 50, 16), mlc_nn_layer_norm(ctx, 16),
+                             mlc_nn_linear(ctx, 16, 50), NULL);
+}
+
+static mlc_tensor *loss_of(const char *name, mlc_tensor *out, mlc_tensor *y) {
+    if (strcmp(name, "mlp") == 0) return mlc_mse_loss(out, y, MLC_REDUCE_MEAN);
+    if (out && out->ndim == 3) out = mlc_reshape(out, MLC_SHAPE(-1, out->shape[2]));
+    if (y && y->ndim == 2) y = mlc_reshape(y, MLC_SHAPE(-1));
+    return mlc_cross_entropy(out, y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+}
+
+static void run_model(const char *dir, const char *name) {
+    char path[512], what[160];
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });
+    mlc_module *net = build(ctx, name);
+    mlc_safetensors *ref;
+    mlc_tensor *x, *y, *out, *loss;
+    mlc_named_tensor params[32], saved[2];
+    mlc_optim *opt;
+    int n, i, step, x_grad = strcmp(name, "embed") != 0;
+    snprintf(path, sizeof path, "%s/%s.weights.safetensors", dir, name);
+    report(mlc_module_load(net, path, NULL) == MLC_OK, name, "strict load of PyTorch's state dict",
+           mlc_error(ctx) ? mlc_error_message(ctx) : "");
+    snprintf(path, sizeof path, "%s/%s.ref.safetensors", dir, name);
+    ref = mlc_safetensors_open(ctx, path);
+    if (mlc_error(ctx)) { report(0, name, "reference batch", mlc_error_message(ctx)); mlc_destroy(ctx); return; }
+    x = mlc_keep(mlc_safetensors_get(ref, "x"));
+    y = mlc_keep(mlc_safetensors_get(ref, "y"));
+    if (x_grad) mlc_requires_grad(x, 1);
+    out = mlc_forward(net, x);
+    loss = loss_of(name, out, y);
+    mlc_backward(loss);
+    compare(name, "training-mode output", out, mlc_safetensors_get(ref, "out"));
+    compare(name, "loss", mlc_reshape(loss, MLC_SHAPE(1)), mlc_safetensors_get(ref, "loss"));
+    if (x_grad) {
+        mlc_tensor *g = mlc_empty(ctx, x->ndim, x->shape);
+        if (g) mlc_write(g, mlc_host_grad(x), x->size);
+        compare(name, "gradient of the input", g, mlc_safetensors_get(ref, "grad.x"));
+    }
+    n = mlc_module_parameters(net, params, 32);
+    for (i = 0; i < n; i++) {
+        char key[160];
+        mlc_tensor *g = mlc_empty(ctx, params[i].tensor->ndim, params[i].tensor->shape);
+        if (g) mlc_write(g, mlc_host_grad(params[i].tensor), g->size);
+        snprintf(key, sizeof key, "grad.%.127s", params[i].name);
+        snprintf(what, sizeof what, "gradient of %.127s", params[i].name);
+        compare(name, what, g, mlc_safetensors_get(ref, key));
+    }
+    mlc_module_train(net, 0);
+    compare(name, "eval-mode output after the step's running statistics", mlc_forward(net, x),
+            mlc_safetensors_get(ref, "out_eval"));
+    mlc_safetensors_close(ref);
+    /* mlc trains a few steps and saves; PyTorch loads the file and matches mlc's output */
+    mlc_requires_grad(x, 0);
+    mlc_module_train(net, 1);
+    opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    for (step = 0; step < 3; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *l = loss_of(name, mlc_forward(net, x), y);
+        mlc_zero_grad(opt);
+        mlc_backward(l);
+        mlc_step(opt);
+        mlc_frame_end(f);
+    }
+    mlc_module_train(net, 0);
+    snprintf(path, sizeof path, "%s/%s.mlc.safetensors", dir, name);
+    mlc_module_save(net, path, (const char *const[]){ "by", "mlc", NULL });
+    snprintf(saved[0].name, sizeof saved[0].name, "x");
+    snprintf(saved[1].name, sizeof saved[1].name, "out");
+    saved[0].tensor = x;
+    saved[1].tensor = mlc_forward(net, x);
+    snprintf(path, sizeof path, "%s/%s.mlc_out.safetensors", dir, name);
+    mlc_safetensors_save(ctx, path, saved, 2, NULL);
+    report(mlc_error(ctx) == MLC_OK, name, "trained 3 steps and saved", mlc_error(ctx) ? mlc_error_message(ctx) : "");
+    mlc_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) { fprintf(stderr, "usage: interop DIR (written by torch_interop.py write DIR)\n"); return 2; }
+    run_model(argv[1], "mlp");
+    run_model(argv[1], "cnn");
+    run_model(argv[1], "embed");
+    printf("interop (mlc side): %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""PyTorch <-> mlc interop through safetensors (Debian's python3-torch 1.13 has no safetensors
+module, so this script writes and reads the format itself: an 8-byte little-endian header
+length, a JSON header, raw little-endian data).
+
+  torch_interop.py write DIR   three models built with fixed seeds (an MLP, a Fashion-MNIST
+                               shaped CNN with batch norm, an embedding + layer-norm model):
+                               DIR/<model>.weights.safetensors (the state dict, batch norm's
+                               num_batches_tracked as I64) and DIR/<model>.ref.safetensors (an
+                               input batch, targets, the training-mode output, the loss, the
+                               gradients of the input and of every parameter, the eval-mode
+                               output after that step's running-statistics update).
+  torch_interop.py check DIR   loads mlc's trained DIR/<model>.mlc.safetensors into the same
+                               PyTorch model (strict load_state_dict) and matches mlc's eval
+                               output in DIR/<model>.mlc_out.safetensors.
+Each check prints PASS or FAIL; the last line is "interop (PyTorch side): N passed, M failed";
+the exit status is 1 on any failure. Tolerance: |a - b| <= 1e-5 + 1e-4 |b| per element.
+"""
+import json
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RTOL, ATOL = 1e-4, 1e-5
+DTYPES = {torch.float32: ("F32", "<f4"), torch.int64: ("I64", "<i8")}
+NUMPY = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "F64": "<f8", "I32": "<i4"}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        code, np_dtype = DTYPES[t.dtype]
+        blob = t.numpy().astype(np_dtype).tobytes()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, e in header.items():
+        begin, end = e["data_offsets"]
+        arr = np.frombuffer(body[begin:end], dtype=NUMPY[e["dtype"]]).reshape(e["shape"])
+        out[name] = torch.from_numpy(arr.copy())
+    return out, meta
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
+
+
+def embed():
+    return nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 50))
+
+
+def batch(name, gen):
+    """Input, target, and whether the input takes a gradient."""
+    if name == "mlp":
+        return torch.randn(8, 20, generator=gen), torch.randn(8, 4, generator=gen), True
+    if name == "cnn":
+        return torch.randn(4, 1, 28, 28, generator=gen), torch.randint(0, 10, (4,), generator=gen), True
+    return torch.randint(0, 50, (4, 6), generator=gen), torch.randint(0, 50, (4, 6), generator=gen), False
+
+
+def loss_of(name, out, y):
+    if name == "mlp":
+        return F.mse_loss(out, y)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "embed": embed}
+
+
+def write(folder):
+    for i, (name, build) in enumerate(MODELS.items()):
+        torch.manual_seed(100 + i)
+        model = build()
+        gen = torch.Generator().manual_seed(200 + i)
+        with torch.no_grad():                      # batch norm starts from non-trivial statistics
+            for m in model.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.weight.uniform_(0.5, 1.5, generator=gen)
+                    m.bias.uniform_(-0.5, 0.5, generator=gen)
+                    m.running_mean.uniform_(-0.2, 0.2, generator=gen)
+                    m.running_var.uniform_(0.5, 2.0, generator=gen)
+                    m.num_batches_tracked.fill_(3)
+                if isinstance(m, nn.LayerNorm):
+                    m.weight.uniform_(0.5, 1.5, generator=gen)
+                    m.bias.uniform_(-0.5, 0.5, generator=gen)
+        write_safetensors(f"{folder}/{name}.weights.safetensors", model.state_dict(), {"model": name, "by": "pytorch"})
+        x, y, x_grad = batch(name, gen)
+        model.train()
+        xin = x.clone().requires_grad_(x_grad)
+        out = model(xin)
+        loss = loss_of(name, out, y)
+        loss.backward()
+        ref = {"x": x.float(), "y": y.float(), "out": out, "loss": loss.reshape(1)}
+        if x_grad:
+            ref["grad.x"] = xin.grad
+        for pname, p in model.named_parameters():
+            ref["grad." + pname] = p.grad
+        model.eval()
+        with torch.no_grad():
+            ref["out_eval"] = model(x)
+        write_safetensors(f"{folder}/{name}.ref.safetensors", ref)
+        print(f"wrote {name}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
+
+
+def close(a, b):
+    a, b = a.double(), b.double()
+    if a.shape != b.shape:
+        return False, f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    err = ((a - b).abs() - (ATOL + RTOL * b.abs())).max().item() if a.numel() else -1.0
+    return err <= 0, f"max |a - b| = {(a - b).abs().max().item() if a.numel() else 0:.3g}"
+
+
+def check(folder):
+    passed = failed = 0
+    for name, build in MODELS.items():
+        model = build()
+        state, meta = read_safetensors(f"{folder}/{name}.mlc.safetensors")
+        ok, why = True, "strict load_state_dict"
+        try:
+            own = model.state_dict()
+            model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
+        except (RuntimeError, KeyError) as e:
+            ok, why = False, str(e).splitlines()[0]
+        if ok:
+            data, _ = read_safetensors(f"{folder}/{name}.mlc_out.safetensors")
+            model.eval()
+            x = data["x"].long() if name == "embed" else data["x"]
+            with torch.no_grad():
+                ok, why = close(model(x), data["out"])
+        print(f"{'PASS' if ok else 'FAIL'} {name}: PyTorch loads mlc's trained weights and matches its output ({why})")
+        passed, failed = passed + ok, failed + (not ok)
+    ok = not close(data["out"] + 1e-3, data["out"])[0]        # the comparison itself can fail
+    print(f"{'PASS' if ok else 'FAIL'} the comparison rejects a 1e-3 change")
+    passed, failed = passed + ok, failed + (not ok)
+    print(f"interop (PyTorch side): {passed} passed, {failed} failed")
+    return failed == 0
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
+        print(__doc__)
+        sys.exit(2)
+    if sys.argv[1] == "write":
+        write(sys.argv[2])
+    else:
+        sys.exit(0 if check(sys.argv[2]) else 1)
