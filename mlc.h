@@ -1402,15 +1402,20 @@ static void mlc__host_wrote_grad(mlc_tensor *t) {
    current (a new buffer takes the host gradient when that is current, else zeros), and with
    writes set the kernel will add into it, so the host copy becomes stale. NULL: the error is
    set. */
-static void *mlc__device_in(mlc_tensor *t) {
+#if defined(__GNUC__) || defined(__clang__)
+#define MLC__FOR_BACKENDS static __attribute__((unused))   /* a build without a backend calls none */
+#else
+#define MLC__FOR_BACKENDS static
+#endif
+MLC__FOR_BACKENDS void *mlc__device_in(mlc_tensor *t) {
     if (!t->device_data || (t->stale & MLC__DEVICE_STALE)) {
         if (!t->ctx->backend->upload(t, 0)) return NULL;
         t->stale &= ~(unsigned)MLC__DEVICE_STALE;
     }
     return t->device_data;
 }
-static void *mlc__device_out(mlc_tensor *t, const char *op) { return mlc__buffer_of(t, 0, op); }
-static void *mlc__device_grad(mlc_tensor *t, int writes, const char *op) {
+MLC__FOR_BACKENDS void *mlc__device_out(mlc_tensor *t, const char *op) { return mlc__buffer_of(t, 0, op); }
+MLC__FOR_BACKENDS void *mlc__device_grad(mlc_tensor *t, int writes, const char *op) {
     int fresh = t->device_grad == NULL;
     if (!mlc__buffer_of(t, 1, op)) return NULL;
     if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
