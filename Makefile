@@ -126,7 +126,8 @@ $(BUILD)/fuzz-safetensors: tests/fuzz/fuzz_safetensors.c mlc.h | $(BUILD)
 fuzz: $(BUILD)/fuzz-safetensors
 	mkdir -p $(BUILD)/fuzz-corpus
 	./$(BUILD)/fuzz-safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
-	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
+	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/safetensors.dict \
+	    $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
 
 # PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes three models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches

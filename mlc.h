@@ -6254,7 +6254,12 @@ static int mlc__st_loadable(int dtype) { return dtype != MLC__F8_E4M3 && dtype !
 
 /* count elements of dtype at p, to float32. */
 static void mlc__st_convert(const unsigned char *p, int dtype, float *out, size_t count) {
+    const uint32_t one = 1;
     size_t i, w = mlc__dtype_sizes[dtype];
+    if (dtype == MLC__F32 && *(const unsigned char *)&one == 1) {   /* a little-endian host */
+        if (count) memcpy(out, p, 4 * count);
+        return;
+    }
     for (i = 0; i < count; i++, p += w) {
         uint64_t v = mlc__le(p, (int)w);
         uint32_t bits;
