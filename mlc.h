@@ -4450,13 +4450,19 @@ static size_t mlc__inflate_at(const mlc__inflate *s) {
     return s->pos >= back ? s->pos - back : 0;
 }
 
-static int mlc__inflate_fail(mlc__inflate *s, size_t at, const char *fmt, ...) {
+/* A corrupt file: MLC_ERR_IO, "op: name: byte N<where>: " and the rest of the message. */
+static void mlc__fail_io(mlc_ctx *ctx, const char *op, const char *name, size_t at, const char *where,
+                         const char *fmt, va_list ap) {
     char what[200];
+    mlc__vformat(what, sizeof what, fmt, ap);
+    mlc__fail(ctx, MLC_ERR_IO, "%s: %s: byte %zu%s: %s", op, name, at, where, what);
+}
+
+static int mlc__inflate_fail(mlc__inflate *s, size_t at, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    mlc__vformat(what, sizeof what, fmt, ap);
+    if (!s->bad) mlc__fail_io(s->ctx, s->op, s->name, at, "", fmt, ap);
     va_end(ap);
-    if (!s->bad) mlc__fail(s->ctx, MLC_ERR_IO, "%s: %s: byte %zu: %s", s->op, s->name, at, what);
     s->bad = 1;
     return 0;
 }
@@ -4811,13 +4817,10 @@ typedef struct mlc__idx {
 } mlc__idx;
 
 static int mlc__idx_fail(mlc__idx *r, size_t at, const char *fmt, ...) {
-    char what[200];
     va_list ap;
     va_start(ap, fmt);
-    mlc__vformat(what, sizeof what, fmt, ap);
+    mlc__fail_io(r->ctx, r->op, r->name, at, r->gzipped ? " of the decompressed data" : "", fmt, ap);
     va_end(ap);
-    mlc__fail(r->ctx, MLC_ERR_IO, "%s: %s: byte %zu%s: %s", r->op, r->name, at,
-              r->gzipped ? " of the decompressed data" : "", what);
     return 1;                                        /* for the sink: stop */
 }
 
