@@ -495,8 +495,9 @@ static int csv_valid(void) {
     t = mlc_csv_from_memory(ctx, plain, strlen(plain), 0, NULL);
     CHECK(t && t->shape[0] == 2 && t->shape[1] == 2);
     CHECK_TENSOR(t, want_plain, 0);
-    t = mlc_csv_from_memory(ctx, "nan,-inf,3", 10, 0, NULL);
+    t = mlc_csv_from_memory(ctx, "nan,-inf,3,0e999,1e-999", 23, 0, NULL);
     CHECK(t && t->data[0] != t->data[0] && t->data[1] < -FLT_MAX && t->data[2] == 3);
+    CHECK(t->data[3] == 0 && t->data[4] == 0);
     test_destroy(ctx);
     return 1;
 }
@@ -507,6 +508,7 @@ static int csv_errors(void) {
         { "1,2\n3,x4\n", "line 2, field 2 (byte 6): \"x4\" is not a number" },
         { "1,2\n3,,4\n", "line 2, field 2 (byte 6): \"\" is empty" },
         { "1,2\n3,1e39\n", "line 2, field 2 (byte 6): \"1e39\" is outside float's range" },
+        { "1,2\n3,1e400\n", "\"1e400\" is outside float's range" },
         { "1,2\n3,4 5\n", "\"4 5\" is not a number" },
         { "1,2\n3,0x10\n", "\"0x10\" is not a number" },
         { "1.5e\n", "line 1, field 1 (byte 0)" },
@@ -515,7 +517,7 @@ static int csv_errors(void) {
     mlc_ctx *ctx = test_ctx(1);
     size_t i;
     for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int header = i == 0 || i == 7;
+        int header = i == 0 || i == 8;
         CHECK_MSG(!mlc_csv_from_memory(ctx, cases[i].text, strlen(cases[i].text), header, "bad.csv"),
                   "case %zu parsed", i);
         if (!expect_error(ctx, "bad.csv", -2, cases[i].what)) return 0;
