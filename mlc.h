@@ -53,8 +53,8 @@ MEMORY
    refuses it with MLC_ERR_STATE naming the op. mlc_backward uses up the graph it runs through
    (PyTorch's default, no retain_graph): a second backward through any op of it is
    MLC_ERR_STATE (run the forward again); once every op on the tape is used up, the tape is
-   empty. Two independent graphs on one tape each take their own backward. Sizes are computed with overflow checks: a shape whose byte count does not
-   fit in size_t is MLC_ERR_SHAPE.
+   empty. Two independent graphs on one tape each take their own backward. Sizes are computed
+   with overflow checks: a shape whose byte count does not fit in size_t is MLC_ERR_SHAPE.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
