@@ -51,10 +51,11 @@ MEMORY
    Frames end innermost first: ending an outer frame while an inner one is open is MLC_ERR_STATE
    and ends the inner ones too; ending a frame twice is MLC_ERR_STATE. A tensor remembers its
    frame: an op (or mlc_item, mlc_read, mlc_backward...) given a tensor whose frame has ended
-   refuses it with MLC_ERR_STATE naming the op. mlc_backward uses up the tape (PyTorch's
-   default, no retain_graph): a second backward through the same graph is MLC_ERR_STATE; run
-   the forward again. Sizes are computed with overflow checks: a shape whose byte count does not
-   fit in size_t is MLC_ERR_SHAPE.
+   refuses it with MLC_ERR_STATE naming the op. mlc_backward uses up the graph it runs through
+   (PyTorch's default, no retain_graph): a second backward through any op of it is
+   MLC_ERR_STATE (run the forward again); once every op on the tape is used up, the tape is
+   empty. Two independent graphs on one tape each take their own backward. Sizes are computed
+   with overflow checks: a shape whose byte count does not fit in size_t is MLC_ERR_SHAPE.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
@@ -213,7 +214,7 @@ MLCDEF float mlc_rand_normal(mlc_ctx *ctx);             /* N(0, 1) */
 
 /* Frames: everything an op allocates between begin and end is released by end. */
 typedef struct mlc_frame { mlc_ctx *ctx; void *block; size_t block_used, arena_used; void *tape; int level;
-                           uint64_t id, tape_id; } mlc_frame;
+                           uint64_t id; } mlc_frame;
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
@@ -233,7 +234,8 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
     int on_device;                      /* 1: lives on the context's device (see Devices) */
     int level;                          /* how many frames were open when it was made */
-    uint64_t frame_id, tape_id;         /* the frame and the tape it was made in (misuse checks) */
+    uint64_t frame_id;                  /* the frame it was made in (misuse checks) */
+    int graph_used;                     /* 1: a backward ran through the op that made it */
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
 };
@@ -782,7 +784,7 @@ struct mlc_ctx {
     int n_fell_back;
     int level;                         /* frames open now */
     uint64_t frame_ids[MLC__MAX_FRAMES]; /* the id of each open frame, outermost first */
-    uint64_t frames_made, tape_id;     /* frame ids handed out; tape id, new after each backward */
+    uint64_t frames_made;              /* frame ids handed out */
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
@@ -1265,7 +1267,6 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     f.block_used = ctx->block ? ctx->block->used : 0;
     f.arena_used = ctx->stats.arena_used;
     f.tape = ctx->tape;
-    f.tape_id = ctx->tape_id;
     f.id = ctx->frame_ids[ctx->level] = ++ctx->frames_made;
     f.level = ctx->level++;
     return f;
@@ -1284,7 +1285,7 @@ MLCDEF void mlc_frame_end(mlc_frame f) {
     ctx->block = f.block ? (mlc__block *)f.block : ctx->first_block;
     if (ctx->block) ctx->block->used = f.block_used;
     ctx->stats.arena_used = f.arena_used;
-    ctx->tape = f.tape_id == ctx->tape_id ? (mlc__node *)f.tape : NULL;   /* a backward consumed it */
+    ctx->tape = (mlc__node *)f.tape;
     ctx->level = f.level;
     if (ctx->backend) mlc__device_release_frames(ctx, f.level);
 }
@@ -1335,7 +1336,7 @@ static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
     *out = *x;
     out->level = ctx->level;
     out->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
-    out->tape_id = ctx->tape_id;
+    out->graph_used = 0;
 }
 
 /* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
@@ -1545,7 +1546,6 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->on_device = ctx->op_device;
     t->level = ctx->level;
     t->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
-    t->tape_id = ctx->tape_id;
     t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
 }
@@ -4049,7 +4049,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_backward: the gradient %T belongs to another context", grad_out);
         return ctx->error;
     }
-    if (out->node && out->tape_id != ctx->tape_id) {
+    if (out->node && out->graph_used) {
         mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier "
                   "mlc_backward, which frees it; run the forward again", out);
         return ctx->error;
@@ -4075,8 +4075,9 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     for (n = out->node; n; n = n->prev) {
         int k;
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
+        n->out->graph_used = 1;                          /* this backward uses the node up */
         for (k = 0; k < n->n_in; k++)                    /* an input whose graph a backward used up */
-            if (n->in[k] && n->in[k]->node && n->in[k]->requires_grad && n->in[k]->tape_id != ctx->tape_id)
+            if (n->in[k] && n->in[k]->node && n->in[k]->requires_grad && n->in[k]->graph_used)
                 mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: input %T of an op comes from a graph an earlier "
                           "mlc_backward used (and freed); run that forward again", n->in[k]);
         if (ctx->error) break;
@@ -4100,8 +4101,8 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         n->out->device_grad = NULL;
         n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
     }
-    ctx->tape = NULL;                                    /* the tape is used up (PyTorch's default) */
-    ctx->tape_id++;
+    for (n = ctx->tape; n && n->out->graph_used; n = n->prev) {}
+    if (!n) ctx->tape = NULL;                            /* every node is used up: the tape is empty */
     return ctx->error;
 }
 

@@ -207,6 +207,12 @@ static int backward_uses_up_the_tape(void) {
     CHECK(mlc_host_grad(p)[0] == 4.0f);
     /* running the forward again works, and accumulates as PyTorch does */
     CHECK(mlc_backward(mlc_sum_all(mlc_mul(p, p))) == MLC_OK && mlc_host_grad(p)[0] == 8.0f);
+    /* two independent graphs on one tape: each takes its own backward */
+    h = mlc_sum_all(mlc_mul_scalar(p, 3.0f));
+    y = mlc_sum_all(mlc_mul_scalar(p, 5.0f));
+    CHECK(mlc_backward(y) == MLC_OK && mlc_get_stats(ctx).tape_nodes > 0);   /* h's ops are left */
+    CHECK(mlc_backward(h) == MLC_OK && mlc_host_grad(p)[0] == 16.0f);
+    CHECK(mlc_get_stats(ctx).tape_nodes == 0);
     mlc_frame_end(f);
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
