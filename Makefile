@@ -6,7 +6,7 @@ LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/n
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 
-.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop
+.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples
 
 all: examples
 examples: $(EXAMPLES)
@@ -141,3 +141,8 @@ test-interop: $(BUILD)/interop
 	$(INTEROP_PYTHON) tests/interop/torch_interop.py write $(BUILD)/interop-data
 	./$(BUILD)/interop $(BUILD)/interop-data
 	$(INTEROP_PYTHON) tests/interop/torch_interop.py check $(BUILD)/interop-data
+
+# The examples as a user runs them: fashion_mnist stopped during an epoch and resumed from its
+# checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist).
+test-examples: $(BUILD)/fashion_mnist
+	sh tests/example_resume.sh $(BUILD)/fashion_mnist
