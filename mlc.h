@@ -2732,7 +2732,13 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
    Sums are taken in double.
    ============================================================================================ */
 
-enum { MLC__SUM, MLC__MEAN, MLC__MAX, MLC__VAR, MLC__ARGMAX };
+#define MLC__REDUCE_KINDS(X) X(SUM) X(MEAN) X(MAX) X(VAR) X(ARGMAX)
+#define MLC__REDUCE_ENUM(NAME) MLC__##NAME,
+typedef enum mlc__reduce_kind { MLC__REDUCE_KINDS(MLC__REDUCE_ENUM) MLC__REDUCE_COUNT } mlc__reduce_kind;
+#undef MLC__REDUCE_ENUM
+#define MLC__REDUCE_KIND_NAME(NAME) #NAME,
+static const char *const mlc__reduce_kind_names[] = { MLC__REDUCE_KINDS(MLC__REDUCE_KIND_NAME) };  /* for kernels */
+#undef MLC__REDUCE_KIND_NAME
 
 static void mlc__reduce_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0];
@@ -2758,7 +2764,8 @@ static void mlc__reduce_backward(mlc__node *n) {
         }
 }
 
-static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis, int keepdim, int unbiased) {
+static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor *x, int axis, int keepdim,
+                               int unbiased) {
     int shape[MLC_MAX_DIMS], ndim = 0, d, len, i, *argmax = NULL;
     size_t outer, inner, o, k;
     mlc_tensor *out;
@@ -2804,9 +2811,11 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
                 for (i = 0; i < len; i++) s += (p[(size_t)i * inner] - mean) * (p[(size_t)i * inner] - mean);
                 out->data[o * inner + k] = (float)(s / (len - unbiased));
                 break;
-            default:
+            case MLC__SUM: case MLC__MEAN:
                 for (i = 0; i < len; i++) s += p[(size_t)i * inner];
                 out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / len : s);
+                break;
+            case MLC__REDUCE_COUNT: break;
             }
         }
     if (kind == MLC__ARGMAX) return out;                 /* indices carry no gradient */
@@ -3027,56 +3036,75 @@ MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_r
     return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index);
 }
 
-enum { MLC__MSE, MLC__BCE };
+/* The pointwise losses, one line each: ℓ(x, t), ∂ℓ/∂x and ∂ℓ/∂t, for input x and target t.
+   The line makes the enum value, the public function, the CPU loops and the OpenCL cases. */
+#define MLC__POINTWISE_LOSSES(X) \
+    X(MSE, mse_loss,        (x - t) * (x - t),           2.0f * (x - t),        -2.0f * (x - t)) \
+    X(BCE, bce_with_logits, (x > 0 ? x : 0.0f) - x * t + MLC_LOG1PF(MLC_EXPF(x < 0 ? x : -x)), \
+                            mlc__sigmoidf(x) - t,        -x)
+#define MLC__LOSS_ENUM(NAME, name, l, dx, dt) MLC__##NAME,
+typedef enum mlc__loss_kind { MLC__POINTWISE_LOSSES(MLC__LOSS_ENUM) MLC__LOSS_COUNT } mlc__loss_kind;
+#undef MLC__LOSS_ENUM
+#define MLC__LOSS_KIND_NAME(NAME, name, l, dx, dt) #NAME,
+static const char *const mlc__loss_kind_names[] = { MLC__POINTWISE_LOSSES(MLC__LOSS_KIND_NAME) };   /* for kernels */
+#undef MLC__LOSS_KIND_NAME
 
 static void mlc__pointwise_loss_backward(mlc__node *n) {
-    mlc_tensor *p = n->in[0], *t = n->in[1];
-    float *gp = mlc__grad(p), *gt = mlc__grad(t);
+    mlc_tensor *p = n->in[0], *target = n->in[1];
+    float *gp = mlc__grad(p), *gt = mlc__grad(target);
     size_t i;
     for (i = 0; i < p->size; i++) {
-        float g = mlc__loss_scale(n, i), x = p->data[i], y = t->data[i];
-        if (n->args.loss.kind == MLC__MSE) {
-            if (gp) gp[i] += 2.0f * g * (x - y);
-            if (gt) gt[i] -= 2.0f * g * (x - y);
-        } else {
-            if (gp) gp[i] += g * (mlc__sigmoidf(x) - y);
-            if (gt) gt[i] -= g * x;
+        const float g = mlc__loss_scale(n, i), x = p->data[i], t = target->data[i];
+        float dx = 0.0f, dt = 0.0f;
+        switch ((mlc__loss_kind)n->args.loss.kind) {
+#define MLC__LOSS_GRAD(NAME, name, l, dx_, dt_) case MLC__##NAME: dx = (dx_); dt = (dt_); break;
+        MLC__POINTWISE_LOSSES(MLC__LOSS_GRAD)
+#undef MLC__LOSS_GRAD
+        case MLC__LOSS_COUNT: break;
         }
+        if (gp) gp[i] += g * dx;
+        if (gt) gt[i] += g * dt;
     }
 }
 
-static mlc_tensor *mlc__pointwise_loss(const char *op, int kind, mlc_tensor *p, mlc_tensor *t, mlc_reduction red) {
+static mlc_tensor *mlc__pointwise_loss(const char *op, mlc__loss_kind kind, mlc_tensor *p, mlc_tensor *target,
+                                       mlc_reduction red) {
     float *l;
     mlc_tensor *out;
     mlc__node call;
     size_t i;
     int where;
-    MLC__ENTER(op, p, t);
-    if (!mlc_same_shape(p, t))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p, t);
+    MLC__ENTER(op, p, target);
+    if (!mlc_same_shape(p, target))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p,
+                                       target);
     if (!(out = mlc__loss_make(ctx, op, red, p->ndim, p->shape))) return NULL;
-    mlc__call(&call, MLC__OP_POINTWISE_LOSS, op, out, p, t, NULL, NULL);
+    mlc__call(&call, MLC__OP_POINTWISE_LOSS, op, out, p, target, NULL, NULL);
     call.args.loss.reduction = (int)red; call.args.loss.kind = kind; call.args.loss.scale = 1.0f / (float)p->size;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, p->size, op);
     if (!l) return NULL;
     for (i = 0; i < p->size; i++) {
-        float x = p->data[i], y = t->data[i];
-        l[i] = kind == MLC__MSE ? (x - y) * (x - y)
-             : (x > 0 ? x : 0.0f) - x * y + (float)log1p(exp(-(double)(x < 0 ? -x : x)));
+        const float x = p->data[i], t = target->data[i];
+        switch (kind) {
+#define MLC__LOSS_FORWARD(NAME, name, l_, dx, dt) case MLC__##NAME: l[i] = (l_); break;
+        MLC__POINTWISE_LOSSES(MLC__LOSS_FORWARD)
+#undef MLC__LOSS_FORWARD
+        case MLC__LOSS_COUNT: break;
+        }
     }
     mlc__loss_reduce(out, red, l, p->size, p->size);
     mlc__record(&call);
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_mse_loss(mlc_tensor *pred, mlc_tensor *target, mlc_reduction reduction) {
-    return mlc__pointwise_loss("mlc_mse_loss", MLC__MSE, pred, target, reduction);
-}
-MLCDEF mlc_tensor *mlc_bce_with_logits(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction) {
-    return mlc__pointwise_loss("mlc_bce_with_logits", MLC__BCE, logits, target, reduction);
-}
+#define MLC__LOSS_FUNCTION(NAME, name, l, dx, dt) \
+    MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x, mlc_tensor *target, mlc_reduction reduction) { \
+        return mlc__pointwise_loss("mlc_" #name, MLC__##NAME, x, target, reduction); \
+    }
+MLC__POINTWISE_LOSSES(MLC__LOSS_FUNCTION)
+#undef MLC__LOSS_FUNCTION
 
 /* ============================================================================================
    Shape ops. reshape shares storage; the others copy. Gradients flow back through the same

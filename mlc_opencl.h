@@ -689,20 +689,20 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (at >= outer * inner) return;\n"
 "    o = at / inner; k = at % inner;\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == 2 || kind == 4) {                     /* max, argmax (NaN wins, like the CPU) */\n"
+"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* NaN wins, like the CPU */\n"
 "        best = x[0];\n"
 "        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
-"        y[at] = kind == 2 ? best : (float)best_at;\n"
+"        y[at] = kind == MLC__MAX ? best : (float)best_at;\n"
 "        return;\n"
 "    }\n"
 "    s = mlc_sum_strided(x, len, inner);                 /* compensated: the CPU sums in double */\n"
-"    if (kind == 3) {\n"
+"    if (kind == MLC__VAR) {\n"
 "        mean = s / len; s = 0.0f;\n"
 "        for (i = 0; i < len; i++) s += (x[i * inner] - mean) * (x[i * inner] - mean);\n"
 "        y[at] = s / (float)(len - unbiased);\n"
 "        return;\n"
 "    }\n"
-"    y[at] = kind == 1 ? s / len : s;\n"
+"    y[at] = kind == MLC__MEAN ? s / len : s;\n"
 "}\n"
 "\n"
 "__kernel void mlc_reduce_grad(int kind, int outer, int len, int inner, int unbiased,\n"
@@ -713,19 +713,19 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    k = at % inner; me = (at / inner) % len; o = at / (inner * len);\n"
 "    gv = g[o * inner + k];\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == 2) {\n"
+"    if (kind == MLC__MAX) {\n"
 "        best = x[0];\n"
 "        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
 "        if (best_at == me) dx[at] += gv;\n"
 "        return;\n"
 "    }\n"
-"    if (kind == 3) {\n"
+"    if (kind == MLC__VAR) {\n"
 "        for (i = 0; i < len; i++) s += x[i * inner];\n"
 "        mean = s / len;\n"
 "        dx[at] += gv * 2.0f * (x[me * inner] - mean) / (float)(len - unbiased);\n"
 "        return;\n"
 "    }\n"
-"    dx[at] += kind == 1 ? gv / len : gv;\n"
+"    dx[at] += kind == MLC__MEAN ? gv / len : gv;\n"
 "}\n"
 "\n"
 "/* ---- softmax over an axis: y = e^(x - m) / Σ, log: x - m - log Σ ---- */\n"
@@ -791,7 +791,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (i >= N) return;\n"
 "    tc = (int)t[i];\n"
 "    if (tc == ignore) return;\n"
-"    gi = red == 2 ? g[i] : red == 0 ? g[0] * scale : g[0];\n"
+"    gi = red == MLC_REDUCE_NONE ? g[i] : red == MLC_REDUCE_MEAN ? g[0] * scale : g[0];\n"
 "    x += i * C; dx += i * C;\n"
 "    if (softmax_first) {\n"
 "        m = x[0];\n"
@@ -802,25 +802,35 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    dx[tc] -= gi;\n"
 "}\n"
 "\n"
-"/* mse: (p - t)²;  bce with logits: max(x, 0) - x t + log(1 + e^-|x|) */\n"
-"__kernel void mlc_pointwise_loss(int kind, int n, __global const float *p, __global const float *t, __global float *l) {\n"
+"/* pointwise losses: l = f(x, t), each kind's f, df/dx and df/dt from MLC__POINTWISE_LOSSES */\n"
+"__kernel void mlc_pointwise_loss(int kind, int n, __global const float *p, __global const float *ts,\n"
+"                                 __global float *l) {\n"
 "    int i = get_global_id(0);\n"
-"    float x, y;\n"
+"    float x, t;\n"
 "    if (i >= n) return;\n"
-"    x = p[i]; y = t[i];\n"
-"    l[i] = kind == 0 ? (x - y) * (x - y) : fmax(x, 0.0f) - x * y + log1p(exp(-fabs(x)));\n"
+"    x = p[i]; t = ts[i];\n"
+"    switch (kind) {\n"
+#define MLC__CL_LOSS_FORWARD(NAME, name, l, dx, dt) "    case MLC__" #NAME ": l[i] = " #l "; break;\n"
+MLC__POINTWISE_LOSSES(MLC__CL_LOSS_FORWARD)
+#undef MLC__CL_LOSS_FORWARD
+"    }\n"
 "}\n"
 "\n"
 "__kernel void mlc_pointwise_loss_grad(int kind, int n, int red, float scale, __global const float *p,\n"
-"                                      __global const float *t, __global const float *g,\n"
+"                                      __global const float *ts, __global const float *g,\n"
 "                                      __global float *dp, __global float *dt, int want_dp, int want_dt) {\n"
 "    int i = get_global_id(0);\n"
-"    float gi, x, y, d;\n"
+"    float gi, x, t, dx = 0.0f, dt_ = 0.0f;\n"
 "    if (i >= n) return;\n"
-"    gi = red == 2 ? g[i] : red == 0 ? g[0] * scale : g[0];\n"
-"    x = p[i]; y = t[i];\n"
-"    if (kind == 0) { d = 2.0f * gi * (x - y); if (want_dp) dp[i] += d; if (want_dt) dt[i] -= d; }\n"
-"    else { if (want_dp) dp[i] += gi * (1.0f / (1.0f + exp(-x)) - y); if (want_dt) dt[i] -= gi * x; }\n"
+"    gi = red == MLC_REDUCE_NONE ? g[i] : red == MLC_REDUCE_MEAN ? g[0] * scale : g[0];\n"
+"    x = p[i]; t = ts[i];\n"
+"    switch (kind) {\n"
+#define MLC__CL_LOSS_GRAD(NAME, name, l, dx, dt) "    case MLC__" #NAME ": dx = " #dx "; dt_ = " #dt "; break;\n"
+MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
+#undef MLC__CL_LOSS_GRAD
+"    }\n"
+"    if (want_dp) dp[i] += gi * dx;\n"
+"    if (want_dt) dt[i] += gi * dt_;\n"
 "}\n"
 "\n"
 "/* y = Σ l (sum), Σ l / counted (mean); one work-item: losses are small */\n"
@@ -829,7 +839,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    float s = 0.0f;\n"
 "    if (get_global_id(0) != 0) return;\n"
 "    for (i = 0; i < n; i++) s += l[i];\n"
-"    y[0] = red == 0 ? s * scale : s;\n"
+"    y[0] = red == MLC_REDUCE_MEAN ? s * scale : s;\n"
 "}\n"
 "\n"
 "/* ---- normalisation ---- */\n"
@@ -1037,24 +1047,33 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 };
 
+/* "#define MLC__NAME i" for each kind of a formula family, so kernels name kinds as mlc.h does */
+static void mlc__cl_define_kinds(char *prelude, size_t size, const char *const *names, int count) {
+    int i;
+    for (i = 0; i < count; i++) {
+        size_t used = strlen(prelude);
+        mlc__format(prelude + used, size - used, "#define MLC__%s %d\n", names[i], i);
+    }
+}
+
 /* Build the program once per context: mlc.h's enum values first, then the pieces; the
    environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). */
 static int mlc__cl_build(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
     const char *strings[PIECES + 1], *extra = getenv("MLC_OPENCL_OPTIONS");
-    char prelude[2048], options[512];
+    char prelude[4096], options[512];
     cl_int err;
     int i;
     if (st->program) return 1;
     mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
                 st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
     mlc__format(prelude, sizeof prelude, "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
-                "#define MLC__MUL %d\n#define MLC__DIV %d\n", (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV);
-    for (i = 0; i < MLC__UNARY_COUNT; i++) {            /* the unary kinds' values, by name */
-        size_t used = strlen(prelude);
-        mlc__format(prelude + used, sizeof prelude - used, "#define MLC__%s %d\n", mlc__unary_kind_names[i], i);
-    }
+                "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define MLC_REDUCE_NONE %d\n",
+                (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN, (int)MLC_REDUCE_NONE);
+    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__unary_kind_names, MLC__UNARY_COUNT);
+    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
+    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__loss_kind_names, MLC__LOSS_COUNT);
     strings[0] = prelude;
     for (i = 0; i < PIECES; i++) strings[i + 1] = mlc__cl_source[i];
     st->program = mlc__cl.CreateProgramWithSource(st->context, PIECES + 1, strings, NULL, &err);
@@ -1578,7 +1597,7 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *p = call->in[0], *t = call->in[1];
-    cl_int kind = call->args.loss.kind == MLC__MSE ? 0 : 1, n = (cl_int)p->size, red = call->args.loss.reduction;
+    cl_int kind = call->args.loss.kind, n = (cl_int)p->size, red = call->args.loss.reduction;
     cl_int want_p = p->requires_grad, want_t = t->requires_grad;
     cl_float scale = call->args.loss.scale;
     cl_mem pm = mlc__cl_in(ctx, p), tm = pm ? mlc__cl_in(ctx, t) : NULL, l, g, gp, gt;

@@ -8,6 +8,8 @@
 #include "../mlc.h"
 
 typedef struct test_case { const char *name; int (*run)(void); } test_case;
+/* One row of a suite's table: TEST(fn) runs fn under its own name. A table ends with { NULL, NULL }. */
+#define TEST(fn) { #fn, fn },
 
 /* Where a check failed; the runner prints it after the test's name. */
 extern char test_failure[512];

@@ -652,17 +652,17 @@ static int fashion_mnist_t10k(void) {
 }
 
 const test_case tests_data[] = {
-    { "gunzip_known_streams", gunzip_known_streams },
-    { "gunzip_long_output", gunzip_long_output },
-    { "gunzip_two_members", gunzip_two_members },
-    { "gunzip_corrupt_streams", gunzip_corrupt_streams },
-    { "gunzip_every_cut_and_flip", gunzip_every_cut_and_flip },
-    { "idx_types", idx_types },
-    { "idx_corrupt", idx_corrupt },
-    { "csv_valid", csv_valid },
-    { "csv_errors", csv_errors },
-    { "files_load", files_load },
-    { "batches_cover_every_row", batches_cover_every_row },
-    { "fashion_mnist_t10k", fashion_mnist_t10k },
+    TEST(gunzip_known_streams)
+    TEST(gunzip_long_output)
+    TEST(gunzip_two_members)
+    TEST(gunzip_corrupt_streams)
+    TEST(gunzip_every_cut_and_flip)
+    TEST(idx_types)
+    TEST(idx_corrupt)
+    TEST(csv_valid)
+    TEST(csv_errors)
+    TEST(files_load)
+    TEST(batches_cover_every_row)
+    TEST(fashion_mnist_t10k)
     { NULL, NULL },
 };

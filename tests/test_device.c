@@ -667,21 +667,21 @@ static int opencl_build_failure(void) {
 #endif
 
 const test_case tests_device[] = {
-    { "op_falls_back", op_falls_back },
-    { "training_matches_cpu", training_matches_cpu },
-    { "to_moves_tensor_and_grad", to_moves_tensor_and_grad },
-    { "inputs_on_two_devices", inputs_on_two_devices },
-    { "host_writes_reach_device", host_writes_reach_device },
-    { "backward_on_device", backward_on_device },
-    { "frames_release_device_temporaries", frames_release_device_temporaries },
-    { "verify_catches_unannounced_writes", verify_catches_unannounced_writes },
-    { "device_out_of_memory", device_out_of_memory },
+    TEST(op_falls_back)
+    TEST(training_matches_cpu)
+    TEST(to_moves_tensor_and_grad)
+    TEST(inputs_on_two_devices)
+    TEST(host_writes_reach_device)
+    TEST(backward_on_device)
+    TEST(frames_release_device_temporaries)
+    TEST(verify_catches_unannounced_writes)
+    TEST(device_out_of_memory)
 #ifdef MLC_OPENCL
-    { "opencl_bad_device_names", opencl_bad_device_names },
-    { "opencl_device_named", opencl_device_named },
-    { "opencl_write_after_upload", opencl_write_after_upload },
-    { "opencl_gemm_kernels_agree", opencl_gemm_kernels_agree },
-    { "opencl_build_failure", opencl_build_failure },
+    TEST(opencl_bad_device_names)
+    TEST(opencl_device_named)
+    TEST(opencl_write_after_upload)
+    TEST(opencl_gemm_kernels_agree)
+    TEST(opencl_build_failure)
 #endif
     { NULL, NULL }
 };

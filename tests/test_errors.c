@@ -626,28 +626,28 @@ static int no_leak_in_normal_use(void) {
 }
 
 const test_case tests_errors[] = {
-    { "shape_mismatch_add", shape_mismatch_add },
-    { "shape_mismatch_matmul", shape_mismatch_matmul },
-    { "shape_mismatch_conv2d", shape_mismatch_conv2d },
-    { "shape_mismatch_cross_entropy_target", shape_mismatch_cross_entropy_target },
-    { "shape_mismatch_reshape", shape_mismatch_reshape },
-    { "shape_mismatch_concat", shape_mismatch_concat },
-    { "wrong_rank", wrong_rank },
-    { "cross_entropy_bad_class", cross_entropy_bad_class },
-    { "index_ops_out_of_range", index_ops_out_of_range },
-    { "bad_axis", bad_axis },
-    { "null_input", null_input },
-    { "null_chain_keeps_first_error", null_chain_keeps_first_error },
-    { "error_is_sticky", error_is_sticky },
-    { "mixed_contexts", mixed_contexts },
-    { "invalid_arguments", invalid_arguments },
-    { "item_of_non_scalar", item_of_non_scalar },
-    { "backward_errors", backward_errors },
-    { "allocation_failure_everywhere", allocation_failure_everywhere },
-    { "allocation_failure_in_op", allocation_failure_in_op },
-    { "allocator_contract", allocator_contract },
-    { "unknown_device", unknown_device },
-    { "errors_are_logged", errors_are_logged },
-    { "no_leak_in_normal_use", no_leak_in_normal_use },
+    TEST(shape_mismatch_add)
+    TEST(shape_mismatch_matmul)
+    TEST(shape_mismatch_conv2d)
+    TEST(shape_mismatch_cross_entropy_target)
+    TEST(shape_mismatch_reshape)
+    TEST(shape_mismatch_concat)
+    TEST(wrong_rank)
+    TEST(cross_entropy_bad_class)
+    TEST(index_ops_out_of_range)
+    TEST(bad_axis)
+    TEST(null_input)
+    TEST(null_chain_keeps_first_error)
+    TEST(error_is_sticky)
+    TEST(mixed_contexts)
+    TEST(invalid_arguments)
+    TEST(item_of_non_scalar)
+    TEST(backward_errors)
+    TEST(allocation_failure_everywhere)
+    TEST(allocation_failure_in_op)
+    TEST(allocator_contract)
+    TEST(unknown_device)
+    TEST(errors_are_logged)
+    TEST(no_leak_in_normal_use)
     { NULL, NULL }
 };

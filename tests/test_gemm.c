@@ -132,8 +132,8 @@ static int openblas_hook_matches_own(void) {
 }
 
 const test_case tests_gemm[] = {
-    { "own_gemm_matches_reference", own_gemm_matches_reference },
-    { "hook_receives_every_product", hook_receives_every_product },
-    { "openblas_hook_matches_own", openblas_hook_matches_own },
+    TEST(own_gemm_matches_reference)
+    TEST(hook_receives_every_product)
+    TEST(openblas_hook_matches_own)
     { NULL, NULL }
 };

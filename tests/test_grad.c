@@ -303,7 +303,7 @@ static int grad_checker_catches_wrong_gradient(void) {
     return 1;
 }
 
-#define T(name) { #name, grad_##name },
+#define T(name) TEST(grad_##name)   /* rows of the table below, without the prefix */
 const test_case tests_grad[] = {
     T(add_same) T(add_row) T(add_both) T(add_scalar_tensor) T(sub_bcast) T(mul_bcast) T(mul_self) T(div_bcast)
     T(where3) T(masked_fill)

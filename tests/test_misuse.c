@@ -513,19 +513,19 @@ static int device_buffer_failure_whole_session(void) {
 }
 
 const test_case tests_misuse[] = {
-    { "null_context", null_context },
-    { "silent_nulls_set_errors", silent_nulls_set_errors },
-    { "sizes_overflow", sizes_overflow },
-    { "conv_pool_windows", conv_pool_windows },
-    { "tensor_from_ended_frame", tensor_from_ended_frame },
-    { "frames_end_in_order", frames_end_in_order },
-    { "backward_uses_up_the_tape", backward_uses_up_the_tape },
-    { "contexts_not_mixed", contexts_not_mixed },
-    { "module_cycles", module_cycles },
-    { "parameter_added_twice", parameter_added_twice },
-    { "explicit_zeros", explicit_zeros },
-    { "hyperparameters_checked", hyperparameters_checked },
-    { "allocation_failure_whole_session", allocation_failure_whole_session },
-    { "device_buffer_failure_whole_session", device_buffer_failure_whole_session },
+    TEST(null_context)
+    TEST(silent_nulls_set_errors)
+    TEST(sizes_overflow)
+    TEST(conv_pool_windows)
+    TEST(tensor_from_ended_frame)
+    TEST(frames_end_in_order)
+    TEST(backward_uses_up_the_tape)
+    TEST(contexts_not_mixed)
+    TEST(module_cycles)
+    TEST(parameter_added_twice)
+    TEST(explicit_zeros)
+    TEST(hyperparameters_checked)
+    TEST(allocation_failure_whole_session)
+    TEST(device_buffer_failure_whole_session)
     { NULL, NULL }
 };

@@ -581,21 +581,21 @@ static int custom_module_with_optimiser(void) {
 }
 
 const test_case tests_modules[] = {
-    { "names_like_pytorch", names_like_pytorch },
-    { "count_when_max_is_smaller", count_when_max_is_smaller },
-    { "linear_default_init", linear_default_init },
-    { "conv_default_init", conv_default_init },
-    { "init_functions", init_functions },
-    { "same_seed_same_weights", same_seed_same_weights },
-    { "train_eval_recursive", train_eval_recursive },
-    { "dropout_train_and_eval", dropout_train_and_eval },
-    { "batch_norm_train_and_eval", batch_norm_train_and_eval },
-    { "batch_norm_2d_statistics", batch_norm_2d_statistics },
-    { "linear_forward", linear_forward },
-    { "conv2d_forward", conv2d_forward },
-    { "pool_flatten_forward", pool_flatten_forward },
-    { "embedding_layer_norm_forward", embedding_layer_norm_forward },
-    { "activation_modules_forward", activation_modules_forward },
-    { "custom_module_with_optimiser", custom_module_with_optimiser },
+    TEST(names_like_pytorch)
+    TEST(count_when_max_is_smaller)
+    TEST(linear_default_init)
+    TEST(conv_default_init)
+    TEST(init_functions)
+    TEST(same_seed_same_weights)
+    TEST(train_eval_recursive)
+    TEST(dropout_train_and_eval)
+    TEST(batch_norm_train_and_eval)
+    TEST(batch_norm_2d_statistics)
+    TEST(linear_forward)
+    TEST(conv2d_forward)
+    TEST(pool_flatten_forward)
+    TEST(embedding_layer_norm_forward)
+    TEST(activation_modules_forward)
+    TEST(custom_module_with_optimiser)
     { NULL, NULL }
 };

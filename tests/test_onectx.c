@@ -227,8 +227,7 @@ static int onectx_every_op_family_and_optimiser(void) {
     return ok;
 }
 
-#define T(name) { #name, name },
 const test_case tests_onectx[] = {
-    T(onectx_every_op_family_and_optimiser)
+    TEST(onectx_every_op_family_and_optimiser)
     { NULL, NULL }
 };

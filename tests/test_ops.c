@@ -1180,39 +1180,39 @@ static int pooling_against_window_loop(void) {
 }
 
 const test_case tests_ops[] = {
-    { "binary_broadcast", binary_broadcast },
-    { "scalar_ops", scalar_ops },
-    { "unary_math", unary_math },
-    { "where_three_way", where_three_way },
-    { "masked_fill_causal", masked_fill_causal },
-    { "activations", activations },
-    { "activations_added_through_the_table", activations_added_through_the_table },
-    { "maps_propagate_nan_and_pow_zero_has_zero_gradient", maps_propagate_nan_and_pow_zero_has_zero_gradient },
-    { "cumsum_values_and_gradient", cumsum_values_and_gradient },
-    { "tanh_within_4_ulp", tanh_within_4_ulp },
-    { "softmax_axes", softmax_axes },
-    { "matmul_2d_and_transposes", matmul_2d_and_transposes },
-    { "matmul_batched_and_broadcast", matmul_batched_and_broadcast },
-    { "linear_values", linear_values },
-    { "reductions_each_axis", reductions_each_axis },
-    { "reductions_all", reductions_all },
-    { "cross_entropy_values", cross_entropy_values },
-    { "nll_mse_bce", nll_mse_bce },
-    { "reshape_flatten_transpose_permute", reshape_flatten_transpose_permute },
-    { "slice_values", slice_values },
-    { "concat_values", concat_values },
-    { "index_select_gather_copy", index_select_gather_copy },
-    { "dropout_values", dropout_values },
-    { "layer_norm_values", layer_norm_values },
-    { "batch_norm_training", batch_norm_training },
-    { "batch_norm_eval", batch_norm_eval },
-    { "embedding_values", embedding_values },
-    { "conv2d_hand_values", conv2d_hand_values },
-    { "conv2d_groups_bias", conv2d_groups_bias },
-    { "conv2d_against_direct_loop", conv2d_against_direct_loop },
-    { "conv2d_one_image_against_direct_loop", conv2d_one_image_against_direct_loop },
-    { "conv2d_images_in_threads_match_one_by_one", conv2d_images_in_threads_match_one_by_one },
-    { "pooling_values", pooling_values },
-    { "pooling_against_window_loop", pooling_against_window_loop },
+    TEST(binary_broadcast)
+    TEST(scalar_ops)
+    TEST(unary_math)
+    TEST(where_three_way)
+    TEST(masked_fill_causal)
+    TEST(activations)
+    TEST(activations_added_through_the_table)
+    TEST(maps_propagate_nan_and_pow_zero_has_zero_gradient)
+    TEST(cumsum_values_and_gradient)
+    TEST(tanh_within_4_ulp)
+    TEST(softmax_axes)
+    TEST(matmul_2d_and_transposes)
+    TEST(matmul_batched_and_broadcast)
+    TEST(linear_values)
+    TEST(reductions_each_axis)
+    TEST(reductions_all)
+    TEST(cross_entropy_values)
+    TEST(nll_mse_bce)
+    TEST(reshape_flatten_transpose_permute)
+    TEST(slice_values)
+    TEST(concat_values)
+    TEST(index_select_gather_copy)
+    TEST(dropout_values)
+    TEST(layer_norm_values)
+    TEST(batch_norm_training)
+    TEST(batch_norm_eval)
+    TEST(embedding_values)
+    TEST(conv2d_hand_values)
+    TEST(conv2d_groups_bias)
+    TEST(conv2d_against_direct_loop)
+    TEST(conv2d_one_image_against_direct_loop)
+    TEST(conv2d_images_in_threads_match_one_by_one)
+    TEST(pooling_values)
+    TEST(pooling_against_window_loop)
     { NULL, NULL }
 };

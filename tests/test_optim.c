@@ -523,23 +523,23 @@ static int every_optimiser_reduces_loss(void) {
 }
 
 const test_case tests_optim[] = {
-    { "sgd_plain", sgd_plain },
-    { "sgd_weight_decay", sgd_weight_decay },
-    { "sgd_momentum", sgd_momentum },
-    { "sgd_nesterov", sgd_nesterov },
-    { "adam_three_steps", adam_three_steps },
-    { "adam_l2_versus_adamw", adam_l2_versus_adamw },
-    { "rmsprop_plain", rmsprop_plain },
-    { "rmsprop_centered", rmsprop_centered },
-    { "rmsprop_momentum", rmsprop_momentum },
-    { "state_only_what_the_rule_reads", state_only_what_the_rule_reads },
-    { "zero_grad_zeroes", zero_grad_zeroes },
-    { "clip_grad_norm", clip_grad_norm },
-    { "lr_step_schedule", lr_step_schedule },
-    { "lr_cosine_schedule", lr_cosine_schedule },
-    { "set_and_get_lr", set_and_get_lr },
-    { "step_skipped_on_error", step_skipped_on_error },
-    { "linear_regression_converges", linear_regression_converges },
-    { "every_optimiser_reduces_loss", every_optimiser_reduces_loss },
+    TEST(sgd_plain)
+    TEST(sgd_weight_decay)
+    TEST(sgd_momentum)
+    TEST(sgd_nesterov)
+    TEST(adam_three_steps)
+    TEST(adam_l2_versus_adamw)
+    TEST(rmsprop_plain)
+    TEST(rmsprop_centered)
+    TEST(rmsprop_momentum)
+    TEST(state_only_what_the_rule_reads)
+    TEST(zero_grad_zeroes)
+    TEST(clip_grad_norm)
+    TEST(lr_step_schedule)
+    TEST(lr_cosine_schedule)
+    TEST(set_and_get_lr)
+    TEST(step_skipped_on_error)
+    TEST(linear_regression_converges)
+    TEST(every_optimiser_reduces_loss)
     { NULL, NULL }
 };

@@ -557,14 +557,14 @@ static int failed_save_keeps_previous(void) {
 }
 
 const test_case tests_safetensors[] = {
-    { "round_trip_memory", round_trip_memory },
-    { "round_trip_file", round_trip_file },
-    { "half_and_bfloat16", half_and_bfloat16 },
-    { "strict_and_partial", strict_and_partial },
-    { "corrupt_files", corrupt_files },
-    { "names_and_escapes", names_and_escapes },
-    { "resume_matches_bit_for_bit", resume_matches_bit_for_bit },
-    { "checkpoint_mismatches", checkpoint_mismatches },
-    { "failed_save_keeps_previous", failed_save_keeps_previous },
+    TEST(round_trip_memory)
+    TEST(round_trip_file)
+    TEST(half_and_bfloat16)
+    TEST(strict_and_partial)
+    TEST(corrupt_files)
+    TEST(names_and_escapes)
+    TEST(resume_matches_bit_for_bit)
+    TEST(checkpoint_mismatches)
+    TEST(failed_save_keeps_previous)
     { NULL, NULL }
 };

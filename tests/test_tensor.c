@@ -556,22 +556,22 @@ static int scalar_tensor_broadcasts(void) {
 }
 
 const test_case tests_tensor[] = {
-    { "creation_fill", creation_fill },
-    { "arange_values", arange_values },
-    { "rand_uniform_range", rand_uniform_range },
-    { "randn_moments", randn_moments },
-    { "shape_macro", shape_macro },
-    { "rng_same_seed_same_sequence", rng_same_seed_same_sequence },
-    { "rng_pcg32_reference_values", rng_pcg32_reference_values },
-    { "item_get_read_write", item_get_read_write },
-    { "reshape_shares_and_infers", reshape_shares_and_infers },
-    { "detach_cuts_tape", detach_cuts_tape },
-    { "keep_survives_frame_end", keep_survives_frame_end },
-    { "frames_release", frames_release },
-    { "frames_nest", frames_nest },
-    { "frames_repeat_without_allocating", frames_repeat_without_allocating },
-    { "parameter_and_free", parameter_and_free },
-    { "error_message_format", error_message_format },
-    { "scalar_tensor_broadcasts", scalar_tensor_broadcasts },
+    TEST(creation_fill)
+    TEST(arange_values)
+    TEST(rand_uniform_range)
+    TEST(randn_moments)
+    TEST(shape_macro)
+    TEST(rng_same_seed_same_sequence)
+    TEST(rng_pcg32_reference_values)
+    TEST(item_get_read_write)
+    TEST(reshape_shares_and_infers)
+    TEST(detach_cuts_tape)
+    TEST(keep_survives_frame_end)
+    TEST(frames_release)
+    TEST(frames_nest)
+    TEST(frames_repeat_without_allocating)
+    TEST(parameter_and_free)
+    TEST(error_message_format)
+    TEST(scalar_tensor_broadcasts)
     { NULL, NULL }
 };

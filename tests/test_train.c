@@ -181,11 +181,11 @@ static int mlp_learns_digits(void) {
 }
 
 const test_case tests_train[] = {
-    { "steady_loop_allocates_nothing", steady_loop_allocates_nothing },
-    { "steady_cnn_loop_allocates_nothing", steady_cnn_loop_allocates_nothing },
-    { "same_seed_same_losses", same_seed_same_losses },
-    { "leaf_gradients_accumulate", leaf_gradients_accumulate },
-    { "no_grad_and_detach_record_nothing", no_grad_and_detach_record_nothing },
-    { "mlp_learns_digits", mlp_learns_digits },
+    TEST(steady_loop_allocates_nothing)
+    TEST(steady_cnn_loop_allocates_nothing)
+    TEST(same_seed_same_losses)
+    TEST(leaf_gradients_accumulate)
+    TEST(no_grad_and_detach_record_nothing)
+    TEST(mlp_learns_digits)
     { NULL, NULL }
 };
