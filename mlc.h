@@ -2084,29 +2084,31 @@ static float mlc__sigmoidf(float x) {
 
 /* tanh|x| = m / (m + 2) with m = e^(2|x|) - 1, computed whole so that small x loses nothing:
    e^y - 1 = 2^n (e^r - 1) + 2^n - 1, n = round(y / ln 2), |r| <= ln 2 / 2 (degree-7 Taylor).
-   |x| is capped at 9 (tanh rounds to 1 there); the sign is put back. No branches and no libm,
+   |x| is capped at 10 (tanh is 1 there in any precision); the sign is put back. No branches and no libm,
    so the loops around it vectorise (the selects are written as GCC's vectoriser reads them);
-   at most 3.3 ulp from the true value. */
+   at most 3.3 ulp from the true value. NaN is found in the bits, n and 2^n - 1 by conversions
+   to int, so -ffast-math (which folds x != x, rounding tricks and (2^n (e^r - 1)) + (2^n - 1)
+   into 2^n e^r - 1) and x87's wider registers change nothing. */
 static inline float mlc__tanhf(float x) {
-    uint32_t bits, sign;
-    float a, y, k, n, r, m, two_n;
+    uint32_t bits, sign, nan_mask;
+    int32_t n;
+    float a, y, r, m, two_n;
     memcpy(&bits, &x, sizeof bits);
     sign = bits & 0x80000000u;
     bits &= 0x7fffffffu;                                 /* |x| */
-    bits = bits < 0x41100000u ? bits : 0x41100000u;      /* at most 9.0f */
-    bits |= (uint32_t)(x != x) * 0x7fc00000u;            /* a NaN stays NaN */
+    nan_mask = 0u - (uint32_t)(bits > 0x7f800000u);      /* all ones for a NaN */
+    bits = bits < 0x41200000u ? bits : 0x41200000u;      /* at most 10.0f */
     memcpy(&a, &bits, sizeof a);
     y = 2.0f * a;
-    k = y * 1.44269504f + 12582912.0f;                   /* 1.5 2^23 + n: n in the low bits */
-    n = k - 12582912.0f;
-    r = (y - n * 0.693145751953125f) - n * 1.428606765330187e-6f;   /* ln 2 in two parts */
-    memcpy(&bits, &k, sizeof bits);
-    bits = (bits - 0x4b400000u + 127u) << 23;            /* 2^n */
+    n = (int32_t)(y * 1.44269504f + 0.5f);               /* y >= 0: truncation rounds */
+    r = (y - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;   /* ln 2 in two parts */
+    bits = (uint32_t)(n + 127) << 23;                    /* 2^n */
     memcpy(&two_n, &bits, sizeof two_n);
-    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))))) + (two_n - 1.0f);
+    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720
+        + r * (1.0f / 5040)))))))) + (float)((int32_t)two_n - 1);   /* 2^n - 1 exact: no reassociation */
     y = m / (m + 2.0f);
     memcpy(&bits, &y, sizeof bits);
-    bits |= sign;
+    bits = ((bits | sign) & ~nan_mask) | (0x7fc00000u & nan_mask);   /* a NaN stays NaN */
     memcpy(&y, &bits, sizeof y);
     return y;
 }
@@ -2275,7 +2277,10 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
     _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] = zero;
     for (k = 0; k < kc; k++, a += 6, b += 16) {
         memcpy(bk, b, sizeof bk);
-        _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] += bk[j] * a[i];
+        _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) {
+            const mlc__v4 ai = { a[i], a[i], a[i], a[i] };   /* a vector: no excess-precision scalar */
+            _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] += bk[j] * ai;
+        }
     }
     _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
         if (add) { memcpy(&t, c + 4 * j, sizeof t); acc[i][j] += t; }

@@ -23,6 +23,11 @@ extern char test_failure[512];
     snprintf(test_failure, sizeof test_failure, "%s:%d: %s = %.9g, expected %s = %.9g (tol %g)", \
              __FILE__, __LINE__, #a, a_, #b, b_, (double)(tol)); return 0; } } while (0)
 
+/* a == b as floats. A float literal may carry more precision than a float where
+   FLT_EVAL_METHOD is 2 (x87: 0.01f is then 0.01 to 64 bits), so compare through float
+   parameters, which round both. */
+static inline int test_same_float(float a, float b) { return a == b; }
+
 /* A test that cannot run here (a missing optional library) says why; under CI=true a skip
    counts as a failure, since CI installs everything. */
 #define SKIP(...) do { snprintf(test_failure, sizeof test_failure, __VA_ARGS__); return 2; } while (0)

@@ -459,7 +459,8 @@ static int idx_corrupt(void) {
     CHECK(!mlc_idx_from_memory(ctx, bad, sizeof good, 0, "ndim.idx"));
     if (!expect_error(ctx, "ndim.idx", 3, "0 dimensions")) return 0;
     CHECK(!mlc_idx_from_memory(ctx, huge, sizeof huge, 0, "huge.idx"));   /* (2^31 - 1)^3 doubles */
-    if (!expect_error(ctx, "huge.idx", 8, "overflows")) return 0;
+    /* with a 64-bit size_t the product overflows at the third dimension; with 32 bits, at the first */
+    if (!expect_error(ctx, "huge.idx", sizeof(size_t) >= 8 ? 8 : 4, "overflows")) return 0;
     CHECK(!mlc_idx_from_memory(ctx, big_dim, sizeof big_dim, 0, "dim.idx"));
     if (!expect_error(ctx, "dim.idx", 4, "more than a tensor dimension holds")) return 0;
     CHECK(!mlc_idx_from_memory(ctx, good, sizeof good - 1, 0, "short.idx"));   /* short data */

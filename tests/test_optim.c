@@ -385,7 +385,7 @@ static int lr_step_schedule(void) {
     int e;
     for (e = 0; e < 10; e++) CHECK_NEAR(mlc_lr_step(0.1f, e, 3, 0.5f), want[e], 1e-8);
     CHECK_NEAR(mlc_lr_step(1.0f, 100, 10, 0.1f), 1e-10, 1e-15);
-    CHECK(mlc_lr_step(0.3f, 5, 0, 0.5f) == 0.3f);                 /* step_size 0: constant */
+    CHECK(test_same_float(mlc_lr_step(0.3f, 5, 0, 0.5f), 0.3f));                 /* step_size 0: constant */
     return 1;
 }
 
@@ -423,8 +423,9 @@ static int set_and_get_lr(void) {
     mlc_optim *adam = mlc_adam(ctx, NULL, (mlc_adam_config){ 0 });
     mlc_optim *rms = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 });
     CHECK(p && sgd && adam && rms);
-    CHECK(mlc_optim_lr(sgd) == 0.01f && mlc_optim_lr(adam) == 1e-3f && mlc_optim_lr(rms) == 0.01f);   /* PyTorch's defaults */
-    CHECK(mlc_optim_lr(mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.3f })) == 0.3f);
+    CHECK(test_same_float(mlc_optim_lr(sgd), 0.01f) && test_same_float(mlc_optim_lr(adam), 1e-3f)
+          && test_same_float(mlc_optim_lr(rms), 0.01f));   /* PyTorch's defaults */
+    CHECK(test_same_float(mlc_optim_lr(mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.3f })), 0.3f));
     mlc_optim_set_lr(sgd, 0.25f);
     CHECK(mlc_optim_lr(sgd) == 0.25f);
     CHECK(mlc_optim_add_param(sgd, p) == MLC_OK);
