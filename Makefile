@@ -6,7 +6,7 @@ LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/n
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 
-.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples
+.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability
 
 all: examples
 examples: $(EXAMPLES)
@@ -146,3 +146,9 @@ test-interop: $(BUILD)/interop
 # checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist).
 test-examples: $(BUILD)/fashion_mnist
 	sh tests/example_resume.sh $(BUILD)/fashion_mnist
+
+# Other CPUs and compilers: the suite on i686 (x87 floating point) and s390x (big-endian) under
+# qemu-user, and examples/mlp.c giving identical losses with gcc, clang and tcc (needs Debian's
+# gcc-i686-linux-gnu, gcc-s390x-linux-gnu, qemu-user, clang, tcc). About 2 minutes.
+portability:
+	sh tests/portability.sh

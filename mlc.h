@@ -10,8 +10,8 @@ QUICK START
       #define MLC_IMPLEMENTATION
       #include "mlc.h"
       mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 42 });
-      mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 10, 100), mlc_nn_tanh(ctx),
-                                          mlc_nn_linear(ctx, 100, 1), NULL);
+      mlc_module *l1 = mlc_nn_linear(ctx, 10, 100), *l2 = mlc_nn_linear(ctx, 100, 1);  // in order
+      mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_tanh(ctx), l2, NULL);
       mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
       mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10)), *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
       for (int epoch = 0; epoch < 100; epoch++) {
@@ -143,8 +143,18 @@ extern "C" {
    ============================================================================================ */
 
 #define MLC_MAX_DIMS 6
-/* MLC_SHAPE(2, 3) expands to "2, (int[]){2, 3}": the ndim and shape arguments of a creator. */
+/* MLC_SHAPE(2, 3) expands to "2, (int[]){2, 3}": the ndim and shape arguments of a creator.
+   C++ has no compound literals: there a temporary holds the sizes (run-time ones too) until
+   the end of the full expression. */
+#ifdef __cplusplus
+extern "C++" {
+struct mlc__dims { int d[MLC_MAX_DIMS]; };
+template <typename... T> constexpr int mlc__count(T...) { return (int)sizeof...(T); }
+}
+#define MLC_SHAPE(...) mlc__count(__VA_ARGS__), mlc__dims{ { __VA_ARGS__ } }.d
+#else
 #define MLC_SHAPE(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (const int[]){__VA_ARGS__}
+#endif
 
 typedef struct mlc_ctx mlc_ctx;
 typedef struct mlc_tensor mlc_tensor;
@@ -692,6 +702,19 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #define MLC_COSF cosf
 #endif
 
+/* Sums of many floats (reductions, softmax, norms, losses) run in mlc__sum_t: double by
+   default, so long sums keep their digits; float under MLC_FLOAT_ONLY, for FPUs without double
+   (Cortex-M4F), where every double operation is a call into software emulation. */
+#ifdef MLC_FLOAT_ONLY
+typedef float mlc__sum_t;
+#define MLC__SUM_LOG MLC_LOGF
+#define MLC__SUM_SQRT MLC_SQRTF
+#else
+typedef double mlc__sum_t;
+#define MLC__SUM_LOG log
+#define MLC__SUM_SQRT sqrt
+#endif
+
 /* x86 with GCC or Clang: a few kernels are also compiled for AVX2 (+FMA) and AVX-512 and
    picked at run time (mlc__cpu_avx2), so a plain -O2 build still runs them at full width. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -701,10 +724,17 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #define MLC__X86 0
 #endif
 
-/* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. */
+/* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. An
+   `omp simd` is a hint: Clang warns (-Wpass-failed) where a map with branches or libm calls
+   stays scalar, so that warning is off inside the implementation (popped at its end). */
 #ifdef _OPENMP
 #include <omp.h>
 #define MLC__OMP(x) _Pragma(#x)
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wpass-failed"
+#define MLC__OMP_DIAGNOSTIC_PUSHED 1
+#endif
 #else
 #define MLC__OMP(x)
 #endif
@@ -886,7 +916,7 @@ static void mlc__format(char *buf, size_t cap, const char *fmt, ...) {
 }
 
 static void mlc__log(mlc_ctx *ctx, mlc_log_level level, const char *message) {
-    if (ctx->config.log) { ctx->config.log(level, message, ctx->config.log_user); return; }
+    if (ctx->config.log) { (ctx->config.log)(level, message, ctx->config.log_user); return; }
 #ifndef MLC_NO_STDIO
     if (!ctx->config.quiet && level != MLC_LOG_INFO)
         fprintf(stderr, "mlc: %s: %s\n", level == MLC_LOG_ERROR ? "error" : "warning", message);
@@ -920,7 +950,7 @@ static void *mlc__heap_alloc(mlc_ctx *ctx, size_t bytes) {
     size_t total;
     if (!mlc__size(bytes, 1, MLC__HEADER, &total)) return NULL;
     p = (unsigned char *)(ctx->config.allocator.alloc
-            ? ctx->config.allocator.alloc(total, ctx->config.allocator.user)
+            ? (ctx->config.allocator.alloc)(total, ctx->config.allocator.user)
             : malloc(total));
     if (!p) return NULL;
     memcpy(p, &bytes, sizeof bytes);
@@ -938,7 +968,7 @@ static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
     memcpy(&bytes, p, sizeof bytes);
     ctx->stats.frees++;
     ctx->stats.bytes_current -= bytes;
-    if (ctx->config.allocator.free) ctx->config.allocator.free(p, ctx->config.allocator.user);
+    if (ctx->config.allocator.free) (ctx->config.allocator.free)(p, ctx->config.allocator.user);
     else free(p);
 }
 
@@ -1130,7 +1160,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     size_t bytes = sizeof(mlc_ctx) + MLC__HEADER;
     if (config) cfg = *config; else memset(&cfg, 0, sizeof cfg);
     if (!cfg.allocator.alloc != !cfg.allocator.free) return NULL;    /* all or none */
-    raw = (unsigned char *)(cfg.allocator.alloc ? cfg.allocator.alloc(bytes, cfg.allocator.user) : malloc(bytes));
+    raw = (unsigned char *)(cfg.allocator.alloc ? (cfg.allocator.alloc)(bytes, cfg.allocator.user) : malloc(bytes));
     if (!raw) return NULL;
     memset(raw, 0, bytes);
     memcpy(raw, &bytes, sizeof bytes);
@@ -1168,7 +1198,7 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
     for (b = ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
     a = ctx->config.allocator;
-    if (a.free) a.free((unsigned char *)ctx - MLC__HEADER, a.user);
+    if (a.free) (a.free)((unsigned char *)ctx - MLC__HEADER, a.user);
     else free((unsigned char *)ctx - MLC__HEADER);
 }
 
@@ -1325,7 +1355,7 @@ static float mlc__setting(float v, float def) {
 static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
                          int below_hi) {
     if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
-    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi,
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, (double)v, (double)lo, (double)hi,
               below_hi ? ')' : ']');
     return 0;
 }
@@ -1586,12 +1616,13 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     double count;
     int n, i;
     if (!ctx || ctx->error) return NULL;
-    count = step != 0.0f ? ceil(((double)stop - start) / step) : -1.0;
+    count = step != 0.0f ? ceil(((double)stop - (double)start) / (double)step) : -1.0;
     if (step == 0.0f || count > 2147483647.0)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", start, stop, step);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", (double)start,
+                                       (double)stop, (double)step);
     n = count > 0 ? (int)count : 0;
     t = mlc__new(ctx, "mlc_arange", 1, &n, 0);
-    if (t) for (i = 0; i < n; i++) t->data[i] = (float)(start + (double)i * step);
+    if (t) for (i = 0; i < n; i++) t->data[i] = (float)((double)start + (double)i * (double)step);
     return t;
 }
 
@@ -1800,7 +1831,8 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
     if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
-        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, v, where, limit);
+        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, (double)v, where,
+                  limit);
         return -1;
     }
     return (int)v;
@@ -2206,7 +2238,7 @@ MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
     if (x && !x->ctx->error && !(lo <= hi))
-        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", lo, hi);
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo, (double)hi);
     return mlc__unary(MLC__CLAMP, x, lo, hi);
 }
 MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
@@ -2577,7 +2609,7 @@ static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A
     }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
-    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
+    mlc__parallel((size_t)N, (size_t)((double)MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
 }
 
 #endif /* !MLC_USE_CBLAS */
@@ -2594,7 +2626,7 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay any setting up */
+    if (K <= 0 || (double)M * N * K < (double)MLC__GEMM_SMALL) {   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
@@ -2605,7 +2637,7 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
     if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
         const mlc__gemm_arch *g = mlc__gemm_pick();
-        int threads = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__threads();
+        int threads = (double)M * N * K < (double)MLC__GEMM_PARALLEL ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
         work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
         if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
@@ -2619,7 +2651,7 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
     if (!ctx || ctx->error) return;
     if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
-                  M, N, K, beta);
+                  M, N, K, (double)beta);
         return;
     }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
@@ -2759,10 +2791,12 @@ static void mlc__reduce_backward(mlc__node *n) {
             float gv = g[o * inner + k];
             if (kind == MLC__MAX) { gx[base + (size_t)argmax[o * inner + k] * inner] += gv; continue; }
             if (kind == MLC__VAR) {
-                double mean = 0.0;
-                for (i = 0; i < len; i++) mean += x->data[base + (size_t)i * inner];
-                mean /= len;
-                for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += gv * 2.0f * (float)(x->data[base + (size_t)i * inner] - mean) / denom;
+                mlc__sum_t mean = 0;
+                for (i = 0; i < len; i++) mean += (mlc__sum_t)x->data[base + (size_t)i * inner];
+                mean /= (mlc__sum_t)len;
+                for (i = 0; i < len; i++)
+                    gx[base + (size_t)i * inner] += gv * 2.0f * (float)((mlc__sum_t)x->data[base + (size_t)i * inner] - mean)
+                                                    / denom;
                 continue;
             }
             for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += kind == MLC__SUM ? gv : gv / denom;
@@ -2800,7 +2834,7 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     for (o = 0; where == 0 && o < outer; o++)
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
-            double s = 0.0, mean;
+            mlc__sum_t s = 0, mean, d;
             float best;
             int at = 0;
             switch (kind) {
@@ -2811,14 +2845,14 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
                 out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
                 break;
             case MLC__VAR:
-                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
-                mean = s / len; s = 0.0;
-                for (i = 0; i < len; i++) s += (p[(size_t)i * inner] - mean) * (p[(size_t)i * inner] - mean);
-                out->data[o * inner + k] = (float)(s / (len - unbiased));
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                mean = s / (mlc__sum_t)len; s = 0;
+                for (i = 0; i < len; i++) { d = (mlc__sum_t)p[(size_t)i * inner] - mean; s += d * d; }
+                out->data[o * inner + k] = (float)(s / (mlc__sum_t)(len - unbiased));
                 break;
             case MLC__SUM: case MLC__MEAN:
-                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
-                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / len : s);
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / (mlc__sum_t)len : s);
                 break;
             case MLC__REDUCE_COUNT: break;
             }
@@ -2897,10 +2931,10 @@ static void mlc__softmax_backward(mlc__node *n) {
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
             size_t base = o * len * inner + k;
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (i = 0; i < len; i++) {
                 size_t at = base + (size_t)i * inner;
-                s += is_log ? y->grad[at] : y->grad[at] * y->data[at];
+                s += (mlc__sum_t)(is_log ? y->grad[at] : y->grad[at] * y->data[at]);
             }
             for (i = 0; i < len; i++) {
                 size_t at = base + (size_t)i * inner;
@@ -2927,11 +2961,11 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
             float *q = out->data + o * len * inner + k, m = p[0];
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
-            for (i = 0; i < len; i++) s += MLC_EXPF(p[(size_t)i * inner] - m);
+            for (i = 0; i < len; i++) s += (mlc__sum_t)MLC_EXPF(p[(size_t)i * inner] - m);
             for (i = 0; i < len; i++)
-                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)log(s)
+                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)MLC__SUM_LOG(s)
                                               : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
         }
     mlc__record(&call);
@@ -2958,18 +2992,18 @@ static float mlc__loss_scale(const mlc__node *n, size_t i) {
 
 /* The output of a loss: one value per element (none) or a scalar. */
 static mlc_tensor *mlc__loss_make(mlc_ctx *ctx, const char *op, mlc_reduction red, int ndim, const int *shape) {
-    if ((int)red < MLC_REDUCE_MEAN || (int)red > MLC_REDUCE_NONE)
+    if ((unsigned)red > (unsigned)MLC_REDUCE_NONE)            /* negative too */
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: unknown reduction %d", op, (int)red);
     return mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
 }
 
 /* ... filled from per-element values l[0..count): l itself for none, else their sum or mean. */
 static void mlc__loss_reduce(mlc_tensor *out, mlc_reduction red, const float *l, size_t count, size_t counted) {
-    double s = 0.0;
+    mlc__sum_t s = 0;
     size_t i;
     if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return; }
-    for (i = 0; i < count; i++) s += l[i];
-    out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (double)counted : s);
+    for (i = 0; i < count; i++) s += (mlc__sum_t)l[i];
+    out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (mlc__sum_t)counted : s);
 }
 
 static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved probs) and nll */
@@ -3021,11 +3055,11 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
         if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
         if (softmax_first) {
             float m = row[0];
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
-            for (c = 0; c < C; c++) s += MLC_EXPF(row[c] - m);
+            for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
             for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
-            l[i] = (float)(log(s) - (row[tc] - m));
+            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(row[tc] - m));
         } else l[i] = -row[tc];
     }
     mlc__loss_reduce(out, red, l, (size_t)N, counted);
@@ -3471,7 +3505,8 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     size_t i;
     int where;
     MLC__ENTER("mlc_dropout", x);
-    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]", p);
+    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]",
+                                                                    (double)p);
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
@@ -3501,14 +3536,14 @@ static void mlc__layer_norm_backward(mlc__node *n) {
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D, *gr = g + r * D;
         float mu = stats[2 * r], rs = stats[2 * r + 1];
-        double mean_gh = 0.0, mean_ghx = 0.0;
+        mlc__sum_t mean_gh = 0, mean_ghx = 0;
         for (j = 0; j < D; j++) {
             float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
-            mean_gh += gh; mean_ghx += gh * xh;
+            mean_gh += (mlc__sum_t)gh; mean_ghx += (mlc__sum_t)(gh * xh);
             if (gw) gw[j] += gr[j] * xh;
             if (gb) gb[j] += gr[j];
         }
-        mean_gh /= D; mean_ghx /= D;
+        mean_gh /= (mlc__sum_t)D; mean_ghx /= (mlc__sum_t)D;
         if (gx)
             for (j = 0; j < D; j++) {
                 float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
@@ -3541,12 +3576,12 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     if (!(stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm"))) return NULL;
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D;
-        double s = 0.0, v = 0.0, mu;
-        for (j = 0; j < D; j++) s += xr[j];
-        mu = s / D;
-        for (j = 0; j < D; j++) v += (xr[j] - mu) * (xr[j] - mu);
+        mlc__sum_t s = 0, v = 0, mu, d;
+        for (j = 0; j < D; j++) s += (mlc__sum_t)xr[j];
+        mu = s / (mlc__sum_t)D;
+        for (j = 0; j < D; j++) { d = (mlc__sum_t)xr[j] - mu; v += d * d; }
         stats[2 * r] = (float)mu;
-        stats[2 * r + 1] = (float)(1.0 / sqrt(v / D + eps));
+        stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
         for (j = 0; j < D; j++)
             out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1] * (weight ? weight->data[j] : 1.0f) + (bias ? bias->data[j] : 0.0f);
     }
@@ -3563,12 +3598,12 @@ static void mlc__batch_norm_backward(mlc__node *n) {
     size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), k, M = (size_t)N * inner;
     for (c = 0; c < C; c++) {
         float mu = stats[2 * c], rs = stats[2 * c + 1], wc = w ? w->data[c] : 1.0f;
-        double sum_g = 0.0, sum_gx = 0.0;
+        mlc__sum_t sum_g = 0, sum_gx = 0;
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
                 float xh = (x->data[at] - mu) * rs;
-                sum_g += g[at]; sum_gx += g[at] * xh;
+                sum_g += (mlc__sum_t)g[at]; sum_gx += (mlc__sum_t)(g[at] * xh);
             }
         if (gw) gw[c] += (float)sum_gx;
         if (gb) gb[c] += (float)sum_g;
@@ -3624,19 +3659,20 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (training && running_var) mlc__host_wrote(running_var);
     if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
     for (c = 0; c < C; c++) {
-        double mu, var;
+        mlc__sum_t mu, var;
         if (training) {
-            double s = 0.0, v = 0.0;
-            for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x->data[((size_t)i * C + c) * inner + k];
-            mu = s / M;
+            mlc__sum_t s = 0, v = 0, d;
             for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) { double d = x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
-            var = v / M;
+                for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
+            mu = s / (mlc__sum_t)M;
+            for (i = 0; i < N; i++)
+                for (k = 0; k < inner; k++) { d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
+            var = v / (mlc__sum_t)M;
             if (running_mean) running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
             if (running_var) running_var->data[c] = (1.0f - momentum) * running_var->data[c] + momentum * (float)(v / (M - 1));
-        } else { mu = running_mean->data[c]; var = running_var->data[c]; }
+        } else { mu = (mlc__sum_t)running_mean->data[c]; var = (mlc__sum_t)running_var->data[c]; }
         stats[2 * c] = (float)mu;
-        stats[2 * c + 1] = (float)(1.0 / sqrt(var + eps));
+        stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
@@ -3951,10 +3987,10 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         if (argmax) argmax[oh * OW + ow] = at;   /* kept when a backward will come */
         y[oh * OW + ow] = best;
     } else {
-        double sum = 0.0;
+        mlc__sum_t sum = 0;
         for (ih = h0; ih < h1; ih++)
-            for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / (job->K * job->K));
+            for (iw = w0; iw < w1; iw++) sum += (mlc__sum_t)p[ih * W + iw];
+        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)(job->K * job->K));
     }
 }
 
@@ -4146,7 +4182,7 @@ static double mlc__project(mlc_tensor *y, const float *r) {
     const float *v = mlc__host(y);
     double s = 0.0;
     size_t i;
-    for (i = 0; i < y->size; i++) s += (double)v[i] * r[i];
+    for (i = 0; i < y->size; i++) s += (double)v[i] * (double)r[i];
     return s;
 }
 
@@ -4225,7 +4261,7 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
             mlc_frame_end(f);
             if (ctx->error) { ok = 0; break; }
             numeric = (plus - minus) / (2.0 * o.eps);
-            err = fabs(analytic[k][i] - numeric);
+            err = fabs((double)analytic[k][i] - numeric);
             if (rep.worst_input < 0 || err > rep.max_abs_error) {
                 rep.max_abs_error = err; rep.worst_input = k; rep.worst_index = i;
                 rep.analytic = analytic[k][i]; rep.numeric = numeric;
@@ -4271,27 +4307,27 @@ MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain
     double fi, fo, bound;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    bound = sqrt(2.0 / (1.0 + (double)a * a)) * sqrt(3.0 / fi);
+    bound = sqrt(2.0 / (1.0 + (double)a * (double)a)) * sqrt(3.0 / fi);
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a) {    /* std = gain / √fan_in */
     double fi, fo;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * a)) / sqrt(fi)));
+    mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * (double)a)) / sqrt(fi)));
 }
 MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) { /* bound = gain √(6 / (fan_in + fan_out)) */
     double fi, fo, bound;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    bound = gain * sqrt(6.0 / (fi + fo));
+    bound = (double)gain * sqrt(6.0 / (fi + fo));
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain) {  /* std = gain √(2 / (fan_in + fan_out)) */
     double fi, fo;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    mlc_init_normal(t, 0.0f, (float)(gain * sqrt(2.0 / (fi + fo))));
+    mlc_init_normal(t, 0.0f, (float)((double)gain * sqrt(2.0 / (fi + fo))));
 }
 
 /* ============================================================================================
@@ -4765,7 +4801,7 @@ static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT 
     const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
     const float l2 = o->kind == MLC__ADAM ? o->weight_decay : 0.0f;
     const float shrink = o->kind == MLC__ADAMW ? 1.0f - o->lr * o->weight_decay : 1.0f;
-    const float step = (float)(o->lr / (1.0 - pow((double)b1, (double)o->t)));
+    const float step = (float)((double)o->lr / (1.0 - pow((double)b1, (double)o->t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)o->t)));
     size_t j;
     MLC__OMP(omp simd)
@@ -4857,10 +4893,10 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
     for (i = 0; i < opt->count; i++) {
         const float *g = mlc__host_grad(opt->params[i]);   /* the norm is read on the host */
         if (!g) return 0.0f;
-        for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * g[j];
+        for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * (double)g[j];
     }
     total = sqrt(total);
-    scale = (float)(max_norm / (total + 1e-6));
+    scale = (float)((double)max_norm / (total + 1e-6));
     if (scale < 1.0f)
         for (i = 0; i < opt->count; i++) {
             for (j = 0; j < opt->params[i]->size; j++) opt->params[i]->grad[j] *= scale;
@@ -5532,7 +5568,7 @@ static int mlc__csv_scan(mlc__csv *c, float *out) {
             while (from < to && (*from == ' ' || *from == '\t')) from++;
             while (to > from && (to[-1] == ' ' || to[-1] == '\t')) to--;
             kind = mlc__parse_number(from, to, &v);
-            if (!kind || (kind == 1 && fabs(v) > FLT_MAX)) {                  /* 1e39 is no float */
+            if (!kind || (kind == 1 && fabs(v) > (double)FLT_MAX)) {                  /* 1e39 is no float */
                 char field[40];
                 size_t n = (size_t)(to - from) < sizeof field - 4 ? (size_t)(to - from) : sizeof field - 4;
                 memcpy(field, from, n);
@@ -6319,7 +6355,7 @@ static void mlc__st_convert(const unsigned char *p, int dtype, float *out, size_
         case MLC__BOOL: d = v != 0; break;
         default: d = (double)v; break;                  /* the unsigned integers */
         }
-        out[i] = d > FLT_MAX ? HUGE_VALF : d < -FLT_MAX ? -HUGE_VALF : (float)d;
+        out[i] = d > (double)FLT_MAX ? HUGE_VALF : d < -(double)FLT_MAX ? -HUGE_VALF : (float)d;
     }
 }
 
@@ -6982,6 +7018,9 @@ static const mlc__backend *mlc__registry(int i) {
     };
     return i >= 0 && i < (int)(sizeof list / sizeof list[0]) ? list[i] : NULL;
 }
+#ifdef MLC__OMP_DIAGNOSTIC_PUSHED
+#pragma clang diagnostic pop
+#endif
 #endif /* MLC_IMPLEMENTATION_DONE */
 #endif /* MLC_IMPLEMENTATION */
 

@@ -1941,7 +1941,7 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
         cl_float l2 = opt->kind == MLC__ADAM ? opt->weight_decay : 0.0f;
         cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
-        cl_float step = (float)(opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
+        cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
                                MLC__CL_ARG(b1), MLC__CL_ARG(b2), MLC__CL_ARG(eps), MLC__CL_ARG(l2), MLC__CL_ARG(shrink),
