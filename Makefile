@@ -4,7 +4,7 @@ CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
 LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
-EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop
 
