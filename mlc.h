@@ -401,8 +401,9 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N
    softmax(q kᵀ scale + mask) v with q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv];
    rank 2 to 4, the same leading dims (batch, heads) on all three. opts (zero: none, default):
    mask is added to the scores and broadcasts to [..., T, S] ([T, S]; [B, 1, 1, S] for padding;
-   -INFINITY hides a key); it takes no gradient. causal hides the keys j > i from query i (all
-   keys hidden gives NaN, as in PyTorch). dropout zeroes that share of the weights, drawn from the
+   -INFINITY hides a key); it takes no gradient (one that requires a gradient is MLC_ERR_ARG).
+   causal hides the keys j > i from query i, top-left aligned as PyTorch's is_causal (all keys
+   hidden gives NaN, as in PyTorch). dropout zeroes that share of the weights, drawn from the
    context's RNG, and scales the rest by 1 / (1 - dropout). scale 0: 1/√D (MLC_ZERO: 0). The CPU
    holds one head's [T, S] scores per thread; backward recomputes them from each row's saved
    log-sum-exp. */
