@@ -15,6 +15,7 @@ import os
 import struct
 import sys
 import time
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -139,7 +140,8 @@ class GPTBlock(nn.Module):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(embd), nn.LayerNorm(embd)
         self.attn = nn.MultiheadAttention(embd, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(embd, 4 * embd), nn.GELU(), nn.Linear(4 * embd, embd))
+        self.mlp = nn.Sequential(OrderedDict(c_fc=nn.Linear(embd, 4 * embd), gelu=nn.GELU(),
+                                             c_proj=nn.Linear(4 * embd, embd)))
 
     def forward(self, x, mask):
         h = self.ln_1(x)
@@ -148,6 +150,8 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
+    """examples/gpt_model.h's GPT, with the same state-dict names (gpt --save loads into it)."""
+
     def __init__(self, vocab):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, GPT_EMBD), nn.Embedding(GPT_BLOCK, GPT_EMBD)
@@ -156,7 +160,8 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(GPTBlock(GPT_EMBD, GPT_HEADS) for _ in range(GPT_LAYERS))
         self.ln_f = nn.LayerNorm(GPT_EMBD)
         self.lm_head = nn.Linear(GPT_EMBD, vocab, bias=False)
-        self.register_buffer("mask", torch.triu(torch.full((GPT_BLOCK, GPT_BLOCK), float("-inf")), 1))
+        self.register_buffer("mask", torch.triu(torch.full((GPT_BLOCK, GPT_BLOCK), float("-inf")), 1),
+                             persistent=False)
 
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
