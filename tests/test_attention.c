@@ -350,8 +350,17 @@ static int multihead_attention_values(void) {
     CHECK(y && y->shape[0] == 2 && y->shape[1] == 3 && y->shape[2] == 4);
     CHECK_TENSOR(y, m_cross, 1e-5);
     CHECK(mlc_forward_attention(m, x, key, x, NULL, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    CHECK(strstr(mlc_error_message(ctx), "mlc_forward_attention") && strstr(mlc_error_message(ctx), "[2, 3, 4]"));
     mlc_clear_error(ctx);
     CHECK(mlc_nn_multihead_attention(ctx, 6, 4) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_forward_attention(mlc_nn_relu(ctx), x, x, x, NULL, 0) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_forward_attention(m, x, NULL, x, NULL, 0) == NULL && mlc_error(ctx) == MLC_ERR_NULL);
+    mlc_clear_error(ctx);
+    CHECK(mlc_forward_attention(NULL, x, x, x, NULL, 0) == NULL && mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_nn_multihead_attention(NULL, 4, 2) == NULL);
+    CHECK(mlc_attention(NULL, NULL, NULL, opts_of(NULL, 0, 0.0f, 0.0f)) == NULL);
     test_destroy(ctx);
     return 1;
 }
