@@ -4,7 +4,7 @@ CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
 LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
-EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability
 
@@ -129,7 +129,7 @@ fuzz: $(BUILD)/fuzz-safetensors
 	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/safetensors.dict \
 	    $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
 
-# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes three models and a
+# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes four models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
 # mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3

@@ -407,6 +407,18 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
+/* Scaled dot-product attention, torch.nn.functional.scaled_dot_product_attention:
+   softmax(q kᵀ scale + mask) v with q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv];
+   rank 2 to 4, the same leading dims (batch, heads) on all three. opts (zero: none, default):
+   mask is added to the scores and broadcasts to [..., T, S] ([T, S]; [B, 1, 1, S] for padding;
+   -INFINITY hides a key); it takes no gradient (one that requires a gradient is MLC_ERR_ARG).
+   causal hides the keys j > i from query i, top-left aligned as PyTorch's is_causal (all keys
+   hidden gives NaN, as in PyTorch). dropout zeroes that share of the weights, drawn from the
+   context's RNG, and scales the rest by 1 / (1 - dropout). scale 0: 1/√D (MLC_ZERO: 0). The CPU
+   holds one head's [T, S] scores per thread; backward recomputes them from each row's saved
+   log-sum-exp. */
+typedef struct mlc_attention_opts { mlc_tensor *mask; int causal; float dropout, scale; } mlc_attention_opts;
+MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts);
 
 /* ============================================================================================
    Public API: autograd
@@ -450,7 +462,7 @@ struct mlc_module {
     mlc_module **children;
     char **child_names;
     mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
-    int kernel;                         /* pools */
+    int kernel;                         /* pools; MultiheadAttention: num_heads */
     float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
     void *user;                         /* for modules you write */
 };
@@ -473,6 +485,15 @@ MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx);
 MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride);
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride);
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx);
+/* torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True) with its parameter names
+   (in_proj_weight [3E, E], in_proj_bias [3E], out_proj.weight [E, E], out_proj.bias [E]), so its
+   state dict loads. mlc_forward(m, x [B, T, E]) is self-attention; mlc_forward_attention takes
+   query [B, T, E], key and value [B, S, E], an additive mask broadcasting to [B, heads, T, S]
+   (or NULL; mlc_attention's rules) and the causal flag. Gives the output only (no weights).
+   m->alpha is the dropout on the attention weights in training (default 0). */
+MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int num_heads);
+MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_tensor *key, mlc_tensor *value,
+                                         mlc_tensor *mask, int causal);
 MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL */
 /* Your own module: forward gets the module; add parameters, buffers and children by name. */
 MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn forward, void *user);
@@ -1233,10 +1254,18 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
     X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
     X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
-    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward)
+    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
+    X(ATTENTION, mlc__attention_backward)
 #define MLC__OP_ENUM(name, backward) MLC__OP_##name,
 typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
 #undef MLC__OP_ENUM
+
+typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
+    int B, H, T, S, D, Dv, causal;
+    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
+    unsigned seed;                      /* dropout's draws */
+    float scale, dropout;
+} mlc__attention_args;
 
 /* An op's arguments, by op (loss: class_loss and pointwise_loss) */
 typedef union mlc__args {
@@ -1255,6 +1284,7 @@ typedef union mlc__args {
     struct { float eps; } layer_norm;
     struct { int training; float momentum, eps; } batch_norm;
     struct { int kernel, stride, padding, is_max; } pool;
+    mlc__attention_args attention;
 } mlc__args;
 
 typedef struct mlc__node mlc__node;
@@ -4094,6 +4124,215 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
 }
 
 /* ============================================================================================
+   Attention, per head (b, h): q [T, D], k [S, D], v [S, Dv]; M the additive mask, causal
+   positions j > i at -∞, m the dropout keep-scale (0 or 1 / (1 - p)), scale s
+     s_ij = s q_i·k_j + M_ij,  ℓ_i = log Σ_j e^(s_ij),  P_ij = e^(s_ij - ℓ_i),  y_i = Σ_j m_ij P_ij v_j
+     dP_ij = m_ij g_i·v_j,  Δ_i = Σ_j P_ij dP_ij,  dS_ij = P_ij (dP_ij - Δ_i)
+     dq_i = s Σ_j dS_ij k_j,  dk_j = s Σ_i dS_ij q_i,  dv_j = Σ_i m_ij P_ij g_i
+   Forward saves only ℓ ([B, H, T]); backward recomputes P. Each thread takes whole heads and
+   holds one head's [T, S] scores (backward: two such blocks); the products are mlc's GEMM.
+   Dropout draws m from a hash of (seed, position), the same on every backend, so backward and
+   the device see the mask the forward used without storing it.
+   ============================================================================================ */
+
+/* The keep-scale of weight `at` for dropout p with `seed` (the OpenCL kernels' mlc_dropout_scale). */
+static float mlc__dropout_scale(uint32_t seed, uint32_t at, float p) {
+    uint32_t h = seed ^ (at * 0x9E3779B9u);
+    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f;
+}
+
+typedef struct mlc__attention_job {
+    mlc_ctx *ctx;
+    const mlc__attention_args *a;
+    const float *q, *k, *v, *mask, *lse, *g;   /* g: the output's gradient (backward) */
+    float *y, *save_lse, *gq, *gk, *gv;
+    float *scratch;                     /* per piece: blocks of [T, S], then the GEMM's packing space */
+    size_t block_floats, work_floats, piece_floats;
+} mlc__attention_job;
+
+/* Head bh's scores into s [T, S]: s q kᵀ + mask, -∞ where causal hides the key. */
+static void mlc__attention_scores(const mlc__attention_job *job, size_t bh, float *s, float *work) {
+    const mlc__attention_args *a = job->a;
+    const int T = a->T, S = a->S, D = a->D, *ms = a->mask_stride;
+    const size_t b = bh / (size_t)a->H, h = bh % (size_t)a->H;
+    const float *mask = job->mask ? job->mask + b * (size_t)ms[0] + h * (size_t)ms[1] : NULL;
+    int i, j;
+    mlc__gemm(job->ctx, 0, 1, T, S, D, job->q + bh * T * D, job->k + bh * S * D, 0.0f, s, work);
+    for (i = 0; i < T; i++)
+        for (j = 0; j < S; j++) {
+            float *at = s + (size_t)i * S + j, add = mask ? mask[i * (size_t)ms[2] + j * (size_t)ms[3]] : 0;
+            *at = a->causal && j > i ? -INFINITY : *at * a->scale + add;
+        }
+}
+
+/* Row i of head bh's scores becomes its weights in place: P_ij = e^(s_ij - ℓ_i), times m_ij
+   when `drop` (and dropout is on). */
+static void mlc__attention_weights(const mlc__attention_args *a, size_t bh, int i, float *row, float lse,
+                                   int drop) {
+    const uint32_t first = (uint32_t)((bh * (size_t)a->T + (size_t)i) * (size_t)a->S);
+    int j;
+    for (j = 0; j < a->S; j++) {
+        row[j] = MLC_EXPF(row[j] - lse);
+        if (drop && a->dropout > 0.0f) row[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, a->dropout);
+    }
+}
+
+static void mlc__attention_heads(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__attention_job *job = (const mlc__attention_job *)arg;
+    const int T = job->a->T, S = job->a->S, Dv = job->a->Dv;
+    float *s = job->scratch + (size_t)piece * job->piece_floats;
+    float *work = job->work_floats ? s + job->block_floats : NULL;
+    size_t bh;
+    int i, j;
+    for (bh = begin; bh < end; bh++) {
+        mlc__attention_scores(job, bh, s, work);
+        for (i = 0; i < T; i++) {                        /* ℓ_i = m + log Σ e^(s - m), m the row's max */
+            float *row = s + (size_t)i * S, m = -INFINITY, lse;
+            mlc__sum_t sum = 0;
+            for (j = 0; j < S; j++) if (row[j] > m) m = row[j];
+            for (j = 0; j < S; j++) sum += (mlc__sum_t)MLC_EXPF(row[j] - m);
+            lse = m + (float)MLC__SUM_LOG(sum);
+            job->save_lse[bh * T + (size_t)i] = lse;
+            mlc__attention_weights(job->a, bh, i, row, lse, 1);
+        }
+        mlc__gemm(job->ctx, 0, 0, T, Dv, S, s, job->v + bh * S * Dv, 0.0f, job->y + bh * T * Dv, work);
+    }
+}
+
+static void mlc__attention_backward_heads(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__attention_job *job = (const mlc__attention_job *)arg;
+    const mlc__attention_args *a = job->a;
+    const int T = a->T, S = a->S, D = a->D, Dv = a->Dv;
+    float *P = job->scratch + (size_t)piece * job->piece_floats, *dS = P + job->block_floats;
+    float *work = job->work_floats ? dS + job->block_floats : NULL;
+    size_t bh;
+    int i, j;
+    for (bh = begin; bh < end; bh++) {
+        const float *g = job->g + bh * T * Dv, *q = job->q + bh * T * D, *k = job->k + bh * S * D;
+        mlc__attention_scores(job, bh, P, work);
+        mlc__gemm(job->ctx, 0, 1, T, S, Dv, g, job->v + bh * S * Dv, 0.0f, dS, work);   /* g vᵀ */
+        for (i = 0; i < T; i++) {
+            float *prow = P + (size_t)i * S, *drow = dS + (size_t)i * S;
+            const uint32_t first = (uint32_t)((bh * (size_t)T + (size_t)i) * (size_t)S);
+            const float p = a->dropout;
+            mlc__sum_t delta = 0;
+            mlc__attention_weights(a, bh, i, prow, job->lse[bh * T + (size_t)i], 0);
+            for (j = 0; j < S; j++) {
+                if (p > 0.0f) drow[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, p);
+                delta += (mlc__sum_t)prow[j] * (mlc__sum_t)drow[j];
+            }
+            for (j = 0; j < S; j++) {                    /* dS (times s), and P becomes m P for dv */
+                drow[j] = prow[j] * (drow[j] - (float)delta) * a->scale;
+                if (p > 0.0f) prow[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, p);
+            }
+        }
+        if (job->gv) mlc__gemm(job->ctx, 1, 0, S, Dv, T, P, g, 1.0f, job->gv + bh * S * Dv, work);
+        if (job->gq) mlc__gemm(job->ctx, 0, 0, T, D, S, dS, k, 1.0f, job->gq + bh * T * D, work);
+        if (job->gk) mlc__gemm(job->ctx, 1, 0, S, D, T, dS, q, 1.0f, job->gk + bh * S * D, work);
+    }
+}
+
+/* Plan the job over the heads of node n: threads take whole heads (their products on their
+   thread) unless products go through a hook or BLAS; each piece has `blocks` [T, S] blocks. */
+static int mlc__attention_plan(mlc__attention_job *job, size_t *parallel_from, const mlc__node *n, int blocks,
+                               const char *op) {
+    const mlc__attention_args *a = &n->args.attention;
+    mlc_ctx *ctx = n->out->ctx;
+    size_t products[6], most = 0;
+    int i, pieces;
+    memset(job, 0, sizeof *job);
+    job->ctx = ctx; job->a = a;
+    job->q = n->in[0]->data; job->k = n->in[1]->data; job->v = n->in[2]->data;
+    job->mask = n->in[3] ? n->in[3]->data : NULL;
+    *parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
+    pieces = mlc__pieces((size_t)a->B * (size_t)a->H, *parallel_from);
+    products[0] = mlc__gemm_work(a->T, a->S, a->D); products[1] = mlc__gemm_work(a->T, a->Dv, a->S);
+    products[2] = mlc__gemm_work(a->T, a->S, a->Dv); products[3] = mlc__gemm_work(a->S, a->Dv, a->T);
+    products[4] = mlc__gemm_work(a->T, a->D, a->S); products[5] = mlc__gemm_work(a->S, a->D, a->T);
+    for (i = 0; i < 6; i++) if (products[i] > most) most = products[i];
+    job->block_floats = ((size_t)a->T * (size_t)a->S + 15) / 16 * 16;
+    job->work_floats = pieces > 1 ? most : 0;
+    job->piece_floats = (size_t)blocks * job->block_floats + job->work_floats;
+    job->scratch = mlc__floats(ctx, (size_t)pieces * job->piece_floats, op);
+    return job->scratch != NULL;
+}
+
+static void mlc__attention_backward(mlc__node *n) {
+    mlc__attention_job job;
+    size_t parallel_from, heads = (size_t)n->args.attention.B * (size_t)n->args.attention.H;
+    if (!mlc__attention_plan(&job, &parallel_from, n, 2, "mlc_attention backward")) return;
+    job.lse = (const float *)n->saved; job.g = n->out->grad;
+    job.gq = mlc__grad(n->in[0]); job.gk = mlc__grad(n->in[1]); job.gv = mlc__grad(n->in[2]);
+    mlc__parallel(heads, parallel_from, mlc__attention_backward_heads, &job);
+}
+
+/* The mask's strides along b, h, i, j of the scores [B, H, T, S] (0 where it broadcasts); 0
+   when it does not broadcast. */
+static int mlc__attention_mask(mlc__attention_args *a, const mlc_tensor *mask) {
+    size_t stride = 1;
+    int want[4], d;
+    want[0] = a->B; want[1] = a->H; want[2] = a->T; want[3] = a->S;
+    for (d = 0; d < mask->ndim; d++) {
+        int m = mask->shape[mask->ndim - 1 - d], axis = 3 - d;
+        if (m != 1 && m != want[axis]) return 0;
+        a->mask_stride[axis] = m == 1 ? 0 : (int)stride;
+        stride *= (size_t)m;
+    }
+    return 1;
+}
+
+MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts) {
+    mlc_tensor *out, *mask = opts.mask;
+    mlc__node call;
+    mlc__attention_args *a = &call.args.attention;
+    mlc__attention_job job;
+    size_t parallel_from;
+    int shape[MLC_MAX_DIMS], lead, d, where;
+    MLC__ENTER("mlc_attention", q, k, v);
+    if (!mlc__same_device(ctx, "mlc_attention", q, mask)) return NULL;
+    lead = q->ndim - 2;
+    if (q->ndim < 2 || q->ndim > 4 || k->ndim != q->ndim || v->ndim != q->ndim)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: q %T, k %T and v %T must all be "
+                                       "[T, D], [N, T, D] or [B, H, T, D] (k and v with S rows)", q, k, v);
+    for (d = 0; d < lead; d++)
+        if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) break;
+    if (d < lead || k->shape[lead + 1] != q->shape[lead + 1] || v->shape[lead] != k->shape[lead])
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: q %T, k %T and v %T do not fit "
+                                       "q [..., T, D], k [..., S, D], v [..., S, Dv]", q, k, v);
+    if (mask && (mask->requires_grad || mask->ndim > q->ndim))
+        return (mlc_tensor *)mlc__fail(ctx, mask->requires_grad ? MLC_ERR_ARG : MLC_ERR_SHAPE,
+                                       "mlc_attention: mask %T %s", mask, mask->requires_grad
+                                       ? "requires a gradient (a mask takes none)" : "has more axes than q");
+    if (!mlc__in_range(ctx, "mlc_attention", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
+    memcpy(shape, q->shape, sizeof shape);
+    shape[lead + 1] = v->shape[lead + 1];
+    out = mlc__make(ctx, "mlc_attention", q->ndim, shape, 0);
+    if (!out) return NULL;
+    mlc__call(&call, MLC__OP_ATTENTION, "mlc_attention", out, q, k, v, mask);
+    a->B = lead == 2 ? q->shape[0] : 1; a->H = lead >= 1 ? q->shape[lead - 1] : 1;
+    a->T = q->shape[lead]; a->S = k->shape[lead]; a->D = q->shape[lead + 1]; a->Dv = v->shape[lead + 1];
+    a->causal = opts.causal != 0;
+    if (mask && !mlc__attention_mask(a, mask))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: mask %T does not broadcast to the "
+                                       "scores [..., %d, %d] of q %T", mask, a->T, a->S, q);
+    a->scale = mlc__setting(opts.scale, 1.0f / MLC_SQRTF((float)(a->D ? a->D : 1)));
+    a->dropout = opts.dropout;
+    if (opts.dropout > 0.0f) a->seed = mlc_rand_u32(ctx);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) {
+        if (!mlc__attention_plan(&job, &parallel_from, &call, 1, "mlc_attention")) return NULL;
+        job.y = out->data;
+        job.save_lse = mlc__floats(ctx, (size_t)a->B * (size_t)a->H * (size_t)a->T + 1, "mlc_attention");
+        call.saved = job.save_lse;
+        if (!job.save_lse) return NULL;
+        mlc__parallel((size_t)a->B * (size_t)a->H, parallel_from, mlc__attention_heads, &job);
+    }
+    mlc__record(&call);
+    return out;
+}
+
+/* ============================================================================================
    Autograd: walk the tape from the newest node back. A node runs when its output received a
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
@@ -4566,6 +4805,85 @@ MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     return m;
 }
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }
+
+/* MultiheadAttention (batch_first). x [B, L, E] becomes its heads [B, H, L, E/H] by a reshape
+   and a permute; self-attention makes q, k and v with one product, x W_inᵀ + b_in viewed as
+   [B, T, 3, H, E/H] and permuted to [3, B, H, T, E/H]; otherwise W_in's rows [0, E), [E, 2E)
+   and [2E, 3E) project query, key and value. */
+static mlc_tensor *mlc__mha_heads(mlc_tensor *x, int heads) {
+    static const int order[] = { 0, 2, 1, 3 };
+    int shape[4];
+    if (!x) return NULL;
+    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = heads; shape[3] = x->shape[2] / heads;
+    return mlc_permute(mlc_reshape(x, 4, shape), order);
+}
+
+static mlc_tensor *mlc__mha_project(mlc_tensor *x, mlc_tensor *w, mlc_tensor *b, int part, int heads) {
+    int E = w->shape[1];
+    mlc_tensor *rows = mlc_slice(w, 0, part * E, (part + 1) * E);
+    return mlc__mha_heads(mlc_linear(x, rows, mlc_slice(b, 0, part * E, (part + 1) * E)), heads);
+}
+
+MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_tensor *key, mlc_tensor *value,
+                                         mlc_tensor *mask, int causal) {
+    static const int split[] = { 2, 0, 3, 1, 4 }, merge[] = { 0, 2, 1, 3 };
+    mlc_tensor *w, *b, *q, *k, *v, *y;
+    mlc_attention_opts opts;
+    int E, H, B, T, shape[5];
+    if (!m || m->ctx->error) return NULL;
+    if (!query || !key || !value)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_forward_attention: query, key or value "
+                                       "is NULL");
+    if (strcmp(m->type, "MultiheadAttention") != 0)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: module %s is not a "
+                                       "MultiheadAttention", m->type);
+    w = m->params[0]; b = m->params[1]; E = w->shape[1]; H = m->kernel;
+    if (query->ndim != 3 || key->ndim != 3 || value->ndim != 3 || query->shape[2] != E || key->shape[2] != E
+        || value->shape[2] != E || key->shape[0] != query->shape[0] || !mlc_same_shape(key, value))
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_SHAPE, "mlc_forward_attention: query %T, key %T "
+                                       "and value %T must be [B, T, %d], [B, S, %d] and [B, S, %d]",
+                                       query, key, value, E, E, E);
+    B = query->shape[0]; T = query->shape[1];
+    if (query == key && key == value) {
+        shape[0] = B; shape[1] = T; shape[2] = 3; shape[3] = H; shape[4] = E / H;
+        y = mlc_permute(mlc_reshape(mlc_linear(query, w, b), 5, shape), split);
+        shape[0] = B; shape[1] = H; shape[2] = T; shape[3] = E / H;
+        q = mlc_reshape(mlc_slice(y, 0, 0, 1), 4, shape);
+        k = mlc_reshape(mlc_slice(y, 0, 1, 2), 4, shape);
+        v = mlc_reshape(mlc_slice(y, 0, 2, 3), 4, shape);
+    } else {
+        q = mlc__mha_project(query, w, b, 0, H);
+        k = mlc__mha_project(key, w, b, 1, H);
+        v = mlc__mha_project(value, w, b, 2, H);
+    }
+    memset(&opts, 0, sizeof opts);
+    opts.mask = mask; opts.causal = causal; opts.dropout = m->training ? m->alpha : 0.0f;
+    y = mlc_permute(mlc_attention(q, k, v, opts), merge);           /* [B, T, H, E/H] */
+    shape[0] = B; shape[1] = T; shape[2] = E;
+    return mlc_forward(m->children[0], mlc_reshape(y, 3, shape));   /* out_proj */
+}
+
+static mlc_tensor *mlc__mha_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_forward_attention(m, x, x, x, NULL, 0);
+}
+
+MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int num_heads) {
+    mlc_module *m = mlc__module(ctx, "MultiheadAttention", mlc__mha_forward), *out;
+    int shape[2];
+    mlc_tensor *w;
+    if (!m) return NULL;
+    if (embed_dim < 1 || num_heads < 1 || embed_dim % num_heads)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_multihead_attention: embed_dim %d does not "
+                                       "split into %d heads", embed_dim, num_heads);
+    m->kernel = num_heads;
+    shape[0] = 3 * embed_dim; shape[1] = embed_dim;
+    if (!(w = mlc__param(m, "in_proj_weight", 2, shape)) || !mlc__param(m, "in_proj_bias", 1, shape) ||
+        !(out = mlc_nn_linear(ctx, embed_dim, embed_dim)) ||
+        mlc_module_add_child(m, "out_proj", out) != MLC_OK) return NULL;
+    mlc_init_xavier_uniform(w, 1.0f);           /* as PyTorch: biases 0, out_proj.weight as Linear's */
+    mlc_init_constant(out->params[1], 0.0f);
+    return m;
+}
 
 static mlc_tensor *mlc__sequential_forward(mlc_module *m, mlc_tensor *x) {
     int i;

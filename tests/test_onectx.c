@@ -85,8 +85,11 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_tensor *prob = DATA(ctx, 20, 0, 1, 0, 4, 6), *mask = mlc_add_scalar(cond, 0.3f);
     mlc_tensor *x3 = DATA(ctx, 21, -2, 2, 1, 2, 3, 4), *idx = indices(ctx, 5, 3, 1);
     mlc_tensor *gidx = mlc_reshape(indices(ctx, 24, 3, 2), 3, (int[]){ 2, 3, 4 }), *tok = indices(ctx, 6, 10, 4);
+    mlc_tensor *aq = DATA(ctx, 22, -1, 1, 1, 2, 2, 3, 4), *ak = DATA(ctx, 23, -1, 1, 1, 2, 2, 5, 4);
+    mlc_tensor *av = DATA(ctx, 24, -1, 1, 1, 2, 2, 5, 3), *amask = DATA(ctx, 25, -1, 1, 0, 3, 5);
     mlc_tensor *loss, *total = NULL;
     mlc_conv_opts conv = { 2, 1, 1, 2 };
+    mlc_attention_opts attn = { NULL, 1, 0.0f, 0.0f };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
     OUT("add", mlc_add(a, b)); OUT("sub", mlc_sub(a, b)); OUT("mul", mlc_mul(a, b)); OUT("div", mlc_div(a, pos));
     OUT("add_scalar", mlc_add_scalar(a, 0.5f)); OUT("mul_scalar", mlc_mul_scalar(a, -3));
@@ -116,6 +119,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("embedding", mlc_embedding(emb, tok));
     OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
+    attn.mask = amask;
+    OUT("attention", mlc_attention(aq, ak, av, attn));
     {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
         mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
         const float *dv, *av;
@@ -137,10 +142,11 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     CHECK_MSG(loss != NULL, "the total: %s", mlc_error_message(ctx));
     CHECK_MSG(mlc_backward(loss) == MLC_OK, "backward: %s", mlc_error_message(ctx));
     {
-        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3 };
+        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3,
+                                 aq, ak, av };
         static const char *const names[] = { "grad a", "grad b", "grad pos", "grad m1", "grad m2", "grad w",
             "grad bias", "grad logits", "grad img", "grad kern", "grad kb", "grad emb", "grad lw", "grad lb",
-            "grad bw", "grad bb", "grad x3" };
+            "grad bw", "grad bb", "grad x3", "grad aq", "grad ak", "grad av" };
         for (i = 0; i < (int)(sizeof leaves / sizeof leaves[0]); i++) {
             float *g = mlc_host_grad(leaves[i]);
             mlc_tensor *gt;

@@ -55,12 +55,16 @@ static mlc_module *build(mlc_ctx *ctx, const char *name) {
                                  mlc_nn_max_pool2d(ctx, 2, 2), mlc_nn_conv2d(ctx, 8, 16, 3, pad),
                                  mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
                                  mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 16 * 7 * 7, 10), NULL);
+    if (strcmp(name, "attn") == 0)      /* PyTorch: Linear, MultiheadAttention(batch_first=True), Linear */
+        return mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 8, 16), mlc_nn_multihead_attention(ctx, 16, 4),
+                                 mlc_nn_linear(ctx, 16, 3), NULL);
     return mlc_nn_sequential(ctx, mlc_nn_embedding(ctx, 50, 16), mlc_nn_layer_norm(ctx, 16),
                              mlc_nn_linear(ctx, 16, 50), NULL);
 }
 
 static mlc_tensor *loss_of(const char *name, mlc_tensor *out, mlc_tensor *y) {
-    if (strcmp(name, "mlp") == 0) return mlc_mse_loss(out, y, MLC_REDUCE_MEAN);
+    if (strcmp(name, "mlp") == 0 || strcmp(name, "attn") == 0)
+        return mlc_mse_loss(out, y, MLC_REDUCE_MEAN);
     if (out && out->ndim == 3) out = mlc_reshape(out, MLC_SHAPE(-1, out->shape[2]));
     if (y && y->ndim == 2) y = mlc_reshape(y, MLC_SHAPE(-1));
     return mlc_cross_entropy(out, y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
@@ -137,6 +141,7 @@ int main(int argc, char **argv) {
     run_model(argv[1], "mlp");
     run_model(argv[1], "cnn");
     run_model(argv[1], "embed");
+    run_model(argv[1], "attn");
     printf("interop (mlc side): %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
