@@ -4578,7 +4578,7 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
                                    mlc_tensor **h_n, mlc_tensor **c_n) {
     mlc_ctx *ctx = m ? m->ctx : x ? x->ctx : NULL;
     mlc_tensor **steps, **finals, *zero, *out = x, *gi, *h, *c = NULL;
-    int L, B, T, I, H, G, l, t, k, lstm;
+    int L, B, T, D, H, G, l, t, k, lstm, bh[2], bgh[2], bth[3], lbh[3];
     if (h_n) *h_n = NULL;
     if (c_n) *c_n = NULL;
     if (!m || !x)
@@ -4589,7 +4589,7 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
                                        m->type);
     lstm = m->cell == MLC__CELL_LSTM;
     L = m->n_children; G = mlc__cell_gates[m->cell];
-    I = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
+    D = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
     if (x->ctx != ctx || (h0 && h0->ctx != ctx) || (c0 && c0->ctx != ctx))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: a tensor belongs to another "
                                        "context than %s", m->type);
@@ -4597,10 +4597,12 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     if (c0 && !lstm)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: c0 given to %s (LSTM only)",
                                        m->type);
-    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != I)
+    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != D)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: input %T does not fit %s with "
-                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, I, I);
+                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, D, D);
     B = x->shape[0]; T = x->shape[1];
+    bh[0] = bgh[0] = bth[0] = lbh[1] = B;              /* shapes [B, H], [B, G·H], [B, T, H], [L, B, H] */
+    bh[1] = bth[2] = lbh[2] = H; bgh[1] = G * H; bth[1] = T; lbh[0] = L;
     for (k = 0; k < 2; k++) {
         mlc_tensor *s = k ? c0 : h0;
         if (s && (s->ndim != 3 || s->shape[0] != L || s->shape[1] != B || s->shape[2] != H))
@@ -4609,7 +4611,7 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     }
     steps = (mlc_tensor **)mlc__arena_alloc(ctx, sizeof(mlc_tensor *) * ((size_t)T + 2 * (size_t)L),
                                             "mlc_rnn_forward");
-    zero = mlc_to(mlc_zeros(ctx, MLC_SHAPE(B, H)), x->on_device);
+    zero = mlc_to(mlc_zeros(ctx, 2, bh), x->on_device);
     if (!steps || !zero) return NULL;
     finals = steps + T;                                          /* h of each layer, then c */
     for (l = 0; l < L && !ctx->error; l++) {
@@ -4618,15 +4620,15 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
         if (lstm) c = mlc__rnn_state(c0, l, zero);
         gi = mlc_linear(out, p[0], p[2]);
         for (t = 0; t < T; t++) {
-            mlc_tensor *gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), MLC_SHAPE(B, G * H));
+            mlc_tensor *gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), 2, bgh);
             h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
         }
         finals[l] = h; finals[L + l] = c;
-        out = mlc_reshape(mlc_concat(steps, T, 1), MLC_SHAPE(B, T, H));   /* [B, T·H] is [B, T, H] */
+        out = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
     }
     if (ctx->error) return NULL;
-    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L, 0), MLC_SHAPE(L, B, H));
-    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L, L, 0), MLC_SHAPE(L, B, H));
+    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L, L, 0), 3, lbh);
     return ctx->error ? NULL : out;
 }
 

@@ -153,8 +153,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     CHECK_MSG(loss != NULL, "the total: %s", mlc_error_message(ctx));
     CHECK_MSG(mlc_backward(loss) == MLC_OK, "backward: %s", mlc_error_message(ctx));
     {
-        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3, h0,
-                                 c0 };
+        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3,
+                                 h0, c0 };
         static const char *const names[] = { "grad a", "grad b", "grad pos", "grad m1", "grad m2", "grad w",
             "grad bias", "grad logits", "grad img", "grad kern", "grad kb", "grad emb", "grad lw", "grad lb",
             "grad bw", "grad bb", "grad x3", "grad h0", "grad c0" };
