@@ -281,6 +281,40 @@ static int lstm_loads_a_pytorch_state_dict_by_name(void) {
     return 1;
 }
 
+/* ---------- training ---------- */
+
+/* Read 5 numbers, then say the first: the tanh RNN, the LSTM and the GRU learn it (the state has to
+   carry it) in 150 Adam steps, from a mean squared error near 1 to under 0.1 (at most 0.03 on the
+   CPU with seeds 1 to 5). The relu RNN is left out: with some seeds its units die and it stalls. */
+static int each_cell_learns_to_recall(void) {
+    int kind, step;
+    for (kind = 0; kind < 4; kind += kind ? 1 : 2) {
+        mlc_ctx *ctx = test_ctx(1);
+        mlc_module *rnn = make(ctx, kind, 1, 16, 1), *head = mlc_nn_linear(ctx, 16, 1);
+        mlc_module *net = mlc_nn_sequential(ctx, rnn, head, NULL);
+        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 2e-2f });
+        float first = 0, last = 0;
+        for (step = 0; step < 150; step++) {
+            mlc_frame f = mlc_frame_begin(ctx);
+            mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(16, 5, 1));
+            mlc_tensor *want = mlc_reshape(mlc_slice(x, 1, 0, 1), MLC_SHAPE(16, 1));
+            mlc_tensor *out = mlc_forward(rnn, x);
+            mlc_tensor *said = mlc_forward(head, mlc_reshape(mlc_slice(out, 1, -1, 5), MLC_SHAPE(16, 16)));
+            mlc_tensor *loss = mlc_mse_loss(said, want, MLC_REDUCE_MEAN);
+            mlc_zero_grad(opt);
+            CHECK_MSG(mlc_backward(loss) == MLC_OK, "%.300s", mlc_error_message(ctx));
+            mlc_step(opt);
+            if (step < 10) first += mlc_item(loss) / 10;
+            if (step >= 140) last += mlc_item(loss) / 10;
+            mlc_frame_end(f);
+        }
+        CHECK_MSG(first > 0.5f && last < 0.1f, "%s: mean loss %.4f in the first 10 steps, %.4f in the last 10",
+                  rnn->type, first, last);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 /* ---------- errors ---------- */
 
 #define CHECK_ERROR(ctx, code, text) do { CHECK(mlc_error(ctx) == (code)); \
@@ -320,6 +354,6 @@ const test_case tests_recurrent[] = {
     TEST(rnn_matches_pytorch) TEST(rnn_relu_matches_pytorch) TEST(lstm_matches_pytorch)
     TEST(gru_matches_pytorch) TEST(grad_rnn) TEST(grad_rnn_relu) TEST(grad_lstm) TEST(grad_gru)
     TEST(names_shapes_and_init_like_pytorch) TEST(lstm_loads_a_pytorch_state_dict_by_name)
-    TEST(recurrent_errors)
+    TEST(each_cell_learns_to_recall) TEST(recurrent_errors)
     { NULL, NULL }
 };
