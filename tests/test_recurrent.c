@@ -308,7 +308,7 @@ static int each_cell_learns_to_recall(void) {
             if (step >= 140) last += mlc_item(loss) / 10;
             mlc_frame_end(f);
         }
-        CHECK_MSG(first > 0.5f && last < 0.1f, "%s: mean loss %.4f in the first 10 steps, %.4f in the last 10",
+        CHECK_MSG(first > 0.5f && last < 0.1f, "%s: mean loss %.4f in the first 10 steps, %.4f in the last",
                   rnn->type, first, last);
         test_destroy(ctx);
     }
