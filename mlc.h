@@ -441,7 +441,7 @@ struct mlc_module {
     char **child_names;
     mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
     int kernel;                         /* pools */
-    int cell;                           /* RNN, LSTM, GRU: which cell (0 in other modules) */
+    int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
     float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
     void *user;                         /* for modules you write */
 };
@@ -468,15 +468,20 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL
 /* Recurrent layers as torch.nn.RNN, LSTM and GRU with batch_first=True: x [B, T, input_size],
    num_layers stacked, PyTorch's gate order (LSTM i, f, g, o; GRU r, z, n), parameter names
    (weight_ih_l0 [G·hidden, input_size], weight_hh_l0 [G·hidden, hidden], bias_ih_l0, bias_hh_l0,
-   then _l1 ...; G = 1, 4, 3) and initialisation U(-1/√hidden, 1/√hidden), so PyTorch's state
-   dict loads. mlc_forward returns the output sequence [B, T, hidden] (the last layer's h). No
-   dropout between layers, no bidirectional, no proj_size yet. */
+   then _l1 ...; G = 1, 4, 3; bidirectional adds weight_ih_l0_reverse ...) and initialisation
+   U(-1/√hidden, 1/√hidden), so PyTorch's state dict loads. mlc_forward returns the output
+   sequence [B, T, D·hidden] (the last layer's h; D = 2 directions side by side when
+   bidirectional, else 1). No dropout between layers, no proj_size yet. */
+typedef enum mlc_cell { MLC_CELL_RNN_TANH = 1, MLC_CELL_RNN_RELU, MLC_CELL_LSTM, MLC_CELL_GRU } mlc_cell;
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int input_size, int hidden_size,
+                                    int num_layers, int bidirectional);
 MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);  /* tanh */
 MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
 MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
 MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
-/* The same with initial states h0 (and c0, LSTM only) [num_layers, B, hidden], NULL for zeros;
-   *h_n and *c_n receive the final states, same shapes (pass NULL for those you do not want). */
+/* The same with initial states h0 (and c0, LSTM only) [D·num_layers, B, hidden] (layer l's
+   direction d at l·D + d, as PyTorch), NULL for zeros; *h_n and *c_n receive the final states,
+   same shapes (pass NULL for those you do not want). */
 MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
                                    mlc_tensor **h_n, mlc_tensor **c_n);
 /* Your own module: forward gets the module; add parameters, buffers and children by name. */
@@ -4537,26 +4542,26 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...) {
 }
 
 /* ---- Recurrent layers (torch.nn.RNN, LSTM, GRU; batch first) ------------------------------
-   Per layer one matrix product projects the whole input sequence, gi = x W_ih^T + b_ih
-   [B, T, G·H]; then each step t takes gh = h W_hh^T + b_hh [B, G·H] and the cell's maths:
-     RNN   h' = tanh(gi + gh)                         (relu for mlc_nn_rnn_relu)
+   Per layer and direction one matrix product projects the whole input sequence,
+   gi = x W_ih^T + b_ih [B, T, G·H]; then each step t (from T - 1 down for the reverse direction)
+   takes gh = h W_hh^T + b_hh [B, G·H] and the cell's maths:
+     RNN   h' = tanh(gi + gh)                         (relu for MLC_CELL_RNN_RELU)
      LSTM  i, f, g, o = σ, σ, tanh, σ of the H-wide quarters of gi + gh
            c' = f c + i g;  h' = o tanh(c')
      GRU   r, z = σ of the first two H-wide thirds of gi + gh;  n = tanh(gi_n + r gh_n)
            h' = (1 - z) n + z h = n + z (h - n)
-   The steps' h, side by side, are the layer's output and the next layer's input. Everything is
-   made of existing ops, so backpropagation through time, every device and the CPU fallback
-   come with them. */
-enum { MLC__CELL_RNN_TANH = 1, MLC__CELL_RNN_RELU, MLC__CELL_LSTM, MLC__CELL_GRU };
-static const int mlc__cell_gates[] = { 0, 1, 1, 4, 3 };          /* G, by cell */
+   The steps' h, side by side (and the two directions' outputs side by side), are the layer's
+   output and the next layer's input. Everything is made of existing ops, so backpropagation
+   through time, every device and the CPU fallback come with them. */
+static int mlc__cell_gates(int cell) { return cell == MLC_CELL_LSTM ? 4 : cell == MLC_CELL_GRU ? 3 : 1; }
 
 /* One step: gi, gh [B, G·H], h [B, H]; *c [B, H] is the LSTM's cell state (updated). */
 static mlc_tensor *mlc__cell_step(int cell, int H, mlc_tensor *gi, mlc_tensor *gh, mlc_tensor *h,
                                   mlc_tensor **c) {
     mlc_tensor *s, *gates, *n;
-    if (cell == MLC__CELL_RNN_TANH) return mlc_tanh(mlc_add(gi, gh));
-    if (cell == MLC__CELL_RNN_RELU) return mlc_relu(mlc_add(gi, gh));
-    if (cell == MLC__CELL_LSTM) {
+    if (cell == MLC_CELL_RNN_TANH) return mlc_tanh(mlc_add(gi, gh));
+    if (cell == MLC_CELL_RNN_RELU) return mlc_relu(mlc_add(gi, gh));
+    if (cell == MLC_CELL_LSTM) {
         s = mlc_add(gi, gh);
         gates = mlc_sigmoid(s);                                  /* i, f and o (g's quarter unused) */
         *c = mlc_add(mlc_mul(mlc_slice(gates, 1, H, 2 * H), *c),
@@ -4569,16 +4574,16 @@ static mlc_tensor *mlc__cell_step(int cell, int H, mlc_tensor *gi, mlc_tensor *g
     return mlc_add(n, mlc_mul(mlc_slice(gates, 1, H, 2 * H), mlc_sub(h, n)));
 }
 
-/* An initial state: layer l of s [L, B, H], or zero when s is NULL. */
-static mlc_tensor *mlc__rnn_state(mlc_tensor *s, int l, mlc_tensor *zero) {
-    return s ? mlc_reshape(mlc_slice(s, 0, l, l + 1), 2, zero->shape) : zero;
+/* An initial state: entry k of s [L·D, B, H], or zero when s is NULL. */
+static mlc_tensor *mlc__rnn_state(mlc_tensor *s, int k, mlc_tensor *zero) {
+    return s ? mlc_reshape(mlc_slice(s, 0, k, k + 1), 2, zero->shape) : zero;
 }
 
 MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
                                    mlc_tensor **h_n, mlc_tensor **c_n) {
     mlc_ctx *ctx = m ? m->ctx : x ? x->ctx : NULL;
-    mlc_tensor **steps, **finals, *zero, *out = x, *gi, *h, *c = NULL;
-    int L, B, T, D, H, G, l, t, k, lstm, bh[2], bgh[2], bth[3], lbh[3];
+    mlc_tensor **steps, **finals, *zero, *out = x, *gi, *h, *c = NULL, *outs[2];
+    int L, D, B, T, F, H, G, l, d, t, k, lstm, bh[2], bgh[2], bth[3], lbh[3];
     if (h_n) *h_n = NULL;
     if (c_n) *c_n = NULL;
     if (!m || !x)
@@ -4587,9 +4592,9 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     if (!m->cell)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s is not an RNN, LSTM or GRU",
                                        m->type);
-    lstm = m->cell == MLC__CELL_LSTM;
-    L = m->n_children; G = mlc__cell_gates[m->cell];
-    D = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
+    lstm = m->cell == MLC_CELL_LSTM;
+    D = m->directions; L = m->n_children / D; G = mlc__cell_gates(m->cell);
+    F = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
     if (x->ctx != ctx || (h0 && h0->ctx != ctx) || (c0 && c0->ctx != ctx))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: a tensor belongs to another "
                                        "context than %s", m->type);
@@ -4597,38 +4602,43 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     if (c0 && !lstm)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: c0 given to %s (LSTM only)",
                                        m->type);
-    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != D)
+    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != F)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: input %T does not fit %s with "
-                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, D, D);
+                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, F, F);
     B = x->shape[0]; T = x->shape[1];
-    bh[0] = bgh[0] = bth[0] = lbh[1] = B;              /* shapes [B, H], [B, G·H], [B, T, H], [L, B, H] */
-    bh[1] = bth[2] = lbh[2] = H; bgh[1] = G * H; bth[1] = T; lbh[0] = L;
+    bh[0] = bgh[0] = bth[0] = lbh[1] = B;            /* shapes [B, H], [B, G·H], [B, T, H], [L·D, B, H] */
+    bh[1] = bth[2] = lbh[2] = H; bgh[1] = G * H; bth[1] = T; lbh[0] = L * D;
     for (k = 0; k < 2; k++) {
         mlc_tensor *s = k ? c0 : h0;
-        if (s && (s->ndim != 3 || s->shape[0] != L || s->shape[1] != B || s->shape[2] != H))
+        if (s && (s->ndim != 3 || s->shape[0] != L * D || s->shape[1] != B || s->shape[2] != H))
             return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: %s %T does not fit %s "
-                                           "(want [%d, %d, %d])", k ? "c0" : "h0", s, m->type, L, B, H);
+                                           "(want [%d, %d, %d])", k ? "c0" : "h0", s, m->type, L * D, B, H);
     }
-    steps = (mlc_tensor **)mlc__arena_alloc(ctx, sizeof(mlc_tensor *) * ((size_t)T + 2 * (size_t)L),
+    steps = (mlc_tensor **)mlc__arena_alloc(ctx, sizeof(mlc_tensor *) * ((size_t)T + 2 * (size_t)(L * D)),
                                             "mlc_rnn_forward");
     zero = mlc_to(mlc_zeros(ctx, 2, bh), x->on_device);
     if (!steps || !zero) return NULL;
     finals = steps + T;                                          /* h of each layer, then c */
     for (l = 0; l < L && !ctx->error; l++) {
-        mlc_tensor *const *p = m->children[l]->params;           /* W_ih, W_hh, b_ih, b_hh */
-        h = mlc__rnn_state(h0, l, zero);
-        if (lstm) c = mlc__rnn_state(c0, l, zero);
-        gi = mlc_linear(out, p[0], p[2]);
-        for (t = 0; t < T; t++) {
-            mlc_tensor *gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), 2, bgh);
-            h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
+        for (d = 0; d < D; d++) {
+            mlc_tensor *const *p = m->children[l * D + d]->params;   /* W_ih, W_hh, b_ih, b_hh */
+            h = mlc__rnn_state(h0, l * D + d, zero);
+            if (lstm) c = mlc__rnn_state(c0, l * D + d, zero);
+            gi = mlc_linear(out, p[0], p[2]);
+            for (k = 0; k < T; k++) {
+                mlc_tensor *gi_t;
+                t = d ? T - 1 - k : k;
+                gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), 2, bgh);
+                h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
+            }
+            finals[l * D + d] = h; finals[L * D + l * D + d] = c;
+            outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
         }
-        finals[l] = h; finals[L + l] = c;
-        out = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
+        out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
     }
     if (ctx->error) return NULL;
-    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L, 0), 3, lbh);
-    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L, L, 0), 3, lbh);
+    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L * D, L * D, 0), 3, lbh);
     return ctx->error ? NULL : out;
 }
 
@@ -4636,42 +4646,48 @@ static mlc_tensor *mlc__rnn_module_forward(mlc_module *m, mlc_tensor *x) {
     return mlc_rnn_forward(m, x, NULL, NULL, NULL, NULL);
 }
 
-/* The module and one child per layer (named "", so its tensors carry PyTorch's flat names). */
-static mlc_module *mlc__nn_recurrent(mlc_ctx *ctx, const char *call, const char *type, int cell, int in,
-                                     int hidden, int layers) {
+/* The module, with a child per layer and direction named "" (so that its tensors carry
+   PyTorch's flat names), in PyTorch's order: l0, l0_reverse, l1, ... */
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, int layers,
+                                    int bidirectional) {
     static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
-    mlc_module *m = mlc__module(ctx, type, mlc__rnn_module_forward), *layer;
-    int l, k, shape[2], G = mlc__cell_gates[cell];
-    char name[32];
+    static const char *const types[] = { "", "RNN", "RNN", "LSTM", "GRU" };
+    int l, d, k, shape[2], D = bidirectional ? 2 : 1, G = mlc__cell_gates((int)cell);
+    mlc_module *m, *layer;
+    char name[40];
     mlc_tensor *p;
-    if (!m) return NULL;
-    if (in < 1 || hidden < 1 || layers < 1 || hidden > 2147483647 / G)
-        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input_size %d, hidden_size %d, num_layers %d "
-                                       "are not valid", call, in, hidden, layers);
-    m->cell = cell;
-    for (l = 0; l < layers; l++) {
-        layer = mlc__module(ctx, type, NULL);
-        if (!layer || mlc_module_add_child(m, "", layer) != MLC_OK) return NULL;
-        for (k = 0; k < 4; k++) {
-            shape[0] = G * hidden; shape[1] = k == 0 && l == 0 ? in : hidden;
-            mlc__format(name, sizeof name, "%s_l%d", kinds[k], l);
-            if (!(p = mlc__param(layer, name, k < 2 ? 2 : 1, shape))) return NULL;
-            mlc_init_uniform(p, -1.0f / sqrtf((float)hidden), 1.0f / sqrtf((float)hidden));
+    if (!ctx || ctx->error) return NULL;
+    if (cell < MLC_CELL_RNN_TANH || cell > MLC_CELL_GRU || in < 1 || hidden < 1 || layers < 1 ||
+        hidden > 2147483647 / (G * D) || layers > 2147483647 / D)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_recurrent: cell %d, input_size %d, "
+                                       "hidden_size %d, num_layers %d are not valid", (int)cell, in, hidden,
+                                       layers);
+    if (!(m = mlc__module(ctx, types[cell], mlc__rnn_module_forward))) return NULL;
+    m->cell = (int)cell; m->directions = D;
+    for (l = 0; l < layers; l++)
+        for (d = 0; d < D; d++) {
+            layer = mlc__module(ctx, types[cell], NULL);
+            if (!layer || mlc_module_add_child(m, "", layer) != MLC_OK) return NULL;
+            for (k = 0; k < 4; k++) {
+                shape[0] = G * hidden; shape[1] = k ? hidden : l ? D * hidden : in;
+                mlc__format(name, sizeof name, "%s_l%d%s", kinds[k], l, d ? "_reverse" : "");
+                if (!(p = mlc__param(layer, name, k < 2 ? 2 : 1, shape))) return NULL;
+                mlc_init_uniform(p, -1.0f / sqrtf((float)hidden), 1.0f / sqrtf((float)hidden));
+            }
         }
-    }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc__nn_recurrent(ctx, "mlc_nn_rnn", "RNN", MLC__CELL_RNN_TANH, in, hidden, layers);
+    return mlc_nn_recurrent(ctx, MLC_CELL_RNN_TANH, in, hidden, layers, 0);
 }
 MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc__nn_recurrent(ctx, "mlc_nn_rnn_relu", "RNN", MLC__CELL_RNN_RELU, in, hidden, layers);
+    return mlc_nn_recurrent(ctx, MLC_CELL_RNN_RELU, in, hidden, layers, 0);
 }
 MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc__nn_recurrent(ctx, "mlc_nn_lstm", "LSTM", MLC__CELL_LSTM, in, hidden, layers);
+    return mlc_nn_recurrent(ctx, MLC_CELL_LSTM, in, hidden, layers, 0);
 }
 MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc__nn_recurrent(ctx, "mlc_nn_gru", "GRU", MLC__CELL_GRU, in, hidden, layers);
+    return mlc_nn_recurrent(ctx, MLC_CELL_GRU, in, hidden, layers, 0);
 }
 
 MLCDEF void mlc_module_train(mlc_module *m, int training) {

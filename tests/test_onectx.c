@@ -63,14 +63,14 @@ static mlc_tensor *indices(mlc_ctx *ctx, int n, int classes, unsigned salt) {
 
 /* A recurrent module with fixed parameters (the same in both contexts, whatever their RNG). */
 static mlc_module *fixed(mlc_module *m, unsigned salt) {
-    mlc_named_tensor p[8];
-    int n = mlc_module_parameters(m, p, 8), k;
-    for (k = 0; k < n && k < 8; k++) {
+    mlc_named_tensor p[16];
+    int n = mlc_module_parameters(m, p, 16), k;
+    for (k = 0; k < n && k < 16; k++) {
         const mlc_tensor *t = p[k].tensor;
         mlc_tensor *v = data(m->ctx, t->ndim, t->shape, salt + (unsigned)k, -0.5f, 0.5f, 0);
         if (!v || mlc_write(p[k].tensor, mlc_host_data(v), v->size) != MLC_OK) return NULL;
     }
-    return n == 8 ? m : NULL;
+    return n == 8 || n == 16 ? m : NULL;
 }
 
 #define OUT(name, expr) do { mlc_tensor *o_ = (expr); \
@@ -98,7 +98,9 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_tensor *x3 = DATA(ctx, 21, -2, 2, 1, 2, 3, 4), *idx = indices(ctx, 5, 3, 1);
     mlc_tensor *gidx = mlc_reshape(indices(ctx, 24, 3, 2), 3, (int[]){ 2, 3, 4 }), *tok = indices(ctx, 6, 10, 4);
     mlc_tensor *h0 = DATA(ctx, 22, -1, 1, 1, 2, 2, 3), *c0 = DATA(ctx, 23, -1, 1, 1, 2, 2, 3), *hn, *cn;
-    mlc_module *lstm = fixed(mlc_nn_lstm(ctx, 4, 3, 2), 30), *gru = fixed(mlc_nn_gru(ctx, 4, 3, 2), 40);
+    mlc_tensor *h0b = DATA(ctx, 24, -1, 1, 1, 4, 2, 3);                        /* 2 layers, 2 directions */
+    mlc_module *lstm = fixed(mlc_nn_lstm(ctx, 4, 3, 2), 30);
+    mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, 2, 1), 40);      /* bidirectional */
     mlc_tensor *loss, *total = NULL;
     mlc_conv_opts conv = { 2, 1, 1, 2 };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
@@ -131,7 +133,7 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
     OUT("lstm", mlc_rnn_forward(lstm, x3, h0, c0, &hn, &cn)); OUT("lstm h_n", hn); OUT("lstm c_n", cn);
-    OUT("gru", mlc_rnn_forward(gru, x3, h0, NULL, &hn, NULL)); OUT("gru h_n", hn);
+    OUT("gru", mlc_rnn_forward(gru, x3, h0b, NULL, &hn, NULL)); OUT("gru h_n", hn);
     {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
         mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
         const float *dv, *av;
@@ -154,10 +156,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     CHECK_MSG(mlc_backward(loss) == MLC_OK, "backward: %s", mlc_error_message(ctx));
     {
         mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3,
-                                 h0, c0 };
+                                 h0, c0, h0b };
         static const char *const names[] = { "grad a", "grad b", "grad pos", "grad m1", "grad m2", "grad w",
             "grad bias", "grad logits", "grad img", "grad kern", "grad kb", "grad emb", "grad lw", "grad lb",
-            "grad bw", "grad bb", "grad x3", "grad h0", "grad c0" };
+            "grad bw", "grad bb", "grad x3", "grad h0", "grad c0", "grad h0b" };
         for (i = 0; i < (int)(sizeof leaves / sizeof leaves[0]); i++) {
             float *g = mlc_host_grad(leaves[i]);
             mlc_tensor *gt;
@@ -166,8 +168,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
             CHECK_MSG(keep(r, names[i], gt), "%s: could not keep", names[i]);
         }
         for (i = 0; i < 2; i++) {
-            mlc_named_tensor p[8];
-            int k, n = mlc_module_parameters(i ? gru : lstm, p, 8);
+            mlc_named_tensor p[16];
+            int k, n = mlc_module_parameters(i ? gru : lstm, p, 16);
             for (k = 0; k < n; k++) {
                 float *g = mlc_host_grad(p[k].tensor);
                 CHECK_MSG(g != NULL, "%s %s: no gradient", i ? "gru" : "lstm", p[k].name);

@@ -18,11 +18,13 @@ static int fill(mlc_tensor *t, int salt, float offset) {
 static mlc_module *make(mlc_ctx *ctx, int kind, int in, int hidden, int layers) {
     return kind == 0 ? mlc_nn_rnn(ctx, in, hidden, layers)
          : kind == 1 ? mlc_nn_rnn_relu(ctx, in, hidden, layers)
-         : kind == 2 ? mlc_nn_lstm(ctx, in, hidden, layers) : mlc_nn_gru(ctx, in, hidden, layers);
+         : kind == 2 ? mlc_nn_lstm(ctx, in, hidden, layers) : kind == 3 ? mlc_nn_gru(ctx, in, hidden, layers)
+         : mlc_nn_recurrent(ctx, kind == 4 ? MLC_CELL_LSTM : MLC_CELL_GRU, in, hidden, layers, 1);
 }
 
-/* Made by /usr/bin/python3 (torch 1.13) running this, for kind in rnn, rnn_relu, lstm, gru:
+/* Made by /usr/bin/python3 (torch 1.13) running this, for kind in rnn, rnn_relu, lstm, gru, lstm_bi, gru_bi:
      m = torch.nn.RNN(3, 2, 2, nonlinearity="relu", batch_first=True)  # or LSTM, GRU, RNN(tanh)
+         # (lstm_bi, gru_bi: bidirectional=True, and h0, c0 are [4, 2, 2])
      fill = lambda shape, salt, off=0: torch.tensor([0.5 * math.sin(0.7 * i + salt) + off
                                                      for i in range(math.prod(shape))]).reshape(shape)
      parameter k of m.parameters() = fill(shape, 10 + k, 0.2 for rnn_relu else 0)
@@ -91,9 +93,90 @@ static const float ref_gru[124] = {
     0.005146763, -0.03509088, -0.02807054, -0.04520502, -0.03595027, 0.0765093, 0.07768768, 0.03500057,
     0.01165603, 0.03689197, -0.02870653, 0.05515371, 0.06892193, -0.01477371, -0.2360244, 0.03689197,
     -0.02870654, 0.05515371, 0.06892194, 0.004020073, -0.08116136 };
-static const float *const refs[] = { ref_rnn, ref_rnn_relu, ref_lstm, ref_gru };
+static const float ref_lstm_bi[346] = {
+    -0.1593829, -0.1101179, 0.1375688, 0.09243608, -0.2204745, -0.2834007, 0.1010579, 0.07752721,
+    -0.2610794, -0.3541622, 0.03445011, 0.04170316, -0.2378829, -0.3042198, 0.1550245, 0.1416017,
+    -0.243006, -0.3761154, 0.1397325, 0.1477481, -0.2618189, -0.4005017, 0.1181518, 0.1279008, 0.1136617,
+    -0.1682704, 0.08784544, -0.1549319, 0.05646652, 0.1510894, 0.09752963, 0.1547133, -0.2610794,
+    -0.3541622, -0.2618189, -0.4005017, 0.1375688, 0.09243608, 0.1550245, 0.1416017, 0.3352218,
+    -0.5732592, 0.2582108, -0.526707, 0.07445377, 0.3060237, 0.1302443, 0.3149505, -0.8303871, -0.6656852,
+    -0.9671561, -0.7187976, 0.3452268, 0.2921368, 0.3860362, 0.4550746, -0.03394828, -0.1179044,
+    -0.1464083, 0.05603765, 0.002851699, -0.05167544, 0.06744636, 0.02535229, -0.02866537, 0.1093494,
+    0.1360878, 0.09882201, 0.0880008, 0.08085302, 0.03567881, 0.1171017, 0.1048325, 0.04325891,
+    0.001171321, 0.01724101, -0.1067588, -0.04102425, 0.01658017, 0.003202731, 0.001026018, 0.009897377,
+    -0.02074724, -0.0683725, 0.03653441, 0.05575032, -0.04958809, -0.04219151, 0.03277895, 0.01797147,
+    -0.1083258, 0.03656995, 0.1129834, 0.1637673, 0.05818206, 0.02502784, -0.01940827, -0.07134497,
+    -0.1337885, -0.06629413, 0.02001356, 0.07275072, 0.03031739, 0.08836563, 0.08309772, -0.07070606,
+    -0.001837302, 0.004611125, 0.008890871, 0.03968867, 0.03487917, 0.01366546, -0.003061052,
+    -0.003284792, -0.001963643, 0.003607717, -0.006241966, -0.01315596, -0.02925908, -0.02186586,
+    -0.004188781, -0.06320951, -0.03714227, 0.006393565, 0.0137772, 0.005554029, -0.005281286,
+    0.004647011, 0.002260169, -0.001189667, -0.006983194, -0.01135972, -0.003134295, 0.00121122,
+    0.0006387323, 0.006756057, 0.001636445, 0.01620804, -0.03340013, -0.02599878, 0.000343757,
+    -0.09755759, -0.002486316, 0.002262534, 0.002430991, 0.000529921, 0.04223064, -0.1070513, -0.03339772,
+    -0.09291031, 0.1081198, 0.8163627, -0.03248608, -0.002055275, 0.04223064, -0.1070513, -0.03339772,
+    -0.09291032, 0.1081198, 0.8163628, -0.03248608, -0.002055275, 0.001768009, -0.006035835, -0.01100093,
+    -0.0157774, -0.0124162, -0.003215476, 0.007431628, 0.00741136, 0.003905413, -0.01002441, -0.008507302,
+    -0.002989077, 0.05294944, 0.06046705, 0.03954605, -0.01869979, -0.004145065, 0.01235914, 0.005520387,
+    0.003402938, -0.0003149656, -0.000100647, -0.0001478029, -0.0001254463, -0.005650831, 0.00168775,
+    -0.02386512, -0.03134371, 0.002760823, 0.0002557926, -0.01585674, -0.02442406, -0.01236391,
+    0.02258274, -0.03494804, -0.04261942, 0.001578387, 0.002092357, -0.003405176, -0.0001695696,
+    0.02021325, -0.08668923, -0.01575995, -0.0908561, 0.2013915, -0.1383668, 0.007471216, 0.008726141,
+    0.02021325, -0.08668923, -0.01575995, -0.0908561, 0.2013915, -0.1383668, 0.007471217, 0.008726141,
+    0.009618881, -0.01318673, -0.004492058, 0.0189206, 0.003983642, -0.0003293572, -0.02655569,
+    -0.01049464, 0.008665023, -0.01014742, -0.01147089, 0.009554846, 0.0004320079, 0.004295505,
+    -0.02260178, -0.01568862, -0.02783497, 0.0386424, 0.01210443, -0.0553964, -0.009062681, 0.006751955,
+    0.03088901, 0.001846733, 0.01763452, -0.02775747, 0.0039307, 0.03333884, 0.01273868, -0.01793402,
+    -0.01162545, 0.01681206, 0.002619322, 0.003502302, 0.009669772, 0.02680056, -0.02484753, -0.02349351,
+    0.005083615, 0.02069725, -0.001749165, -0.001905359, -0.070802, -0.1037204, -0.009708924, -0.03464562,
+    -0.0150369, -0.0140145, 0.09971865, -0.03507382, 0.04147813, -0.06532149, -0.2884805, -0.03727064,
+    0.1543434, 0.07719681, 0.09971865, -0.03507382, 0.04147813, -0.0653215, -0.2884805, -0.03727062,
+    0.1543434, 0.07719681, 0.007352418, -0.01474511, 0.0165098, 0.03430379, 0.003054539, -0.003425348,
+    -0.002372528, 0.004843987, 0.000629616, -0.00317347, 0.00634368, 0.009973802, -1.940398e-05,
+    0.002614709, -0.005285087, -0.006949947, 0.01256123, -0.02634129, 0.03166755, 0.0635173, 0.01870043,
+    -0.01560785, -0.01476435, 0.0198324, -7.927264e-05, -0.003342087, 0.00921195, 0.01244735, 0.002167286,
+    -0.005426942, 0.007827539, 0.01133879, 0.001402537, 0.006239269, -0.004093163, -0.009555271,
+    0.00763447, 0.009058691, 0.002454846, -0.0004711633, 0.008299379, 0.01670495, -0.008050615,
+    -0.03293189, 0.006708698, 0.01489366, -0.00428293, 0.01073232, 0.1796764, 0.02832765, 0.05905564,
+    -0.02837786, 0.3365606, 0.1379937, 0.07713105, 0.07085221, 0.1796764, 0.02832765, 0.05905564,
+    -0.02837786, 0.3365606, 0.1379937, 0.07713104, 0.07085221 };
+static const float ref_gru_bi[254] = {
+    -0.2078123, 0.0457074, 0.3897915, -0.05625726, -0.4844743, -0.1986334, 0.2657085, -0.08356161,
+    -0.5371757, -0.441142, 0.05365926, -0.1698451, -0.1666288, -0.4102911, 0.2486666, 0.1800809,
+    -0.3949403, -0.4805199, 0.1644675, 0.142768, -0.491417, -0.5614009, -0.001398414, 0.09751499,
+    0.3504921, -0.0685043, 0.2259569, -0.2012061, -0.05947629, 0.3104481, 0.005591109, 0.3351741,
+    -0.5371757, -0.441142, -0.491417, -0.5614009, 0.3897915, -0.05625726, 0.2486666, 0.1800809,
+    -0.1367713, -0.144557, -0.08435526, -0.06083931, -0.06689157, -0.04148368, -0.003336299, -0.02221381,
+    -0.03064382, 0.07885168, 0.03043003, -0.03230334, 0.04724504, 0.005747981, -0.03845245, 0.03606002,
+    0.003352625, -0.03093156, -0.2402019, -0.1721173, 0.05327842, 0.1754811, -0.01631409, 0.003199091,
+    0.04880496, -0.01191737, -0.2281596, -0.2214908, -0.06016571, 0.09648168, -0.1278612, 0.01211307,
+    0.1178874, 0.1741333, -0.0009401184, -0.00100268, -0.000593666, 0.003417483, 0.003826746, 0.002436231,
+    -0.008607012, -0.001289697, 0.006634182, -0.02256613, -0.02614339, -0.01742501, 0.03409679, 0.0273451,
+    0.007732583, -0.01199908, -0.01203993, -0.006418206, 0.00663281, 0.001928163, 0.01254776, 0.0103937,
+    -0.009917768, 0.004517222, -0.01330926, 0.01328982, -0.04614158, -0.02541778, -0.06883834,
+    -0.07307392, 0.0185403, 0.00562778, -0.05794299, -0.09084549, -0.174292, 0.06326613, 0.0185403,
+    0.00562778, -0.05794299, -0.09084548, -0.0732362, 0.03455214, 0.02184268, 0.02337402, 0.0139122,
+    0.0008835697, -0.0004358029, -0.00155021, 0.0215952, 0.03282882, 0.02862253, -0.000516356,
+    -4.199163e-05, 0.0004521225, 0.132051, 0.128563, 0.06460983, 0.01596151, 0.003635634, -0.01040014,
+    0.01635496, 0.02273319, -0.003714637, -0.0004780995, 0.01638397, 0.003710771, 0.0009885635,
+    -0.0006209866, 0.04957414, 0.06886324, -0.01339843, -0.001924743, 0.07534066, 0.006577599, 0.02425772,
+    -0.01443279, 0.5246416, 0.05273212, 0.07534066, 0.0065776, 0.02425772, -0.01443279, 0.2230812,
+    0.01985336, 0.0129348, -0.00319604, -0.0004797124, 0.01597298, 0.00960522, -0.00398712, -0.004259882,
+    0.008371158, -0.06675537, -0.009891205, 0.001360415, -0.06842351, -0.06050261, -0.006398847,
+    0.02079638, -0.04248796, -0.1399453, 0.03899153, 0.007168895, -0.1730499, -0.2195284, -0.04185702,
+    0.05397044, -0.1505856, -0.008687455, -0.007954009, -0.02265121, -0.01170965, -0.0399712, -0.02507888,
+    0.0201929, -0.01058429, 0.07532793, 0.06623957, -0.02750646, -0.07419042, 0.04505542, 0.02788415,
+    -0.2042721, -0.1403231, -0.4873265, -0.4945323, 0.04505543, 0.02788415, -0.2042721, -0.1403231,
+    -0.3406287, -0.3382251, 0.0008753533, -0.001244074, 0.004933272, 0.005199011, -0.004376512,
+    -0.001033957, 0.0005202387, -0.004882586, -0.0051545, 0.009109342, -0.03986605, -0.03602233,
+    -0.01471667, 0.002261515, -0.0126397, -0.02316179, 0.04570835, -0.03785279, 0.06844576, 0.1503102,
+    0.1144539, 0.01001071, 0.03242679, 0.1391392, 0.003213337, 0.004823158, -0.002922739, 0.0009137581,
+    -0.02278116, -0.03832323, -0.003118383, -0.004241033, 0.01684619, 0.02396141, 0.02063875, -0.00566456,
+    0.0136212, -0.01616549, -0.09008763, -0.06363812, 0.4297532, 0.4207616, 0.0136212, -0.01616549,
+    -0.09008763, -0.06363812, 0.1297129, 0.2293811 };
+static const float *const refs[] = { ref_rnn, ref_rnn_relu, ref_lstm, ref_gru, ref_lstm_bi, ref_gru_bi };
 static const size_t ref_counts[] = { sizeof ref_rnn / sizeof(float), sizeof ref_rnn_relu / sizeof(float),
-                                     sizeof ref_lstm / sizeof(float), sizeof ref_gru / sizeof(float) };
+                                     sizeof ref_lstm / sizeof(float), sizeof ref_gru / sizeof(float),
+                                     sizeof ref_lstm_bi / sizeof(float), sizeof ref_gru_bi / sizeof(float) };
 
 /* t's values (or gradient) against ref[*at ...] within 1e-5 + 1e-4 |ref|; moves *at past them. */
 static int expect(const char *what, mlc_tensor *t, int grad, const float *ref, size_t count, size_t *at) {
@@ -122,12 +205,12 @@ static mlc_tensor *filled(mlc_ctx *ctx, int ndim, const int *shape, int salt) {
 static int values_match_pytorch(int kind) {
     mlc_ctx *ctx = test_ctx(3);
     mlc_module *m = make(ctx, kind, I, H, L);
-    mlc_named_tensor p[8];
-    mlc_tensor *x = filled(ctx, MLC_SHAPE(B, T, I), 1), *h0 = filled(ctx, MLC_SHAPE(L, B, H), 2);
-    mlc_tensor *c0 = filled(ctx, MLC_SHAPE(L, B, H), 3), *out, *hn, *cn = NULL, *loss;
-    int n = mlc_module_parameters(m, p, 8), k, lstm = kind == 2;
+    mlc_named_tensor p[16];
+    int n = mlc_module_parameters(m, p, 16), k, lstm = kind == 2 || kind == 4, D = kind >= 4 ? 2 : 1;
+    mlc_tensor *x = filled(ctx, MLC_SHAPE(B, T, I), 1), *h0 = filled(ctx, MLC_SHAPE(L * D, B, H), 2);
+    mlc_tensor *c0 = filled(ctx, MLC_SHAPE(L * D, B, H), 3), *out, *hn, *cn = NULL, *loss;
     size_t at = 0;
-    CHECK(n == 4 * L);
+    CHECK(n == 4 * L * D);
     for (k = 0; k < n; k++) CHECK(fill(p[k].tensor, 10 + k, kind == 1 ? 0.2f : 0.0f));
     out = mlc_rnn_forward(m, x, h0, lstm ? c0 : NULL, &hn, lstm ? &cn : NULL);
     loss = mlc_add(weighted(out, 4), weighted(hn, 5));
@@ -148,12 +231,14 @@ static int rnn_matches_pytorch(void) { return values_match_pytorch(0); }
 static int rnn_relu_matches_pytorch(void) { return values_match_pytorch(1); }
 static int lstm_matches_pytorch(void) { return values_match_pytorch(2); }
 static int gru_matches_pytorch(void) { return values_match_pytorch(3); }
+static int bidirectional_lstm_matches_pytorch(void) { return values_match_pytorch(4); }
+static int bidirectional_gru_matches_pytorch(void) { return values_match_pytorch(5); }
 
 /* ---------- gradient checks: inputs x, h0, (c0), then every parameter ---------- */
 
 static mlc_tensor *f_recurrent(mlc_tensor **in, void *user) {
     mlc_module *m = (mlc_module *)user;
-    int lstm = strcmp(m->type, "LSTM") == 0;
+    int lstm = m->cell == MLC_CELL_LSTM;
     mlc_tensor *hn = NULL, *cn = NULL, *parts[3];
     mlc_tensor *out = mlc_rnn_forward(m, in[0], in[1], lstm ? in[2] : NULL, &hn, &cn);
     parts[0] = mlc_reshape(out, MLC_SHAPE(-1));
@@ -165,15 +250,16 @@ static mlc_tensor *f_recurrent(mlc_tensor **in, void *user) {
 static int gradcheck_of(int kind) {
     mlc_ctx *ctx = test_ctx(11);
     mlc_module *m = make(ctx, kind, I, H, L);
-    mlc_named_tensor p[8];
-    mlc_tensor *in[11];
+    mlc_named_tensor p[16];
+    mlc_tensor *in[19];
     mlc_gradcheck_opts opts = { 5e-3, 2e-3, 1e-2 };
     mlc_gradcheck_report rep;
-    int n = mlc_module_parameters(m, p, 8), k, lead = kind == 2 ? 3 : 2;
-    CHECK(n == 4 * L);
+    int n = mlc_module_parameters(m, p, 16), k, D = kind >= 4 ? 2 : 1;
+    int lead = m->cell == MLC_CELL_LSTM ? 3 : 2;
+    CHECK(n == 4 * L * D);
     in[0] = filled(ctx, MLC_SHAPE(B, T, I), 1);
-    in[1] = filled(ctx, MLC_SHAPE(L, B, H), 2);
-    in[2] = filled(ctx, MLC_SHAPE(L, B, H), 3);
+    in[1] = filled(ctx, MLC_SHAPE(L * D, B, H), 2);
+    in[2] = filled(ctx, MLC_SHAPE(L * D, B, H), 3);
     for (k = 0; k < n; k++) {
         CHECK(fill(p[k].tensor, 10 + k, kind == 1 ? 0.2f : 0.0f));
         in[lead + k] = p[k].tensor;
@@ -190,6 +276,8 @@ static int grad_rnn(void) { return gradcheck_of(0); }
 static int grad_rnn_relu(void) { return gradcheck_of(1); }
 static int grad_lstm(void) { return gradcheck_of(2); }
 static int grad_gru(void) { return gradcheck_of(3); }
+static int grad_bidirectional_lstm(void) { return gradcheck_of(4); }
+static int grad_bidirectional_gru(void) { return gradcheck_of(5); }
 
 /* ---------- names, shapes, initialisation, mlc_forward ---------- */
 
@@ -235,6 +323,40 @@ static int names_shapes_and_init_like_pytorch(void) {
         CHECK(mlc_forward(seq, x) != NULL && mlc_forward(seq, x)->shape[2] == 1);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Bidirectional: PyTorch's names and order (l0, l0_reverse, l1, l1_reverse), layer 1 reads both
+   directions (input 2 hidden), the output holds both side by side, and h_n ends each direction:
+   the forward one at the last step, the reverse one at the first. */
+static int bidirectional_names_shapes_and_ends(void) {
+    static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
+    mlc_ctx *ctx = test_ctx(4);
+    mlc_module *m = mlc_nn_recurrent(ctx, MLC_CELL_LSTM, 5, 6, 2, 1);
+    mlc_named_tensor p[16];
+    mlc_tensor *hn, *cn, *out;
+    const float *o, *h;
+    int k, b, j;
+    CHECK(mlc_module_parameters(m, p, 16) == 16);
+    for (k = 0; k < 16; k++) {
+        char want[40];
+        snprintf(want, sizeof want, "%s_l%d%s", kinds[k % 4], k / 8, k % 8 >= 4 ? "_reverse" : "");
+        CHECK_MSG(strcmp(p[k].name, want) == 0, "%.100s, expected %s", p[k].name, want);
+        CHECK(p[k].tensor->shape[0] == 24);
+        if (k % 4 < 2) CHECK(p[k].tensor->shape[1] == (k % 4 ? 6 : k < 8 ? 5 : 12));
+    }
+    out = mlc_rnn_forward(m, mlc_randn(ctx, MLC_SHAPE(3, 7, 5)), NULL, NULL, &hn, &cn);
+    CHECK_MSG(out && hn && cn, "%.300s", mlc_error_message(ctx));
+    CHECK(out->ndim == 3 && out->shape[0] == 3 && out->shape[1] == 7 && out->shape[2] == 12);
+    CHECK(hn->ndim == 3 && hn->shape[0] == 4 && hn->shape[1] == 3 && hn->shape[2] == 6);
+    CHECK(mlc_same_shape(hn, cn));
+    o = mlc_host_data(out); h = mlc_host_data(hn);
+    for (b = 0; b < 3; b++)
+        for (j = 0; j < 6; j++) {
+            CHECK(o[(b * 7 + 6) * 12 + j] == h[(2 * 3 + b) * 6 + j]);        /* layer 1 forward, step 6 */
+            CHECK(o[(b * 7 + 0) * 12 + 6 + j] == h[(3 * 3 + b) * 6 + j]);    /* layer 1 reverse, step 0 */
+        }
     test_destroy(ctx);
     return 1;
 }
@@ -340,7 +462,7 @@ static int recurrent_errors(void) {
     CHECK(mlc_rnn_forward(gru, NULL, NULL, NULL, NULL, NULL) == NULL);
     CHECK_ERROR(ctx, MLC_ERR_NULL, "the input");
     CHECK(mlc_nn_lstm(ctx, 3, 0, 1) == NULL);
-    CHECK_ERROR(ctx, MLC_ERR_ARG, "mlc_nn_lstm");
+    CHECK_ERROR(ctx, MLC_ERR_ARG, "hidden_size 0");
     CHECK(mlc_nn_rnn(ctx, 3, 2, 0) == NULL);
     CHECK_ERROR(ctx, MLC_ERR_ARG, "num_layers 0");
     CHECK(mlc_rnn_forward(NULL, x, NULL, NULL, NULL, NULL) == NULL);
@@ -352,8 +474,11 @@ static int recurrent_errors(void) {
 #define TEST(name) { #name, name },
 const test_case tests_recurrent[] = {
     TEST(rnn_matches_pytorch) TEST(rnn_relu_matches_pytorch) TEST(lstm_matches_pytorch)
-    TEST(gru_matches_pytorch) TEST(grad_rnn) TEST(grad_rnn_relu) TEST(grad_lstm) TEST(grad_gru)
-    TEST(names_shapes_and_init_like_pytorch) TEST(lstm_loads_a_pytorch_state_dict_by_name)
+    TEST(gru_matches_pytorch) TEST(bidirectional_lstm_matches_pytorch) TEST(bidirectional_gru_matches_pytorch)
+    TEST(grad_rnn) TEST(grad_rnn_relu) TEST(grad_lstm) TEST(grad_gru) TEST(grad_bidirectional_lstm)
+    TEST(grad_bidirectional_gru)
+    TEST(names_shapes_and_init_like_pytorch) TEST(bidirectional_names_shapes_and_ends)
+    TEST(lstm_loads_a_pytorch_state_dict_by_name)
     TEST(each_cell_learns_to_recall) TEST(recurrent_errors)
     { NULL, NULL }
 };

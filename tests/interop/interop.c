@@ -1,9 +1,10 @@
 /* The mlc side of the PyTorch interop test (tests/interop/torch_interop.py writes the files;
-   make test-interop runs both). For each model (mlp, cnn, embed, lstm, gru): build it with mlc's modules,
-   load PyTorch's state dict strictly (num_batches_tracked arrives as I64), run PyTorch's batch
-   in training mode and match the output, the loss, and the gradients of the input and of every
-   parameter; match the eval-mode output (batch norm's running statistics updated as PyTorch
-   does); then train 3 Adam steps, save the weights and the eval output for PyTorch to match.
+   make test-interop runs both). For each model (mlp, cnn, embed, lstm, gru: bidirectional):
+   build it with mlc's modules, load PyTorch's state dict strictly (num_batches_tracked arrives
+   as I64), run PyTorch's batch in training mode and match the output, the loss, and the
+   gradients of the input and of every parameter; match the eval-mode output (batch norm's
+   running statistics updated as PyTorch does); then train 3 Adam steps, save the weights and
+   the eval output for PyTorch to match.
    Tolerance: |mlc - torch| <= 1e-5 + 1e-4 |torch| per element.
    Usage: interop DIR. Prints PASS/FAIL lines and "interop (mlc side): N passed, M failed". */
 #include <math.h>
@@ -58,7 +59,8 @@ static mlc_module *build(mlc_ctx *ctx, const char *name) {
     if (strcmp(name, "lstm") == 0)
         return mlc_nn_sequential(ctx, mlc_nn_lstm(ctx, 6, 8, 2), mlc_nn_linear(ctx, 8, 3), NULL);
     if (strcmp(name, "gru") == 0)
-        return mlc_nn_sequential(ctx, mlc_nn_gru(ctx, 6, 8, 2), mlc_nn_linear(ctx, 8, 3), NULL);
+        return mlc_nn_sequential(ctx, mlc_nn_recurrent(ctx, MLC_CELL_GRU, 6, 8, 2, 1),
+                                 mlc_nn_linear(ctx, 16, 3), NULL);
     return mlc_nn_sequential(ctx, mlc_nn_embedding(ctx, 50, 16), mlc_nn_layer_norm(ctx, 16),
                              mlc_nn_linear(ctx, 16, 50), NULL);
 }

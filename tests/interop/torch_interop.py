@@ -5,7 +5,8 @@ length, a JSON header, raw little-endian data).
 
   torch_interop.py write DIR   five models built with fixed seeds (an MLP, a Fashion-MNIST
                                shaped CNN with batch norm, an embedding + layer-norm model, a
-                               2-layer LSTM and a 2-layer GRU with a linear head on every step):
+                               2-layer LSTM and a 2-layer bidirectional GRU with a linear head
+                               on every step):
                                DIR/<model>.weights.safetensors (the state dict, batch norm's
                                num_batches_tracked as I64) and DIR/<model>.ref.safetensors (an
                                input batch, targets, the training-mode output, the loss, the
@@ -81,10 +82,10 @@ class Recurrent(nn.Module):
     """A recurrent layer (batch first) and a linear head on each step, named as nn.Sequential
     names them ("0.weight_ih_l0", "1.weight"): nn.LSTM and nn.GRU return a tuple."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, bidirectional=False):
         super().__init__()
-        self.add_module("0", layer(6, 8, 2, batch_first=True))
-        self.add_module("1", nn.Linear(8, 3))
+        self.add_module("0", layer(6, 8, 2, batch_first=True, bidirectional=bidirectional))
+        self.add_module("1", nn.Linear(16 if bidirectional else 8, 3))
 
     def forward(self, x):
         return self._modules["1"](self._modules["0"](x)[0])
@@ -108,7 +109,7 @@ def loss_of(name, out, y):
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "embed": embed, "lstm": lambda: Recurrent(nn.LSTM),
-          "gru": lambda: Recurrent(nn.GRU)}
+          "gru": lambda: Recurrent(nn.GRU, bidirectional=True)}
 
 
 def write(folder):
