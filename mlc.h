@@ -442,7 +442,7 @@ struct mlc_module {
     mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
     int kernel;                         /* pools */
     int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
-    float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
+    float alpha, eps, momentum;         /* leaky slope or dropout p (recurrent: between layers); norms */
     void *user;                         /* for modules you write */
 };
 
@@ -471,10 +471,16 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL
    then _l1 ...; G = 1, 4, 3; bidirectional adds weight_ih_l0_reverse ...) and initialisation
    U(-1/√hidden, 1/√hidden), so PyTorch's state dict loads. mlc_forward returns the output
    sequence [B, T, D·hidden] (the last layer's h; D = 2 directions side by side when
-   bidirectional, else 1). No dropout between layers, no proj_size yet. */
+   bidirectional, else 1). The shorthands below take num_layers as mlc_rnn_opts does (0: 1).
+   dropout applies to each layer's output but the last's, in training mode, as in PyTorch. No
+   proj_size yet. */
 typedef enum mlc_cell { MLC_CELL_RNN_TANH = 1, MLC_CELL_RNN_RELU, MLC_CELL_LSTM, MLC_CELL_GRU } mlc_cell;
+typedef struct mlc_rnn_opts {           /* zero: 1 layer, one direction, no dropout */
+    int num_layers, bidirectional;
+    float dropout;                      /* p, in [0, 1] */
+} mlc_rnn_opts;
 MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int input_size, int hidden_size,
-                                    int num_layers, int bidirectional);
+                                    mlc_rnn_opts opts);
 MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);  /* tanh */
 MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
 MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
@@ -4635,6 +4641,7 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
             outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
         }
         out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
+        if (m->alpha > 0 && l < L - 1) out = mlc_dropout(out, m->alpha, m->training);
     }
     if (ctx->error) return NULL;
     if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
@@ -4648,11 +4655,11 @@ static mlc_tensor *mlc__rnn_module_forward(mlc_module *m, mlc_tensor *x) {
 
 /* The module, with a child per layer and direction named "" (so that its tensors carry
    PyTorch's flat names), in PyTorch's order: l0, l0_reverse, l1, ... */
-MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, int layers,
-                                    int bidirectional) {
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, mlc_rnn_opts opts) {
     static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
     static const char *const types[] = { "", "RNN", "RNN", "LSTM", "GRU" };
-    int l, d, k, shape[2], D = bidirectional ? 2 : 1, G = mlc__cell_gates((int)cell);
+    int l, d, k, shape[2], D = opts.bidirectional ? 2 : 1, G = mlc__cell_gates((int)cell);
+    int layers = opts.num_layers ? opts.num_layers : 1;
     mlc_module *m, *layer;
     char name[40];
     mlc_tensor *p;
@@ -4662,8 +4669,9 @@ MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hid
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_recurrent: cell %d, input_size %d, "
                                        "hidden_size %d, num_layers %d are not valid", (int)cell, in, hidden,
                                        layers);
+    if (!mlc__in_range(ctx, "mlc_nn_recurrent", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
     if (!(m = mlc__module(ctx, types[cell], mlc__rnn_module_forward))) return NULL;
-    m->cell = (int)cell; m->directions = D;
+    m->cell = (int)cell; m->directions = D; m->alpha = opts.dropout;
     for (l = 0; l < layers; l++)
         for (d = 0; d < D; d++) {
             layer = mlc__module(ctx, types[cell], NULL);
@@ -4677,17 +4685,23 @@ MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hid
         }
     return m;
 }
+static mlc_module *mlc__nn_cell(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, int layers) {
+    mlc_rnn_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.num_layers = layers;
+    return mlc_nn_recurrent(ctx, cell, in, hidden, opts);
+}
 MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc_nn_recurrent(ctx, MLC_CELL_RNN_TANH, in, hidden, layers, 0);
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_TANH, in, hidden, layers);
 }
 MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc_nn_recurrent(ctx, MLC_CELL_RNN_RELU, in, hidden, layers, 0);
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_RELU, in, hidden, layers);
 }
 MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc_nn_recurrent(ctx, MLC_CELL_LSTM, in, hidden, layers, 0);
+    return mlc__nn_cell(ctx, MLC_CELL_LSTM, in, hidden, layers);
 }
 MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int in, int hidden, int layers) {
-    return mlc_nn_recurrent(ctx, MLC_CELL_GRU, in, hidden, layers, 0);
+    return mlc__nn_cell(ctx, MLC_CELL_GRU, in, hidden, layers);
 }
 
 MLCDEF void mlc_module_train(mlc_module *m, int training) {

@@ -98,9 +98,9 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_tensor *x3 = DATA(ctx, 21, -2, 2, 1, 2, 3, 4), *idx = indices(ctx, 5, 3, 1);
     mlc_tensor *gidx = mlc_reshape(indices(ctx, 24, 3, 2), 3, (int[]){ 2, 3, 4 }), *tok = indices(ctx, 6, 10, 4);
     mlc_tensor *h0 = DATA(ctx, 22, -1, 1, 1, 2, 2, 3), *c0 = DATA(ctx, 23, -1, 1, 1, 2, 2, 3), *hn, *cn;
-    mlc_tensor *h0b = DATA(ctx, 24, -1, 1, 1, 4, 2, 3);                        /* 2 layers, 2 directions */
+    mlc_tensor *h0b = DATA(ctx, 24, -1, 1, 1, 4, 2, 3);             /* the GRU: 2 layers, 2 directions */
     mlc_module *lstm = fixed(mlc_nn_lstm(ctx, 4, 3, 2), 30);
-    mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, 2, 1), 40);      /* bidirectional */
+    mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, (mlc_rnn_opts){ 2, 1, 0 }), 40);
     mlc_tensor *loss, *total = NULL;
     mlc_conv_opts conv = { 2, 1, 1, 2 };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));

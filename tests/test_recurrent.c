@@ -19,7 +19,8 @@ static mlc_module *make(mlc_ctx *ctx, int kind, int in, int hidden, int layers) 
     return kind == 0 ? mlc_nn_rnn(ctx, in, hidden, layers)
          : kind == 1 ? mlc_nn_rnn_relu(ctx, in, hidden, layers)
          : kind == 2 ? mlc_nn_lstm(ctx, in, hidden, layers) : kind == 3 ? mlc_nn_gru(ctx, in, hidden, layers)
-         : mlc_nn_recurrent(ctx, kind == 4 ? MLC_CELL_LSTM : MLC_CELL_GRU, in, hidden, layers, 1);
+         : mlc_nn_recurrent(ctx, kind == 4 ? MLC_CELL_LSTM : MLC_CELL_GRU, in, hidden,
+                            (mlc_rnn_opts){ layers, 1, 0 });
 }
 
 /* Made by /usr/bin/python3 (torch 1.13) running this, for kind in rnn, rnn_relu, lstm, gru, lstm_bi, gru_bi:
@@ -333,7 +334,7 @@ static int names_shapes_and_init_like_pytorch(void) {
 static int bidirectional_names_shapes_and_ends(void) {
     static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
     mlc_ctx *ctx = test_ctx(4);
-    mlc_module *m = mlc_nn_recurrent(ctx, MLC_CELL_LSTM, 5, 6, 2, 1);
+    mlc_module *m = mlc_nn_recurrent(ctx, MLC_CELL_LSTM, 5, 6, (mlc_rnn_opts){ 2, 1, 0 });
     mlc_named_tensor p[16];
     mlc_tensor *hn, *cn, *out;
     const float *o, *h;
@@ -357,6 +358,40 @@ static int bidirectional_names_shapes_and_ends(void) {
             CHECK(o[(b * 7 + 6) * 12 + j] == h[(2 * 3 + b) * 6 + j]);        /* layer 1 forward, step 6 */
             CHECK(o[(b * 7 + 0) * 12 + 6 + j] == h[(3 * 3 + b) * 6 + j]);    /* layer 1 reverse, step 0 */
         }
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Dropout between layers: in eval mode the module gives what the same weights give without it;
+   in training mode it changes the output; with p = 1 the top layer sees zeros, so the input
+   gets no gradient at all. */
+static int dropout_between_layers(void) {
+    mlc_ctx *ctx = test_ctx(6);
+    mlc_module *a = mlc_nn_recurrent(ctx, MLC_CELL_LSTM, 3, 4, (mlc_rnn_opts){ 2, 0, 0.5f });
+    mlc_module *b = mlc_nn_lstm(ctx, 3, 4, 2);
+    mlc_module *all = mlc_nn_recurrent(ctx, MLC_CELL_GRU, 3, 4, (mlc_rnn_opts){ 2, 0, 1.0f });
+    mlc_named_tensor pa[8], pb[8];
+    mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 5, 3)), 1), *ya, *yb;
+    const float *g;
+    size_t i, differ = 0;
+    int k;
+    CHECK(mlc_module_parameters(a, pa, 8) == 8 && mlc_module_parameters(b, pb, 8) == 8);
+    for (k = 0; k < 8; k++)
+        CHECK(mlc_write(pb[k].tensor, mlc_host_data(pa[k].tensor), pa[k].tensor->size) == MLC_OK);
+    mlc_module_train(a, 0);
+    ya = mlc_forward(a, x); yb = mlc_forward(b, x);
+    CHECK(ya && yb);
+    for (i = 0; i < ya->size; i++) CHECK(mlc_host_data(ya)[i] == mlc_host_data(yb)[i]);
+    mlc_module_train(a, 1);
+    ya = mlc_forward(a, x);
+    CHECK(ya != NULL);
+    for (i = 0; i < ya->size; i++) differ += mlc_host_data(ya)[i] != mlc_host_data(yb)[i];
+    CHECK_MSG(differ > ya->size / 2, "training mode changed %zu of %zu outputs", differ, ya->size);
+    CHECK(mlc_backward(mlc_sum_all(mlc_forward(all, x))) == MLC_OK);
+    g = mlc_host_grad(x);
+    CHECK(g != NULL);
+    for (i = 0; i < x->size; i++) CHECK(g[i] == 0.0f);
+    CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
 }
@@ -463,8 +498,13 @@ static int recurrent_errors(void) {
     CHECK_ERROR(ctx, MLC_ERR_NULL, "the input");
     CHECK(mlc_nn_lstm(ctx, 3, 0, 1) == NULL);
     CHECK_ERROR(ctx, MLC_ERR_ARG, "hidden_size 0");
-    CHECK(mlc_nn_rnn(ctx, 3, 2, 0) == NULL);
-    CHECK_ERROR(ctx, MLC_ERR_ARG, "num_layers 0");
+    CHECK(mlc_nn_rnn(ctx, 3, 2, -1) == NULL);
+    CHECK_ERROR(ctx, MLC_ERR_ARG, "num_layers -1");
+    CHECK(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 3, 2, (mlc_rnn_opts){ 2, 0, 1.5f }) == NULL);
+    CHECK_ERROR(ctx, MLC_ERR_ARG, "dropout = 1.5");
+    CHECK(mlc_nn_recurrent(ctx, (mlc_cell)7, 3, 2, (mlc_rnn_opts){ 0, 0, 0 }) == NULL);
+    CHECK_ERROR(ctx, MLC_ERR_ARG, "cell 7");
+    CHECK(mlc_nn_gru(ctx, 3, 2, 0) != NULL && mlc_error(ctx) == MLC_OK);     /* num_layers 0: 1 */
     CHECK(mlc_rnn_forward(NULL, x, NULL, NULL, NULL, NULL) == NULL);
     CHECK_ERROR(ctx, MLC_ERR_NULL, "the module");
     test_destroy(ctx);
@@ -478,7 +518,7 @@ const test_case tests_recurrent[] = {
     TEST(grad_rnn) TEST(grad_rnn_relu) TEST(grad_lstm) TEST(grad_gru) TEST(grad_bidirectional_lstm)
     TEST(grad_bidirectional_gru)
     TEST(names_shapes_and_init_like_pytorch) TEST(bidirectional_names_shapes_and_ends)
-    TEST(lstm_loads_a_pytorch_state_dict_by_name)
+    TEST(dropout_between_layers) TEST(lstm_loads_a_pytorch_state_dict_by_name)
     TEST(each_cell_learns_to_recall) TEST(recurrent_errors)
     { NULL, NULL }
 };

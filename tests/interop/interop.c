@@ -59,7 +59,7 @@ static mlc_module *build(mlc_ctx *ctx, const char *name) {
     if (strcmp(name, "lstm") == 0)
         return mlc_nn_sequential(ctx, mlc_nn_lstm(ctx, 6, 8, 2), mlc_nn_linear(ctx, 8, 3), NULL);
     if (strcmp(name, "gru") == 0)
-        return mlc_nn_sequential(ctx, mlc_nn_recurrent(ctx, MLC_CELL_GRU, 6, 8, 2, 1),
+        return mlc_nn_sequential(ctx, mlc_nn_recurrent(ctx, MLC_CELL_GRU, 6, 8, (mlc_rnn_opts){ 2, 1, 0 }),
                                  mlc_nn_linear(ctx, 16, 3), NULL);
     return mlc_nn_sequential(ctx, mlc_nn_embedding(ctx, 50, 16), mlc_nn_layer_norm(ctx, 16),
                              mlc_nn_linear(ctx, 16, 50), NULL);
