@@ -129,7 +129,7 @@ fuzz: $(BUILD)/fuzz-safetensors
 	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/safetensors.dict \
 	    $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
 
-# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes four models and a
+# PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes six models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
 # mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3

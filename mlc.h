@@ -463,7 +463,8 @@ struct mlc_module {
     char **child_names;
     mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
     int kernel;                         /* pools; MultiheadAttention: num_heads */
-    float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
+    int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
+    float alpha, eps, momentum;         /* leaky slope or dropout p (recurrent: between layers); norms */
     void *user;                         /* for modules you write */
 };
 
@@ -495,10 +496,37 @@ MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int n
 MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_tensor *key, mlc_tensor *value,
                                          mlc_tensor *mask, int causal);
 MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL */
+/* Recurrent layers as torch.nn.RNN, LSTM and GRU with batch_first=True: x [B, T, input_size],
+   num_layers stacked, PyTorch's gate order (LSTM i, f, g, o; GRU r, z, n), parameter names
+   (weight_ih_l0 [G·hidden, input_size], weight_hh_l0 [G·hidden, hidden], bias_ih_l0, bias_hh_l0,
+   then _l1 ...; G = 1, 4, 3; bidirectional adds weight_ih_l0_reverse ...) and initialisation
+   U(-1/√hidden, 1/√hidden), so PyTorch's state dict loads. mlc_forward returns the output
+   sequence [B, T, D·hidden] (the last layer's h; D = 2 directions side by side when
+   bidirectional, else 1). The shorthands below take num_layers as mlc_rnn_opts does (0: 1).
+   dropout applies to each layer's output but the last's, in training mode, as in PyTorch. No
+   proj_size yet. */
+typedef enum mlc_cell { MLC_CELL_RNN_TANH = 1, MLC_CELL_RNN_RELU, MLC_CELL_LSTM, MLC_CELL_GRU } mlc_cell;
+typedef struct mlc_rnn_opts {           /* zero: 1 layer, one direction, no dropout */
+    int num_layers, bidirectional;
+    float dropout;                      /* p, in [0, 1] */
+} mlc_rnn_opts;
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int input_size, int hidden_size,
+                                    mlc_rnn_opts opts);
+MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);  /* tanh */
+MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+/* The same with initial states h0 (and c0, LSTM only) [D·num_layers, B, hidden] (layer l's
+   direction d at l·D + d, as PyTorch), NULL for zeros; *h_n and *c_n receive the final states,
+   same shapes (pass NULL for those you do not want). */
+MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
+                                   mlc_tensor **h_n, mlc_tensor **c_n);
 /* Your own module: forward gets the module; add parameters, buffers and children by name. */
 MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn forward, void *user);
 MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *param);
 MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *buffer);
+/* A child named "" adds its tensors under its parent's names (the recurrent modules keep one
+   child per layer this way, each with its four tensors, all named as PyTorch names them). */
 MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child);
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x);
@@ -4906,6 +4934,163 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...) {
     return ok ? m : NULL;
 }
 
+/* ---- Recurrent layers (torch.nn.RNN, LSTM, GRU; batch first) ------------------------------
+   Per layer and direction one matrix product projects the whole input sequence,
+   gi = x W_ih^T + b_ih [B, T, G·H]; then each step t (from T - 1 down for the reverse direction)
+   takes gh = h W_hh^T + b_hh [B, G·H] and the cell's maths:
+     RNN   h' = tanh(gi + gh)                         (relu for MLC_CELL_RNN_RELU)
+     LSTM  i, f, g, o = σ, σ, tanh, σ of the H-wide quarters of gi + gh
+           c' = f c + i g;  h' = o tanh(c')
+     GRU   r, z = σ of the first two H-wide thirds of gi + gh;  n = tanh(gi_n + r gh_n)
+           h' = (1 - z) n + z h = n + z (h - n)
+   The steps' h, side by side (and the two directions' outputs side by side), are the layer's
+   output and the next layer's input. Everything is made of existing ops, so backpropagation
+   through time, every device and the CPU fallback come with them. */
+static int mlc__cell_gates(int cell) { return cell == MLC_CELL_LSTM ? 4 : cell == MLC_CELL_GRU ? 3 : 1; }
+
+/* One step: gi, gh [B, G·H], h [B, H]; *c [B, H] is the LSTM's cell state (updated). */
+static mlc_tensor *mlc__cell_step(int cell, int H, mlc_tensor *gi, mlc_tensor *gh, mlc_tensor *h,
+                                  mlc_tensor **c) {
+    mlc_tensor *s, *gates, *n;
+    if (cell == MLC_CELL_RNN_TANH) return mlc_tanh(mlc_add(gi, gh));
+    if (cell == MLC_CELL_RNN_RELU) return mlc_relu(mlc_add(gi, gh));
+    if (cell == MLC_CELL_LSTM) {
+        s = mlc_add(gi, gh);
+        gates = mlc_sigmoid(s);                                  /* i, f and o (g's quarter unused) */
+        *c = mlc_add(mlc_mul(mlc_slice(gates, 1, H, 2 * H), *c),
+                     mlc_mul(mlc_slice(gates, 1, 0, H), mlc_tanh(mlc_slice(s, 1, 2 * H, 3 * H))));
+        return mlc_mul(mlc_slice(gates, 1, 3 * H, 4 * H), mlc_tanh(*c));
+    }
+    gates = mlc_sigmoid(mlc_add(mlc_slice(gi, 1, 0, 2 * H), mlc_slice(gh, 1, 0, 2 * H)));    /* r, z */
+    n = mlc_tanh(mlc_add(mlc_slice(gi, 1, 2 * H, 3 * H),
+                         mlc_mul(mlc_slice(gates, 1, 0, H), mlc_slice(gh, 1, 2 * H, 3 * H))));
+    return mlc_add(n, mlc_mul(mlc_slice(gates, 1, H, 2 * H), mlc_sub(h, n)));
+}
+
+/* An initial state: entry k of s [L·D, B, H], or zero when s is NULL. */
+static mlc_tensor *mlc__rnn_state(mlc_tensor *s, int k, mlc_tensor *zero) {
+    return s ? mlc_reshape(mlc_slice(s, 0, k, k + 1), 2, zero->shape) : zero;
+}
+
+MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
+                                   mlc_tensor **h_n, mlc_tensor **c_n) {
+    mlc_ctx *ctx = m ? m->ctx : x ? x->ctx : NULL;
+    mlc_tensor **steps, **finals, *zero, *out = x, *gi, *h, *c = NULL, *outs[2];
+    int L, D, B, T, F, H, G, l, d, t, k, lstm, bh[2], bgh[2], bth[3], lbh[3];
+    if (h_n) *h_n = NULL;
+    if (c_n) *c_n = NULL;
+    if (!m || !x)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_rnn_forward: %s is NULL",
+                                       m ? "the input" : "the module");
+    if (!m->cell)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s is not an RNN, LSTM or GRU",
+                                       m->type);
+    lstm = m->cell == MLC_CELL_LSTM;
+    D = m->directions; L = m->n_children / D; G = mlc__cell_gates(m->cell);
+    F = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
+    if (x->ctx != ctx || (h0 && h0->ctx != ctx) || (c0 && c0->ctx != ctx))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: a tensor belongs to another "
+                                       "context than %s", m->type);
+    if (ctx->error) return NULL;
+    if (c0 && !lstm)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: c0 given to %s (LSTM only)",
+                                       m->type);
+    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != F)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: input %T does not fit %s with "
+                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, F, F);
+    B = x->shape[0]; T = x->shape[1];
+    bh[0] = bgh[0] = bth[0] = lbh[1] = B;            /* shapes [B, H], [B, G·H], [B, T, H], [L·D, B, H] */
+    bh[1] = bth[2] = lbh[2] = H; bgh[1] = G * H; bth[1] = T; lbh[0] = L * D;
+    for (k = 0; k < 2; k++) {
+        mlc_tensor *s = k ? c0 : h0;
+        if (s && (s->ndim != 3 || s->shape[0] != L * D || s->shape[1] != B || s->shape[2] != H))
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: %s %T does not fit %s "
+                                           "(want [%d, %d, %d])", k ? "c0" : "h0", s, m->type, L * D, B, H);
+    }
+    steps = (mlc_tensor **)mlc__arena_alloc(ctx, sizeof(mlc_tensor *) * ((size_t)T + 2 * (size_t)(L * D)),
+                                            "mlc_rnn_forward");
+    zero = mlc_to(mlc_zeros(ctx, 2, bh), x->on_device);
+    if (!steps || !zero) return NULL;
+    finals = steps + T;                                          /* h of each layer, then c */
+    for (l = 0; l < L && !ctx->error; l++) {
+        for (d = 0; d < D; d++) {
+            mlc_tensor *const *p = m->children[l * D + d]->params;   /* W_ih, W_hh, b_ih, b_hh */
+            h = mlc__rnn_state(h0, l * D + d, zero);
+            if (lstm) c = mlc__rnn_state(c0, l * D + d, zero);
+            gi = mlc_linear(out, p[0], p[2]);
+            for (k = 0; k < T; k++) {
+                mlc_tensor *gi_t;
+                t = d ? T - 1 - k : k;
+                gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), 2, bgh);
+                h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
+            }
+            finals[l * D + d] = h; finals[L * D + l * D + d] = c;
+            outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
+        }
+        out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
+        if (m->alpha > 0 && l < L - 1) out = mlc_dropout(out, m->alpha, m->training);
+    }
+    if (ctx->error) return NULL;
+    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L * D, L * D, 0), 3, lbh);
+    return ctx->error ? NULL : out;
+}
+
+static mlc_tensor *mlc__rnn_module_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_rnn_forward(m, x, NULL, NULL, NULL, NULL);
+}
+
+/* The module, with a child per layer and direction named "" (so that its tensors carry
+   PyTorch's flat names), in PyTorch's order: l0, l0_reverse, l1, ... */
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, mlc_rnn_opts opts) {
+    static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
+    static const char *const types[] = { "", "RNN", "RNN", "LSTM", "GRU" };
+    int l, d, k, shape[2], D = opts.bidirectional ? 2 : 1, G = mlc__cell_gates((int)cell);
+    int layers = opts.num_layers ? opts.num_layers : 1;
+    mlc_module *m, *layer;
+    char name[40];
+    mlc_tensor *p;
+    if (!ctx || ctx->error) return NULL;
+    if (cell < MLC_CELL_RNN_TANH || cell > MLC_CELL_GRU || in < 1 || hidden < 1 || layers < 1 ||
+        hidden > 2147483647 / (G * D) || layers > 2147483647 / D)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_recurrent: cell %d, input_size %d, "
+                                       "hidden_size %d, num_layers %d are not valid", (int)cell, in, hidden,
+                                       layers);
+    if (!mlc__in_range(ctx, "mlc_nn_recurrent", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
+    if (!(m = mlc__module(ctx, types[cell], mlc__rnn_module_forward))) return NULL;
+    m->cell = (int)cell; m->directions = D; m->alpha = opts.dropout;
+    for (l = 0; l < layers; l++)
+        for (d = 0; d < D; d++) {
+            layer = mlc__module(ctx, types[cell], NULL);
+            if (!layer || mlc_module_add_child(m, "", layer) != MLC_OK) return NULL;
+            for (k = 0; k < 4; k++) {
+                shape[0] = G * hidden; shape[1] = k ? hidden : l ? D * hidden : in;
+                mlc__format(name, sizeof name, "%s_l%d%s", kinds[k], l, d ? "_reverse" : "");
+                if (!(p = mlc__param(layer, name, k < 2 ? 2 : 1, shape))) return NULL;
+                mlc_init_uniform(p, -1.0f / sqrtf((float)hidden), 1.0f / sqrtf((float)hidden));
+            }
+        }
+    return m;
+}
+static mlc_module *mlc__nn_cell(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, int layers) {
+    mlc_rnn_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.num_layers = layers;
+    return mlc_nn_recurrent(ctx, cell, in, hidden, opts);
+}
+MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_TANH, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_RELU, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_LSTM, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_GRU, in, hidden, layers);
+}
+
 MLCDEF void mlc_module_train(mlc_module *m, int training) {
     int i;
     if (!m) return;
@@ -4930,7 +5115,7 @@ static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc
     for (i = 0; with_buffers && i < m->n_buffers; i++, count++)
         if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]); out[count].tensor = m->buffers[i]; }
     for (i = 0; i < m->n_children; i++) {
-        mlc__format(name, sizeof name, "%s%s.", prefix, m->child_names[i]);
+        mlc__format(name, sizeof name, "%s%s%s", prefix, m->child_names[i], m->child_names[i][0] ? "." : "");
         count = mlc__collect(m->children[i], name, with_buffers, out, max, count);
     }
     return count;

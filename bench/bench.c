@@ -5,7 +5,9 @@
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and 2 threads.
      2. the tiny MLP 10-100(tanh)-1: one Adam step on a batch of 64 (MSE), in µs.
      3. training samples/s, batch 64, Adam, cross entropy, on Fashion-MNIST (28x28, 10 classes):
-        an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10).
+        an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10);
+        and an LSTM (2 layers 32 -> 128, a linear head on each step): one Adam step (MSE) on 64
+        random sequences of 50 steps, in ms.
      4. batch-1 inference latency of the same MLP and CNN (eval mode, no gradients), in µs.
      5. the peak RSS of MLP training in a process of its own, against the bytes it must hold.
      6. tokens/s of a training step of the tiny GPT of examples/gpt.c (examples/gpt_model.h:
@@ -456,6 +458,23 @@ static double tiny_step_us(void) {
     return sec * 1e6;
 }
 
+/* An LSTM: 2 layers 32 -> 128 (batch first) and a linear head on every step; one Adam step (MSE)
+   on a fixed random batch of BATCH sequences of 50 steps. */
+static mlc_module *lstm_model(mlc_ctx *ctx) {
+    return mlc_nn_sequential(ctx, mlc_nn_lstm(ctx, 32, 128, 2), mlc_nn_linear(ctx, 128, 1), NULL);
+}
+
+static double lstm_step_ms(void) {
+    trainer t;
+    double sec;
+    if (!trainer_init(&t, 0, lstm_model, NULL, 0, NULL)) return NAN;
+    t.x = mlc_randn(t.ctx, MLC_SHAPE(BATCH, 50, 32));      /* in place of the tiny MLP's batch */
+    t.y = mlc_randn(t.ctx, MLC_SHAPE(BATCH, 50, 1));
+    sec = check(&t, seconds_per_call(train_step, &t, 0.4, 7));
+    mlc_destroy(t.ctx);
+    return sec * 1e3;
+}
+
 static double train_samples_per_s(int with_hook, mlc_module *(*build)(mlc_ctx *), const dataset *data,
                                   int x_ndim, const int *x_shape) {
     trainer t;
@@ -684,6 +703,7 @@ int main(int argc, char **argv) {
     mlp_hook_sps = train_samples_per_s(1, fashion_mlp, &data, 1, mlp_input);
     cnn_hook_sps = train_samples_per_s(1, fashion_cnn, &data, 3, cnn_input);
 #endif
+    double lstm = lstm_step_ms();
     double mlp_inf = infer_us(fashion_mlp, &data, 1, mlp_input);
     double cnn_inf = infer_us(fashion_cnn, &data, 3, cnn_input);
     double gpt_1 = gpt_tokens_per_s(1), gpt_2 = gpt_tokens_per_s(THREADS);
@@ -745,6 +765,8 @@ int main(int argc, char **argv) {
     row("tiny MLP 10-100(tanh)-1 Adam step (MSE)", "us/step", tiny, NAN, kv_num(&torch, "tiny_step_us"), torch_ref, 0, 20);
     row("MLP 784-256-128-10 training", "samples/s", mlp_sps, mlp_hook_sps, kv_num(&torch, "mlp_train_sps"), torch_ref, 1, 2);
     row("CNN conv16-pool-conv32-pool-fc128-fc10 train", "samples/s", cnn_sps, cnn_hook_sps, kv_num(&torch, "cnn_train_sps"), torch_ref, 1, 1.5);
+    row("LSTM 2x128+linear, 64 seqs x 50, Adam step", "ms/step", lstm, NAN, kv_num(&torch, "lstm_step_ms"),
+        torch_ref, 0, 0);
     row("MLP inference, batch 1", "us", mlp_inf, NAN, kv_num(&torch, "mlp_infer_us"), torch_ref, 0, 5);
     row("CNN inference, batch 1", "us", cnn_inf, NAN, kv_num(&torch, "cnn_infer_us"), torch_ref, 0, 5);
     row("tiny GPT 4x64 training step, 1 thread", "tokens/s", gpt_1, NAN, kv_num(&torch, "gpt_tokens_s_1"),

@@ -4,7 +4,7 @@ The same models, data, batch size, optimiser and timing method as bench/bench.c,
 can be compared line by line. Prints "key value" lines that bench.c reads (--torch FILE):
 
     torch_version, torch_threads, torch_data,
-    tiny_step_us, mlp_train_sps, cnn_train_sps, mlp_infer_us, cnn_infer_us,
+    tiny_step_us, mlp_train_sps, cnn_train_sps, lstm_step_ms, mlp_infer_us, cnn_infer_us,
     gpt_tokens_s_1, gpt_tokens_s_2 (the tiny GPT of examples/gpt.c, 1 and 2 threads),
     others_percent (how much of the CPUs other processes used meanwhile)
 
@@ -107,6 +107,17 @@ def fashion_cnn():
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+class LstmHead(nn.Module):
+    """bench.c's LSTM model: 2 layers 32 -> 128 (batch first) and a linear head on every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(32, 128, 2, batch_first=True), nn.Linear(128, 1)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
 
 
 class Trainer:
@@ -224,6 +235,8 @@ def main():
     print("mlp_train_sps %.1f" % (BATCH / seconds_per_call(mlp.step, 0.4, 7)))
     cnn = Trainer(fashion_cnn(), images, labels, (1, 28, 28))
     print("cnn_train_sps %.1f" % (BATCH / seconds_per_call(cnn.step, 0.4, 7)))
+    lstm = Trainer(LstmHead(), x=torch.randn(BATCH, 50, 32), y=torch.randn(BATCH, 50, 1))
+    print("lstm_step_ms %.3f" % (seconds_per_call(lstm.step, 0.4, 7) * 1e3))
     first = images[:1].float().div_(255.0)
     print("mlp_infer_us %.3f" % infer_us(fashion_mlp(), first))
     print("cnn_infer_us %.3f" % infer_us(fashion_cnn(), first.view(1, 1, 28, 28)))

@@ -394,15 +394,15 @@ static int multihead_attention_grad(void) {
 }
 
 const test_case tests_attention[] = {
-    { "attention_values_mask", attention_values_mask },
-    { "attention_values_causal_rank3", attention_values_causal_rank3 },
-    { "attention_dropout_form", attention_dropout_form },
-    { "attention_mask_broadcast", attention_mask_broadcast },
-    { "attention_errors", attention_errors },
-    { "attention_grad_mask", attention_grad_mask },
-    { "attention_grad_causal", attention_grad_causal },
-    { "attention_grad_dropout", attention_grad_dropout },
-    { "multihead_attention_values", multihead_attention_values },
-    { "multihead_attention_grad", multihead_attention_grad },
+    TEST(attention_values_mask)
+    TEST(attention_values_causal_rank3)
+    TEST(attention_dropout_form)
+    TEST(attention_mask_broadcast)
+    TEST(attention_errors)
+    TEST(attention_grad_mask)
+    TEST(attention_grad_causal)
+    TEST(attention_grad_dropout)
+    TEST(multihead_attention_values)
+    TEST(multihead_attention_grad)
     { NULL, NULL }
 };
