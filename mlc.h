@@ -788,6 +788,17 @@ struct mlc_ctx {
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
+/* A float's bits: the one way mlc tests for NaN, infinity and the sign of a zero, since
+   -ffast-math (-ffinite-math-only, -fno-signed-zeros) may fold x != x, isnan(x) and -0.0f == 0.0f
+   but never a memcpy. mlc__is_nan and mlc__is_finite read them. */
+static uint32_t mlc__bits(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+static int mlc__is_nan(float v) { return (mlc__bits(v) & 0x7fffffffu) > 0x7f800000u; }
+static int mlc__is_finite(float v) { return (mlc__bits(v) & 0x7f800000u) != 0x7f800000u; }
+
 /* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
 static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
     size_t n = 0;
@@ -818,10 +829,10 @@ static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
             double v = va_arg(ap, double);
             int e = 0, i, digits;
             unsigned long long m;
-            if (v != v) { s = "nan"; len = 3; }
+            if (mlc__is_nan((float)v)) { s = "nan"; len = 3; }    /* (every %g is a float's) */
             else {
                 if (v < 0) { tmp[len++] = '-'; v = -v; }
-                if (v > DBL_MAX) { memcpy(tmp + len, "inf", 3); len += 3; }
+                if (!mlc__is_finite((float)v)) { memcpy(tmp + len, "inf", 3); len += 3; }
                 else if (v == 0) tmp[len++] = '0';
                 else {
                     while (v >= 10) { v /= 10; e++; }
@@ -1315,16 +1326,14 @@ static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
 
 /* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
 static float mlc__setting(float v, float def) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    return bits == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+    return mlc__bits(v) == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
 }
 
 /* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
    the op and the field. */
 static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
                          int below_hi) {
-    if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
+    if (mlc__is_finite(v) && v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
     mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi,
               below_hi ? ')' : ']');
     return 0;
@@ -1587,7 +1596,8 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     int n, i;
     if (!ctx || ctx->error) return NULL;
     count = step != 0.0f ? ceil(((double)stop - start) / step) : -1.0;
-    if (step == 0.0f || count > 2147483647.0)
+    if (!mlc__is_finite(start) || !mlc__is_finite(stop) || !mlc__is_finite(step) || step == 0.0f
+        || count > 2147483647.0)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", start, stop, step);
     n = count > 0 ? (int)count : 0;
     t = mlc__new(ctx, "mlc_arange", 1, &n, 0);
@@ -1799,7 +1809,7 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
-    if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
+    if (!mlc__is_finite(v) || !(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
         mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, v, where, limit);
         return -1;
     }
@@ -2203,7 +2213,7 @@ MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 #undef MLC__UNARY_DEFINE
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
-    if (x && !x->ctx->error && !(lo <= hi))
+    if (x && !x->ctx->error && (mlc__is_nan(lo) || mlc__is_nan(hi) || !(lo <= hi)))
         return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", lo, hi);
     return mlc__unary(MLC__CLAMP, x, lo, hi);
 }
@@ -2727,7 +2737,8 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
    Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
      sum   y = Σ x                  dx = g
      mean  y = Σ x / n              dx = g / n
-     max   y = max x                dx = g at the (first) argmax, 0 elsewhere
+     max   y = max x                dx = g at the (first) argmax, 0 elsewhere (a NaN is the max:
+                                    the first NaN, as in PyTorch; argmax likewise)
      var   y = Σ (x - μ)² / (n - c) dx = g 2 (x - μ) / (n - c)     (c = 1 when unbiased)
    Sums are taken in double.
    ============================================================================================ */
@@ -2794,7 +2805,10 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
             switch (kind) {
             case MLC__MAX: case MLC__ARGMAX:
                 best = p[0];
-                for (i = 1; i < len; i++) if (p[(size_t)i * inner] > best || best != best) { best = p[(size_t)i * inner]; at = i; }
+                for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
+                    if (p[(size_t)i * inner] > best || mlc__is_nan(p[(size_t)i * inner])) {
+                        best = p[(size_t)i * inner]; at = i;
+                    }
                 argmax[o * inner + k] = at;
                 out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
                 break;
@@ -3438,7 +3452,7 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     size_t i;
     int where;
     MLC__ENTER("mlc_dropout", x);
-    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]", p);
+    if (!mlc__in_range(ctx, "mlc_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
@@ -3620,7 +3634,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
      conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j] x[n, c, s·h + d·i - p, s·w + d·j - p]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
-     max_pool y = max of the window               dx = g at the window's (first) argmax
+     max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
+                                                   last NaN (y NaN), as PyTorch's CPU kernel does
      avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window
    ============================================================================================ */
 
@@ -3874,11 +3889,11 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         MLC__OMP(omp simd)
-        for (ow = lo; ow < hi; ow++) {     /* in window order, as below (a NaN first stays) */
+        for (ow = lo; ow < hi; ow++) {     /* in window order, as below */
             float best = r0[2 * ow];
-            best = r0[2 * ow + 1] > best ? r0[2 * ow + 1] : best;
-            best = r1[2 * ow] > best ? r1[2 * ow] : best;
-            y[ow] = r1[2 * ow + 1] > best ? r1[2 * ow + 1] : best;
+            best = r0[2 * ow + 1] > best || mlc__is_nan(r0[2 * ow + 1]) ? r0[2 * ow + 1] : best;
+            best = r1[2 * ow] > best || mlc__is_nan(r1[2 * ow]) ? r1[2 * ow] : best;
+            y[ow] = r1[2 * ow + 1] > best || mlc__is_nan(r1[2 * ow + 1]) ? r1[2 * ow + 1] : best;
         }
         return;
     }
@@ -3890,13 +3905,14 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
             if (argmax) {
                 MLC__OMP(omp simd)
                 for (ow = lo; ow < hi; ow++) {
-                    int take = in[ow * S] > y[ow];
+                    int take = in[ow * S] > y[ow] || mlc__is_nan(in[ow * S]);
                     y[ow] = take ? in[ow * S] : y[ow];
                     argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
                 }
             } else {
                 MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) y[ow] = in[ow * S] > y[ow] ? in[ow * S] : y[ow];
+                for (ow = lo; ow < hi; ow++)
+                    y[ow] = in[ow * S] > y[ow] || mlc__is_nan(in[ow * S]) ? in[ow * S] : y[ow];
             }
         }
 }
@@ -3906,12 +3922,12 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
     mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
-    if (job->is_max) {                      /* the first of the largest; a NaN first stays */
+    if (job->is_max) {                      /* the first of the largest, or the last NaN */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) {
-                int take = p[ih * W + iw] > best;
+                int take = p[ih * W + iw] > best || mlc__is_nan(p[ih * W + iw]);
                 best = take ? p[ih * W + iw] : best;
                 at = take ? ih * W + iw : at;
             }

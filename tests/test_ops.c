@@ -1169,13 +1169,59 @@ static int pooling_against_window_loop(void) {
                     }
                     test_destroy(ctx);
                 }
-    {   /* NaN: kept when first in its window, passed over elsewhere (then a larger value still wins) */
-        mlc_ctx *ctx = test_ctx(1);
-        const float nan_x[8] = { NAN, 1, 1, 2, 3, 4, NAN, 9 };
-        mlc_tensor *r = mlc_max_pool2d(mlc_from_data(ctx, 4, (const int[]){ 1, 1, 2, 4 }, nan_x), 2, 2, 0);
-        CHECK(r && isnan(mlc_host_data(r)[0]) && mlc_host_data(r)[1] == 9.0f);
-        test_destroy(ctx);
-    }
+    return 1;
+}
+
+/* Every element of t equals want (NaN where want is NaN) */
+static int same_with_nan(mlc_tensor *t, const float *want) {
+    const float *d = t ? mlc_host_data(t) : NULL;
+    size_t i;
+    if (!d) return 0;
+    for (i = 0; i < t->size; i++)
+        if (isnan(want[i]) ? !isnan(d[i]) : d[i] != want[i]) return 0;
+    return 1;
+}
+
+/* NaN as in PyTorch: max and argmax along an axis take the first NaN (its gradient goes there),
+   max pooling outputs NaN where the window holds one and sends the gradient to the window's last
+   NaN (PyTorch's CPU kernel). Values from PyTorch 1.13 (python3-torch):
+   x = [[1, nan, 3, nan], [2, 5, -1, 0]]: x.max(1) (nan, 5) at (1, 1); x.max(0) (2, nan, 3, nan)
+   at (1, 0, 0, 0); [[inf, nan, -inf], [nan, inf, nan]].argmax(1) (1, 0); for the 4x4 plane p
+   below, F.max_pool2d(p, 2, 2) and F.max_pool2d(p, 3, 1, 1) and the gradients of their sums. */
+static int nan_in_max_argmax_and_max_pool(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float N = NAN, I = INFINITY;
+    const float xs[8] = { 1, N, 3, N, 2, 5, -1, 0 }, max1[2] = { N, 5 }, at1[2] = { 1, 1 };
+    const float max0[4] = { 2, N, 3, N }, at0[4] = { 1, 0, 0, 0 }, inf_at[2] = { 1, 0 };
+    const float g1[8] = { 0, 1, 0, 0, 0, 1, 0, 0 }, g0[8] = { 0, 1, 1, 1, 1, 0, 0, 0 };
+    const float infs[6] = { I, N, -I, N, I, N };
+    const float ps[16] = { 1, 2, 3, 4, 5, N, 7, 8, 9, 10, N, 12, 13, 14, 15, N };
+    const float pool2[4] = { N, 8, 14, N }, gpool2[16] = { 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1 };
+    const float pool3[16] = { N, N, N, 8, N, N, N, N, N, N, N, N, 14, N, N, N };
+    const float gpool3[16] = { 0, 0, 0, 0, 0, 5, 0, 1, 0, 0, 5, 0, 0, 1, 0, 4 };
+    const float *pool_want[2] = { pool2, pool3 }, *gpool_want[2] = { gpool2, gpool3 };
+    int k, tape;
+    mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 2, 4), 1), *p;
+    CHECK(same_with_nan(mlc_max(x, 1, 0), max1) && same_with_nan(mlc_argmax(x, 1), at1));
+    CHECK(same_with_nan(mlc_max(x, 0, 1), max0) && same_with_nan(mlc_argmax(x, 0), at0));
+    CHECK(same_with_nan(mlc_argmax(T(ctx, infs, 2, 3), 1), inf_at));
+    CHECK(mlc_backward(mlc_sum_all(mlc_max(x, 1, 0))) == MLC_OK);
+    CHECK(same_with_nan(mlc_from_data(ctx, 2, x->shape, mlc_host_grad(x)), g1));
+    x = mlc_requires_grad(T(ctx, xs, 2, 4), 1);
+    CHECK(mlc_backward(mlc_sum_all(mlc_max(x, 0, 0))) == MLC_OK);       /* a NaN loss; its gradient is 1 */
+    CHECK(same_with_nan(mlc_from_data(ctx, 2, x->shape, mlc_host_grad(x)), g0));
+    for (k = 0; k < 2; k++)
+        for (tape = 0; tape < 2; tape++) {     /* without a tape 2x2 windows take a fast path */
+            mlc_tensor *y;
+            p = mlc_requires_grad(T(ctx, ps, 1, 1, 4, 4), tape);
+            y = k == 0 ? mlc_max_pool2d(p, 2, 2, 0) : mlc_max_pool2d(p, 3, 1, 1);
+            CHECK_MSG(same_with_nan(y, pool_want[k]), "max_pool2d %d, tape %d", k, tape);
+            if (!tape) continue;
+            CHECK(mlc_backward_with(y, mlc_ones(ctx, y->ndim, y->shape)) == MLC_OK);
+            CHECK_MSG(same_with_nan(mlc_from_data(ctx, 4, p->shape, mlc_host_grad(p)), gpool_want[k]), "max_pool2d %d", k);
+        }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -1188,6 +1234,7 @@ const test_case tests_ops[] = {
     { "activations", activations },
     { "activations_added_through_the_table", activations_added_through_the_table },
     { "maps_propagate_nan_and_pow_zero_has_zero_gradient", maps_propagate_nan_and_pow_zero_has_zero_gradient },
+    { "nan_in_max_argmax_and_max_pool", nan_in_max_argmax_and_max_pool },
     { "cumsum_values_and_gradient", cumsum_values_and_gradient },
     { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
