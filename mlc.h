@@ -764,6 +764,10 @@ typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc
 typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
     mlc__device_buffer *frame, *spare, *kept;
     size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
+    long made, released;               /* buffers the backend made and released so far */
+    long refuse_from;                  /* fault injection (tests/test_device.c sets it): >= 0:
+                                          buffer number refuse_from and every later one are
+                                          refused as if the device were full; -1: none */
 } mlc__device_buffers;
 
 struct mlc_ctx {
@@ -1024,7 +1028,18 @@ static int mlc__device_room(mlc_ctx *ctx, mlc__device_buffer **items, size_t *ca
 
 static void mlc__device_free(mlc_ctx *ctx, const mlc__device_buffer *b) {
     ctx->backend->release(ctx, b->buffer);
+    ctx->buffers.released++;
     ctx->stats.device_bytes_current -= b->bytes;
+}
+
+/* A new buffer from the backend (NULL: the device is full, or an error it set); counted, and
+   refused from books->refuse_from on (fault injection). */
+static void *mlc__device_create(mlc_ctx *ctx, size_t bytes) {
+    mlc__device_buffers *books = &ctx->buffers;
+    void *buffer;
+    if (books->refuse_from >= 0 && books->made >= books->refuse_from) return NULL;
+    if ((buffer = ctx->backend->create(ctx, bytes)) != NULL) books->made++;
+    return buffer;
 }
 
 /* A buffer of `bytes` for tensor t (NULL: scratch for the op being run): a spare of that size,
@@ -1043,9 +1058,9 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
     for (i = books->n_spare; !kept && i-- > 0;)
         if (books->spare[i].bytes == b.bytes) { b.buffer = books->spare[i].buffer; books->spare[i] = books->spare[--books->n_spare]; break; }
     if (!b.buffer) {
-        if (!(b.buffer = ctx->backend->create(ctx, b.bytes)) && !ctx->error) {
+        if (!(b.buffer = mlc__device_create(ctx, b.bytes)) && !ctx->error) {
             while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
-            b.buffer = ctx->backend->create(ctx, b.bytes);
+            b.buffer = mlc__device_create(ctx, b.bytes);
         }
         if (!b.buffer) {
             if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, mlc_device_name(ctx));
@@ -1152,6 +1167,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->stats.bytes_current = ctx->stats.bytes_peak = bytes - MLC__HEADER;
     ctx->grad_enabled = 1;
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
+    ctx->buffers.refuse_from = -1;
     mlc_seed(ctx, cfg.seed);
     device = cfg.device;
 #ifndef MLC_NO_STDIO

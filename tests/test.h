@@ -36,9 +36,12 @@ mlc_ctx *test_adopt(mlc_ctx *ctx);
 void test_destroy(mlc_ctx *ctx);
 int test_fake_device_wanted(void);                 /* MLC_TEST_FAKE_DEVICE=1 */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
-/* Fault injection on the fake device: refuse buffer k and every later one (k < 0: none); returns
-   how many buffers the fake device has made so far (-1: not the fake device). */
-long test_fake_device_fail_at(mlc_ctx *ctx, long k);
+/* Fault injection on the context's device (the fake one, OpenCL, any backend): refuse buffer k
+   and every later one (k < 0: none); returns how many buffers the device has made so far (-1:
+   the context runs on the CPU only). */
+long test_device_fail_at(mlc_ctx *ctx, long k);
+/* Device buffers made and neither released nor in mlc's books (a leak); -1: the CPU only. */
+long test_device_buffers_lost(const mlc_ctx *ctx);
 extern size_t test_fallbacks;                      /* summed by test_destroy */
 extern char test_fallback_op[96];                  /* the first op that fell back */
 

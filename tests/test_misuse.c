@@ -477,38 +477,64 @@ static int allocation_failure_whole_session(void) {
     return 1;
 }
 
-/* The same session with device buffer k and every later one refused, on the fake device
-   (tests/test_device.c), whose buffer-creation hook can fail on purpose; it runs on the fake
-   device in every suite. mlc_opencl.h has no such hook (it calls clCreateBuffer directly). */
-static int device_buffer_failure_whole_session(void) {
-    long total, k;
-    mlc_ctx *ctx;
-    mlc_module *net = NULL;
+/* A context on the fake device (real 0) or on $MLC_DEVICE (real 1; NULL when that is the CPU),
+   its heap counted by a (see fault_alloc). */
+static mlc_ctx *device_ctx(int real, fault_alloc *a) {
     mlc_config c;
+    mlc_ctx *ctx;
     memset(&c, 0, sizeof c);
     c.quiet = 1;
-    c.device = "cpu";
-    ctx = test_install_fake_device(mlc_create(&c));
-    CHECK(ctx && test_fake_device_fail_at(ctx, -1) == 0);
-    CHECK(whole_session(ctx, &net) == MLC_OK);
-    total = test_fake_device_fail_at(ctx, -1);
-    mlc_destroy(ctx);
-    CHECK_MSG(total > 4, "only %ld device buffers", total);
-    for (k = 0; k <= total; k++) {
-        mlc_result r;
-        ctx = test_install_fake_device(mlc_create(&c));
-        CHECK(ctx && test_fake_device_fail_at(ctx, k) == 0);
-        net = NULL;
-        r = whole_session(ctx, &net);
-        if (k < total)
-            CHECK_MSG(r == MLC_ERR_MEMORY && strstr(mlc_error_message(ctx), "out of device memory"),
-                      "device buffer %ld of %ld refused: error %d (%s)", k, total, (int)r, mlc_error_message(ctx));
-        else CHECK_MSG(r == MLC_OK, "nothing refused, yet: %s", mlc_error_message(ctx));
-        test_fake_device_fail_at(ctx, -1);                    /* the device has room again */
-        CHECK_MSG(still_usable(ctx, net), "device buffer %ld refused: not usable after: %s", k, mlc_error_message(ctx));
-        mlc_destroy(ctx);
+    c.device = real ? NULL : "cpu";
+    c.allocator.alloc = fault_alloc_fn;
+    c.allocator.free = fault_free_fn;
+    c.allocator.user = a;
+    ctx = mlc_create(&c);
+    if (!real) return test_install_fake_device(ctx);
+    if (ctx && !mlc_has_device(ctx)) { mlc_destroy(ctx); return NULL; }
+    return ctx;
+}
+
+/* The same session with device buffer k and every later one refused (mlc.h's fault injection,
+   test_device_fail_at), on the fake device, and on the suite's device when it is a real one
+   (MLC_DEVICE=opencl: OpenCL's clCreateBuffer). Refusing only buffer k would not do: the books
+   free the spares and try again, and the retry would get it. */
+static int device_buffer_failure_whole_session(void) {
+    int real;
+    for (real = 0; real < 2; real++) {
+        long total, k;
+        mlc_module *net = NULL;
+        fault_alloc a = { 0, -1, 0, 0 };
+        mlc_ctx *ctx = device_ctx(real, &a);
+        if (real && !ctx) break;                              /* the suites run on the CPU */
+        CHECK(ctx && test_device_fail_at(ctx, -1) == 0);
+        CHECK_MSG(whole_session(ctx, &net) == MLC_OK, "%s", mlc_error_message(ctx));
+        total = test_device_fail_at(ctx, -1);
+        if (real) test_destroy(ctx); else mlc_destroy(ctx);   /* a real device counts fallbacks */
+        CHECK_MSG(total > 4, "only %ld device buffers", total);
+        for (k = 0; k <= total; k++) {
+            mlc_result r;
+            a.live = 0;
+            ctx = device_ctx(real, &a);
+            CHECK(ctx && test_device_fail_at(ctx, k) == 0);
+            net = NULL;
+            r = whole_session(ctx, &net);
+            if (k < total)
+                CHECK_MSG(r == MLC_ERR_MEMORY && strstr(mlc_error_message(ctx), "out of device memory"),
+                          "%s: device buffer %ld of %ld refused: error %d (%s)", mlc_device_name(ctx), k, total,
+                          (int)r, mlc_error_message(ctx));
+            else CHECK_MSG(r == MLC_OK, "nothing refused, yet: %s", mlc_error_message(ctx));
+            CHECK_MSG(test_device_fail_at(ctx, -1) == (k < total ? k : total), "%s: buffer %ld refused, yet %ld made",
+                      mlc_device_name(ctx), k, test_device_fail_at(ctx, -1));   /* the device has room again */
+            CHECK_MSG(still_usable(ctx, net), "%s: device buffer %ld refused: not usable after: %s",
+                      mlc_device_name(ctx), k, mlc_error_message(ctx));
+            CHECK_MSG(test_device_buffers_lost(ctx) == 0, "%s: device buffer %ld refused: %ld buffers lost",
+                      mlc_device_name(ctx), k, test_device_buffers_lost(ctx));
+            if (real) test_destroy(ctx); else mlc_destroy(ctx);
+            CHECK_MSG(a.live == 0, "device buffer %ld refused: %ld heap blocks leaked", k, a.live);
+        }
+        if (getenv("MLC_TEST_FIGURES"))
+            printf("device buffer failure points on %s: %ld\n", real ? "the suite's device" : "the fake device", total + 1);
     }
-    if (getenv("MLC_TEST_FIGURES")) printf("device buffer failure points: %ld\n", total + 1);
     return 1;
 }
 
