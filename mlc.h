@@ -105,7 +105,6 @@ LIMITS
    Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int. At most
    64 frames are open at once. A tensor from an ended frame is caught while its arena memory has
    not been handed out again; after that, like any dangling pointer, it may not be.
-   mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
    safetensors files are untrusted input: the loader checks everything before it reads and is
@@ -377,7 +376,8 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis);   /* [N, C, H, W]
 MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1);
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order);
 MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end);   /* Python-style */
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis);
+/* xs[0..count) joined along axis; the context is an argument, so count 0 is an error too */
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis);
 MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index);  /* index 1-D */
 MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index);   /* torch.gather */
 MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x);
@@ -3298,13 +3298,19 @@ static void mlc__concat_backward(mlc__node *n) {
     }
 }
 
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis) {
     int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0, where;
-    mlc_ctx *ctx;
     mlc_tensor *out, **saved, *needs_grad = NULL;
     mlc__node call;
     size_t outer, inner, o;
-    if (!xs || count < 1 || !(ctx = mlc__enter("mlc_concat", count, xs))) return NULL;
+    if (!ctx || ctx->error) return NULL;
+    if (!xs || count < 1)
+        return (mlc_tensor *)mlc__fail(ctx, xs ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_concat: %s (count %d)",
+                                       xs ? "no inputs" : "the list of inputs is NULL", count);
+    for (k = 0; k < count; k++)
+        if (xs[k] && xs[k]->ctx != ctx)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_concat: input %d belongs to another context", k);
+    if (!mlc__enter("mlc_concat", count, xs)) return NULL;
     if (!mlc__axis(ctx, "mlc_concat", xs[0], &axis)) return NULL;
     for (k = 0; k < count; k++) {
         for (d = 0; d < xs[0]->ndim; d++)

@@ -109,11 +109,11 @@ static int shape_mismatch_concat(void) {
     xs[1] = mlc_ones(ctx, MLC_SHAPE(2, 4));
     xs[2] = mlc_ones(ctx, MLC_SHAPE(2, 3, 1));
     CHECK(xs[0] && xs[1] && xs[2]);
-    CHECK_FAILS(ctx, mlc_concat(xs, 2, 0), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 4]");
+    CHECK_FAILS(ctx, mlc_concat(ctx, xs, 2, 0), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 4]");
     { mlc_tensor *ys[2]; ys[0] = xs[0]; ys[1] = xs[2];
-      CHECK_FAILS(ctx, mlc_concat(ys, 2, 1), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 3, 1]"); }
-    CHECK_FAILS(ctx, mlc_concat(xs, 2, 2), MLC_ERR_INDEX, "mlc_concat", "[2, 3]");
-    { mlc_tensor *ok = mlc_concat(xs, 2, 1); CHECK(ok && ok->shape[0] == 2 && ok->shape[1] == 7); }
+      CHECK_FAILS(ctx, mlc_concat(ctx, ys, 2, 1), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 3, 1]"); }
+    CHECK_FAILS(ctx, mlc_concat(ctx, xs, 2, 2), MLC_ERR_INDEX, "mlc_concat", "[2, 3]");
+    { mlc_tensor *ok = mlc_concat(ctx, xs, 2, 1); CHECK(ok && ok->shape[0] == 2 && ok->shape[1] == 7); }
     test_destroy(ctx);
     return 1;
 }

@@ -214,7 +214,7 @@ FN(flatten) { (void)u; return mlc_flatten(mlc_exp(x[0]), 1); }
 FN(transpose) { (void)u; return mlc_matmul(mlc_transpose(x[0], 0, 1), x[1]); }
 FN(permute) { static const int order[] = { 2, 0, 1 }; (void)u; return mlc_mul(mlc_permute(x[0], order), x[1]); }
 FN(slice) { (void)u; return mlc_mul(mlc_slice(x[0], 1, -3, -1), x[1]); }
-FN(concat) { mlc_tensor *xs[3]; (void)u; xs[0] = x[0]; xs[1] = mlc_exp(x[1]); xs[2] = x[0]; return mlc_concat(xs, 3, 1); }
+FN(concat) { mlc_tensor *xs[3]; (void)u; xs[0] = x[0]; xs[1] = mlc_exp(x[1]); xs[2] = x[0]; return mlc_concat(C(x[0]), xs, 3, 1); }
 static const float picks[] = { 2, 0, 2, 1 };
 FN(index_select) { (void)u; return mlc_index_select(x[0], 1, mlc_from_data(C(x[0]), MLC_SHAPE(4), picks)); }
 FN(gather) {

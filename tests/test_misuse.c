@@ -74,7 +74,10 @@ static int silent_nulls_set_errors(void) {
     CHECK(net && x);
     CHECK_FAILS(ctx, mlc_forward(net, NULL), MLC_ERR_NULL, "mlc_forward", "input");
     CHECK_FAILS(ctx, mlc_forward(NULL, x), MLC_ERR_NULL, "mlc_forward", "module");
-    CHECK_FAILS(ctx, mlc_concat((mlc_tensor *const[]){ x, none }, 2, 0), MLC_ERR_NULL, "mlc_concat", "input 1");
+    CHECK_FAILS(ctx, mlc_concat(ctx, (mlc_tensor *const[]){ x, none }, 2, 0), MLC_ERR_NULL, "mlc_concat", "input 1");
+    CHECK_FAILS(ctx, mlc_concat(ctx, &x, 0, 0), MLC_ERR_ARG, "mlc_concat", "no inputs");   /* was NULL, no error */
+    CHECK_FAILS(ctx, mlc_concat(ctx, NULL, 2, 0), MLC_ERR_NULL, "mlc_concat", "NULL");
+    CHECK(mlc_concat(NULL, &x, 1, 0) == NULL && mlc_error(ctx) == MLC_OK);
     CHECK(mlc_forward(net, x) != NULL && mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -235,6 +238,8 @@ static int contexts_not_mixed(void) {
     CHECK(mlc_optim_add_param(oa, pb) == MLC_ERR_ARG);
     CHECK_SETS(a, 0, MLC_ERR_ARG, "mlc_optim_add_param", "another context");
     CHECK_FAILS(a, mlc_forward(na, xb), MLC_ERR_ARG, "mlc_forward", "another context");
+    CHECK_FAILS(a, mlc_concat(a, (mlc_tensor *const[]){ xa, xb }, 2, 0), MLC_ERR_ARG, "mlc_concat", "another context");
+    CHECK_FAILS(a, mlc_concat(a, &xb, 1, 0), MLC_ERR_ARG, "mlc_concat", "another context");
     CHECK(mlc_error(b) == MLC_OK);
     test_destroy(b);                                          /* a holds nothing of b's */
     CHECK(mlc_forward(na, xa) != NULL && mlc_error(a) == MLC_OK);

@@ -678,18 +678,18 @@ static int concat_values(void) {
     const float cols[12] = { 1, 3, 4, 7, 8, 9, 2, 5, 6, 10, 11, 12 };
     mlc_tensor *xs[3], *r;
     xs[0] = T(ctx, a, 1, 2); xs[1] = T(ctx, b, 2, 2); xs[2] = T(ctx, c, 1, 2);
-    r = mlc_concat(xs, 3, 0);
+    r = mlc_concat(ctx, xs, 3, 0);
     CHECK_SHAPE(r, 4, 2);
     CHECK_TENSOR(r, rows, 0);
     xs[0] = T(ctx, p, 2, 1); xs[1] = T(ctx, q, 2, 2); xs[2] = T(ctx, s, 2, 3);
-    r = mlc_concat(xs, 3, 1);
+    r = mlc_concat(ctx, xs, 3, 1);
     CHECK_SHAPE(r, 2, 6);
     CHECK_TENSOR(r, cols, 0);
-    r = mlc_concat(xs, 3, -1);
+    r = mlc_concat(ctx, xs, 3, -1);
     CHECK_SHAPE(r, 2, 6);
     CHECK_TENSOR(r, cols, 0);
     CHECK(mlc_error(ctx) == MLC_OK);
-    CHECK(mlc_concat(xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
+    CHECK(mlc_concat(ctx, xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
     test_destroy(ctx);
     return 1;
 }
