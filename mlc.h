@@ -3120,7 +3120,7 @@ static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g 
 }
 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
-    int s[MLC_MAX_DIMS] = {0}, d, infer = -1;
+    int s[MLC_MAX_DIMS] = {0}, d, infer = -1, fits = 1;
     size_t known = 1;
     mlc_tensor *out;
     mlc__node call;
@@ -3131,10 +3131,12 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
         s[d] = shape[d];
         if (s[d] == -1 && infer < 0) infer = d;
         else if (s[d] < 0) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: bad dimension %d in the new shape of %T", s[d], x);
-        else known *= (size_t)s[d];
+        else fits = fits && mlc__size(known, (size_t)s[d], 0, &known);    /* a product that overflows: no fit */
     }
-    if (infer >= 0 && known) s[infer] = (int)(x->size / known);
-    if (mlc__numel(ndim, s) != x->size) {
+    if (infer < 0) fits = fits && known == x->size;
+    else if ((fits = fits && known && x->size % known == 0 && x->size / known <= 2147483647u) != 0)
+        s[infer] = (int)(x->size / known);      /* a dimension fits in an int */
+    if (!fits) {
         char want[96] = "[", *w = want + 1;
         for (d = 0; d < ndim && w < want + 80; d++) { mlc__format(w, 12, d ? ", %d" : "%d", shape[d]); w += strlen(w); }
         strcpy(w, "]");
@@ -3161,6 +3163,9 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis) {
     if (!x) return NULL;
     if (!mlc__axis(x->ctx, "mlc_flatten", x, &start_axis)) return NULL;
     for (d = 0; d < start_axis; d++) shape[d] = x->shape[d];
+    if (mlc__numel(x->ndim - start_axis, x->shape + start_axis) > 2147483647u)
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_SHAPE, "mlc_flatten: %T from axis %d has more elements "
+                                       "than one dimension (an int) holds", x, start_axis);
     shape[start_axis] = (int)mlc__numel(x->ndim - start_axis, x->shape + start_axis);
     return mlc_reshape(x, start_axis + 1, shape);
 }

@@ -87,12 +87,19 @@ static int silent_nulls_set_errors(void) {
 
 static int sizes_overflow(void) {
     mlc_ctx *ctx = test_ctx(1), *huge;
+    mlc_tensor *x0;
     mlc_config c;
     int big = 1 << 20, bigger = 1 << 22;
     CHECK_FAILS(ctx, mlc_zeros(ctx, MLC_SHAPE(65536, 65536, 65536, 65536)), MLC_ERR_SHAPE, "mlc_full", "size_t");
     CHECK_FAILS(ctx, mlc_parameter(ctx, MLC_SHAPE(65536, 65536, 65536, 65536, 2)), MLC_ERR_SHAPE, "mlc_parameter");
     /* the element count fits, the byte count does not */
     CHECK_FAILS(ctx, mlc_empty(ctx, MLC_SHAPE(big, big, bigger)), MLC_ERR_SHAPE, "mlc_empty", "[1048576, 1048576, 4194304]");
+    /* reshape: a new shape whose product wraps to the old count (0 here), or a -1 with nothing to
+       infer it from, used to be accepted */
+    x0 = mlc_zeros(ctx, MLC_SHAPE(0));
+    CHECK_FAILS(ctx, mlc_reshape(x0, MLC_SHAPE(65536, 65536, 65536, 65536)), MLC_ERR_SHAPE, "mlc_reshape", "[0]");
+    CHECK_FAILS(ctx, mlc_reshape(x0, MLC_SHAPE(0, -1)), MLC_ERR_SHAPE, "mlc_reshape", "[0, -1]");
+    CHECK(mlc_reshape(x0, MLC_SHAPE(0, 3)) != NULL && mlc_reshape(mlc_ones(ctx, MLC_SHAPE(6)), MLC_SHAPE(-1, 3)) != NULL);
     CHECK(mlc_ones(ctx, MLC_SHAPE(3)) != NULL && mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     /* an arena block size near SIZE_MAX: out of memory, not a wrapped size */
