@@ -70,7 +70,10 @@ ERRORS
    shared by two modules) is kept once, so it is updated once.
 
 DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for a real zero)
-   MLC_ZERO is -0.0f: a zero with its sign bit set, which reads as 0 in arithmetic.
+   MLC_ZERO is the smallest float above 0 (1.4e-45, a subnormal; under -ffast-math's flush of
+   subnormals it is 0 in arithmetic), which mlc reads as an exact 0. It is not -0.0f: under
+   -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
+   zero-fills a config struct), and the zero would silently become the default.
      mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
      mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
@@ -491,10 +494,12 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
-/* A config field left 0 takes its default; MLC_ZERO (-0.0f) asks for an explicit zero instead
-   (AdamW weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum).
-   Values are checked when the optimiser is made: NaN, infinite or out-of-range is MLC_ERR_ARG. */
-#define MLC_ZERO (-0.0f)
+/* A config field left 0 takes its default; MLC_ZERO asks for an explicit zero instead (AdamW
+   weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum; any
+   other field reads it as 0 too). It is the smallest float above 0, read as an exact 0 (see
+   DEFAULTS at the top for why not -0.0f). Values are checked when the optimiser is made: NaN,
+   infinite or out-of-range is MLC_ERR_ARG. */
+#define MLC_ZERO 1.40129846e-45f
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
 typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
 typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
@@ -792,9 +797,9 @@ struct mlc_ctx {
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
-/* A float's bits: the one way mlc tests for NaN, infinity and the sign of a zero, since
-   -ffast-math (-ffinite-math-only, -fno-signed-zeros) may fold x != x, isnan(x) and -0.0f == 0.0f
-   but never a memcpy. mlc__is_nan and mlc__is_finite read them. */
+/* A float's bits: the one way mlc tests for NaN, infinity, zero and MLC_ZERO, since -ffast-math
+   (-ffinite-math-only, -fno-signed-zeros, subnormals flushed) may fold x != x and isnan(x), or
+   read NaN or MLC_ZERO as == 0, but never a memcpy. mlc__is_nan and mlc__is_finite read them. */
 static uint32_t mlc__bits(float v) {
     uint32_t b;
     memcpy(&b, &v, sizeof b);
@@ -1340,9 +1345,11 @@ static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
         && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
 }
 
-/* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
+/* A setting where 0 means the default: MLC_ZERO (bits 0x00000001) is an explicit zero, 0 (or
+   -0) the default. */
 static float mlc__setting(float v, float def) {
-    return mlc__bits(v) == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+    uint32_t b = mlc__bits(v);
+    return b == 1u ? 0.0f : (b & 0x7fffffffu) == 0 ? def : v;
 }
 
 /* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
@@ -2822,7 +2829,7 @@ static mlc_tensor *mlc__reduce(const char *op, int kind, mlc_tensor *x, int axis
             case MLC__MAX: case MLC__ARGMAX:
                 best = p[0];
                 for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
-                    if (p[(size_t)i * inner] > best || mlc__is_nan(p[(size_t)i * inner])) {
+                    if (mlc__is_nan(p[(size_t)i * inner]) || p[(size_t)i * inner] > best) {
                         best = p[(size_t)i * inner]; at = i;
                     }
                 argmax[o * inner + k] = at;
@@ -3904,42 +3911,63 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 /* The planes (image, channel) are shared out between threads, forward and backward. */
 typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
 
+/* Whether v replaces best in a max-pooling window: larger, or a NaN (PyTorch's CPU rule: the
+   last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
+static int mlc__pool_takes(float v, float best) { return (v > best) | mlc__is_nan(v); }
+
+/* NaN when window rows [h0, h1), columns [w0, w0 + K) of plane p (width W) hold a NaN, else
+   best. The paths without an argmax take the largest by compare-and-select, which passes a NaN
+   over, and ask this only where the window's sum is not finite (a NaN, an infinity or an
+   overflow: rare), so NaN costs them one add per value. */
+static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int K, float best) {
+    int ih, j;
+    for (ih = h0; ih < h1; ih++)
+        for (j = 0; j < K; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
+    return best;
+}
+
 /* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j):
-   each window row and column is one pass over the outputs, so it vectorises; the window is
-   visited in the same order as one output at a time, so the argmax is the same (first) one.
-   2x2 windows with stride 2, the common case, are one pass. */
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j).
+   With an argmax each window row and column is one pass over the outputs, visited in the same
+   order as one output at a time, so the argmax is the same (first) one; without, each window
+   is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
     int ih, j, ow;
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
-        MLC__OMP(omp simd)
         for (ow = lo; ow < hi; ow++) {     /* in window order, as below */
-            float best = r0[2 * ow];
-            best = r0[2 * ow + 1] > best || mlc__is_nan(r0[2 * ow + 1]) ? r0[2 * ow + 1] : best;
-            best = r1[2 * ow] > best || mlc__is_nan(r1[2 * ow]) ? r1[2 * ow] : best;
-            y[ow] = r1[2 * ow + 1] > best || mlc__is_nan(r1[2 * ow + 1]) ? r1[2 * ow + 1] : best;
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+            best = b > best ? b : best;
+            best = c > best ? c : best;
+            y[ow] = d > best ? d : best;
+            if (!mlc__is_finite(a + b + c + d)) y[ow] = mlc__pool_nan(p, W, h0, h1, 2 * ow + left, K, y[ow]);
         }
         return;
     }
-    for (ow = lo; ow < hi; ow++) y[ow] = p[h0 * W + ow * S + left];
-    for (ow = lo; argmax && ow < hi; ow++) argmax[ow] = h0 * W + ow * S + left;
+    if (!argmax) {
+        for (ow = lo; ow < hi; ow++) {
+            const float *w = p + h0 * W + ow * S + left;
+            float best = w[0], sum = 0.0f;
+            for (ih = 0; ih < h1 - h0; ih++)
+                for (j = 0; j < K; j++) {
+                    best = w[ih * W + j] > best ? w[ih * W + j] : best;
+                    sum += w[ih * W + j];
+                }
+            y[ow] = mlc__is_finite(sum) ? best : mlc__pool_nan(p, W, h0, h1, ow * S + left, K, best);
+        }
+        return;
+    }
+    for (ow = lo; ow < hi; ow++) { y[ow] = p[h0 * W + ow * S + left]; argmax[ow] = h0 * W + ow * S + left; }
     for (ih = h0; ih < h1; ih++)
         for (j = 0; j < K; j++) {
             const float *in = p + ih * W + left + j;
-            if (argmax) {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) {
-                    int take = in[ow * S] > y[ow] || mlc__is_nan(in[ow * S]);
-                    y[ow] = take ? in[ow * S] : y[ow];
-                    argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
-                }
-            } else {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++)
-                    y[ow] = in[ow * S] > y[ow] || mlc__is_nan(in[ow * S]) ? in[ow * S] : y[ow];
+            MLC__OMP(omp simd)
+            for (ow = lo; ow < hi; ow++) {
+                int take = mlc__pool_takes(in[ow * S], y[ow]);
+                y[ow] = take ? in[ow * S] : y[ow];
+                argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
             }
         }
 }
@@ -3954,7 +3982,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         float best = at < 0 ? -INFINITY : p[at];
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) {
-                int take = p[ih * W + iw] > best || mlc__is_nan(p[ih * W + iw]);
+                int take = mlc__pool_takes(p[ih * W + iw], best);
                 best = take ? p[ih * W + iw] : best;
                 at = take ? ih * W + iw : at;
             }
@@ -4718,7 +4746,10 @@ static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
-    if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
+    if (opt) {                                          /* 0 is the default: MLC_ZERO reads as 0 too */
+        opt->momentum = mlc__setting(c.momentum, 0.0f); opt->dampening = mlc__setting(c.dampening, 0.0f);
+        opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->nesterov = c.nesterov;
+    }
     return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
@@ -4739,7 +4770,8 @@ MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_conf
     if (!opt) return NULL;
     opt->beta2 = mlc__setting(c.alpha, 0.99f);
     opt->eps = mlc__setting(c.eps, 1e-8f);
-    opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
+    opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->momentum = mlc__setting(c.momentum, 0.0f);
+    opt->centered = c.centered;
     return mlc__optim_of(opt, module, "mlc_rmsprop");
 }
 
@@ -6297,8 +6329,10 @@ static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *
 static float mlc__half_to_float(unsigned h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31, mantissa = h & 1023, bits;
     float f;
-    if (exponent == 0) { f = (float)mantissa * 5.9604644775390625e-8f; return sign ? -f : f; }
-    bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
+    if (exponent == 0) {                                 /* the sign as a bit: -0 stays -0 under fast-math */
+        f = (float)mantissa * 5.9604644775390625e-8f;
+        bits = sign | mlc__bits(f);
+    } else bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
     memcpy(&f, &bits, 4);
     return f;
 }

@@ -42,6 +42,10 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
 long test_device_fail_at(mlc_ctx *ctx, long k);
 /* Device buffers made and neither released nor in mlc's books (a leak); -1: the CPU only. */
 long test_device_buffers_lost(const mlc_ctx *ctx);
+/* NaN and finiteness read from a float's bits: what the tests check survives -ffast-math (the
+   fast-math build in the Makefile), which folds isnan and isfinite to constants. */
+int test_isnan(double v);
+int test_isfinite(double v);
 extern size_t test_fallbacks;                      /* summed by test_destroy */
 extern char test_fallback_op[96];                  /* the first op that fell back */
 

@@ -181,6 +181,9 @@ long test_device_buffers_lost(const mlc_ctx *ctx) {
 
 /* ---- the tests' contexts ----------------------------------------------------------------- */
 
+int test_isnan(double v) { return mlc__is_nan((float)v); }
+int test_isfinite(double v) { return mlc__is_finite((float)v); }
+
 size_t test_fallbacks;
 char test_fallback_op[96];
 
