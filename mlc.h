@@ -399,6 +399,12 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
+/* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0, and
+   ceil_mode 0 (floor). ceil_mode 1: output size rounded up (a last window may hang over the
+   right or bottom edge; none starts in the padding there), as torch's ceil_mode=True. */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode; } mlc_pool_opts;
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
 
 /* ============================================================================================
@@ -442,8 +448,9 @@ struct mlc_module {
     const char *buffer_names[MLC_MODULE_MAX_TENSORS];
     mlc_module **children;
     char **child_names;
-    mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
+    mlc_conv_opts conv;                 /* Conv2d */
     int kernel;                         /* pools */
+    mlc_pool_opts pool;                 /* pools: set padding or ceil_mode after making one */
     float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
     void *user;                         /* for modules you write */
 };
@@ -3670,7 +3677,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
-     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window
+     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
+              windows count only what lies inside the padded input)
    ============================================================================================ */
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
@@ -3900,6 +3908,13 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 }
 
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
+/* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
+   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows). */
+static int mlc__pool_count(int oh, int ow, int K, int S, int Pd, int H, int W) {
+    int h0 = oh * S - Pd, w0 = ow * S - Pd;
+    return ((h0 + K < H + Pd ? h0 + K : H + Pd) - h0) * ((w0 + K < W + Pd ? w0 + K : W + Pd) - w0);
+}
+
 static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0, int *w1) {
     *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
     if (*h0 < 0) *h0 = 0;
@@ -3992,7 +4007,8 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         double sum = 0.0;
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / (job->K * job->K));
+        y[oh * OW + ow] = (float)(sum / mlc__pool_count(oh, ow, job->K, job->S, job->Pd, job->x->shape[2],
+                                                        W));
     }
 }
 
@@ -4023,7 +4039,7 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
 static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih, iw, h0, h1, w0, w1;
-    float share = 1.0f / (float)(job->K * job->K);
+    float share;
     size_t pl;
     (void)piece;
     for (pl = begin; pl < end; pl++) {
@@ -4037,6 +4053,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     continue;
                 }
                 mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                share = 1.0f / (float)mlc__pool_count(oh, ow, job->K, job->S, job->Pd, H, W);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
@@ -4054,13 +4071,20 @@ static void mlc__pool_backward(mlc__node *n) {
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
-static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, where;
+/* PyTorch's output size along one side: (H + 2P - K) / S + 1 rounded down, or up with ceil_mode
+   but then without a last window that would start in the padding past the far edge. */
+static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
+    long long n = ((long long)H + 2LL * Pd - K + (ceil_mode ? S - 1 : 0)) / S + 1;
+    if (ceil_mode && (n - 1) * S >= (long long)H + Pd) n--;
+    return (int)n;
+}
+
+static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
+    int shape[4], H, W, OH, OW, where, S = opts.stride ? opts.stride : K, Pd = opts.padding;
     mlc_tensor *out;
     mlc__node call;
     mlc__pool_job job;
     MLC__ENTER(op, x);
-    if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
     if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
     if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
@@ -4068,7 +4092,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     H = x->shape[2]; W = x->shape[3];
     if (H + 2 * Pd < K || W + 2 * Pd < K)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T", op, K, x);
-    OH = (H + 2 * Pd - K) / S + 1; OW = (W + 2 * Pd - K) / S + 1;
+    OH = mlc__pool_size(H, K, S, Pd, opts.ceil_mode); OW = mlc__pool_size(W, K, S, Pd, opts.ceil_mode);
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
@@ -4084,8 +4108,22 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, stride, padding); }
-MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, stride, padding); }
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_max_pool2d_opts(x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_avg_pool2d_opts(x, kernel, opts);
+}
 
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
     int shape[3];
@@ -4529,8 +4567,12 @@ static mlc_tensor *mlc__sigmoid_forward(mlc_module *m, mlc_tensor *x) { (void)m;
 static mlc_tensor *mlc__tanh_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_tanh(x); }
 static mlc_tensor *mlc__silu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_silu(x); }
 static mlc_tensor *mlc__flatten_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_flatten(x, 1); }
-static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_max_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
-static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_avg_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
+static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_max_pool2d_opts(x, m->kernel, m->pool);
+}
+static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_avg_pool2d_opts(x, m->kernel, m->pool);
+}
 static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_global_avg_pool2d(x); }
 
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
@@ -4556,7 +4598,7 @@ MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
@@ -4564,7 +4606,7 @@ MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }

@@ -1175,6 +1175,72 @@ static int pooling_against_window_loop(void) {
     return 1;
 }
 
+/* ceil_mode: the output size rounded up, the last windows hanging over the edge (max takes what
+   lies inside; average divides by what lies inside the padded input), values and gradients of
+   sum(y * w), w = 1, 2, ..., from PyTorch 1.13 (python3-torch): F.max_pool2d(x, 2, 2, 0,
+   ceil_mode=True), F.max_pool2d(x, 3, 2, 1, ceil_mode=True) and the same with F.avg_pool2d, for
+   x [1, 2, 5, 5] (the plane below and its negative). */
+static int pooling_ceil_mode(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float plane[25] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4, 11, -3, 10, 12, 5, -6, 13, -1,
+                              16 };
+    static const float want[4][18] = {
+        { 8, 7, 15, 11, 10, 14, 5, 13, 16, 0, -2, -3, -1, 3, -12, 6, 1, -16 },
+        { 8, 7, 15, 11, 11, 15, 11, 13, 16, 0, 0, -3, 0, 3, -3, 6, 6, 1 },
+        { 3.25f, 5, 9, 6.25f, 3, 13, -0.5f, 6, 16, -3.25f, -5, -9, -6.25f, -3, -13, 0.5f, -6, -16 },
+        { 1.4444444f, 2.3333333f, 3.4444444f, 3.2222223f, 3.8888888f, 6.6666665f, 1.5555556f, 2.6666667f,
+          4.1111112f, -1.4444444f, -2.3333333f, -3.4444444f, -3.2222223f, -3.8888888f, -6.6666665f,
+          -1.5555556f, -2.6666667f, -4.1111112f } };
+    static const float want_grad[4][50] = {
+        { 1, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 6, 0, 4, 0, 5, 0, 7, 0, 8, 0, 9, 0, 0, 11, 0, 12, 0, 10,
+          0, 0, 0, 0, 13, 0, 0, 0, 0, 0, 14, 0, 15, 0, 16, 0, 17, 18 },
+        { 1, 0, 0, 2, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 8, 0, 9, 0, 0, 0, 0, 12, 0, 34,
+          0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 14, 0, 0, 0, 33, 0, 18, 0 },
+        { 0.25f, 0.25f, 0.5f, 0.5f, 1.5f, 0.25f, 0.25f, 0.5f, 0.5f, 1.5f, 1, 1, 1.25f, 1.25f, 3, 1, 1,
+          1.25f, 1.25f, 3, 3.5f, 3.5f, 4, 4, 9, 2.5f, 2.5f, 2.75f, 2.75f, 6, 2.5f, 2.5f, 2.75f, 2.75f, 6,
+          3.25f, 3.25f, 3.5f, 3.5f, 7.5f, 3.25f, 3.25f, 3.5f, 3.5f, 7.5f, 8, 8, 8.5f, 8.5f, 18 },
+        { 0.1111111f, 0.3333333f, 0.2222222f, 0.5555556f, 0.3333333f, 0.5555556f, 1.3333334f, 0.7777778f,
+          1.7777779f, 1, 0.4444444f, 1, 0.5555556f, 1.2222223f, 0.6666667f, 1.2222222f, 2.6666667f,
+          1.4444444f, 3.1111112f, 1.6666667f, 0.7777778f, 1.6666667f, 0.8888889f, 1.8888888f, 1, 1.1111112f,
+          2.3333335f, 1.2222222f, 2.5555556f, 1.3333334f, 2.5555556f, 5.3333335f, 2.7777777f, 5.7777777f, 3,
+          1.4444444f, 3, 1.5555556f, 3.2222223f, 1.6666666f, 3.2222223f, 6.6666665f, 3.4444444f, 7.1111112f,
+          3.6666665f, 1.7777778f, 3.6666665f, 1.8888888f, 3.8888888f, 2 } };
+    float xs[50], ws[18];
+    int k, i, tape;
+    for (i = 0; i < 25; i++) { xs[i] = plane[i]; xs[25 + i] = -plane[i]; }
+    for (i = 0; i < 18; i++) ws[i] = (float)(i + 1);
+    for (k = 0; k < 4; k++)
+        for (tape = 0; tape < 2; tape++) {
+            mlc_pool_opts opts = { 2, 0, 1 };
+            mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 5), tape), *y;
+            if (k % 2) { opts.stride = 2; opts.padding = 1; }
+            y = k < 2 ? mlc_max_pool2d_opts(x, 2 + k % 2, opts) : mlc_avg_pool2d_opts(x, 2 + k % 2, opts);
+            CHECK_MSG(y && y->ndim == 4 && y->shape[2] == 3 && y->shape[3] == 3, "case %d: %s", k,
+                      mlc_error_message(ctx));
+            CHECK_TENSOR(y, want[k], 1e-6);
+            if (!tape) continue;
+            CHECK(mlc_backward_with(y, T(ctx, ws, 1, 2, 3, 3)) == MLC_OK);
+            CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 1e-6);
+        }
+    {   /* ceil on a size where floor agrees; a last window that would start in the padding is dropped */
+        mlc_pool_opts ceil = { 3, 0, 1 }, pad_ceil = { 2, 1, 1 };
+        mlc_tensor *x = T(ctx, xs, 1, 2, 5, 5), *y = mlc_max_pool2d_opts(x, 2, ceil);
+        CHECK(y && y->shape[2] == 2 && y->shape[3] == 2);
+        y = mlc_max_pool2d_opts(mlc_ones(ctx, MLC_SHAPE(1, 1, 5, 6)), 2, pad_ceil);   /* torch: [3, 4]; */
+        CHECK(y && y->shape[2] == 3 && y->shape[3] == 4);                 /* a 4th row would start at 6 */
+    }
+    {   /* the modules take it from their pool options */
+        mlc_module *m = mlc_nn_max_pool2d(ctx, 2, 2), *a = mlc_nn_avg_pool2d(ctx, 2, 2);
+        CHECK(m && a);
+        m->pool.ceil_mode = a->pool.ceil_mode = 1;
+        CHECK_TENSOR(mlc_forward(m, T(ctx, xs, 1, 2, 5, 5)), want[0], 0);
+        CHECK_TENSOR(mlc_forward(a, T(ctx, xs, 1, 2, 5, 5)), want[2], 1e-6);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
 /* Every element of t equals want (NaN where want is NaN) */
 static int same_with_nan(mlc_tensor *t, const float *want) {
     const float *d = t ? mlc_host_data(t) : NULL;
@@ -1238,6 +1304,7 @@ const test_case tests_ops[] = {
     { "activations_added_through_the_table", activations_added_through_the_table },
     { "maps_propagate_nan_and_pow_zero_has_zero_gradient", maps_propagate_nan_and_pow_zero_has_zero_gradient },
     { "nan_in_max_argmax_and_max_pool", nan_in_max_argmax_and_max_pool },
+    { "pooling_ceil_mode", pooling_ceil_mode },
     { "cumsum_values_and_gradient", cumsum_values_and_gradient },
     { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
