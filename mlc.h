@@ -399,10 +399,12 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
-/* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0, and
-   ceil_mode 0 (floor). ceil_mode 1: output size rounded up (a last window may hang over the
-   right or bottom edge; none starts in the padding there), as torch's ceil_mode=True. */
-typedef struct mlc_pool_opts { int stride, padding, ceil_mode; } mlc_pool_opts;
+/* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
+   ceil_mode 0 (floor), exclude_pad 0 (padding counts). ceil_mode 1: output size rounded up (a
+   last window may hang over the right or bottom edge; none starts in the padding there), as
+   torch's ceil_mode=True. exclude_pad 1 (average pooling): divide by the values inside the
+   input only, torch's count_include_pad=False. */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad; } mlc_pool_opts;
 MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
@@ -450,7 +452,7 @@ struct mlc_module {
     char **child_names;
     mlc_conv_opts conv;                 /* Conv2d */
     int kernel;                         /* pools */
-    mlc_pool_opts pool;                 /* pools: set padding or ceil_mode after making one */
+    mlc_pool_opts pool;                 /* pools: set padding, ceil_mode, exclude_pad after making one */
     float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
     void *user;                         /* for modules you write */
 };
@@ -1263,7 +1265,7 @@ typedef union mlc__args {
     struct { float p; unsigned seed; } dropout;
     struct { float eps; } layer_norm;
     struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max; } pool;
+    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
 } mlc__args;
 
 typedef struct mlc__node mlc__node;
@@ -3678,7 +3680,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
      avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
-              windows count only what lies inside the padded input)
+              windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
@@ -3908,13 +3910,6 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 }
 
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
-/* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
-   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows). */
-static int mlc__pool_count(int oh, int ow, int K, int S, int Pd, int H, int W) {
-    int h0 = oh * S - Pd, w0 = ow * S - Pd;
-    return ((h0 + K < H + Pd ? h0 + K : H + Pd) - h0) * ((w0 + K < W + Pd ? w0 + K : W + Pd) - w0);
-}
-
 static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0, int *w1) {
     *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
     if (*h0 < 0) *h0 = 0;
@@ -3924,7 +3919,24 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
+typedef struct mlc__pool_job {
+    mlc_tensor *x, *y;
+    float *gx;
+    int K, S, Pd, is_max, exclude_pad, *argmax;
+} mlc__pool_job;
+
+/* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
+   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows), or with
+   exclude_pad cut to the input itself. */
+static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
+    int K = job->K, S = job->S, Pd = job->Pd, H = job->x->shape[2], W = job->x->shape[3];
+    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1, w1;
+    h1 = h0 + K < H + Pd ? h0 + K : H + Pd; w1 = w0 + K < W + Pd ? w0 + K : W + Pd;
+    if (job->exclude_pad) {
+        h0 = h0 < 0 ? 0 : h0; w0 = w0 < 0 ? 0 : w0; h1 = h1 > H ? H : h1; w1 = w1 > W ? W : w1;
+    }
+    return (h1 - h0) * (w1 - w0);
+}
 
 /* Whether v replaces best in a max-pooling window: larger, or a NaN (PyTorch's CPU rule: the
    last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
@@ -4007,8 +4019,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         double sum = 0.0;
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / mlc__pool_count(oh, ow, job->K, job->S, job->Pd, job->x->shape[2],
-                                                        W));
+        y[oh * OW + ow] = (float)(sum / mlc__pool_count(job, oh, ow));
     }
 }
 
@@ -4053,7 +4064,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     continue;
                 }
                 mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
-                share = 1.0f / (float)mlc__pool_count(oh, ow, job->K, job->S, job->Pd, H, W);
+                share = 1.0f / (float)mlc__pool_count(job, oh, ow);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
@@ -4067,7 +4078,9 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PA
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding; job.is_max = n->args.pool.is_max; job.argmax = (int *)n->saved;
+    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding;
+    job.is_max = n->args.pool.is_max; job.exclude_pad = n->args.pool.exclude_pad;
+    job.argmax = (int *)n->saved;
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
@@ -4098,9 +4111,11 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
     call.args.pool.kernel = K; call.args.pool.stride = S; call.args.pool.padding = Pd; call.args.pool.is_max = is_max;
+    call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
     job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
+    job.exclude_pad = call.args.pool.exclude_pad;
     if (is_max && mlc__recording(&call) && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
     mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
     call.saved = job.argmax;
@@ -4115,12 +4130,12 @@ MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts 
     return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0 };
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
     opts.stride = stride; opts.padding = padding;
     return mlc_max_pool2d_opts(x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0 };
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
     opts.stride = stride; opts.padding = padding;
     return mlc_avg_pool2d_opts(x, kernel, opts);
 }

@@ -116,8 +116,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("embedding", mlc_embedding(emb, tok));
     OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
-    OUT("max_pool2d_ceil", mlc_max_pool2d_opts(img, 2, (mlc_pool_opts){ 2, 0, 1 }));
-    OUT("avg_pool2d_ceil", mlc_avg_pool2d_opts(img, 2, (mlc_pool_opts){ 2, 0, 1 }));
+    OUT("max_pool2d_ceil", mlc_max_pool2d_opts(img, 2, (mlc_pool_opts){ .stride = 2, .ceil_mode = 1 }));
+    OUT("avg_pool2d_ceil", mlc_avg_pool2d_opts(img, 2, (mlc_pool_opts){ .stride = 2, .ceil_mode = 1 }));
+    OUT("avg_pool2d_exclude_pad",
+        mlc_avg_pool2d_opts(img, 3, (mlc_pool_opts){ .stride = 2, .padding = 1, .exclude_pad = 1 }));
     {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
         mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
         const float *dv, *av;

@@ -1211,7 +1211,7 @@ static int pooling_ceil_mode(void) {
     for (i = 0; i < 18; i++) ws[i] = (float)(i + 1);
     for (k = 0; k < 4; k++)
         for (tape = 0; tape < 2; tape++) {
-            mlc_pool_opts opts = { 2, 0, 1 };
+            mlc_pool_opts opts = { .stride = 2, .ceil_mode = 1 };
             mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 5), tape), *y;
             if (k % 2) { opts.stride = 2; opts.padding = 1; }
             y = k < 2 ? mlc_max_pool2d_opts(x, 2 + k % 2, opts) : mlc_avg_pool2d_opts(x, 2 + k % 2, opts);
@@ -1223,7 +1223,8 @@ static int pooling_ceil_mode(void) {
             CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 1e-6);
         }
     {   /* ceil on a size where floor agrees; a last window that would start in the padding is dropped */
-        mlc_pool_opts ceil = { 3, 0, 1 }, pad_ceil = { 2, 1, 1 };
+        mlc_pool_opts ceil = { .stride = 3, .ceil_mode = 1 }, pad_ceil = { .stride = 2, .padding = 1,
+                                                                          .ceil_mode = 1 };
         mlc_tensor *x = T(ctx, xs, 1, 2, 5, 5), *y = mlc_max_pool2d_opts(x, 2, ceil);
         CHECK(y && y->shape[2] == 2 && y->shape[3] == 2);
         y = mlc_max_pool2d_opts(mlc_ones(ctx, MLC_SHAPE(1, 1, 5, 6)), 2, pad_ceil);   /* torch: [3, 4]; */
@@ -1235,6 +1236,54 @@ static int pooling_ceil_mode(void) {
         m->pool.ceil_mode = a->pool.ceil_mode = 1;
         CHECK_TENSOR(mlc_forward(m, T(ctx, xs, 1, 2, 5, 5)), want[0], 0);
         CHECK_TENSOR(mlc_forward(a, T(ctx, xs, 1, 2, 5, 5)), want[2], 1e-6);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* exclude_pad (torch's count_include_pad=False): average pooling divides by the values inside
+   the input only. PyTorch 1.13's values and gradients of sum(y * w), w = 1, 2, ..., for the x of
+   pooling_ceil_mode: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False) and F.avg_pool2d(x, 2, 2,
+   1, ceil_mode=True, count_include_pad=False). */
+static int pooling_exclude_pad(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float plane[25] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4, 11, -3, 10, 12, 5, -6, 13, -1,
+                              16 };
+    static const float want[2][18] = {
+        { 3.25f, 3.5f, 7.75f, 4.8333335f, 3.8888888f, 10, 3.5f, 4, 9.25f, -3.25f, -3.5f, -7.75f,
+          -4.8333335f, -3.8888888f, -10, -3.5f, -4, -9.25f },
+        { 8, 1.5f, 5, 6.5f, 2, 9.5f, 4.5f, 3.75f, 9.25f, -8, -1.5f, -5, -6.5f, -2, -9.5f, -4.5f, -3.75f,
+          -9.25f } };
+    static const float want_grad[2][50] = {
+        { 0.25f, 0.5833334f, 0.3333333f, 1.0833334f, 0.75f, 0.9166667f, 1.8055556f, 0.888889f, 2.6388888f,
+          1.75f, 0.6666667f, 1.2222223f, 0.5555556f, 1.5555556f, 1, 2.4166667f, 4.3055558f, 1.888889f,
+          5.1388888f, 3.25f, 1.75f, 3.0833335f, 1.3333334f, 3.5833335f, 2.25f, 2.5f, 4.3333335f, 1.8333334f,
+          4.8333335f, 3, 4.666667f, 8.0555553f, 3.3888888f, 8.8888893f, 5.5f, 2.1666667f, 3.7222223f,
+          1.5555556f, 4.0555553f, 2.5f, 6.166667f, 10.5555553f, 4.3888888f, 11.3888884f, 7, 4, 6.833333f,
+          2.8333333f, 7.333333f, 4.5f },
+        { 1, 1, 1, 1.5f, 1.5f, 2, 1.25f, 1.25f, 1.5f, 1.5f, 2, 1.25f, 1.25f, 1.5f, 1.5f, 3.5f, 2, 2,
+          2.25f, 2.25f, 3.5f, 2, 2, 2.25f, 2.25f, 10, 5.5f, 5.5f, 6, 6, 6.5f, 3.5f, 3.5f, 3.75f, 3.75f,
+          6.5f, 3.5f, 3.5f, 3.75f, 3.75f, 8, 4.25f, 4.25f, 4.5f, 4.5f, 8, 4.25f, 4.25f, 4.5f, 4.5f } };
+    const mlc_pool_opts opts[2] = { { .stride = 2, .padding = 1, .exclude_pad = 1 },
+                                    { .stride = 2, .padding = 1, .ceil_mode = 1, .exclude_pad = 1 } };
+    float xs[50], ws[18];
+    int k, i;
+    for (i = 0; i < 25; i++) { xs[i] = plane[i]; xs[25 + i] = -plane[i]; }
+    for (i = 0; i < 18; i++) ws[i] = (float)(i + 1);
+    for (k = 0; k < 2; k++) {
+        mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 5), 1);
+        mlc_tensor *y = mlc_avg_pool2d_opts(x, 3 - k, opts[k]);
+        CHECK_MSG(y && y->shape[2] == 3 && y->shape[3] == 3, "case %d: %s", k, mlc_error_message(ctx));
+        CHECK_TENSOR(y, want[k], 1e-6);
+        CHECK(mlc_backward_with(y, T(ctx, ws, 1, 2, 3, 3)) == MLC_OK);
+        CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 2e-6);
+    }
+    {   /* max pooling has no divisor: the option changes nothing there */
+        mlc_tensor *x = T(ctx, xs, 1, 2, 5, 5);
+        mlc_tensor *a = mlc_max_pool2d_opts(x, 3, opts[0]), *b = mlc_max_pool2d(x, 3, 2, 1);
+        CHECK(a && b);
+        CHECK_TENSOR(a, mlc_host_data(b), 0);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
@@ -1305,6 +1354,7 @@ const test_case tests_ops[] = {
     { "maps_propagate_nan_and_pow_zero_has_zero_gradient", maps_propagate_nan_and_pow_zero_has_zero_gradient },
     { "nan_in_max_argmax_and_max_pool", nan_in_max_argmax_and_max_pool },
     { "pooling_ceil_mode", pooling_ceil_mode },
+    { "pooling_exclude_pad", pooling_exclude_pad },
     { "cumsum_values_and_gradient", cumsum_values_and_gradient },
     { "tanh_within_4_ulp", tanh_within_4_ulp },
     { "softmax_axes", softmax_axes },
