@@ -70,7 +70,10 @@ ERRORS
    shared by two modules) is kept once, so it is updated once.
 
 DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for a real zero)
-   MLC_ZERO is -0.0f: a zero with its sign bit set, which reads as 0 in arithmetic.
+   MLC_ZERO is the smallest float above 0 (1.4e-45, a subnormal; under -ffast-math's flush of
+   subnormals it is 0 in arithmetic), which mlc reads as an exact 0. It is not -0.0f: under
+   -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
+   zero-fills a config struct), and the zero would silently become the default.
      mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
      mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
@@ -105,7 +108,6 @@ LIMITS
    Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int. At most
    64 frames are open at once. A tensor from an ended frame is caught while its arena memory has
    not been handed out again; after that, like any dangling pointer, it may not be.
-   mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
    safetensors files are untrusted input: the loader checks everything before it reads and is
@@ -387,7 +389,8 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis);   /* [N, C, H, W]
 MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1);
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order);
 MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end);   /* Python-style */
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis);
+/* xs[0..count) joined along axis; the context is an argument, so count 0 is an error too */
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis);
 MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index);  /* index 1-D */
 MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index);   /* torch.gather */
 MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x);
@@ -406,6 +409,14 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
+/* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
+   ceil_mode 0 (floor), exclude_pad 0 (padding counts). ceil_mode 1: output size rounded up (a
+   last window may hang over the right or bottom edge; none starts in the padding there), as
+   torch's ceil_mode=True. exclude_pad 1 (average pooling): divide by the values inside the
+   input only, torch's count_include_pad=False. */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad; } mlc_pool_opts;
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
 /* Scaled dot-product attention, torch.nn.functional.scaled_dot_product_attention:
    softmax(q kᵀ scale + mask) v with q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv];
@@ -461,8 +472,9 @@ struct mlc_module {
     const char *buffer_names[MLC_MODULE_MAX_TENSORS];
     mlc_module **children;
     char **child_names;
-    mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
+    mlc_conv_opts conv;                 /* Conv2d */
     int kernel;                         /* pools; MultiheadAttention: num_heads */
+    mlc_pool_opts pool;                 /* pools: set padding, ceil_mode, exclude_pad after making one */
     int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
     float alpha, eps, momentum;         /* leaky slope or dropout p (recurrent: between layers); norms */
     void *user;                         /* for modules you write */
@@ -550,10 +562,12 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
-/* A config field left 0 takes its default; MLC_ZERO (-0.0f) asks for an explicit zero instead
-   (AdamW weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum).
-   Values are checked when the optimiser is made: NaN, infinite or out-of-range is MLC_ERR_ARG. */
-#define MLC_ZERO (-0.0f)
+/* A config field left 0 takes its default; MLC_ZERO asks for an explicit zero instead (AdamW
+   weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum; any
+   other field reads it as 0 too). It is the smallest float above 0, read as an exact 0 (see
+   DEFAULTS at the top for why not -0.0f). Values are checked when the optimiser is made: NaN,
+   infinite or out-of-range is MLC_ERR_ARG. */
+#define MLC_ZERO 1.40129846e-45f
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
 typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
 typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
@@ -843,6 +857,10 @@ typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc
 typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
     mlc__device_buffer *frame, *spare, *kept;
     size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
+    long made, released;               /* buffers the backend made and released so far */
+    long refuse_from;                  /* fault injection (tests/test_device.c sets it): >= 0:
+                                          buffer number refuse_from and every later one are
+                                          refused as if the device were full; -1: none */
 } mlc__device_buffers;
 
 struct mlc_ctx {
@@ -866,6 +884,17 @@ struct mlc_ctx {
     uint64_t frames_made;              /* frame ids handed out */
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
+
+/* A float's bits: the one way mlc tests for NaN, infinity, zero and MLC_ZERO, since -ffast-math
+   (-ffinite-math-only, -fno-signed-zeros, subnormals flushed) may fold x != x and isnan(x), or
+   read NaN or MLC_ZERO as == 0, but never a memcpy. mlc__is_nan and mlc__is_finite read them. */
+static uint32_t mlc__bits(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+static int mlc__is_nan(float v) { return (mlc__bits(v) & 0x7fffffffu) > 0x7f800000u; }
+static int mlc__is_finite(float v) { return (mlc__bits(v) & 0x7f800000u) != 0x7f800000u; }
 
 /* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
 static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
@@ -897,10 +926,10 @@ static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
             double v = va_arg(ap, double);
             int e = 0, i, digits;
             unsigned long long m;
-            if (v != v) { s = "nan"; len = 3; }
+            if (mlc__is_nan((float)v)) { s = "nan"; len = 3; }    /* (every %g is a float's) */
             else {
                 if (v < 0) { tmp[len++] = '-'; v = -v; }
-                if (v > DBL_MAX) { memcpy(tmp + len, "inf", 3); len += 3; }
+                if (!mlc__is_finite((float)v)) { memcpy(tmp + len, "inf", 3); len += 3; }
                 else if (v == 0) tmp[len++] = '0';
                 else {
                     while (v >= 10) { v /= 10; e++; }
@@ -1092,7 +1121,18 @@ static int mlc__device_room(mlc_ctx *ctx, mlc__device_buffer **items, size_t *ca
 
 static void mlc__device_free(mlc_ctx *ctx, const mlc__device_buffer *b) {
     ctx->backend->release(ctx, b->buffer);
+    ctx->buffers.released++;
     ctx->stats.device_bytes_current -= b->bytes;
+}
+
+/* A new buffer from the backend (NULL: the device is full, or an error it set); counted, and
+   refused from books->refuse_from on (fault injection). */
+static void *mlc__device_create(mlc_ctx *ctx, size_t bytes) {
+    mlc__device_buffers *books = &ctx->buffers;
+    void *buffer;
+    if (books->refuse_from >= 0 && books->made >= books->refuse_from) return NULL;
+    if ((buffer = ctx->backend->create(ctx, bytes)) != NULL) books->made++;
+    return buffer;
 }
 
 /* A buffer of `bytes` for tensor t (NULL: scratch for the op being run): a spare of that size,
@@ -1111,9 +1151,9 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
     for (i = books->n_spare; !kept && i-- > 0;)
         if (books->spare[i].bytes == b.bytes) { b.buffer = books->spare[i].buffer; books->spare[i] = books->spare[--books->n_spare]; break; }
     if (!b.buffer) {
-        if (!(b.buffer = ctx->backend->create(ctx, b.bytes)) && !ctx->error) {
+        if (!(b.buffer = mlc__device_create(ctx, b.bytes)) && !ctx->error) {
             while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
-            b.buffer = ctx->backend->create(ctx, b.bytes);
+            b.buffer = mlc__device_create(ctx, b.bytes);
         }
         if (!b.buffer) {
             if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, mlc_device_name(ctx));
@@ -1220,6 +1260,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->stats.bytes_current = ctx->stats.bytes_peak = bytes - MLC__HEADER;
     ctx->grad_enabled = 1;
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
+    ctx->buffers.refuse_from = -1;
     mlc_seed(ctx, cfg.seed);
     device = cfg.device;
 #ifndef MLC_NO_STDIO
@@ -1311,7 +1352,7 @@ typedef union mlc__args {
     struct { float p; unsigned seed; } dropout;
     struct { float eps; } layer_norm;
     struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max; } pool;
+    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
     mlc__attention_args attention;
 } mlc__args;
 
@@ -1401,18 +1442,18 @@ static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
         && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
 }
 
-/* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
+/* A setting where 0 means the default: MLC_ZERO (bits 0x00000001) is an explicit zero, 0 (or
+   -0) the default. */
 static float mlc__setting(float v, float def) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    return bits == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+    uint32_t b = mlc__bits(v);
+    return b == 1u ? 0.0f : (b & 0x7fffffffu) == 0 ? def : v;
 }
 
 /* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
    the op and the field. */
 static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
                          int below_hi) {
-    if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
+    if (mlc__is_finite(v) && v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
     mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, (double)v, (double)lo, (double)hi,
               below_hi ? ')' : ']');
     return 0;
@@ -1675,7 +1716,8 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     int n, i;
     if (!ctx || ctx->error) return NULL;
     count = step != 0.0f ? ceil(((double)stop - (double)start) / (double)step) : -1.0;
-    if (step == 0.0f || count > 2147483647.0)
+    if (!mlc__is_finite(start) || !mlc__is_finite(stop) || !mlc__is_finite(step) || step == 0.0f
+        || count > 2147483647.0)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", (double)start,
                                        (double)stop, (double)step);
     n = count > 0 ? (int)count : 0;
@@ -1888,7 +1930,7 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
-    if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
+    if (!mlc__is_finite(v) || !(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
         mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, (double)v, where,
                   limit);
         return -1;
@@ -2295,7 +2337,7 @@ MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 #undef MLC__UNARY_DEFINE
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
-    if (x && !x->ctx->error && !(lo <= hi))
+    if (x && !x->ctx->error && (mlc__is_nan(lo) || mlc__is_nan(hi) || !(lo <= hi)))
         return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo, (double)hi);
     return mlc__unary(MLC__CLAMP, x, lo, hi);
 }
@@ -2822,7 +2864,8 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
    Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
      sum   y = Σ x                  dx = g
      mean  y = Σ x / n              dx = g / n
-     max   y = max x                dx = g at the (first) argmax, 0 elsewhere
+     max   y = max x                dx = g at the (first) argmax, 0 elsewhere (a NaN is the max:
+                                    the first NaN, as in PyTorch; argmax likewise)
      var   y = Σ (x - μ)² / (n - c) dx = g 2 (x - μ) / (n - c)     (c = 1 when unbiased)
    Sums are taken in double.
    ============================================================================================ */
@@ -2898,7 +2941,10 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
             switch (kind) {
             case MLC__MAX: case MLC__ARGMAX:
                 best = p[0];
-                for (i = 1; i < len; i++) if (p[(size_t)i * inner] > best || best != best) { best = p[(size_t)i * inner]; at = i; }
+                for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
+                    if (mlc__is_nan(p[(size_t)i * inner]) || p[(size_t)i * inner] > best) {
+                        best = p[(size_t)i * inner]; at = i;
+                    }
                 argmax[o * inner + k] = at;
                 out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
                 break;
@@ -3215,7 +3261,7 @@ static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g 
 }
 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
-    int s[MLC_MAX_DIMS] = {0}, d, infer = -1;
+    int s[MLC_MAX_DIMS] = {0}, d, infer = -1, fits = 1;
     size_t known = 1;
     mlc_tensor *out;
     mlc__node call;
@@ -3226,10 +3272,12 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
         s[d] = shape[d];
         if (s[d] == -1 && infer < 0) infer = d;
         else if (s[d] < 0) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: bad dimension %d in the new shape of %T", s[d], x);
-        else known *= (size_t)s[d];
+        else fits = fits && mlc__size(known, (size_t)s[d], 0, &known);    /* a product that overflows: no fit */
     }
-    if (infer >= 0 && known) s[infer] = (int)(x->size / known);
-    if (mlc__numel(ndim, s) != x->size) {
+    if (infer < 0) fits = fits && known == x->size;
+    else if ((fits = fits && known && x->size % known == 0 && x->size / known <= 2147483647u) != 0)
+        s[infer] = (int)(x->size / known);      /* a dimension fits in an int */
+    if (!fits) {
         char want[96] = "[", *w = want + 1;
         for (d = 0; d < ndim && w < want + 80; d++) { mlc__format(w, 12, d ? ", %d" : "%d", shape[d]); w += strlen(w); }
         strcpy(w, "]");
@@ -3256,6 +3304,9 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis) {
     if (!x) return NULL;
     if (!mlc__axis(x->ctx, "mlc_flatten", x, &start_axis)) return NULL;
     for (d = 0; d < start_axis; d++) shape[d] = x->shape[d];
+    if (mlc__numel(x->ndim - start_axis, x->shape + start_axis) > 2147483647u)
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_SHAPE, "mlc_flatten: %T from axis %d has more elements "
+                                       "than one dimension (an int) holds", x, start_axis);
     shape[start_axis] = (int)mlc__numel(x->ndim - start_axis, x->shape + start_axis);
     return mlc_reshape(x, start_axis + 1, shape);
 }
@@ -3393,13 +3444,19 @@ static void mlc__concat_backward(mlc__node *n) {
     }
 }
 
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis) {
     int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0, where;
-    mlc_ctx *ctx;
     mlc_tensor *out, **saved, *needs_grad = NULL;
     mlc__node call;
     size_t outer, inner, o;
-    if (!xs || count < 1 || !(ctx = mlc__enter("mlc_concat", count, xs))) return NULL;
+    if (!ctx || ctx->error) return NULL;
+    if (!xs || count < 1)
+        return (mlc_tensor *)mlc__fail(ctx, xs ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_concat: %s (count %d)",
+                                       xs ? "no inputs" : "the list of inputs is NULL", count);
+    for (k = 0; k < count; k++)
+        if (xs[k] && xs[k]->ctx != ctx)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_concat: input %d belongs to another context", k);
+    if (!mlc__enter("mlc_concat", count, xs)) return NULL;
     if (!mlc__axis(ctx, "mlc_concat", xs[0], &axis)) return NULL;
     for (k = 0; k < count; k++) {
         for (d = 0; d < xs[0]->ndim; d++)
@@ -3563,8 +3620,7 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     size_t i;
     int where;
     MLC__ENTER("mlc_dropout", x);
-    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]",
-                                                                    (double)p);
+    if (!mlc__in_range(ctx, "mlc_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
@@ -3747,8 +3803,10 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
      conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j] x[n, c, s·h + d·i - p, s·w + d·j - p]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
-     max_pool y = max of the window               dx = g at the window's (first) argmax
-     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window
+     max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
+                                                   last NaN (y NaN), as PyTorch's CPU kernel does
+     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
+              windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
@@ -3987,43 +4045,82 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
+typedef struct mlc__pool_job {
+    mlc_tensor *x, *y;
+    float *gx;
+    int K, S, Pd, is_max, exclude_pad, *argmax;
+} mlc__pool_job;
+
+/* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
+   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows), or with
+   exclude_pad cut to the input itself. */
+static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
+    int K = job->K, S = job->S, Pd = job->Pd, H = job->x->shape[2], W = job->x->shape[3];
+    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1, w1;
+    h1 = h0 + K < H + Pd ? h0 + K : H + Pd; w1 = w0 + K < W + Pd ? w0 + K : W + Pd;
+    if (job->exclude_pad) {
+        h0 = h0 < 0 ? 0 : h0; w0 = w0 < 0 ? 0 : w0; h1 = h1 > H ? H : h1; w1 = w1 > W ? W : w1;
+    }
+    return (h1 - h0) * (w1 - w0);
+}
+
+/* Whether v replaces best in a max-pooling window: larger, or a NaN (PyTorch's CPU rule: the
+   last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
+static int mlc__pool_takes(float v, float best) { return (v > best) | mlc__is_nan(v); }
+
+/* NaN when window rows [h0, h1), columns [w0, w0 + K) of plane p (width W) hold a NaN, else
+   best. The paths without an argmax take the largest by compare-and-select, which passes a NaN
+   over, and ask this only where the window's sum is not finite (a NaN, an infinity or an
+   overflow: rare), so NaN costs them one add per value. */
+static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int K, float best) {
+    int ih, j;
+    for (ih = h0; ih < h1; ih++)
+        for (j = 0; j < K; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
+    return best;
+}
 
 /* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j):
-   each window row and column is one pass over the outputs, so it vectorises; the window is
-   visited in the same order as one output at a time, so the argmax is the same (first) one.
-   2x2 windows with stride 2, the common case, are one pass. */
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j).
+   With an argmax each window row and column is one pass over the outputs, visited in the same
+   order as one output at a time, so the argmax is the same (first) one; without, each window
+   is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
     int ih, j, ow;
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
-        MLC__OMP(omp simd)
-        for (ow = lo; ow < hi; ow++) {     /* in window order, as below (a NaN first stays) */
-            float best = r0[2 * ow];
-            best = r0[2 * ow + 1] > best ? r0[2 * ow + 1] : best;
-            best = r1[2 * ow] > best ? r1[2 * ow] : best;
-            y[ow] = r1[2 * ow + 1] > best ? r1[2 * ow + 1] : best;
+        for (ow = lo; ow < hi; ow++) {     /* in window order, as below */
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+            best = b > best ? b : best;
+            best = c > best ? c : best;
+            y[ow] = d > best ? d : best;
+            if (!mlc__is_finite(a + b + c + d)) y[ow] = mlc__pool_nan(p, W, h0, h1, 2 * ow + left, K, y[ow]);
         }
         return;
     }
-    for (ow = lo; ow < hi; ow++) y[ow] = p[h0 * W + ow * S + left];
-    for (ow = lo; argmax && ow < hi; ow++) argmax[ow] = h0 * W + ow * S + left;
+    if (!argmax) {
+        for (ow = lo; ow < hi; ow++) {
+            const float *w = p + h0 * W + ow * S + left;
+            float best = w[0], sum = 0.0f;
+            for (ih = 0; ih < h1 - h0; ih++)
+                for (j = 0; j < K; j++) {
+                    best = w[ih * W + j] > best ? w[ih * W + j] : best;
+                    sum += w[ih * W + j];
+                }
+            y[ow] = mlc__is_finite(sum) ? best : mlc__pool_nan(p, W, h0, h1, ow * S + left, K, best);
+        }
+        return;
+    }
+    for (ow = lo; ow < hi; ow++) { y[ow] = p[h0 * W + ow * S + left]; argmax[ow] = h0 * W + ow * S + left; }
     for (ih = h0; ih < h1; ih++)
         for (j = 0; j < K; j++) {
             const float *in = p + ih * W + left + j;
-            if (argmax) {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) {
-                    int take = in[ow * S] > y[ow];
-                    y[ow] = take ? in[ow * S] : y[ow];
-                    argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
-                }
-            } else {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) y[ow] = in[ow * S] > y[ow] ? in[ow * S] : y[ow];
+            MLC__OMP(omp simd)
+            for (ow = lo; ow < hi; ow++) {
+                int take = mlc__pool_takes(in[ow * S], y[ow]);
+                y[ow] = take ? in[ow * S] : y[ow];
+                argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
             }
         }
 }
@@ -4033,12 +4130,12 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
     mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
-    if (job->is_max) {                      /* the first of the largest; a NaN first stays */
+    if (job->is_max) {                      /* the first of the largest, or the last NaN */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) {
-                int take = p[ih * W + iw] > best;
+                int take = mlc__pool_takes(p[ih * W + iw], best);
                 best = take ? p[ih * W + iw] : best;
                 at = take ? ih * W + iw : at;
             }
@@ -4048,7 +4145,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         mlc__sum_t sum = 0;
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) sum += (mlc__sum_t)p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)(job->K * job->K));
+        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)mlc__pool_count(job, oh, ow));
     }
 }
 
@@ -4079,7 +4176,7 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
 static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih, iw, h0, h1, w0, w1;
-    float share = 1.0f / (float)(job->K * job->K);
+    float share;
     size_t pl;
     (void)piece;
     for (pl = begin; pl < end; pl++) {
@@ -4093,6 +4190,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     continue;
                 }
                 mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                share = 1.0f / (float)mlc__pool_count(job, oh, ow);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
@@ -4106,17 +4204,26 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PA
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding; job.is_max = n->args.pool.is_max; job.argmax = (int *)n->saved;
+    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding;
+    job.is_max = n->args.pool.is_max; job.exclude_pad = n->args.pool.exclude_pad;
+    job.argmax = (int *)n->saved;
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
 }
 
-static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, where;
+/* PyTorch's output size along one side: (H + 2P - K) / S + 1 rounded down, or up with ceil_mode
+   but then without a last window that would start in the padding past the far edge. */
+static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
+    long long n = ((long long)H + 2LL * Pd - K + (ceil_mode ? S - 1 : 0)) / S + 1;
+    if (ceil_mode && (n - 1) * S >= (long long)H + Pd) n--;
+    return (int)n;
+}
+
+static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
+    int shape[4], H, W, OH, OW, where, S = opts.stride ? opts.stride : K, Pd = opts.padding;
     mlc_tensor *out;
     mlc__node call;
     mlc__pool_job job;
     MLC__ENTER(op, x);
-    if (S == 0) S = K;
     if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
     if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
     if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
@@ -4124,15 +4231,17 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     H = x->shape[2]; W = x->shape[3];
     if (H + 2 * Pd < K || W + 2 * Pd < K)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T", op, K, x);
-    OH = (H + 2 * Pd - K) / S + 1; OW = (W + 2 * Pd - K) / S + 1;
+    OH = mlc__pool_size(H, K, S, Pd, opts.ceil_mode); OW = mlc__pool_size(W, K, S, Pd, opts.ceil_mode);
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
     call.args.pool.kernel = K; call.args.pool.stride = S; call.args.pool.padding = Pd; call.args.pool.is_max = is_max;
+    call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
     job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
+    job.exclude_pad = call.args.pool.exclude_pad;
     if (is_max && mlc__recording(&call) && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
     mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
     call.saved = job.argmax;
@@ -4140,8 +4249,22 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, stride, padding); }
-MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, stride, padding); }
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_max_pool2d_opts(x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_avg_pool2d_opts(x, kernel, opts);
+}
 
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
     int shape[3];
@@ -4794,8 +4917,12 @@ static mlc_tensor *mlc__sigmoid_forward(mlc_module *m, mlc_tensor *x) { (void)m;
 static mlc_tensor *mlc__tanh_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_tanh(x); }
 static mlc_tensor *mlc__silu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_silu(x); }
 static mlc_tensor *mlc__flatten_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_flatten(x, 1); }
-static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_max_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
-static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_avg_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
+static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_max_pool2d_opts(x, m->kernel, m->pool);
+}
+static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_avg_pool2d_opts(x, m->kernel, m->pool);
+}
 static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_global_avg_pool2d(x); }
 
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
@@ -4821,7 +4948,7 @@ MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
@@ -4829,7 +4956,7 @@ MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }
@@ -5025,14 +5152,14 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
                 h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
             }
             finals[l * D + d] = h; finals[L * D + l * D + d] = c;
-            outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
+            outs[d] = mlc_reshape(mlc_concat(ctx, steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
         }
-        out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
+        out = D == 1 ? outs[0] : mlc_concat(ctx, outs, D, 2);
         if (m->alpha > 0 && l < L - 1) out = mlc_dropout(out, m->alpha, m->training);
     }
     if (ctx->error) return NULL;
-    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
-    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L * D, L * D, 0), 3, lbh);
+    if (h_n) *h_n = mlc_reshape(mlc_concat(ctx, finals, L * D, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(ctx, finals + L * D, L * D, 0), 3, lbh);
     return ctx->error ? NULL : out;
 }
 
@@ -5247,7 +5374,10 @@ static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
-    if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
+    if (opt) {                                          /* 0 is the default: MLC_ZERO reads as 0 too */
+        opt->momentum = mlc__setting(c.momentum, 0.0f); opt->dampening = mlc__setting(c.dampening, 0.0f);
+        opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->nesterov = c.nesterov;
+    }
     return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
@@ -5268,7 +5398,8 @@ MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_conf
     if (!opt) return NULL;
     opt->beta2 = mlc__setting(c.alpha, 0.99f);
     opt->eps = mlc__setting(c.eps, 1e-8f);
-    opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
+    opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->momentum = mlc__setting(c.momentum, 0.0f);
+    opt->centered = c.centered;
     return mlc__optim_of(opt, module, "mlc_rmsprop");
 }
 
@@ -6826,8 +6957,10 @@ static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *
 static float mlc__half_to_float(unsigned h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31, mantissa = h & 1023, bits;
     float f;
-    if (exponent == 0) { f = (float)mantissa * 5.9604644775390625e-8f; return sign ? -f : f; }
-    bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
+    if (exponent == 0) {                                 /* the sign as a bit: -0 stays -0 under fast-math */
+        f = (float)mantissa * 5.9604644775390625e-8f;
+        bits = sign | mlc__bits(f);
+    } else bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
     memcpy(&f, &bits, 4);
     return f;
 }

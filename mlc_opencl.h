@@ -632,12 +632,23 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        for (j = 0; j < K; j++) {\n"
 "            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
 "            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;\n"
-"            if (at < 0 || x[ih * W + iw] > best) { best = x[ih * W + iw]; at = ih * W + iw; }\n"
+"            if (at < 0 || x[ih * W + iw] > best || isnan(x[ih * W + iw])) {   /* a NaN: the last */\n"
+"                best = x[ih * W + iw]; at = ih * W + iw;\n"
+"            }\n"
 "        }\n"
 "    return at;\n"
 "}\n"
 "\n"
+"/* average pooling's divisor: the window cut at the padded input's far edge, or with exclude_pad\n"
+"   at the input's (mlc__pool_count) */\n"
+"int mlc_pool_count(int H, int W, int K, int S, int Pd, int exclude_pad, int oh, int ow) {\n"
+"    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1 = min(h0 + K, H + Pd), w1 = min(w0 + K, W + Pd);\n"
+"    if (exclude_pad) { h0 = max(h0, 0); w0 = max(w0, 0); h1 = min(h1, H); w1 = min(w1, W); }\n"
+"    return (h1 - h0) * (w1 - w0);\n"
+"}\n"
+"\n"
 "__kernel void mlc_pool(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                       int exclude_pad,\n"
 "                       __global const float *x, __global float *y) {\n"
 "    int at = get_global_id(0), pl, oh, ow, i, j;\n"
 "    float s = 0.0f;\n"
@@ -650,11 +661,12 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
 "            if (ih >= 0 && ih < H && iw >= 0 && iw < W) s += x[ih * W + iw];\n"
 "        }\n"
-"    y[at] = s / (float)(K * K);\n"
+"    y[at] = s / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh, ow);\n"
 "}\n"
 "\n"
 "/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / K² (avg) */\n"
 "__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                            int exclude_pad,\n"
 "                            __global const float *x, __global const float *g, __global float *dx) {\n"
 "    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
 "    float s = 0.0f;\n"
@@ -667,7 +679,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        for (ow = 0; ow < OW; ow++) {\n"
 "            int j = iw + Pd - ow * S;\n"
 "            if (j < 0 || j >= K) continue;\n"
-"            if (!is_max) s += g[oh * OW + ow] / (float)(K * K);\n"
+"            if (!is_max) s += g[oh * OW + ow] / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh,\n"
+"                                                                      ow);\n"
 "            else if (mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
 "        }\n"
 "    }\n"
@@ -687,9 +700,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (at >= outer * inner) return;\n"
 "    o = at / inner; k = at % inner;\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* NaN wins, like the CPU */\n"
+"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* the first NaN wins, like the CPU */\n"
 "        best = x[0];\n"
-"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        for (i = 1; i < len && !isnan(best); i++)\n"
+"            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
 "        y[at] = kind == MLC__MAX ? best : (float)best_at;\n"
 "        return;\n"
 "    }\n"
@@ -713,7 +727,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    x += o * len * inner + k;\n"
 "    if (kind == MLC__MAX) {\n"
 "        best = x[0];\n"
-"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        for (i = 1; i < len && !isnan(best); i++)\n"
+"            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
 "        if (best_at == me) dx[at] += gv;\n"
 "        return;\n"
 "    }\n"
@@ -1564,23 +1579,26 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2], OW = y->shape[3];
     cl_int K = call->args.pool.kernel, S = call->args.pool.stride, Pd = call->args.pool.padding;
-    cl_int is_max = call->args.pool.is_max;
+    cl_int is_max = call->args.pool.is_max, exclude_pad = call->args.pool.exclude_pad;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     if (!xm) return backward ? 0 : 1;
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
-                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
+                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
+                               MLC__CL_ARG(exclude_pad),
+                               MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 11);
+        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 12);
         return 1;
     }
     if (!x->requires_grad) return 1;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
-                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm),
-                               MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
+                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
+                               MLC__CL_ARG(exclude_pad),
+                               MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
         if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 12);
+        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 13);
     }
 }
 
