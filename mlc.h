@@ -821,20 +821,72 @@ extern "C" {
 #endif
 
 /* ============================================================================================
-   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   Op plumbing, the types: the op table, the tape node, the backend table. An op is a value of
+   mlc__op with its arguments in mlc__args; the tape keeps a node per op run; a backend says per
+   op whether it has a kernel and runs it. mlc__dispatch (after Devices) joins them.
    ============================================================================================ */
 
-typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
-    struct mlc__block *next;
-    size_t capacity, used;
-    unsigned char *base;
-} mlc__block;
+/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
+   values; its arguments are the named fields of its member of mlc__args; a backend says per op
+   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
+#define MLC__OPS(X) \
+    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
+    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
+    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
+    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
+    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
+    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
+    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
+    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
+    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
+    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
+    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
+    X(ATTENTION, mlc__attention_backward)
+#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
+typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
+#undef MLC__OP_ENUM
 
-typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_destroy */
-    struct mlc__owned *prev, *next;
-} mlc__owned;
+typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
+    int B, H, T, S, D, Dv, causal;
+    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
+    unsigned seed;                      /* dropout's draws */
+    float scale, dropout;
+} mlc__attention_args;
 
-enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
+/* An op's arguments, by op (loss: class_loss and pointwise_loss) */
+typedef union mlc__args {
+    struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
+    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
+    struct { float value; } masked_fill;
+    struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
+    struct { int len, inner; } cumsum;
+    struct { int is_log, len, inner; } softmax;
+    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
+    struct { int order[MLC_MAX_DIMS]; } permute;
+    struct { int start, count, axis; } slice;
+    struct { int count, axis; } concat;
+    struct { int axis; } index_select;
+    struct { float p; unsigned seed; } dropout;
+    struct { float eps; } layer_norm;
+    struct { int training; float momentum, eps; } batch_norm;
+    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
+    mlc__attention_args attention;
+} mlc__args;
+
+typedef struct mlc__node mlc__node;
+typedef void (*mlc__backward_fn)(mlc__node *n);
+struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
+    mlc__node *prev;
+    size_t index;                       /* position on the tape, from 0 */
+    mlc__op op;
+    const char *name;                   /* the public op, for messages ("mlc_relu") */
+    mlc_tensor *out;
+    mlc_tensor *in[6];
+    int n_in;
+    mlc__args args;
+    void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
+    int device;                         /* 1: ran on the device, and goes back there */
+};
 
 /* A backend: its devices, its buffers, and one launcher for the ops it has kernels for. The
    core keeps the books (which copy is current, uploads, downloads, views: see Devices), so a
@@ -860,6 +912,22 @@ static const mlc__backend *mlc__registry(int i);         /* backend i, or NULL p
 #ifdef MLC_EXTRA_BACKEND
 static const mlc__backend *MLC_EXTRA_BACKEND(void);      /* a program's own backend */
 #endif
+
+/* ============================================================================================
+   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   ============================================================================================ */
+
+typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
+    struct mlc__block *next;
+    size_t capacity, used;
+    unsigned char *base;
+} mlc__block;
+
+typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_destroy */
+    struct mlc__owned *prev, *next;
+} mlc__owned;
+
+enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
 
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
 #define MLC__MAX_FRAMES 64              /* frames open at once */
@@ -1332,68 +1400,6 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     return previous;
 }
 
-/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
-   values; its arguments are the named fields of its member of mlc__args; a backend says per op
-   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
-#define MLC__OPS(X) \
-    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
-    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
-    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
-    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
-    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
-    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
-    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
-    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
-    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
-    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
-    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
-    X(ATTENTION, mlc__attention_backward)
-#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
-typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
-#undef MLC__OP_ENUM
-
-typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
-    int B, H, T, S, D, Dv, causal;
-    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
-    unsigned seed;                      /* dropout's draws */
-    float scale, dropout;
-} mlc__attention_args;
-
-/* An op's arguments, by op (loss: class_loss and pointwise_loss) */
-typedef union mlc__args {
-    struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
-    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
-    struct { float value; } masked_fill;
-    struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
-    struct { int len, inner; } cumsum;
-    struct { int is_log, len, inner; } softmax;
-    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
-    struct { int order[MLC_MAX_DIMS]; } permute;
-    struct { int start, count, axis; } slice;
-    struct { int count, axis; } concat;
-    struct { int axis; } index_select;
-    struct { float p; unsigned seed; } dropout;
-    struct { float eps; } layer_norm;
-    struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
-    mlc__attention_args attention;
-} mlc__args;
-
-typedef struct mlc__node mlc__node;
-typedef void (*mlc__backward_fn)(mlc__node *n);
-struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
-    mlc__node *prev;
-    size_t index;                       /* position on the tape, from 0 */
-    mlc__op op;
-    const char *name;                   /* the public op, for messages ("mlc_relu") */
-    mlc_tensor *out;
-    mlc_tensor *in[6];
-    int n_in;
-    mlc__args args;
-    void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
-    int device;                         /* 1: ran on the device, and goes back there */
-};
-
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
     mlc_stats s;
     if (!ctx) { memset(&s, 0, sizeof s); return s; }
@@ -1609,27 +1615,6 @@ static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
                     mlc_device_name(ctx));
         mlc__log(ctx, MLC_LOG_WARN, message);
     }
-}
-
-/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
-   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
-   -1: the device failed (the error is set). */
-static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
-    int k;
-    mlc_tensor *out = call->out;
-    if (out->on_device) {
-        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
-            if (ctx->error) return -1;
-            call->device = 1;
-            out->stale = MLC__HOST_STALE;
-            return 1;
-        }
-        if (ctx->error) return -1;
-        mlc__fall_back(ctx, call->name);
-    }
-    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
-    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
-    return ctx->error ? -1 : 0;
 }
 
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
@@ -1890,8 +1875,31 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
 #endif
 
 /* ============================================================================================
-   Op plumbing: input checks, the tape, gradient buffers, threads
+   Op plumbing, the code: dispatch to the device or the CPU, input checks, the tape, gradient
+   buffers, threads
    ============================================================================================ */
+
+/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
+   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
+   -1: the device failed (the error is set). */
+static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
+    int k;
+    mlc_tensor *out = call->out;
+    if (out->on_device) {
+        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
+            if (ctx->error) return -1;
+            call->device = 1;
+            out->stale = MLC__HOST_STALE;
+            return 1;
+        }
+        if (ctx->error) return -1;
+        mlc__fall_back(ctx, call->name);
+    }
+    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
+    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
+    return ctx->error ? -1 : 0;
+}
+
 
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
    inputs come from different contexts, or the context already holds an error. */
