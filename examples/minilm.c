@@ -683,8 +683,7 @@ int main(int argc, char **argv) {
             printf("\n");
         }
     }
-    if (ctx && mlc_error(ctx)) fprintf(stderr, "error: %s\n", mlc_error_message(ctx));
-    mlc_destroy(ctx);
+    mlc_destroy(ctx);                                    /* (mlc logged any error of its own) */
     free(s); free(sorted); free(ids); free(texts); free(lines);
     return status;
 }
