@@ -18,7 +18,6 @@ import sys
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
 SENTENCES = [
     "A man is eating food.",
@@ -73,26 +72,27 @@ def load_safetensors(path):
     return out
 
 
-def bert_embed(w, ids):
-    """BertModel's forward (eval), mean pooling, L2 normalisation; ids: a list of ints"""
+def bert_embed(w, ids, mask):
+    """BertModel's forward (eval), mean pooling over the mask, L2 normalisation: ids (int64) and
+    mask (float, 1 on tokens) [B, T] -> [B, 384]; bench/torch_bench.py uses it too"""
     ln = lambda x, p: torch.nn.functional.layer_norm(x, (384,), w[p + ".weight"], w[p + ".bias"], 1e-12)
     lin = lambda x, p: x @ w[p + ".weight"].T + w[p + ".bias"]
-    t = len(ids)
-    idx = torch.tensor(ids)
-    x = (w["embeddings.word_embeddings.weight"][idx] + w["embeddings.position_embeddings.weight"][:t] +
+    b, t = ids.shape
+    heads = lambda y: y.reshape(b, t, 12, 32).transpose(1, 2)
+    x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:t] +
          w["embeddings.token_type_embeddings.weight"][0])
     x = ln(x, "embeddings.LayerNorm")
+    bias = (1.0 - mask)[:, None, None, :] * -1e9
     for i in range(6):
         p = "encoder.layer.%d." % i
-        heads = lambda y: y.reshape(t, 12, 32).transpose(0, 1)
         q, k, v = (heads(lin(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
-        a = torch.softmax(q @ k.transpose(1, 2) / 32 ** 0.5, dim=-1) @ v
-        a = a.transpose(0, 1).reshape(t, 384)
+        a = torch.softmax(q @ k.transpose(2, 3) / 32 ** 0.5 + bias, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(b, t, 384)
         x = ln(x + lin(a, p + "attention.output.dense"), p + "attention.output.LayerNorm")
         h = torch.nn.functional.gelu(lin(x, p + "intermediate.dense"))
         x = ln(x + lin(h, p + "output.dense"), p + "output.LayerNorm")
-    e = x.mean(0)
-    return e / e.norm()
+    e = (x * mask[:, :, None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1e-9)
+    return e / e.norm(dim=1, keepdim=True).clamp(min=1e-12)
 
 
 def run(binary, args):
@@ -111,6 +111,7 @@ def main():
         print("%s %s" % ("PASS" if ok else "FAIL", what))
         passed, failed = passed + ok, failed + (not ok)
 
+    from tokenizers import Tokenizer     # PyPI's tokenizers: needed by the test, not by the bench
     tok = Tokenizer.from_file(model + "/tokenizer.json")
     tok.no_padding()
     reference_ids = {}
@@ -132,7 +133,8 @@ def main():
     torch.set_num_threads(1)
     w = load_safetensors(model + "/model.safetensors")
     with torch.no_grad():
-        reference = [bert_embed(w, ids).numpy().astype(np.float64) for ids in reference_ids[256]]
+        reference = [bert_embed(w, torch.tensor([ids]), torch.ones(1, len(ids)))[0].numpy().astype(np.float64)
+                     for ids in reference_ids[256]]
     for device in devices:
         out, err = run(binary, ["--model", model, "--full", "--batch", "4", "--device", device])
         if out is None and "no OpenCL platform" in err:
