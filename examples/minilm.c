@@ -682,10 +682,16 @@ int main(int argc, char **argv) {
             printf(o.full ? "\n" : " ...\n");
         }
         if (!status && !o.full && n > 1) {
-            printf("cosine similarity\n      ");
-            for (int j = 0; j < n; j++) printf(" [%d]  ", j);
+            printf("cosine similarity\n     ");
+            for (int j = 0; j < n; j++) {
+                char label[16];
+                snprintf(label, sizeof label, "[%d]", j);
+                printf(" %6s", label);
+            }
             for (int i = 0; i < n; i++) {
-                printf("\n  [%d]", i);
+                char label[16];
+                snprintf(label, sizeof label, "[%d]", i);
+                printf("\n%5s", label);
                 for (int j = 0; j < n; j++) {
                     double dot = 0.0;
                     for (int k = 0; k < HIDDEN; k++) dot += (double)s[i].embedding[k] * s[j].embedding[k];
