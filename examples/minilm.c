@@ -72,12 +72,19 @@ static int vocab_find(const vocab *v, const char *s, size_t n) {
     return -1;
 }
 
-static const char *json_ws(const char *p) { while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++; return p; }
+static const char *json_ws(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    return p;
+}
 
 static char *put_utf8(char *o, unsigned c) {
     if (c < 0x80) { *o++ = (char)c; }
     else if (c < 0x800) { *o++ = (char)(0xC0 | c >> 6); *o++ = (char)(0x80 | (c & 0x3F)); }
-    else if (c < 0x10000) { *o++ = (char)(0xE0 | c >> 12); *o++ = (char)(0x80 | (c >> 6 & 0x3F)); *o++ = (char)(0x80 | (c & 0x3F)); }
+    else if (c < 0x10000) {
+        *o++ = (char)(0xE0 | c >> 12);
+        *o++ = (char)(0x80 | (c >> 6 & 0x3F));
+        *o++ = (char)(0x80 | (c & 0x3F));
+    }
     else {
         *o++ = (char)(0xF0 | c >> 18); *o++ = (char)(0x80 | (c >> 12 & 0x3F));
         *o++ = (char)(0x80 | (c >> 6 & 0x3F)); *o++ = (char)(0x80 | (c & 0x3F));
@@ -181,11 +188,14 @@ static int model_member(const char *key, const char *value, void *user) {   /* t
     return 1;
 }
 
-static int added_member(const char *key, const char *value, void *user) {   /* {"id": 0, "content": "[PAD]"} */
+/* one of "added_tokens": {"id": 0, "content": "[PAD]", ...} */
+static int added_member(const char *key, const char *value, void *user) {
     special *s = (special *)user;
     char text[64];
     if (!strcmp(key, "id")) s->id = atoi(value);
-    if (!strcmp(key, "content") && json_string(value, text) && strlen(text) < sizeof s->text) strcpy(s->text, text);
+    if (!strcmp(key, "content") && json_skip(value) - value < (long)sizeof text && json_string(value, text) &&
+        text[0] && strlen(text) < sizeof s->text)
+        strcpy(s->text, text);
     return 1;
 }
 
@@ -229,8 +239,8 @@ static int vocab_load(vocab *v, const char *path) {
     v->slots = (int *)calloc(v->mask + 1, sizeof(int));
     v->ids = (int *)malloc((v->mask + 1) * sizeof(int));
     r.scratch = (char *)malloc(size + 1);
-    int ok = json && v->pool && v->slots && v->ids && r.scratch && json_object(json, top_member, &r, r.scratch) &&
-             r.count == VOCAB;
+    int ok = json && v->pool && v->slots && v->ids && r.scratch &&
+             json_object(json, top_member, &r, r.scratch) && r.count == VOCAB;
     free(json);
     free(r.scratch);
     v->unk = vocab_find(v, "[UNK]", 5); v->cls = vocab_find(v, "[CLS]", 5);
@@ -262,7 +272,8 @@ static int in_ranges(unsigned c, const uint16_t (*r)[2], int n) {
 
 static int is_whitespace(unsigned c) {                   /* Rust's char::is_whitespace */
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
 }
 
 /* "other" characters, which clean_text drops: controls (Cc) but tab, newline and return; format
@@ -279,20 +290,22 @@ static int is_control(unsigned c) {
 
 static int is_chinese(unsigned c) {                      /* the CJK ideograph blocks, as BERT has them */
     return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
-           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) ||
+           (c >= 0x2B920 && c <= 0x2CEAF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
-static int is_punctuation(unsigned c) {                  /* ASCII punctuation (with $+<=>^`|~) or Unicode P* */
-    return (c < 0x80 && c > 0x20 && c != 0x7F && !(c >= '0' && c <= '9') && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z')) ||
-           IN_TABLE(c, punct_ranges);
+/* ASCII punctuation (which includes the symbols $+<=>^`|~) or Unicode punctuation (P*) */
+static int is_punctuation(unsigned c) {
+    int ascii = c > 0x20 && c < 0x7F && !(c >= '0' && c <= '9') && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+    return ascii || IN_TABLE(c, punct_ranges);
 }
 
 static unsigned lowercase(unsigned c) {
     for (size_t i = 0; i < sizeof lower_runs / sizeof lower_runs[0]; i++) {
         const int32_t *r = lower_runs[i];
         if (c < (unsigned)r[0]) break;
-        if (c <= (unsigned)r[1] && (c - (unsigned)r[0]) % (unsigned)r[3] == 0) return (unsigned)((int32_t)c + r[2]);
+        if (c <= (unsigned)r[1] && (c - (unsigned)r[0]) % (unsigned)r[3] == 0)
+            return (unsigned)((int32_t)c + r[2]);
     }
     return c;
 }
@@ -309,7 +322,11 @@ static unsigned strip_accent(unsigned c) {               /* NFD, then the first 
 /* Decode one UTF-8 character at *s (advancing it); bytes that are not UTF-8 give U+FFFD. */
 static unsigned next_utf8(const unsigned char **s) {
     const unsigned char *p = *s;
-    unsigned c = *p, n = c < 0x80 ? 0 : c >= 0xF0 && c < 0xF5 ? 3 : c >= 0xE0 ? 2 : c >= 0xC2 && c < 0xE0 ? 1 : 9;
+    unsigned c = *p, n = 9;                              /* continuation bytes; 9: not a lead byte */
+    if (c < 0x80) n = 0;
+    else if (c >= 0xC2 && c < 0xE0) n = 1;
+    else if (c >= 0xE0 && c < 0xF0) n = 2;
+    else if (c >= 0xF0 && c < 0xF5) n = 3;
     if (n == 9) { *s = p + 1; return 0xFFFD; }
     c &= 0x7Fu >> n;
     for (unsigned i = 1; i <= n; i++) {
@@ -317,7 +334,8 @@ static unsigned next_utf8(const unsigned char **s) {
         c = c << 6 | (p[i] & 0x3F);
     }
     *s = p + n + 1;
-    if ((n == 2 && (c < 0x800 || (c >= 0xD800 && c < 0xE000))) || (n == 3 && (c < 0x10000 || c > 0x10FFFF))) return 0xFFFD;
+    if ((n == 2 && (c < 0x800 || (c >= 0xD800 && c < 0xE000))) || (n == 3 && (c < 0x10000 || c > 0x10FFFF)))
+        return 0xFFFD;                                   /* overlong, a surrogate, or beyond Unicode */
     return c;
 }
 
@@ -398,7 +416,11 @@ static int tokenize(const vocab *v, const char *s, int *ids, int max_len) {
         const special *hit = NULL;
         for (const char *p = strchr(s, '['); p && !hit; p = strchr(p + 1, '['))
             for (int a = 0; a < v->n_added; a++)
-                if (!strncmp(p, v->added[a].text, strlen(v->added[a].text))) { hit = &v->added[a]; next = p; break; }
+                if (!strncmp(p, v->added[a].text, strlen(v->added[a].text))) {
+                    hit = &v->added[a];
+                    next = p;
+                    break;
+                }
         split_words(v, text, normalize(s, (size_t)(next - s), text), ids, &count, cap);
         if (hit && count < cap) ids[count++] = hit->id;
         s = hit ? next + strlen(hit->text) : next;
@@ -495,12 +517,14 @@ static mlc_tensor *split_heads(mlc_tensor *x, int B, int T) {
 }
 
 /* x [B, T, D], mask_bias [B, 1, 1, T] -> [B, T, D] */
-static mlc_tensor *bert_layer_forward(const bert_layer *l, mlc_tensor *x, mlc_tensor *mask_bias, int B, int T) {
+static mlc_tensor *bert_layer_forward(const bert_layer *l, mlc_tensor *x, mlc_tensor *mask_bias, int B,
+                                      int T) {
     static const int order[4] = { 0, 2, 1, 3 };
     mlc_tensor *q = split_heads(mlc_forward(l->query, x), B, T);
     mlc_tensor *k = split_heads(mlc_forward(l->key, x), B, T);
     mlc_tensor *v = split_heads(mlc_forward(l->value, x), B, T);
-    mlc_tensor *scores = mlc_add(mlc_mul_scalar(mlc_matmul_t(q, k, 0, 1), 1.0f / sqrtf(HIDDEN / HEADS)), mask_bias);
+    mlc_tensor *scores = mlc_add(mlc_mul_scalar(mlc_matmul_t(q, k, 0, 1), 1.0f / sqrtf(HIDDEN / HEADS)),
+                                 mask_bias);                                       /* [B, H, T, T] */
     mlc_tensor *heads = mlc_matmul(mlc_softmax(scores, -1), v);                      /* [B, H, T, D/H] */
     mlc_tensor *merged = mlc_reshape(mlc_permute(heads, order), MLC_SHAPE(B, T, HIDDEN));
     mlc_tensor *a = mlc_forward(l->attention_norm, mlc_add(x, mlc_forward(l->attention_dense, merged)));
@@ -512,7 +536,8 @@ static mlc_tensor *bert_layer_forward(const bert_layer *l, mlc_tensor *x, mlc_te
 static mlc_tensor *bert_embed(const bert *b, mlc_tensor *ids, mlc_tensor *mask) {
     mlc_ctx *ctx = b->root->ctx;
     int B = ids->shape[0], T = ids->shape[1];
-    mlc_tensor *x = mlc_add(mlc_add(mlc_forward(b->word, ids), mlc_forward(b->position, mlc_arange(ctx, 0, (float)T, 1))),
+    mlc_tensor *positions = mlc_forward(b->position, mlc_arange(ctx, 0, (float)T, 1));       /* [T, D] */
+    mlc_tensor *x = mlc_add(mlc_add(mlc_forward(b->word, ids), positions),
                             mlc_forward(b->token_type, mlc_zeros(ctx, MLC_SHAPE(B, T))));
     x = mlc_forward(b->embedding_norm, x);
     mlc_tensor *bias = mlc_mul_scalar(mlc_rsub_scalar(mlc_reshape(mask, MLC_SHAPE(B, 1, 1, T)), 1.0f), -1e9f);
@@ -556,7 +581,8 @@ static int embed_all(const bert *b, sentence **sorted, int n, int batch) {
     mlc_ctx *ctx = b->root->ctx;
     for (int first = 0; first < n; first += batch) {
         int B = n - first < batch ? n - first : batch, T = sorted[first]->count;
-        float *ids = (float *)calloc((size_t)B * T, sizeof(float)), *mask = (float *)calloc((size_t)B * T, sizeof(float));
+        float *ids = (float *)calloc((size_t)B * T, sizeof(float));
+        float *mask = (float *)calloc((size_t)B * T, sizeof(float));
         float *out = (float *)malloc((size_t)B * HIDDEN * sizeof(float));
         mlc_frame f = mlc_frame_begin(ctx);
         int ok = ids && mask && out;
@@ -565,10 +591,11 @@ static int embed_all(const bert *b, sentence **sorted, int n, int batch) {
                 ids[i * T + t] = (float)sorted[first + i]->ids[t];
                 mask[i * T + t] = 1.0f;
             }
-        mlc_tensor *e = ok ? bert_embed(b, mlc_from_data(ctx, MLC_SHAPE(B, T), ids), mlc_from_data(ctx, MLC_SHAPE(B, T), mask))
-                           : NULL;
+        mlc_tensor *e = ok ? bert_embed(b, mlc_from_data(ctx, MLC_SHAPE(B, T), ids),
+                                        mlc_from_data(ctx, MLC_SHAPE(B, T), mask)) : NULL;
         ok = e && mlc_read(e, out, (size_t)B * HIDDEN) == MLC_OK;
-        for (int i = 0; ok && i < B; i++) memcpy(sorted[first + i]->embedding, out + i * HIDDEN, sizeof(float) * HIDDEN);
+        for (int i = 0; ok && i < B; i++)
+            memcpy(sorted[first + i]->embedding, out + i * HIDDEN, sizeof(float) * HIDDEN);
         mlc_frame_end(f);
         free(ids); free(mask); free(out);
         if (!ok) return 0;
@@ -595,7 +622,10 @@ static int parse_options(int argc, char **argv, options *o, const char **texts, 
         else if (!strcmp(flag, "--bench")) o->bench = atoi(value);
         else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
     }
-    if (o->max_len < 2 || o->max_len > MAX_POSITIONS) { fprintf(stderr, "--max-len is 2 to %d\n", MAX_POSITIONS); return 0; }
+    if (o->max_len < 2 || o->max_len > MAX_POSITIONS) {
+        fprintf(stderr, "--max-len is 2 to %d\n", MAX_POSITIONS);
+        return 0;
+    }
     return o->batch > 0 && o->bench >= 0;
 }
 
@@ -608,7 +638,8 @@ static char *read_lines(const char *path, const char ***texts, int *n) {
         char *end = strchr(p, '\n');
         if (end) *end = '\0';
         if (*n == cap) {
-            const char **grown = (const char **)realloc(*texts, sizeof(char *) * (size_t)(cap = 2 * cap + 16));
+            cap = 2 * cap + 16;
+            const char **grown = (const char **)realloc(*texts, sizeof(char *) * (size_t)cap);
             if (!grown) { free(data); return NULL; }
             *texts = grown;
         }
@@ -618,19 +649,63 @@ static char *read_lines(const char *path, const char ***texts, int *n) {
     return data;
 }
 
+/* embed the sentences (bench more times, timing each) and print what the options ask for */
+static int run_model(const options *o, const bert *b, sentence *s, sentence **sorted, int n) {
+    double *took = (double *)calloc((size_t)o->bench + 1, sizeof(double));
+    int ok = took && embed_all(b, sorted, n, o->batch);           /* the first run warms up */
+    for (int r = 0; ok && r < o->bench; r++) {
+        double start = seconds();
+        ok = embed_all(b, sorted, n, o->batch);
+        took[r] = seconds() - start;
+    }
+    if (ok && o->bench) {
+        qsort(took, (size_t)o->bench, sizeof *took, by_seconds);
+        printf("bench: %d sentences, %d runs: median %.3f s, %.1f sentences/s\n", n, o->bench,
+               took[o->bench / 2], n / took[o->bench / 2]);
+    }
+    free(took);
+    for (int i = 0; ok && i < n; i++) {
+        if (o->full) printf("emb %d:", i);
+        else printf("[%d] %s\n    %d tokens:", i, s[i].text, s[i].count);
+        for (int j = 0; j < (o->full ? HIDDEN : 6); j++)
+            printf(o->full ? " %.9g" : " %8.5f", (double)s[i].embedding[j]);
+        printf(o->full ? "\n" : " ...\n");
+    }
+    if (ok && !o->full && n > 1) {                        /* unit vectors: the cosine is the dot product */
+        char label[16];
+        printf("cosine similarity\n     ");
+        for (int j = 0; j < n; j++) { snprintf(label, sizeof label, "[%d]", j); printf(" %6s", label); }
+        for (int i = 0; i < n; i++) {
+            snprintf(label, sizeof label, "[%d]", i);
+            printf("\n%5s", label);
+            for (int j = 0; j < n; j++) {
+                double dot = 0.0;
+                for (int k = 0; k < HIDDEN; k++) dot += (double)s[i].embedding[k] * s[j].embedding[k];
+                printf(" %6.3f", dot);
+            }
+        }
+        printf("\n");
+    }
+    return ok;
+}
+
 int main(int argc, char **argv) {
     options o;
     const char **texts = (const char **)malloc(sizeof(char *) * (size_t)(argc + 1));
     char path[1024], *lines = NULL;
-    int n = 0, status = 1;
+    int n = 0, ok = 0;
     vocab v;
     if (!texts || !parse_options(argc, argv, &o, texts, &n)) {
-        fprintf(stderr, "usage: %s [--model DIR] [--device NAME] [--max-len N] [--batch N] [--file PATH] [--ids]\n"
-                        "       [--full] [--bench N] SENTENCE...\n", argv[0]);
+        fprintf(stderr, "usage: %s [--model DIR] [--device NAME] [--max-len N] [--batch N] [--file PATH]\n"
+                        "       [--ids] [--full] [--bench N] SENTENCE...\n", argv[0]);
         free(texts);
         return 1;
     }
-    if (o.file && !(lines = read_lines(o.file, &texts, &n))) { fprintf(stderr, "error: cannot read %s\n", o.file); free(texts); return 1; }
+    if (o.file && !(lines = read_lines(o.file, &texts, &n))) {
+        fprintf(stderr, "error: cannot read %s\n", o.file);
+        free(texts);
+        return 1;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.json", o.model);
     if (!vocab_load(&v, path)) {
         fprintf(stderr, "error: cannot read the vocabulary from %s (run: sh tools/fetch_minilm.sh)\n", path);
@@ -649,59 +724,24 @@ int main(int argc, char **argv) {
     vocab_free(&v);
     mlc_ctx *ctx = NULL;
     bert b;
-    if (!s || !sorted || !ids) fprintf(stderr, "error: out of memory\n");
-    else if (o.ids) {
+    snprintf(path, sizeof path, "%s/model.safetensors", o.model);
+    if (!s || !sorted || !ids) {
+        fprintf(stderr, "error: out of memory\n");
+    } else if (o.ids) {
         for (int i = 0; i < n; i++) {
             printf("ids %d:", i);
             for (int t = 0; t < s[i].count; t++) printf(" %d", s[i].ids[t]);
             printf("\n");
         }
-        status = 0;
-    } else if ((ctx = mlc_create(&(mlc_config){ .device = o.device })) && !mlc_error(ctx) && bert_build(ctx, &b) &&
-               (snprintf(path, sizeof path, "%s/model.safetensors", o.model), bert_load(&b, path))) {
+        ok = 1;
+    } else if ((ctx = mlc_create(&(mlc_config){ .device = o.device })) && !mlc_error(ctx) &&
+               bert_build(ctx, &b) && bert_load(&b, path)) {
         mlc_set_grad_enabled(ctx, 0);                    /* inference: no tape */
         qsort(sorted, (size_t)n, sizeof *sorted, by_length);
         printf("Using device: %s\n", mlc_device_name(ctx));
-        status = !embed_all(&b, sorted, n, o.batch);              /* the first run warms up */
-        double *took = (double *)calloc((size_t)o.bench + 1, sizeof(double));
-        for (int r = 0; !status && took && r < o.bench; r++) {
-            double start = seconds();
-            status = !embed_all(&b, sorted, n, o.batch);
-            took[r] = seconds() - start;
-        }
-        if (!status && took && o.bench) {
-            qsort(took, (size_t)o.bench, sizeof *took, by_seconds);
-            printf("bench: %d sentences, %d runs: median %.3f s, %.1f sentences/s\n", n, o.bench,
-                   took[o.bench / 2], n / took[o.bench / 2]);
-        }
-        free(took);
-        for (int i = 0; !status && i < n; i++) {
-            if (o.full) printf("emb %d:", i);
-            else printf("[%d] %s\n    %d tokens:", i, s[i].text, s[i].count);
-            for (int j = 0; j < (o.full ? HIDDEN : 6); j++) printf(o.full ? " %.9g" : " %8.5f", (double)s[i].embedding[j]);
-            printf(o.full ? "\n" : " ...\n");
-        }
-        if (!status && !o.full && n > 1) {
-            printf("cosine similarity\n     ");
-            for (int j = 0; j < n; j++) {
-                char label[16];
-                snprintf(label, sizeof label, "[%d]", j);
-                printf(" %6s", label);
-            }
-            for (int i = 0; i < n; i++) {
-                char label[16];
-                snprintf(label, sizeof label, "[%d]", i);
-                printf("\n%5s", label);
-                for (int j = 0; j < n; j++) {
-                    double dot = 0.0;
-                    for (int k = 0; k < HIDDEN; k++) dot += (double)s[i].embedding[k] * s[j].embedding[k];
-                    printf(" %6.3f", dot);
-                }
-            }
-            printf("\n");
-        }
+        ok = run_model(&o, &b, s, sorted, n);
     }
     mlc_destroy(ctx);                                    /* (mlc logged any error of its own) */
     free(s); free(sorted); free(ids); free(texts); free(lines);
-    return status;
+    return !ok;
 }

@@ -96,7 +96,10 @@ def bert_embed(w, ids, mask):
 
 
 def run(binary, args):
-    r = subprocess.run([binary] + args + ["--"] + SENTENCES, capture_output=True)
+    try:
+        r = subprocess.run([binary] + args + ["--"] + SENTENCES, capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 600 s"
     if r.returncode != 0:
         return None, r.stderr.decode(errors="replace")
     return r.stdout.decode(), ""
