@@ -92,6 +92,16 @@ static char *put_utf8(char *o, unsigned c) {
     return o;
 }
 
+static int hex4(const char *p, unsigned *c) {            /* four hex digits, as \uXXXX has them */
+    *c = 0;
+    for (int i = 0; i < 4; i++) {
+        int x = p[i] | 0x20, d = p[i] >= '0' && p[i] <= '9' ? p[i] - '0' : x >= 'a' && x <= 'f' ? x - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        *c = *c << 4 | (unsigned)d;
+    }
+    return 1;
+}
+
 /* Decode the JSON string at p (at its opening quote) into out (at least as long as the source);
    returns the text after it, or NULL when it is malformed. */
 static const char *json_string(const char *p, char *out) {
@@ -107,11 +117,12 @@ static const char *json_string(const char *p, char *out) {
         case 'b': c = '\b'; break;
         case 'f': c = '\f'; break;
         case 'u':
-            if (sscanf(p + 1, "%4x", &c) != 1) return NULL;
+            if (!hex4(p + 1, &c)) return NULL;
             p += 4;
             if (c >= 0xD800 && c < 0xDC00) {                      /* a surrogate pair */
                 unsigned lo;
-                if (p[1] != '\\' || p[2] != 'u' || sscanf(p + 3, "%4x", &lo) != 1) return NULL;
+                if (p[1] != '\\' || p[2] != 'u' || !hex4(p + 3, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                    return NULL;
                 c = 0x10000 + ((c - 0xD800) << 10) + (lo - 0xDC00);
                 p += 6;
             }
