@@ -95,7 +95,8 @@ static char *put_utf8(char *o, unsigned c) {
 static int hex4(const char *p, unsigned *c) {            /* four hex digits, as \uXXXX has them */
     *c = 0;
     for (int i = 0; i < 4; i++) {
-        int x = p[i] | 0x20, d = p[i] >= '0' && p[i] <= '9' ? p[i] - '0' : x >= 'a' && x <= 'f' ? x - 'a' + 10 : -1;
+        int x = p[i] | 0x20;
+        int d = p[i] >= '0' && p[i] <= '9' ? p[i] - '0' : x >= 'a' && x <= 'f' ? x - 'a' + 10 : -1;
         if (d < 0) return 0;
         *c = *c << 4 | (unsigned)d;
     }
