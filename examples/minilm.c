@@ -638,7 +638,7 @@ static int parse_options(int argc, char **argv, options *o, const char **texts, 
         fprintf(stderr, "--max-len is 2 to %d\n", MAX_POSITIONS);
         return 0;
     }
-    return o->batch > 0 && o->bench >= 0;
+    return o->batch > 0 && o->bench >= 0 && (*n > 0 || o->file);
 }
 
 /* the lines of the --file, appended to texts (which grows); returns the buffer to free */
