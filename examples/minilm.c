@@ -54,7 +54,7 @@ typedef struct vocab {
     int *ids;                       /* the id of each slot */
     unsigned mask;
     special added[8];               /* added tokens, matched in the raw text */
-    int n_added, unk, cls, sep, pad;
+    int n_added, unk, cls, sep;
 } vocab;
 
 static unsigned hash(const char *s, size_t n) {     /* FNV-1a */
@@ -256,8 +256,8 @@ static int vocab_load(vocab *v, const char *path) {
     free(json);
     free(r.scratch);
     v->unk = vocab_find(v, "[UNK]", 5); v->cls = vocab_find(v, "[CLS]", 5);
-    v->sep = vocab_find(v, "[SEP]", 5); v->pad = vocab_find(v, "[PAD]", 5);
-    return ok && v->unk >= 0 && v->cls >= 0 && v->sep >= 0 && v->pad >= 0;
+    v->sep = vocab_find(v, "[SEP]", 5);
+    return ok && v->unk >= 0 && v->cls >= 0 && v->sep >= 0;
 }
 
 static void vocab_free(vocab *v) { free(v->pool); free(v->slots); free(v->ids); }
@@ -593,7 +593,7 @@ static int embed_all(const bert *b, sentence **sorted, int n, int batch) {
     mlc_ctx *ctx = b->root->ctx;
     for (int first = 0; first < n; first += batch) {
         int B = n - first < batch ? n - first : batch, T = sorted[first]->count;
-        float *ids = (float *)calloc((size_t)B * T, sizeof(float));
+        float *ids = (float *)calloc((size_t)B * T, sizeof(float));     /* padding: id 0 ([PAD]), mask 0 */
         float *mask = (float *)calloc((size_t)B * T, sizeof(float));
         float *out = (float *)malloc((size_t)B * HIDDEN * sizeof(float));
         mlc_frame f = mlc_frame_begin(ctx);
