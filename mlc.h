@@ -401,6 +401,10 @@ MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x);
 /* neural-network ops */
 MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training);
 MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps);
+/* over the last `dims` axes (PyTorch's normalized_shape = x.shape[-dims:]); weight and bias, when
+   given, have that shape. mlc_layer_norm is dims = 1. */
+MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
+                                       float eps);
 /* x [N, C, ...]; training: batch statistics, running stats updated with momentum (no gradient);
    otherwise the running statistics. weight, bias, running stats may be NULL. */
 MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
@@ -489,6 +493,7 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
                                  mlc_conv_opts opts);
 MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features);    /* BatchNorm1d/2d */
 MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features);
+MLCDEF mlc_module *mlc_nn_layer_norm_shape(mlc_ctx *ctx, int ndim, const int *normalized_shape);
 MLCDEF mlc_module *mlc_nn_embedding(mlc_ctx *ctx, int count, int dim);
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p);
 MLCDEF mlc_module *mlc_nn_relu(mlc_ctx *ctx);
@@ -867,7 +872,7 @@ typedef union mlc__args {
     struct { int count, axis; } concat;
     struct { int axis; } index_select;
     struct { float p; unsigned seed; } dropout;
-    struct { float eps; } layer_norm;
+    struct { float eps; int D; } layer_norm;                /* D: values per row (the last axes) */
     struct { int training; float momentum, eps; } batch_norm;
     struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
     mlc__attention_args attention;
@@ -3805,7 +3810,7 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
 /* ============================================================================================
    Dropout and normalisation
      dropout     y = x m / (1 - p), m ~ Bernoulli(1 - p)      dx = g m / (1 - p)
-     layer_norm  over the last axis (D values):  x̂ = (x - μ) r,  r = 1/√(σ² + eps),  y = x̂ w + b
+     layer_norm  over the last axes (D values):  x̂ = (x - μ) r,  r = 1/√(σ² + eps),  y = x̂ w + b
                  dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)),  ĝ = g w;   dw = Σ g x̂;   db = Σ g
      batch_norm  the same per channel (axis 1) over the batch and spatial axes in training;
                  with the running statistics in eval, where dx = g w r
@@ -3850,7 +3855,7 @@ static void mlc__layer_norm_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
     const float *stats = (const float *)n->saved, *g = n->out->grad;
-    int D = x->shape[x->ndim - 1], j;
+    int D = n->args.layer_norm.D, j;
     size_t rows = D ? x->size / (size_t)D : 0, r;
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D, *gr = g + r * D;
@@ -3872,30 +3877,44 @@ static void mlc__layer_norm_backward(mlc__node *n) {
 }
 
 MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
+    return mlc_layer_norm_dims(x, 1, weight, bias, eps);
+}
+
+/* weight or bias of x's trailing `dims` dimensions, or NULL */
+static int mlc__fits_last_dims(const mlc_tensor *t, const mlc_tensor *x, int dims) {
+    return !t
+        || (t->ndim == dims && memcmp(t->shape, x->shape + x->ndim - dims, (size_t)dims * sizeof(int)) == 0);
+}
+
+MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
+                                       float eps) {
     mlc_tensor *out;
     mlc__node call;
     float *stats;
     int D, j, where;
-    size_t rows, r;
+    size_t rows, r, per_row = 1;
     MLC__ENTER("mlc_layer_norm", x);
     if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight)
         || !mlc__same_device(ctx, "mlc_layer_norm", x, bias))
         return NULL;
-    if (x->ndim < 1)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: x %T has no axis to normalise",
-                                       x);
-    D = x->shape[x->ndim - 1];
-    if ((weight && (weight->ndim != 1 || weight->shape[0] != D))
-        || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
+    if (dims < 1 || dims > x->ndim)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
-                                       "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight,
-                                       bias, D, x);
+                                       "mlc_layer_norm: x %T has no %d last axes to normalise", x, dims);
+    for (j = x->ndim - dims; j < x->ndim; j++) per_row *= (size_t)x->shape[j];   /* <= x->size */
+    if (per_row > 2147483647u)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: %zu values per row of x %T",
+                                       per_row, x);
+    D = (int)per_row;
+    if (!mlc__fits_last_dims(weight, x, dims) || !mlc__fits_last_dims(bias, x, dims))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_layer_norm: weight %T and bias %T must be x's last %d dimensions "
+                                       "for x %T", weight, bias, dims, x);
     eps = mlc__setting(eps, 1e-5f);
     if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
     out = mlc__like(x, "mlc_layer_norm");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
-    call.args.layer_norm.eps = eps;
+    call.args.layer_norm.eps = eps; call.args.layer_norm.D = D;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     rows = D ? x->size / (size_t)D : 0;
@@ -5200,16 +5219,23 @@ MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features) {
 }
 
 static mlc_tensor *mlc__layer_norm_forward(mlc_module *m, mlc_tensor *x) {
-    return mlc_layer_norm(x, m->params[0], m->params[1], m->eps);
+    return mlc_layer_norm_dims(x, m->params[0]->ndim, m->params[0], m->params[1], m->eps);
 }
-MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features) {
+MLCDEF mlc_module *mlc_nn_layer_norm_shape(mlc_ctx *ctx, int ndim, const int *normalized_shape) {
     mlc_module *m = mlc__module(ctx, "LayerNorm", mlc__layer_norm_forward);
     mlc_tensor *w;
     if (!m) return NULL;
+    if (ndim < 1)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_nn_layer_norm_shape: %d dimensions", ndim);
     m->eps = 1e-5f;
-    if (!(w = mlc__param(m, "weight", 1, &features)) || !mlc__param(m, "bias", 1, &features)) return NULL;
+    if (!(w = mlc__param(m, "weight", ndim, normalized_shape))
+        || !mlc__param(m, "bias", ndim, normalized_shape))
+        return NULL;
     mlc_init_constant(w, 1.0f);
     return m;
+}
+MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features) {
+    return mlc_nn_layer_norm_shape(ctx, 1, &features);
 }
 
 static mlc_tensor *mlc__embedding_forward(mlc_module *m, mlc_tensor *x) {

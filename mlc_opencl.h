@@ -1856,7 +1856,7 @@ static cl_mem mlc__cl_maybe(mlc_ctx *ctx, mlc_tensor *t, cl_mem other) {
 
 static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2];
-    cl_int D = x->shape[x->ndim - 1], rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL,
+    cl_int D = call->args.layer_norm.D, rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL,
            has_b = b != NULL;
     cl_float eps = call->args.layer_norm.eps;
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL,

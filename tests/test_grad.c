@@ -239,6 +239,7 @@ GRAD(embedding, ANY, S(2, 3, 5))
 FN(dropout) { (void)u; return mlc_dropout(x[0], 0.3f, 1); }
 FN(layer_norm) { (void)u; return mlc_layer_norm(x[0], x[1], x[2], 1e-5f); }
 FN(layer_norm_plain) { (void)u; return mlc_layer_norm(x[0], NULL, NULL, 1e-5f); }
+FN(layer_norm_dims) { (void)u; return mlc_layer_norm_dims(x[0], 2, x[1], x[2], 1e-5f); }
 FN(batch_norm_2d) { (void)u; return mlc_batch_norm(x[0], NULL, NULL, x[1], x[2], 1, 0.1f, 1e-5f); }
 FN(batch_norm_4d) { (void)u; return mlc_batch_norm(x[0], NULL, NULL, x[1], x[2], 1, 0.1f, 1e-5f); }
 FN(batch_norm_eval) {
@@ -268,6 +269,7 @@ FN(avg_pool2d_exclude_pad) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, no_pad
 GRAD(dropout, ANY, S(2, 4, 5))
 GRAD(layer_norm, ANY, S(3, 2, 3, 5), S(1, 5), S(1, 5))
 GRAD(layer_norm_plain, ANY, S(2, 3, 6))
+GRAD(layer_norm_dims, ANY, S(3, 2, 3, 4), S(2, 3, 4), S(2, 3, 4))
 GRAD(batch_norm_2d, ANY, S(2, 4, 3), S(1, 3), S(1, 3))
 GRAD(batch_norm_4d, ANY, S(4, 2, 3, 2, 2), S(1, 3), S(1, 3))
 GRAD(batch_norm_eval, ANY, S(4, 2, 3, 2, 2), S(1, 3), S(1, 3))
@@ -324,7 +326,7 @@ const test_case tests_grad[] = {
     T(cross_entropy_none) T(cross_entropy_ignore) T(nll_loss) T(nll_loss_none) T(mse_mean) T(mse_none)
     T(bce_logits_mean) T(bce_logits_sum)
     T(reshape) T(flatten) T(transpose) T(permute) T(slice) T(concat) T(index_select) T(gather) T(copy) T(embedding)
-    T(dropout) T(layer_norm) T(layer_norm_plain) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
+    T(dropout) T(layer_norm) T(layer_norm_plain) T(layer_norm_dims) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
     T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise)
     T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d) T(max_pool2d_ceil)
     T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad)

@@ -128,7 +128,7 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("transpose", mlc_transpose(x3, 0, 2)); OUT("permute", mlc_permute(x3, (int[]){ 1, 2, 0 }));
     OUT("slice", mlc_slice(x3, 2, 1, 3)); OUT("concat", mlc_concat(ctx, (mlc_tensor *[]){ a, pos, b }, 3, 0));
     OUT("index_select", mlc_index_select(x3, 1, idx)); OUT("gather", mlc_gather(x3, 1, gidx)); OUT("copy", mlc_copy(b));
-    OUT("layer_norm", mlc_layer_norm(a, lw, lb, 1e-5f));
+    OUT("layer_norm", mlc_layer_norm(a, lw, lb, 1e-5f)); OUT("layer_norm_dims", mlc_layer_norm_dims(a, 2, NULL, NULL, 1e-5f));
     OUT("batch_norm", mlc_batch_norm(img, rm, rv, bw, bb, 1, 0.1f, 1e-5f));
     OUT("batch_norm_eval", mlc_batch_norm(img, rm, rv, bw, bb, 0, 0.1f, 1e-5f));
     OUT("running_mean", rm); OUT("running_var", rv);

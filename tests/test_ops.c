@@ -794,6 +794,52 @@ static int layer_norm_values(void) {
     return 1;
 }
 
+/* over the last two axes: F.layer_norm(x, (3, 4), w, b, 1e-5) in PyTorch 1.13, and the gradients of
+   sum(y * g), g = arange(24) / 10 - 1 (values printed by torch, pasted here) */
+static int layer_norm_over_two_axes(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    static const float x[24] = { 0.5f, -1, 2, 0, 1.5f, 0.25f, -0.75f, 3, -2, 1, 0.5f, -0.5f,
+                                 1, 2, 3, 4, 0, -1, 0.5f, 2.5f, 1.25f, -0.25f, 0.75f, -1.5f };
+    static const float w[12] = { 1, 0.5f, -1, 2, 0.25f, 1.5f, 1, -0.5f, 2, 1, 0.5f, 1 };
+    static const float b[12] = { 0, 0.1f, -0.2f, 0.3f, 0.5f, 0, 0.25f, -0.25f, 1, -1, 0, 0.5f };
+    static const float want[24] = { 0.09463179f, -0.4204748f, -1.430213f, -0.2677906f, 0.7129215f, -0.1419476f,
+        -0.601686f, -1.243634f, -2.596007f, -0.5268411f, 0.0473159f, -0.1624224f, -0.01330256f, 0.4126111f,
+        -1.463747f, 4.104543f, 0.3370432f, -1.935528f, -0.08256492f, -0.7222422f, 1.292657f, -1.811458f,
+        -0.08646687f, -1.109614f };
+    static const float want_gx[24] = { -0.5475082f, 0.07971559f, 0.6043453f, -0.7800486f, -0.04457492f,
+        -0.3231041f, 0.08242762f, -0.0283027f, 0.258131f, 0.06355913f, 0.2095459f, 0.4258141f, -0.2738164f,
+        -0.1884562f, -0.4223583f, 0.5888627f, -0.4230292f, 0.03435659f, 0.05065507f, -0.5129278f, 0.9048496f,
+        0.1542476f, -0.04772818f, 0.1353445f };
+    static const float want_gw[12] = { -0.0972923f, 1.124421f, -0.4786718f, 1.149863f, -0.902108f, -0.8559306f,
+        0.07462245f, 0.2538558f, 0.5059294f, -0.9399201f, -0.2075205f, -2.158741f };
+    float g[24];
+    mlc_tensor *xt, *wt, *bt, *y;
+    mlc_module *m;
+    int i;
+    for (i = 0; i < 24; i++) g[i] = (float)i / 10.0f - 1.0f;
+    xt = mlc_requires_grad(T(ctx, x, 2, 3, 4), 1);
+    wt = mlc_requires_grad(T(ctx, w, 3, 4), 1);
+    bt = mlc_requires_grad(T(ctx, b, 3, 4), 1);
+    y = mlc_layer_norm_dims(xt, 2, wt, bt, 1e-5f);
+    CHECK_SHAPE(y, 2, 3, 4);
+    CHECK_TENSOR(y, want, 2e-5);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, T(ctx, g, 2, 3, 4)))) == MLC_OK);
+    { mlc_tensor *gx = mlc_from_data(ctx, 3, xt->shape, mlc_host_grad(xt)); CHECK_TENSOR(gx, want_gx, 2e-5); }
+    { mlc_tensor *gw = mlc_from_data(ctx, 2, wt->shape, mlc_host_grad(wt)); CHECK_TENSOR(gw, want_gw, 2e-5); }
+    /* the module: nn.LayerNorm((3, 4)) with weight and bias of that shape */
+    m = mlc_nn_layer_norm_shape(ctx, 2, (const int[]){ 3, 4 });
+    CHECK(m && m->params[0]->ndim == 2 && m->params[0]->shape[0] == 3 && m->params[1]->shape[1] == 4);
+    CHECK(mlc_write(m->params[0], w, 12) == MLC_OK && mlc_write(m->params[1], b, 12) == MLC_OK);
+    CHECK_TENSOR(mlc_forward(m, T(ctx, x, 2, 3, 4)), want, 2e-5);
+    /* weight of the wrong shape, too many axes */
+    CHECK(mlc_layer_norm_dims(T(ctx, x, 2, 3, 4), 2, T(ctx, w, 12), NULL, 1e-5f) == NULL
+          && mlc_error(ctx) == MLC_ERR_SHAPE && strstr(mlc_error_message(ctx), "mlc_layer_norm"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_layer_norm_dims(T(ctx, x, 2, 3, 4), 4, NULL, NULL, 1e-5f) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    test_destroy(ctx);
+    return 1;
+}
+
 static int batch_norm_training(void) {
     mlc_ctx *ctx = test_ctx(1);
     /* [4,2]: channel 0 = 1,3,5,7 (mean 4, var 5), channel 1 = 2,6,10,14 (mean 8, var 20) */
@@ -1371,6 +1417,7 @@ const test_case tests_ops[] = {
     TEST(index_select_gather_copy)
     TEST(dropout_values)
     TEST(layer_norm_values)
+    TEST(layer_norm_over_two_axes)
     TEST(batch_norm_training)
     TEST(batch_norm_eval)
     TEST(embedding_values)
