@@ -2650,7 +2650,12 @@ static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A
     }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
-    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((double)M * K)) + 1, mlc__gemm_direct_slice, &d);
+    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1, mlc__gemm_direct_slice, &d);
+}
+
+/* M·N·K < limit, in integers (a float-only FPU has no double), for M, N > 0 */
+static int mlc__product_below(int M, int N, int K, long long limit) {
+    return K <= 0 || (long long)M * N < (limit + K - 1) / K;
 }
 
 #endif /* !MLC_USE_CBLAS */
@@ -2667,18 +2672,18 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (K <= 0 || (double)M * N * K < MLC__GEMM_SMALL) {   /* too small to repay any setting up */
+    if (mlc__product_below(M, N, K, MLC__GEMM_SMALL)) {   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
-    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS) {
-        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
+    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS || (!work && ctx->config.arena)) {
+        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);   /* (a fixed arena: no packing workspace) */
         return;
     }
     if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
         const mlc__gemm_arch *g = mlc__gemm_pick();
-        int threads = (double)M * N * K < MLC__GEMM_PARALLEL ? 1 : mlc__threads();
+        int threads = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
         work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
         if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
@@ -3702,9 +3707,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (training && running_var) mlc__host_wrote(running_var);
     if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
     for (c = 0; c < C; c++) {
-        double mu, var;
         if (training) {
-            double s = 0.0, v = 0.0;
+            double s = 0.0, v = 0.0, mu, var;
             for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x->data[((size_t)i * C + c) * inner + k];
             mu = s / M;
             for (i = 0; i < N; i++)
@@ -3712,9 +3716,12 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
             var = v / M;
             if (running_mean) running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
             if (running_var) running_var->data[c] = (1.0f - momentum) * running_var->data[c] + momentum * (float)(v / (M - 1));
-        } else { mu = running_mean->data[c]; var = running_var->data[c]; }
-        stats[2 * c] = (float)mu;
-        stats[2 * c + 1] = (float)(1.0 / sqrt(var + eps));
+            stats[2 * c] = (float)mu;
+            stats[2 * c + 1] = (float)(1.0 / sqrt(var + eps));
+        } else {                                /* in float: no double on a float-only FPU */
+            stats[2 * c] = running_mean->data[c];
+            stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
+        }
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
