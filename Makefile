@@ -152,8 +152,9 @@ test-examples: $(BUILD)/fashion_mnist
 # weights and 12 held-out digits as C arrays (model.h) and the host's predictions; main.c, built
 # bare-metal (MLC_NO_MALLOC, weights in flash, a static arena), runs under qemu's MPS2-AN386
 # with semihosting, and its predictions must equal the host's (so must main.c's built for the
-# host). Then the sizes, and the mlc functions that call soft-float double helpers: none may be
-# outside EMBEDDED_DOUBLE (error messages' %g, sums in double, training-only branches).
+# host). Then the sizes; no malloc, stdio or getenv may be linked; and of the mlc functions
+# that call soft-float double helpers, none may be outside EMBEDDED_DOUBLE (error messages'
+# %g, sums kept in double, training-only branches).
 # (-Wno-type-limits: mlc.h's enum range checks warn where enums are short, as arm-none-eabi's
 # are; issue 13's fix on main makes it unneeded.)
 ARM_CC ?= arm-none-eabi-gcc
@@ -188,6 +189,8 @@ embedded: $(EMBEDDED)/digits.elf $(EMBEDDED)/digits-host
 	grep -qxF "$$(cat host.txt)" qemu.txt || { echo "FAIL embedded: Cortex-M4F and host predictions differ"; exit 1; }; \
 	grep -qxF "$$(cat host.txt)" host-build.txt || { echo "FAIL embedded: main.c on the host differs"; exit 1; }; \
 	arm-none-eabi-size digits.elf; \
+	! arm-none-eabi-nm digits.elf | grep -wE 'malloc|free|_malloc_r|_sbrk|printf|getenv' || \
+	    { echo "FAIL embedded: the ELF links an allocator, stdio or getenv"; exit 1; }; \
 	arm-none-eabi-objdump -d digits.elf | awk '/^[0-9a-f]+ <.*>:$$/ { fn = substr($$2, 2, length($$2) - 3) } \
 	    /bl.*<(__aeabi_(d[a-z0-9]+|[a-z0-9]+2d)|sqrt|exp|log|pow|cos|ceil)>/ && fn ~ /mlc/ { print fn }' | sort -u >double.txt; \
 	echo "double-precision helpers called from: $$(tr '\n' ' ' <double.txt)"; \

@@ -1033,8 +1033,8 @@ static void mlc__arena_fixed(mlc_ctx *ctx) {
     uintptr_t head = (start + 15) & ~(uintptr_t)15, base = (head + sizeof(mlc__block) + 31) & ~(uintptr_t)31;
     mlc__block *b = (mlc__block *)head;
     if (ctx->config.arena_bytes < 64 + sizeof(mlc__block) || base > end) {
-        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: the fixed arena (mlc_config.arena) of %zu bytes is too small",
-                  ctx->config.arena_bytes);
+        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: the fixed arena (mlc_config.arena) of %zu bytes is too "
+                  "small", ctx->config.arena_bytes);
         return;
     }
     b->next = NULL; b->used = 0;
@@ -1217,7 +1217,10 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     if (!ctx) return;
     if (ctx->backend) mlc__device_close(ctx);
     while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
-    for (b = ctx->config.arena ? NULL : ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
+    for (b = ctx->config.arena ? NULL : ctx->first_block; b; b = next) {   /* a fixed arena is the caller's */
+        next = b->next;
+        mlc__heap_free(ctx, b);
+    }
     a = ctx->config.allocator;
     mlc__sys_free(&a, (unsigned char *)ctx - MLC__HEADER);
 }
@@ -1594,7 +1597,8 @@ static mlc_tensor *mlc__make_over(mlc_ctx *ctx, const char *op, int ndim, const 
     t->ndim = ndim;
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof(int));
     t->size = size;
-    t->data = over ? (float *)(uintptr_t)over : (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
+    t->data = over ? (float *)(uintptr_t)over
+                   : (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
     t->read_only = over != NULL;
     t->persistent = persistent;
     t->on_device = ctx->op_device;
@@ -1648,8 +1652,8 @@ MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, cons
 /* Whatever writes t's data asks here first: a tensor over read-only memory refuses. */
 static int mlc__writable(mlc_tensor *t, const char *op) {
     if (!t->read_only) return 1;
-    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T wraps read-only memory (mlc_from_const): it cannot be written "
-              "or trained", op, t);
+    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T wraps read-only memory (mlc_from_const): it cannot be "
+              "written or trained", op, t);
     return 0;
 }
 
@@ -1835,6 +1839,17 @@ static void mlc__record(const mlc__node *call) {
     ctx->tape = n;
     call->out->node = n;
     call->out->requires_grad = 1;
+}
+
+/* An op's sizes (a struct on the caller's stack) for its kernels: the call points at them, and
+   when the op will be recorded, at a copy in the arena that the tape keeps; inference keeps
+   none. 0: out of memory. */
+static int mlc__save(mlc__node *call, const void *sizes, size_t bytes) {
+    call->saved = (void *)(uintptr_t)sizes;
+    if (!mlc__recording(call)) return 1;
+    if (!(call->saved = mlc__arena_alloc(call->out->ctx, bytes, call->name))) return 0;
+    memcpy(call->saved, sizes, bytes);
+    return 1;
 }
 
 /* The gradient buffer of an input that needs one (zeroed on first use), else NULL. */
@@ -2650,7 +2665,8 @@ static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A
     }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
-    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1, mlc__gemm_direct_slice, &d);
+    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1,
+                  mlc__gemm_direct_slice, &d);
 }
 
 /* M·N·K < limit, in integers (a float-only FPU has no double), for M, N > 0 */
@@ -2781,11 +2797,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
     mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
-    call.saved = &mm;                                 /* the tape keeps a copy; inference none */
-    if (mlc__recording(&call)) {
-        if (!(call.saved = mlc__arena_alloc(ctx, sizeof mm, op))) return NULL;
-        memcpy(call.saved, &mm, sizeof mm);
-    }
+    if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) {
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
@@ -3957,8 +3969,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_CONV2D, "mlc_conv2d", out, x, weight, bias, NULL);
-    if (!(call.saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d"))) return NULL;
-    memcpy(call.saved, &cv, sizeof cv);
+    if (!mlc__save(&call, &cv, sizeof cv)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;

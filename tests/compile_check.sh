@@ -40,7 +40,8 @@ for cc in gcc clang; do
     check "$cc.two_units_static" sh -c "$cc $strict -I. -o '$tmp/two' '$tmp/sa.c' '$tmp/sb.c' -lm && '$tmp/two'"
     # MLC_NO_MALLOC (bare metal): no allocator, environment or x86 code referenced or included
     check "$cc.no_malloc" sh -c "$cc $strict -DMLC_NO_MALLOC -I. -c -o '$tmp/nm.o' '$tmp/impl.c' && \
-        ! nm -u '$tmp/nm.o' | grep -wE 'malloc|calloc|realloc|free|getenv|__cpu_model|__cpu_indicator_init' && \
+        ! nm -u '$tmp/nm.o' | grep -wE 'malloc|calloc|realloc|free|getenv|__cpu_model|__cpu_indicator_init' \
+        && \
         ! $cc -DMLC_NO_MALLOC -I. -H -fsyntax-only '$tmp/impl.c' 2>&1 | grep -E 'immintrin|cpuid'"
     check "$cc.no_stdio" sh -c "$cc $strict -DMLC_NO_STDIO -I. -c -o '$tmp/ns.o' '$tmp/impl.c' && ! nm -u '$tmp/ns.o' | grep -E 'printf|puts|fopen|fwrite|stderr|stdout'"
 done

@@ -1,8 +1,9 @@
-/* The exporter of make embedded: trains the digits CNN of examples/digits.c (the same layers;
-   fewer epochs: EPOCHS below) or loads it from a safetensors file, and writes its weights and a
-   few held-out test digits as C arrays (`static const float`) for the Cortex-M4F program in
-   main.c, which uses them in place from flash. It also prints the host's test accuracy. It prints the host's predictions for those
-   digits ("predictions: 7 3 ..."), which the Makefile compares with the microcontroller's.
+/* The exporter of make embedded: trains the digits CNN of examples/digits.c (the same layers
+   and recipe) or loads it from a safetensors file, and writes its weights and a few held-out
+   test digits as C arrays (`static const float`) for the Cortex-M4F program in main.c, which
+   uses them in place from flash. It prints the host's test accuracy (stderr) and its
+   predictions for those digits ("predictions: 7 3 ..."), which the Makefile compares with the
+   microcontroller's.
    Usage: export OUT.h [data/digits.bin] [--load model.safetensors] [--save model.safetensors] */
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +15,10 @@
 #define BATCH 32
 #define HELD_OUT 12                             /* test digits shipped to the microcontroller */
 
-static mlc_tensor *to_image(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_reshape(x, MLC_SHAPE(-1, 1, 8, 8)); }
+static mlc_tensor *to_image(mlc_module *m, mlc_tensor *x) {
+    (void)m;
+    return mlc_reshape(x, MLC_SHAPE(-1, 1, 8, 8));
+}
 
 /* The layers of examples/digits.c, made one statement at a time (argument order is open in C). */
 static mlc_module *digits_cnn(mlc_ctx *ctx) {
@@ -31,13 +35,15 @@ static mlc_module *digits_cnn(mlc_ctx *ctx) {
     m[9] = mlc_nn_flatten(ctx);
     m[10] = mlc_nn_dropout(ctx, 0.3f);
     m[11] = mlc_nn_linear(ctx, 128, 10);
-    return mlc_nn_sequential(ctx, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], NULL);
+    return mlc_nn_sequential(ctx, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11],
+                             NULL);
 }
 
 /* Images of ds [first, first + count) scaled to [0, 1] into x, labels into y. */
 static void rows(const digits_set *ds, int first, int count, float *x, float *y) {
     for (int i = 0; i < count; i++) {
-        for (int j = 0; j < DIGITS_PIXELS; j++) x[i * DIGITS_PIXELS + j] = ds->pixels[(size_t)(first + i) * DIGITS_PIXELS + j] / 16.0f;
+        for (int j = 0; j < DIGITS_PIXELS; j++)
+            x[i * DIGITS_PIXELS + j] = ds->pixels[(size_t)(first + i) * DIGITS_PIXELS + j] / 16.0f;
         y[i] = ds->labels[first + i];
     }
 }
@@ -60,10 +66,12 @@ static void train(mlc_ctx *ctx, mlc_module *model, const digits_set *ds) {
         for (int b = 0; b < n && !mlc_error(ctx); b += BATCH) {
             int count = n - b < BATCH ? n - b : BATCH;
             mlc_frame f = mlc_frame_begin(ctx);
-            mlc_optim_set_lr(opt, mlc_lr_cosine(3e-3f, step++, steps_per_epoch, EPOCHS * steps_per_epoch, 1e-5f));
+            mlc_optim_set_lr(opt, mlc_lr_cosine(3e-3f, step++, steps_per_epoch, EPOCHS * steps_per_epoch,
+                                                1e-5f));
             mlc_tensor *idx = mlc_from_data(ctx, MLC_SHAPE(count), order + b);
             mlc_tensor *logits = mlc_forward(model, mlc_index_select(xs, 0, idx));
-            mlc_tensor *loss = mlc_cross_entropy(logits, mlc_index_select(ys, 0, idx), MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+            mlc_tensor *target = mlc_index_select(ys, 0, idx);
+            mlc_tensor *loss = mlc_cross_entropy(logits, target, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
             mlc_zero_grad(opt);
             mlc_backward(loss);
             mlc_step(opt);
@@ -77,7 +85,8 @@ static void train(mlc_ctx *ctx, mlc_module *model, const digits_set *ds) {
 /* name[] = { ... } with every float to 9 significant digits (read back bit for bit). */
 static void write_array(FILE *out, const char *name, const float *v, size_t n) {
     fprintf(out, "static const float %s[%zu] = {", name, n);
-    for (size_t i = 0; i < n; i++) fprintf(out, "%s%.8ef", !i ? "\n    " : i % 6 ? ", " : ",\n    ", (double)v[i]);
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "%s%.8ef", !i ? "\n    " : i % 6 ? ", " : ",\n    ", (double)v[i]);
     fprintf(out, "\n};\n");
 }
 
@@ -88,7 +97,10 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--save") == 0 && i + 1 < argc) save = argv[++i];
         else data = argv[i];
     }
-    if (!out_path) { fprintf(stderr, "usage: export OUT.h [digits.bin] [--load|--save model.safetensors]\n"); return 1; }
+    if (!out_path) {
+        fprintf(stderr, "usage: export OUT.h [digits.bin] [--load|--save model.safetensors]\n");
+        return 1;
+    }
     char err[256];
     digits_set ds;
     if (digits_load(data, &ds, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
@@ -105,12 +117,17 @@ int main(int argc, char **argv) {
     digits_free(&ds);
     mlc_module_train(model, 0);
     mlc_set_grad_enabled(ctx, 0);
-    mlc_tensor *pred = mlc_argmax(mlc_forward(model, mlc_from_data(ctx, MLC_SHAPE(n_test, DIGITS_PIXELS), x)), 1);
+    mlc_tensor *images = mlc_from_data(ctx, MLC_SHAPE(n_test, DIGITS_PIXELS), x);
+    mlc_tensor *pred = mlc_argmax(mlc_forward(model, images), 1);
     for (int i = 0; pred && i < n_test; i++) {
         correct += mlc_get(pred, (size_t)i) == y[i];
         if (i < HELD_OUT) predictions[i] = (int)mlc_get(pred, (size_t)i);
     }
-    if (mlc_error(ctx)) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); mlc_destroy(ctx); return 1; }
+    if (mlc_error(ctx)) {
+        fprintf(stderr, "error: %s\n", mlc_error_message(ctx));
+        mlc_destroy(ctx);
+        return 1;
+    }
 
     FILE *out = fopen(out_path, "w");
     if (!out) { perror(out_path); mlc_destroy(ctx); return 1; }
@@ -122,7 +139,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n && i < 32; i++) {
         char name[160] = "w_";
         if (strstr(state[i].name, "num_batches_tracked")) continue;   /* training bookkeeping */
-        for (size_t k = 0; state[i].name[k] && k + 3 < sizeof name; k++) name[k + 2] = state[i].name[k] == '.' ? '_' : state[i].name[k];
+        for (size_t k = 0; state[i].name[k] && k + 3 < sizeof name; k++)
+            name[k + 2] = state[i].name[k] == '.' ? '_' : state[i].name[k];
         write_array(out, name, mlc_host_data(state[i].tensor), state[i].tensor->size);
     }
     fprintf(out, "#define HELD_OUT %d\n", HELD_OUT);
