@@ -10,8 +10,8 @@ QUICK START
       #define MLC_IMPLEMENTATION
       #include "mlc.h"
       mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 42 });
-      mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 10, 100), mlc_nn_tanh(ctx),
-                                          mlc_nn_linear(ctx, 100, 1), NULL);
+      mlc_module *l1 = mlc_nn_linear(ctx, 10, 100), *l2 = mlc_nn_linear(ctx, 100, 1);  // in order
+      mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_tanh(ctx), l2, NULL);
       mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
       mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10)), *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
       for (int epoch = 0; epoch < 100; epoch++) {
@@ -155,8 +155,18 @@ extern "C" {
    ============================================================================================ */
 
 #define MLC_MAX_DIMS 6
-/* MLC_SHAPE(2, 3) expands to "2, (int[]){2, 3}": the ndim and shape arguments of a creator. */
+/* MLC_SHAPE(2, 3) expands to "2, (int[]){2, 3}": the ndim and shape arguments of a creator.
+   C++ has no compound literals: there a temporary holds the sizes (run-time ones too) until
+   the end of the full expression. */
+#ifdef __cplusplus
+extern "C++" {
+struct mlc__dims { int d[MLC_MAX_DIMS]; };
+template <typename... T> constexpr int mlc__count(T...) { return (int)sizeof...(T); }
+}
+#define MLC_SHAPE(...) mlc__count(__VA_ARGS__), mlc__dims{ { __VA_ARGS__ } }.d
+#else
 #define MLC_SHAPE(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (const int[]){__VA_ARGS__}
+#endif
 
 typedef struct mlc_ctx mlc_ctx;
 typedef struct mlc_tensor mlc_tensor;
@@ -415,6 +425,18 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
+/* Scaled dot-product attention, torch.nn.functional.scaled_dot_product_attention:
+   softmax(q kᵀ scale + mask) v with q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv];
+   rank 2 to 4, the same leading dims (batch, heads) on all three. opts (zero: none, default):
+   mask is added to the scores and broadcasts to [..., T, S] ([T, S]; [B, 1, 1, S] for padding;
+   -INFINITY hides a key); it takes no gradient (one that requires a gradient is MLC_ERR_ARG).
+   causal hides the keys j > i from query i, top-left aligned as PyTorch's is_causal (all keys
+   hidden gives NaN, as in PyTorch). dropout zeroes that share of the weights, drawn from the
+   context's RNG, and scales the rest by 1 / (1 - dropout). scale 0: 1/√D (MLC_ZERO: 0). The CPU
+   holds one head's [T, S] scores per thread; backward recomputes them from each row's saved
+   log-sum-exp. */
+typedef struct mlc_attention_opts { mlc_tensor *mask; int causal; float dropout, scale; } mlc_attention_opts;
+MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts);
 
 /* ============================================================================================
    Public API: autograd
@@ -458,8 +480,9 @@ struct mlc_module {
     mlc_module **children;
     char **child_names;
     mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
-    int kernel;                         /* pools */
-    float alpha, eps, momentum;         /* leaky slope or dropout p; norms */
+    int kernel;                         /* pools; MultiheadAttention: num_heads */
+    int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
+    float alpha, eps, momentum;         /* leaky slope or dropout p (recurrent: between layers); norms */
     void *user;                         /* for modules you write */
 };
 
@@ -481,11 +504,47 @@ MLCDEF mlc_module *mlc_nn_flatten(mlc_ctx *ctx);
 MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride);
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride);
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx);
+/* torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True) with its parameter names
+   (in_proj_weight [3E, E], in_proj_bias [3E], out_proj.weight [E, E], out_proj.bias [E]), so its
+   state dict loads. mlc_forward(m, x [B, T, E]) is self-attention; mlc_forward_attention takes
+   query [B, T, E], key and value [B, S, E], an additive mask broadcasting to [B, heads, T, S]
+   (or NULL; mlc_attention's rules) and the causal flag. Gives the output only (no weights).
+   m->alpha is the dropout on the attention weights in training (default 0). */
+MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int num_heads);
+MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_tensor *key, mlc_tensor *value,
+                                         mlc_tensor *mask, int causal);
 MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL */
+/* Recurrent layers as torch.nn.RNN, LSTM and GRU with batch_first=True: x [B, T, input_size],
+   num_layers stacked, PyTorch's gate order (LSTM i, f, g, o; GRU r, z, n), parameter names
+   (weight_ih_l0 [G·hidden, input_size], weight_hh_l0 [G·hidden, hidden], bias_ih_l0, bias_hh_l0,
+   then _l1 ...; G = 1, 4, 3; bidirectional adds weight_ih_l0_reverse ...) and initialisation
+   U(-1/√hidden, 1/√hidden), so PyTorch's state dict loads. mlc_forward returns the output
+   sequence [B, T, D·hidden] (the last layer's h; D = 2 directions side by side when
+   bidirectional, else 1). The shorthands below take num_layers as mlc_rnn_opts does (0: 1).
+   dropout applies to each layer's output but the last's, in training mode, as in PyTorch. No
+   proj_size yet. */
+typedef enum mlc_cell { MLC_CELL_RNN_TANH = 1, MLC_CELL_RNN_RELU, MLC_CELL_LSTM, MLC_CELL_GRU } mlc_cell;
+typedef struct mlc_rnn_opts {           /* zero: 1 layer, one direction, no dropout */
+    int num_layers, bidirectional;
+    float dropout;                      /* p, in [0, 1] */
+} mlc_rnn_opts;
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int input_size, int hidden_size,
+                                    mlc_rnn_opts opts);
+MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);  /* tanh */
+MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int input_size, int hidden_size, int num_layers);
+/* The same with initial states h0 (and c0, LSTM only) [D·num_layers, B, hidden] (layer l's
+   direction d at l·D + d, as PyTorch), NULL for zeros; *h_n and *c_n receive the final states,
+   same shapes (pass NULL for those you do not want). */
+MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
+                                   mlc_tensor **h_n, mlc_tensor **c_n);
 /* Your own module: forward gets the module; add parameters, buffers and children by name. */
 MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn forward, void *user);
 MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *param);
 MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *buffer);
+/* A child named "" adds its tensors under its parent's names (the recurrent modules keep one
+   child per layer this way, each with its four tensors, all named as PyTorch names them). */
 MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_module *child);
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x);
@@ -710,6 +769,19 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #define MLC_COSF cosf
 #endif
 
+/* Sums of many floats (reductions, softmax, norms, losses) run in mlc__sum_t: double by
+   default, so long sums keep their digits; float under MLC_FLOAT_ONLY, for FPUs without double
+   (Cortex-M4F), where every double operation is a call into software emulation. */
+#ifdef MLC_FLOAT_ONLY
+typedef float mlc__sum_t;
+#define MLC__SUM_LOG MLC_LOGF
+#define MLC__SUM_SQRT MLC_SQRTF
+#else
+typedef double mlc__sum_t;
+#define MLC__SUM_LOG log
+#define MLC__SUM_SQRT sqrt
+#endif
+
 /* x86 with GCC or Clang: a few kernels are also compiled for AVX2 (+FMA) and AVX-512 and
    picked at run time (mlc__cpu_avx2), so a plain -O2 build still runs them at full width. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(MLC_NO_MALLOC)
@@ -719,10 +791,17 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #define MLC__X86 0
 #endif
 
-/* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. */
+/* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. An
+   `omp simd` is a hint: Clang warns (-Wpass-failed) where a map with branches or libm calls
+   stays scalar, so that warning is off inside the implementation (popped at its end). */
 #ifdef _OPENMP
 #include <omp.h>
 #define MLC__OMP(x) _Pragma(#x)
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wpass-failed"
+#define MLC__OMP_DIAGNOSTIC_PUSHED 1
+#endif
 #else
 #define MLC__OMP(x)
 #endif
@@ -904,7 +983,7 @@ static void mlc__format(char *buf, size_t cap, const char *fmt, ...) {
 }
 
 static void mlc__log(mlc_ctx *ctx, mlc_log_level level, const char *message) {
-    if (ctx->config.log) { ctx->config.log(level, message, ctx->config.log_user); return; }
+    if (ctx->config.log) { (ctx->config.log)(level, message, ctx->config.log_user); return; }
 #ifndef MLC_NO_STDIO
     if (!ctx->config.quiet && level != MLC_LOG_INFO)
         fprintf(stderr, "mlc: %s: %s\n", level == MLC_LOG_ERROR ? "error" : "warning", message);
@@ -933,7 +1012,7 @@ static int mlc__size(size_t a, size_t b, size_t c, size_t *out) {
 
 /* The allocator of the config, else malloc/free (none under MLC_NO_MALLOC: NULL). */
 static void *mlc__sys_alloc(const mlc_allocator *a, size_t bytes) {
-    if (a->alloc) return a->alloc(bytes, a->user);
+    if (a->alloc) return (a->alloc)(bytes, a->user);
 #ifdef MLC_NO_MALLOC
     return NULL;
 #else
@@ -1256,10 +1335,18 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
     X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
     X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
-    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward)
+    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
+    X(ATTENTION, mlc__attention_backward)
 #define MLC__OP_ENUM(name, backward) MLC__OP_##name,
 typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
 #undef MLC__OP_ENUM
+
+typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
+    int B, H, T, S, D, Dv, causal;
+    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
+    unsigned seed;                      /* dropout's draws */
+    float scale, dropout;
+} mlc__attention_args;
 
 /* An op's arguments, by op (loss: class_loss and pointwise_loss) */
 typedef union mlc__args {
@@ -1278,6 +1365,7 @@ typedef union mlc__args {
     struct { float eps; } layer_norm;
     struct { int training; float momentum, eps; } batch_norm;
     struct { int kernel, stride, padding, is_max; } pool;
+    mlc__attention_args attention;
 } mlc__args;
 
 typedef struct mlc__node mlc__node;
@@ -1378,7 +1466,7 @@ static float mlc__setting(float v, float def) {
 static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
                          int below_hi) {
     if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
-    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, v, lo, hi,
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, (double)v, (double)lo, (double)hi,
               below_hi ? ')' : ']');
     return 0;
 }
@@ -1662,12 +1750,13 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     double count;
     int n, i;
     if (!ctx || ctx->error) return NULL;
-    count = step != 0.0f ? ceil(((double)stop - start) / step) : -1.0;
+    count = step != 0.0f ? ceil(((double)stop - (double)start) / (double)step) : -1.0;
     if (step == 0.0f || count > 2147483647.0)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", start, stop, step);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", (double)start,
+                                       (double)stop, (double)step);
     n = count > 0 ? (int)count : 0;
     t = mlc__new(ctx, "mlc_arange", 1, &n, 0);
-    if (t) for (i = 0; i < n; i++) t->data[i] = (float)(start + (double)i * step);
+    if (t) for (i = 0; i < n; i++) t->data[i] = (float)((double)start + (double)i * (double)step);
     return t;
 }
 
@@ -1888,7 +1977,8 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
     if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
-        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, v, where, limit);
+        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, (double)v, where,
+                  limit);
         return -1;
     }
     return (int)v;
@@ -2294,7 +2384,7 @@ MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
     if (x && !x->ctx->error && !(lo <= hi))
-        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", lo, hi);
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo, (double)hi);
     return mlc__unary(MLC__CLAMP, x, lo, hi);
 }
 MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
@@ -2713,7 +2803,7 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
     if (!ctx || ctx->error) return;
     if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
-                  M, N, K, beta);
+                  M, N, K, (double)beta);
         return;
     }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
@@ -2852,10 +2942,12 @@ static void mlc__reduce_backward(mlc__node *n) {
             float gv = g[o * inner + k];
             if (kind == MLC__MAX) { gx[base + (size_t)argmax[o * inner + k] * inner] += gv; continue; }
             if (kind == MLC__VAR) {
-                double mean = 0.0;
-                for (i = 0; i < len; i++) mean += x->data[base + (size_t)i * inner];
-                mean /= len;
-                for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += gv * 2.0f * (float)(x->data[base + (size_t)i * inner] - mean) / denom;
+                mlc__sum_t mean = 0;
+                for (i = 0; i < len; i++) mean += (mlc__sum_t)x->data[base + (size_t)i * inner];
+                mean /= (mlc__sum_t)len;
+                for (i = 0; i < len; i++)
+                    gx[base + (size_t)i * inner] += gv * 2.0f * (float)((mlc__sum_t)x->data[base + (size_t)i * inner] - mean)
+                                                    / denom;
                 continue;
             }
             for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += kind == MLC__SUM ? gv : gv / denom;
@@ -2893,7 +2985,7 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     for (o = 0; where == 0 && o < outer; o++)
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
-            double s = 0.0, mean;
+            mlc__sum_t s = 0, mean, d;
             float best;
             int at = 0;
             switch (kind) {
@@ -2904,14 +2996,14 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
                 out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
                 break;
             case MLC__VAR:
-                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
-                mean = s / len; s = 0.0;
-                for (i = 0; i < len; i++) s += (p[(size_t)i * inner] - mean) * (p[(size_t)i * inner] - mean);
-                out->data[o * inner + k] = (float)(s / (len - unbiased));
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                mean = s / (mlc__sum_t)len; s = 0;
+                for (i = 0; i < len; i++) { d = (mlc__sum_t)p[(size_t)i * inner] - mean; s += d * d; }
+                out->data[o * inner + k] = (float)(s / (mlc__sum_t)(len - unbiased));
                 break;
             case MLC__SUM: case MLC__MEAN:
-                for (i = 0; i < len; i++) s += p[(size_t)i * inner];
-                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / len : s);
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / (mlc__sum_t)len : s);
                 break;
             case MLC__REDUCE_COUNT: break;
             }
@@ -2990,10 +3082,10 @@ static void mlc__softmax_backward(mlc__node *n) {
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
             size_t base = o * len * inner + k;
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (i = 0; i < len; i++) {
                 size_t at = base + (size_t)i * inner;
-                s += is_log ? y->grad[at] : y->grad[at] * y->data[at];
+                s += (mlc__sum_t)(is_log ? y->grad[at] : y->grad[at] * y->data[at]);
             }
             for (i = 0; i < len; i++) {
                 size_t at = base + (size_t)i * inner;
@@ -3020,11 +3112,11 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
         for (k = 0; k < inner; k++) {
             const float *p = x->data + o * len * inner + k;
             float *q = out->data + o * len * inner + k, m = p[0];
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
-            for (i = 0; i < len; i++) s += MLC_EXPF(p[(size_t)i * inner] - m);
+            for (i = 0; i < len; i++) s += (mlc__sum_t)MLC_EXPF(p[(size_t)i * inner] - m);
             for (i = 0; i < len; i++)
-                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)log(s)
+                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)MLC__SUM_LOG(s)
                                               : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
         }
     mlc__record(&call);
@@ -3051,18 +3143,18 @@ static float mlc__loss_scale(const mlc__node *n, size_t i) {
 
 /* The output of a loss: one value per element (none) or a scalar. */
 static mlc_tensor *mlc__loss_make(mlc_ctx *ctx, const char *op, mlc_reduction red, int ndim, const int *shape) {
-    if ((int)red < MLC_REDUCE_MEAN || (int)red > MLC_REDUCE_NONE)
+    if ((unsigned)red > (unsigned)MLC_REDUCE_NONE)            /* negative too */
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: unknown reduction %d", op, (int)red);
     return mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
 }
 
 /* ... filled from per-element values l[0..count): l itself for none, else their sum or mean. */
 static void mlc__loss_reduce(mlc_tensor *out, mlc_reduction red, const float *l, size_t count, size_t counted) {
-    double s = 0.0;
+    mlc__sum_t s = 0;
     size_t i;
     if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return; }
-    for (i = 0; i < count; i++) s += l[i];
-    out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (double)counted : s);
+    for (i = 0; i < count; i++) s += (mlc__sum_t)l[i];
+    out->data[0] = (float)(red == MLC_REDUCE_MEAN ? s / (mlc__sum_t)counted : s);
 }
 
 static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved probs) and nll */
@@ -3114,11 +3206,11 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
         if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
         if (softmax_first) {
             float m = row[0];
-            double s = 0.0;
+            mlc__sum_t s = 0;
             for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
-            for (c = 0; c < C; c++) s += MLC_EXPF(row[c] - m);
+            for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
             for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
-            l[i] = (float)(log(s) - (row[tc] - m));
+            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(row[tc] - m));
         } else l[i] = -row[tc];
     }
     mlc__loss_reduce(out, red, l, (size_t)N, counted);
@@ -3564,7 +3656,8 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     size_t i;
     int where;
     MLC__ENTER("mlc_dropout", x);
-    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]", p);
+    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]",
+                                                                    (double)p);
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
@@ -3594,14 +3687,14 @@ static void mlc__layer_norm_backward(mlc__node *n) {
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D, *gr = g + r * D;
         float mu = stats[2 * r], rs = stats[2 * r + 1];
-        double mean_gh = 0.0, mean_ghx = 0.0;
+        mlc__sum_t mean_gh = 0, mean_ghx = 0;
         for (j = 0; j < D; j++) {
             float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
-            mean_gh += gh; mean_ghx += gh * xh;
+            mean_gh += (mlc__sum_t)gh; mean_ghx += (mlc__sum_t)(gh * xh);
             if (gw) gw[j] += gr[j] * xh;
             if (gb) gb[j] += gr[j];
         }
-        mean_gh /= D; mean_ghx /= D;
+        mean_gh /= (mlc__sum_t)D; mean_ghx /= (mlc__sum_t)D;
         if (gx)
             for (j = 0; j < D; j++) {
                 float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
@@ -3634,12 +3727,12 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     if (!(stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm"))) return NULL;
     for (r = 0; r < rows; r++) {
         const float *xr = x->data + r * D;
-        double s = 0.0, v = 0.0, mu;
-        for (j = 0; j < D; j++) s += xr[j];
-        mu = s / D;
-        for (j = 0; j < D; j++) v += (xr[j] - mu) * (xr[j] - mu);
+        mlc__sum_t s = 0, v = 0, mu, d;
+        for (j = 0; j < D; j++) s += (mlc__sum_t)xr[j];
+        mu = s / (mlc__sum_t)D;
+        for (j = 0; j < D; j++) { d = (mlc__sum_t)xr[j] - mu; v += d * d; }
         stats[2 * r] = (float)mu;
-        stats[2 * r + 1] = (float)(1.0 / sqrt(v / D + eps));
+        stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
         for (j = 0; j < D; j++)
             out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1] * (weight ? weight->data[j] : 1.0f) + (bias ? bias->data[j] : 0.0f);
     }
@@ -3656,12 +3749,12 @@ static void mlc__batch_norm_backward(mlc__node *n) {
     size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), k, M = (size_t)N * inner;
     for (c = 0; c < C; c++) {
         float mu = stats[2 * c], rs = stats[2 * c + 1], wc = w ? w->data[c] : 1.0f;
-        double sum_g = 0.0, sum_gx = 0.0;
+        mlc__sum_t sum_g = 0, sum_gx = 0;
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
                 float xh = (x->data[at] - mu) * rs;
-                sum_g += g[at]; sum_gx += g[at] * xh;
+                sum_g += (mlc__sum_t)g[at]; sum_gx += (mlc__sum_t)(g[at] * xh);
             }
         if (gw) gw[c] += (float)sum_gx;
         if (gb) gb[c] += (float)sum_g;
@@ -3720,16 +3813,17 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
     for (c = 0; c < C; c++) {
         if (training) {
-            double s = 0.0, v = 0.0, mu, var;
-            for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x->data[((size_t)i * C + c) * inner + k];
-            mu = s / M;
+            mlc__sum_t s = 0, v = 0, d, mu, var;
             for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) { double d = x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
-            var = v / M;
+                for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
+            mu = s / (mlc__sum_t)M;
+            for (i = 0; i < N; i++)
+                for (k = 0; k < inner; k++) { d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
+            var = v / (mlc__sum_t)M;
             if (running_mean) running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
             if (running_var) running_var->data[c] = (1.0f - momentum) * running_var->data[c] + momentum * (float)(v / (M - 1));
             stats[2 * c] = (float)mu;
-            stats[2 * c + 1] = (float)(1.0 / sqrt(var + eps));
+            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
         } else {                                /* in float: no double on a float-only FPU */
             stats[2 * c] = running_mean->data[c];
             stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
@@ -4047,10 +4141,10 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         if (argmax) argmax[oh * OW + ow] = at;   /* kept when a backward will come */
         y[oh * OW + ow] = best;
     } else {
-        double sum = 0.0;
+        mlc__sum_t sum = 0;
         for (ih = h0; ih < h1; ih++)
-            for (iw = w0; iw < w1; iw++) sum += p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / (job->K * job->K));
+            for (iw = w0; iw < w1; iw++) sum += (mlc__sum_t)p[ih * W + iw];
+        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)(job->K * job->K));
     }
 }
 
@@ -4154,6 +4248,215 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
 }
 
 /* ============================================================================================
+   Attention, per head (b, h): q [T, D], k [S, D], v [S, Dv]; M the additive mask, causal
+   positions j > i at -∞, m the dropout keep-scale (0 or 1 / (1 - p)), scale s
+     s_ij = s q_i·k_j + M_ij,  ℓ_i = log Σ_j e^(s_ij),  P_ij = e^(s_ij - ℓ_i),  y_i = Σ_j m_ij P_ij v_j
+     dP_ij = m_ij g_i·v_j,  Δ_i = Σ_j P_ij dP_ij,  dS_ij = P_ij (dP_ij - Δ_i)
+     dq_i = s Σ_j dS_ij k_j,  dk_j = s Σ_i dS_ij q_i,  dv_j = Σ_i m_ij P_ij g_i
+   Forward saves only ℓ ([B, H, T]); backward recomputes P. Each thread takes whole heads and
+   holds one head's [T, S] scores (backward: two such blocks); the products are mlc's GEMM.
+   Dropout draws m from a hash of (seed, position), the same on every backend, so backward and
+   the device see the mask the forward used without storing it.
+   ============================================================================================ */
+
+/* The keep-scale of weight `at` for dropout p with `seed` (the OpenCL kernels' mlc_dropout_scale). */
+static float mlc__dropout_scale(uint32_t seed, uint32_t at, float p) {
+    uint32_t h = seed ^ (at * 0x9E3779B9u);
+    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f;
+}
+
+typedef struct mlc__attention_job {
+    mlc_ctx *ctx;
+    const mlc__attention_args *a;
+    const float *q, *k, *v, *mask, *lse, *g;   /* g: the output's gradient (backward) */
+    float *y, *save_lse, *gq, *gk, *gv;
+    float *scratch;                     /* per piece: blocks of [T, S], then the GEMM's packing space */
+    size_t block_floats, work_floats, piece_floats;
+} mlc__attention_job;
+
+/* Head bh's scores into s [T, S]: s q kᵀ + mask, -∞ where causal hides the key. */
+static void mlc__attention_scores(const mlc__attention_job *job, size_t bh, float *s, float *work) {
+    const mlc__attention_args *a = job->a;
+    const int T = a->T, S = a->S, D = a->D, *ms = a->mask_stride;
+    const size_t b = bh / (size_t)a->H, h = bh % (size_t)a->H;
+    const float *mask = job->mask ? job->mask + b * (size_t)ms[0] + h * (size_t)ms[1] : NULL;
+    int i, j;
+    mlc__gemm(job->ctx, 0, 1, T, S, D, job->q + bh * T * D, job->k + bh * S * D, 0.0f, s, work);
+    for (i = 0; i < T; i++)
+        for (j = 0; j < S; j++) {
+            float *at = s + (size_t)i * S + j, add = mask ? mask[i * (size_t)ms[2] + j * (size_t)ms[3]] : 0;
+            *at = a->causal && j > i ? -INFINITY : *at * a->scale + add;
+        }
+}
+
+/* Row i of head bh's scores becomes its weights in place: P_ij = e^(s_ij - ℓ_i), times m_ij
+   when `drop` (and dropout is on). */
+static void mlc__attention_weights(const mlc__attention_args *a, size_t bh, int i, float *row, float lse,
+                                   int drop) {
+    const uint32_t first = (uint32_t)((bh * (size_t)a->T + (size_t)i) * (size_t)a->S);
+    int j;
+    for (j = 0; j < a->S; j++) {
+        row[j] = MLC_EXPF(row[j] - lse);
+        if (drop && a->dropout > 0.0f) row[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, a->dropout);
+    }
+}
+
+static void mlc__attention_heads(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__attention_job *job = (const mlc__attention_job *)arg;
+    const int T = job->a->T, S = job->a->S, Dv = job->a->Dv;
+    float *s = job->scratch + (size_t)piece * job->piece_floats;
+    float *work = job->work_floats ? s + job->block_floats : NULL;
+    size_t bh;
+    int i, j;
+    for (bh = begin; bh < end; bh++) {
+        mlc__attention_scores(job, bh, s, work);
+        for (i = 0; i < T; i++) {                        /* ℓ_i = m + log Σ e^(s - m), m the row's max */
+            float *row = s + (size_t)i * S, m = -INFINITY, lse;
+            mlc__sum_t sum = 0;
+            for (j = 0; j < S; j++) if (row[j] > m) m = row[j];
+            for (j = 0; j < S; j++) sum += (mlc__sum_t)MLC_EXPF(row[j] - m);
+            lse = m + (float)MLC__SUM_LOG(sum);
+            job->save_lse[bh * T + (size_t)i] = lse;
+            mlc__attention_weights(job->a, bh, i, row, lse, 1);
+        }
+        mlc__gemm(job->ctx, 0, 0, T, Dv, S, s, job->v + bh * S * Dv, 0.0f, job->y + bh * T * Dv, work);
+    }
+}
+
+static void mlc__attention_backward_heads(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__attention_job *job = (const mlc__attention_job *)arg;
+    const mlc__attention_args *a = job->a;
+    const int T = a->T, S = a->S, D = a->D, Dv = a->Dv;
+    float *P = job->scratch + (size_t)piece * job->piece_floats, *dS = P + job->block_floats;
+    float *work = job->work_floats ? dS + job->block_floats : NULL;
+    size_t bh;
+    int i, j;
+    for (bh = begin; bh < end; bh++) {
+        const float *g = job->g + bh * T * Dv, *q = job->q + bh * T * D, *k = job->k + bh * S * D;
+        mlc__attention_scores(job, bh, P, work);
+        mlc__gemm(job->ctx, 0, 1, T, S, Dv, g, job->v + bh * S * Dv, 0.0f, dS, work);   /* g vᵀ */
+        for (i = 0; i < T; i++) {
+            float *prow = P + (size_t)i * S, *drow = dS + (size_t)i * S;
+            const uint32_t first = (uint32_t)((bh * (size_t)T + (size_t)i) * (size_t)S);
+            const float p = a->dropout;
+            mlc__sum_t delta = 0;
+            mlc__attention_weights(a, bh, i, prow, job->lse[bh * T + (size_t)i], 0);
+            for (j = 0; j < S; j++) {
+                if (p > 0.0f) drow[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, p);
+                delta += (mlc__sum_t)prow[j] * (mlc__sum_t)drow[j];
+            }
+            for (j = 0; j < S; j++) {                    /* dS (times s), and P becomes m P for dv */
+                drow[j] = prow[j] * (drow[j] - (float)delta) * a->scale;
+                if (p > 0.0f) prow[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, p);
+            }
+        }
+        if (job->gv) mlc__gemm(job->ctx, 1, 0, S, Dv, T, P, g, 1.0f, job->gv + bh * S * Dv, work);
+        if (job->gq) mlc__gemm(job->ctx, 0, 0, T, D, S, dS, k, 1.0f, job->gq + bh * T * D, work);
+        if (job->gk) mlc__gemm(job->ctx, 1, 0, S, D, T, dS, q, 1.0f, job->gk + bh * S * D, work);
+    }
+}
+
+/* Plan the job over the heads of node n: threads take whole heads (their products on their
+   thread) unless products go through a hook or BLAS; each piece has `blocks` [T, S] blocks. */
+static int mlc__attention_plan(mlc__attention_job *job, size_t *parallel_from, const mlc__node *n, int blocks,
+                               const char *op) {
+    const mlc__attention_args *a = &n->args.attention;
+    mlc_ctx *ctx = n->out->ctx;
+    size_t products[6], most = 0;
+    int i, pieces;
+    memset(job, 0, sizeof *job);
+    job->ctx = ctx; job->a = a;
+    job->q = n->in[0]->data; job->k = n->in[1]->data; job->v = n->in[2]->data;
+    job->mask = n->in[3] ? n->in[3]->data : NULL;
+    *parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
+    pieces = mlc__pieces((size_t)a->B * (size_t)a->H, *parallel_from);
+    products[0] = mlc__gemm_work(a->T, a->S, a->D); products[1] = mlc__gemm_work(a->T, a->Dv, a->S);
+    products[2] = mlc__gemm_work(a->T, a->S, a->Dv); products[3] = mlc__gemm_work(a->S, a->Dv, a->T);
+    products[4] = mlc__gemm_work(a->T, a->D, a->S); products[5] = mlc__gemm_work(a->S, a->D, a->T);
+    for (i = 0; i < 6; i++) if (products[i] > most) most = products[i];
+    job->block_floats = ((size_t)a->T * (size_t)a->S + 15) / 16 * 16;
+    job->work_floats = pieces > 1 ? most : 0;
+    job->piece_floats = (size_t)blocks * job->block_floats + job->work_floats;
+    job->scratch = mlc__floats(ctx, (size_t)pieces * job->piece_floats, op);
+    return job->scratch != NULL;
+}
+
+static void mlc__attention_backward(mlc__node *n) {
+    mlc__attention_job job;
+    size_t parallel_from, heads = (size_t)n->args.attention.B * (size_t)n->args.attention.H;
+    if (!mlc__attention_plan(&job, &parallel_from, n, 2, "mlc_attention backward")) return;
+    job.lse = (const float *)n->saved; job.g = n->out->grad;
+    job.gq = mlc__grad(n->in[0]); job.gk = mlc__grad(n->in[1]); job.gv = mlc__grad(n->in[2]);
+    mlc__parallel(heads, parallel_from, mlc__attention_backward_heads, &job);
+}
+
+/* The mask's strides along b, h, i, j of the scores [B, H, T, S] (0 where it broadcasts); 0
+   when it does not broadcast. */
+static int mlc__attention_mask(mlc__attention_args *a, const mlc_tensor *mask) {
+    size_t stride = 1;
+    int want[4], d;
+    want[0] = a->B; want[1] = a->H; want[2] = a->T; want[3] = a->S;
+    for (d = 0; d < mask->ndim; d++) {
+        int m = mask->shape[mask->ndim - 1 - d], axis = 3 - d;
+        if (m != 1 && m != want[axis]) return 0;
+        a->mask_stride[axis] = m == 1 ? 0 : (int)stride;
+        stride *= (size_t)m;
+    }
+    return 1;
+}
+
+MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts) {
+    mlc_tensor *out, *mask = opts.mask;
+    mlc__node call;
+    mlc__attention_args *a = &call.args.attention;
+    mlc__attention_job job;
+    size_t parallel_from;
+    int shape[MLC_MAX_DIMS], lead, d, where;
+    MLC__ENTER("mlc_attention", q, k, v);
+    if (!mlc__same_device(ctx, "mlc_attention", q, mask)) return NULL;
+    lead = q->ndim - 2;
+    if (q->ndim < 2 || q->ndim > 4 || k->ndim != q->ndim || v->ndim != q->ndim)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: q %T, k %T and v %T must all be "
+                                       "[T, D], [N, T, D] or [B, H, T, D] (k and v with S rows)", q, k, v);
+    for (d = 0; d < lead; d++)
+        if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) break;
+    if (d < lead || k->shape[lead + 1] != q->shape[lead + 1] || v->shape[lead] != k->shape[lead])
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: q %T, k %T and v %T do not fit "
+                                       "q [..., T, D], k [..., S, D], v [..., S, Dv]", q, k, v);
+    if (mask && (mask->requires_grad || mask->ndim > q->ndim))
+        return (mlc_tensor *)mlc__fail(ctx, mask->requires_grad ? MLC_ERR_ARG : MLC_ERR_SHAPE,
+                                       "mlc_attention: mask %T %s", mask, mask->requires_grad
+                                       ? "requires a gradient (a mask takes none)" : "has more axes than q");
+    if (!mlc__in_range(ctx, "mlc_attention", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
+    memcpy(shape, q->shape, sizeof shape);
+    shape[lead + 1] = v->shape[lead + 1];
+    out = mlc__make(ctx, "mlc_attention", q->ndim, shape, 0);
+    if (!out) return NULL;
+    mlc__call(&call, MLC__OP_ATTENTION, "mlc_attention", out, q, k, v, mask);
+    a->B = lead == 2 ? q->shape[0] : 1; a->H = lead >= 1 ? q->shape[lead - 1] : 1;
+    a->T = q->shape[lead]; a->S = k->shape[lead]; a->D = q->shape[lead + 1]; a->Dv = v->shape[lead + 1];
+    a->causal = opts.causal != 0;
+    if (mask && !mlc__attention_mask(a, mask))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_attention: mask %T does not broadcast to the "
+                                       "scores [..., %d, %d] of q %T", mask, a->T, a->S, q);
+    a->scale = mlc__setting(opts.scale, 1.0f / MLC_SQRTF((float)(a->D ? a->D : 1)));
+    a->dropout = opts.dropout;
+    if (opts.dropout > 0.0f) a->seed = mlc_rand_u32(ctx);
+    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
+    if (where == 0) {
+        if (!mlc__attention_plan(&job, &parallel_from, &call, 1, "mlc_attention")) return NULL;
+        job.y = out->data;
+        job.save_lse = mlc__floats(ctx, (size_t)a->B * (size_t)a->H * (size_t)a->T + 1, "mlc_attention");
+        call.saved = job.save_lse;
+        if (!job.save_lse) return NULL;
+        mlc__parallel((size_t)a->B * (size_t)a->H, parallel_from, mlc__attention_heads, &job);
+    }
+    mlc__record(&call);
+    return out;
+}
+
+/* ============================================================================================
    Autograd: walk the tape from the newest node back. A node runs when its output received a
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
@@ -4242,7 +4545,7 @@ static double mlc__project(mlc_tensor *y, const float *r) {
     const float *v = mlc__host(y);
     double s = 0.0;
     size_t i;
-    for (i = 0; i < y->size; i++) s += (double)v[i] * r[i];
+    for (i = 0; i < y->size; i++) s += (double)v[i] * (double)r[i];
     return s;
 }
 
@@ -4321,7 +4624,7 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
             mlc_frame_end(f);
             if (ctx->error) { ok = 0; break; }
             numeric = (plus - minus) / (2.0 * o.eps);
-            err = fabs(analytic[k][i] - numeric);
+            err = fabs((double)analytic[k][i] - numeric);
             if (rep.worst_input < 0 || err > rep.max_abs_error) {
                 rep.max_abs_error = err; rep.worst_input = k; rep.worst_index = i;
                 rep.analytic = analytic[k][i]; rep.numeric = numeric;
@@ -4370,27 +4673,27 @@ MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain
     double fi, fo, bound;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    bound = sqrt(2.0 / (1.0 + (double)a * a)) * sqrt(3.0 / fi);
+    bound = sqrt(2.0 / (1.0 + (double)a * (double)a)) * sqrt(3.0 / fi);
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a) {    /* std = gain / √fan_in */
     double fi, fo;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * a)) / sqrt(fi)));
+    mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * (double)a)) / sqrt(fi)));
 }
 MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) { /* bound = gain √(6 / (fan_in + fan_out)) */
     double fi, fo, bound;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    bound = gain * sqrt(6.0 / (fi + fo));
+    bound = (double)gain * sqrt(6.0 / (fi + fo));
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain) {  /* std = gain √(2 / (fan_in + fan_out)) */
     double fi, fo;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
-    mlc_init_normal(t, 0.0f, (float)(gain * sqrt(2.0 / (fi + fo))));
+    mlc_init_normal(t, 0.0f, (float)((double)gain * sqrt(2.0 / (fi + fo))));
 }
 
 /* ============================================================================================
@@ -4630,6 +4933,85 @@ MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
 }
 MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }
 
+/* MultiheadAttention (batch_first). x [B, L, E] becomes its heads [B, H, L, E/H] by a reshape
+   and a permute; self-attention makes q, k and v with one product, x W_inᵀ + b_in viewed as
+   [B, T, 3, H, E/H] and permuted to [3, B, H, T, E/H]; otherwise W_in's rows [0, E), [E, 2E)
+   and [2E, 3E) project query, key and value. */
+static mlc_tensor *mlc__mha_heads(mlc_tensor *x, int heads) {
+    static const int order[] = { 0, 2, 1, 3 };
+    int shape[4];
+    if (!x) return NULL;
+    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = heads; shape[3] = x->shape[2] / heads;
+    return mlc_permute(mlc_reshape(x, 4, shape), order);
+}
+
+static mlc_tensor *mlc__mha_project(mlc_tensor *x, mlc_tensor *w, mlc_tensor *b, int part, int heads) {
+    int E = w->shape[1];
+    mlc_tensor *rows = mlc_slice(w, 0, part * E, (part + 1) * E);
+    return mlc__mha_heads(mlc_linear(x, rows, mlc_slice(b, 0, part * E, (part + 1) * E)), heads);
+}
+
+MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_tensor *key, mlc_tensor *value,
+                                         mlc_tensor *mask, int causal) {
+    static const int split[] = { 2, 0, 3, 1, 4 }, merge[] = { 0, 2, 1, 3 };
+    mlc_tensor *w, *b, *q, *k, *v, *y;
+    mlc_attention_opts opts;
+    int E, H, B, T, shape[5];
+    if (!m || m->ctx->error) return NULL;
+    if (!query || !key || !value)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_forward_attention: query, key or value "
+                                       "is NULL");
+    if (strcmp(m->type, "MultiheadAttention") != 0)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: module %s is not a "
+                                       "MultiheadAttention", m->type);
+    w = m->params[0]; b = m->params[1]; E = w->shape[1]; H = m->kernel;
+    if (query->ndim != 3 || key->ndim != 3 || value->ndim != 3 || query->shape[2] != E || key->shape[2] != E
+        || value->shape[2] != E || key->shape[0] != query->shape[0] || !mlc_same_shape(key, value))
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_SHAPE, "mlc_forward_attention: query %T, key %T "
+                                       "and value %T must be [B, T, %d], [B, S, %d] and [B, S, %d]",
+                                       query, key, value, E, E, E);
+    B = query->shape[0]; T = query->shape[1];
+    if (query == key && key == value) {
+        shape[0] = B; shape[1] = T; shape[2] = 3; shape[3] = H; shape[4] = E / H;
+        y = mlc_permute(mlc_reshape(mlc_linear(query, w, b), 5, shape), split);
+        shape[0] = B; shape[1] = H; shape[2] = T; shape[3] = E / H;
+        q = mlc_reshape(mlc_slice(y, 0, 0, 1), 4, shape);
+        k = mlc_reshape(mlc_slice(y, 0, 1, 2), 4, shape);
+        v = mlc_reshape(mlc_slice(y, 0, 2, 3), 4, shape);
+    } else {
+        q = mlc__mha_project(query, w, b, 0, H);
+        k = mlc__mha_project(key, w, b, 1, H);
+        v = mlc__mha_project(value, w, b, 2, H);
+    }
+    memset(&opts, 0, sizeof opts);
+    opts.mask = mask; opts.causal = causal; opts.dropout = m->training ? m->alpha : 0.0f;
+    y = mlc_permute(mlc_attention(q, k, v, opts), merge);           /* [B, T, H, E/H] */
+    shape[0] = B; shape[1] = T; shape[2] = E;
+    return mlc_forward(m->children[0], mlc_reshape(y, 3, shape));   /* out_proj */
+}
+
+static mlc_tensor *mlc__mha_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_forward_attention(m, x, x, x, NULL, 0);
+}
+
+MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int num_heads) {
+    mlc_module *m = mlc__module(ctx, "MultiheadAttention", mlc__mha_forward), *out;
+    int shape[2];
+    mlc_tensor *w;
+    if (!m) return NULL;
+    if (embed_dim < 1 || num_heads < 1 || embed_dim % num_heads)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_multihead_attention: embed_dim %d does not "
+                                       "split into %d heads", embed_dim, num_heads);
+    m->kernel = num_heads;
+    shape[0] = 3 * embed_dim; shape[1] = embed_dim;
+    if (!(w = mlc__param(m, "in_proj_weight", 2, shape)) || !mlc__param(m, "in_proj_bias", 1, shape) ||
+        !(out = mlc_nn_linear(ctx, embed_dim, embed_dim)) ||
+        mlc_module_add_child(m, "out_proj", out) != MLC_OK) return NULL;
+    mlc_init_xavier_uniform(w, 1.0f);           /* as PyTorch: biases 0, out_proj.weight as Linear's */
+    mlc_init_constant(out->params[1], 0.0f);
+    return m;
+}
+
 static mlc_tensor *mlc__sequential_forward(mlc_module *m, mlc_tensor *x) {
     int i;
     for (i = 0; i < m->n_children && x; i++) x = mlc_forward(m->children[i], x);
@@ -4649,6 +5031,163 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...) {
     va_end(ap);
     if (ok && ctx->error) ok = 0;                          /* a child failed to build */
     return ok ? m : NULL;
+}
+
+/* ---- Recurrent layers (torch.nn.RNN, LSTM, GRU; batch first) ------------------------------
+   Per layer and direction one matrix product projects the whole input sequence,
+   gi = x W_ih^T + b_ih [B, T, G·H]; then each step t (from T - 1 down for the reverse direction)
+   takes gh = h W_hh^T + b_hh [B, G·H] and the cell's maths:
+     RNN   h' = tanh(gi + gh)                         (relu for MLC_CELL_RNN_RELU)
+     LSTM  i, f, g, o = σ, σ, tanh, σ of the H-wide quarters of gi + gh
+           c' = f c + i g;  h' = o tanh(c')
+     GRU   r, z = σ of the first two H-wide thirds of gi + gh;  n = tanh(gi_n + r gh_n)
+           h' = (1 - z) n + z h = n + z (h - n)
+   The steps' h, side by side (and the two directions' outputs side by side), are the layer's
+   output and the next layer's input. Everything is made of existing ops, so backpropagation
+   through time, every device and the CPU fallback come with them. */
+static int mlc__cell_gates(int cell) { return cell == MLC_CELL_LSTM ? 4 : cell == MLC_CELL_GRU ? 3 : 1; }
+
+/* One step: gi, gh [B, G·H], h [B, H]; *c [B, H] is the LSTM's cell state (updated). */
+static mlc_tensor *mlc__cell_step(int cell, int H, mlc_tensor *gi, mlc_tensor *gh, mlc_tensor *h,
+                                  mlc_tensor **c) {
+    mlc_tensor *s, *gates, *n;
+    if (cell == MLC_CELL_RNN_TANH) return mlc_tanh(mlc_add(gi, gh));
+    if (cell == MLC_CELL_RNN_RELU) return mlc_relu(mlc_add(gi, gh));
+    if (cell == MLC_CELL_LSTM) {
+        s = mlc_add(gi, gh);
+        gates = mlc_sigmoid(s);                                  /* i, f and o (g's quarter unused) */
+        *c = mlc_add(mlc_mul(mlc_slice(gates, 1, H, 2 * H), *c),
+                     mlc_mul(mlc_slice(gates, 1, 0, H), mlc_tanh(mlc_slice(s, 1, 2 * H, 3 * H))));
+        return mlc_mul(mlc_slice(gates, 1, 3 * H, 4 * H), mlc_tanh(*c));
+    }
+    gates = mlc_sigmoid(mlc_add(mlc_slice(gi, 1, 0, 2 * H), mlc_slice(gh, 1, 0, 2 * H)));    /* r, z */
+    n = mlc_tanh(mlc_add(mlc_slice(gi, 1, 2 * H, 3 * H),
+                         mlc_mul(mlc_slice(gates, 1, 0, H), mlc_slice(gh, 1, 2 * H, 3 * H))));
+    return mlc_add(n, mlc_mul(mlc_slice(gates, 1, H, 2 * H), mlc_sub(h, n)));
+}
+
+/* An initial state: entry k of s [L·D, B, H], or zero when s is NULL. */
+static mlc_tensor *mlc__rnn_state(mlc_tensor *s, int k, mlc_tensor *zero) {
+    return s ? mlc_reshape(mlc_slice(s, 0, k, k + 1), 2, zero->shape) : zero;
+}
+
+MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0, mlc_tensor *c0,
+                                   mlc_tensor **h_n, mlc_tensor **c_n) {
+    mlc_ctx *ctx = m ? m->ctx : x ? x->ctx : NULL;
+    mlc_tensor **steps, **finals, *zero, *out = x, *gi, *h, *c = NULL, *outs[2];
+    int L, D, B, T, F, H, G, l, d, t, k, lstm, bh[2], bgh[2], bth[3], lbh[3];
+    if (h_n) *h_n = NULL;
+    if (c_n) *c_n = NULL;
+    if (!m || !x)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_rnn_forward: %s is NULL",
+                                       m ? "the input" : "the module");
+    if (!m->cell)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s is not an RNN, LSTM or GRU",
+                                       m->type);
+    lstm = m->cell == MLC_CELL_LSTM;
+    D = m->directions; L = m->n_children / D; G = mlc__cell_gates(m->cell);
+    F = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
+    if (x->ctx != ctx || (h0 && h0->ctx != ctx) || (c0 && c0->ctx != ctx))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: a tensor belongs to another "
+                                       "context than %s", m->type);
+    if (ctx->error) return NULL;
+    if (c0 && !lstm)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: c0 given to %s (LSTM only)",
+                                       m->type);
+    if (x->ndim != 3 || x->shape[1] < 1 || x->shape[2] != F)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: input %T does not fit %s with "
+                                       "input_size %d (want [B, T >= 1, %d])", x, m->type, F, F);
+    B = x->shape[0]; T = x->shape[1];
+    bh[0] = bgh[0] = bth[0] = lbh[1] = B;            /* shapes [B, H], [B, G·H], [B, T, H], [L·D, B, H] */
+    bh[1] = bth[2] = lbh[2] = H; bgh[1] = G * H; bth[1] = T; lbh[0] = L * D;
+    for (k = 0; k < 2; k++) {
+        mlc_tensor *s = k ? c0 : h0;
+        if (s && (s->ndim != 3 || s->shape[0] != L * D || s->shape[1] != B || s->shape[2] != H))
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_rnn_forward: %s %T does not fit %s "
+                                           "(want [%d, %d, %d])", k ? "c0" : "h0", s, m->type, L * D, B, H);
+    }
+    steps = (mlc_tensor **)mlc__arena_alloc(ctx, sizeof(mlc_tensor *) * ((size_t)T + 2 * (size_t)(L * D)),
+                                            "mlc_rnn_forward");
+    zero = mlc_to(mlc_zeros(ctx, 2, bh), x->on_device);
+    if (!steps || !zero) return NULL;
+    finals = steps + T;                                          /* h of each layer, then c */
+    for (l = 0; l < L && !ctx->error; l++) {
+        for (d = 0; d < D; d++) {
+            mlc_tensor *const *p = m->children[l * D + d]->params;   /* W_ih, W_hh, b_ih, b_hh */
+            h = mlc__rnn_state(h0, l * D + d, zero);
+            if (lstm) c = mlc__rnn_state(c0, l * D + d, zero);
+            gi = mlc_linear(out, p[0], p[2]);
+            for (k = 0; k < T; k++) {
+                mlc_tensor *gi_t;
+                t = d ? T - 1 - k : k;
+                gi_t = mlc_reshape(mlc_slice(gi, 1, t, t + 1), 2, bgh);
+                h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
+            }
+            finals[l * D + d] = h; finals[L * D + l * D + d] = c;
+            outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
+        }
+        out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
+        if (m->alpha > 0 && l < L - 1) out = mlc_dropout(out, m->alpha, m->training);
+    }
+    if (ctx->error) return NULL;
+    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L * D, L * D, 0), 3, lbh);
+    return ctx->error ? NULL : out;
+}
+
+static mlc_tensor *mlc__rnn_module_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_rnn_forward(m, x, NULL, NULL, NULL, NULL);
+}
+
+/* The module, with a child per layer and direction named "" (so that its tensors carry
+   PyTorch's flat names), in PyTorch's order: l0, l0_reverse, l1, ... */
+MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, mlc_rnn_opts opts) {
+    static const char *const kinds[] = { "weight_ih", "weight_hh", "bias_ih", "bias_hh" };
+    static const char *const types[] = { "", "RNN", "RNN", "LSTM", "GRU" };
+    int l, d, k, shape[2], D = opts.bidirectional ? 2 : 1, G = mlc__cell_gates((int)cell);
+    int layers = opts.num_layers ? opts.num_layers : 1;
+    mlc_module *m, *layer;
+    char name[40];
+    mlc_tensor *p;
+    if (!ctx || ctx->error) return NULL;
+    if (cell < MLC_CELL_RNN_TANH || cell > MLC_CELL_GRU || in < 1 || hidden < 1 || layers < 1 ||
+        hidden > 2147483647 / (G * D) || layers > 2147483647 / D)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_recurrent: cell %d, input_size %d, "
+                                       "hidden_size %d, num_layers %d are not valid", (int)cell, in, hidden,
+                                       layers);
+    if (!mlc__in_range(ctx, "mlc_nn_recurrent", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
+    if (!(m = mlc__module(ctx, types[cell], mlc__rnn_module_forward))) return NULL;
+    m->cell = (int)cell; m->directions = D; m->alpha = opts.dropout;
+    for (l = 0; l < layers; l++)
+        for (d = 0; d < D; d++) {
+            layer = mlc__module(ctx, types[cell], NULL);
+            if (!layer || mlc_module_add_child(m, "", layer) != MLC_OK) return NULL;
+            for (k = 0; k < 4; k++) {
+                shape[0] = G * hidden; shape[1] = k ? hidden : l ? D * hidden : in;
+                mlc__format(name, sizeof name, "%s_l%d%s", kinds[k], l, d ? "_reverse" : "");
+                if (!(p = mlc__param(layer, name, k < 2 ? 2 : 1, shape))) return NULL;
+                mlc_init_uniform(p, -1.0f / sqrtf((float)hidden), 1.0f / sqrtf((float)hidden));
+            }
+        }
+    return m;
+}
+static mlc_module *mlc__nn_cell(mlc_ctx *ctx, mlc_cell cell, int in, int hidden, int layers) {
+    mlc_rnn_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.num_layers = layers;
+    return mlc_nn_recurrent(ctx, cell, in, hidden, opts);
+}
+MLCDEF mlc_module *mlc_nn_rnn(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_TANH, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_rnn_relu(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_RNN_RELU, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_lstm(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_LSTM, in, hidden, layers);
+}
+MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int in, int hidden, int layers) {
+    return mlc__nn_cell(ctx, MLC_CELL_GRU, in, hidden, layers);
 }
 
 MLCDEF void mlc_module_train(mlc_module *m, int training) {
@@ -4675,7 +5214,7 @@ static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc
     for (i = 0; with_buffers && i < m->n_buffers; i++, count++)
         if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]); out[count].tensor = m->buffers[i]; }
     for (i = 0; i < m->n_children; i++) {
-        mlc__format(name, sizeof name, "%s%s.", prefix, m->child_names[i]);
+        mlc__format(name, sizeof name, "%s%s%s", prefix, m->child_names[i], m->child_names[i][0] ? "." : "");
         count = mlc__collect(m->children[i], name, with_buffers, out, max, count);
     }
     return count;
@@ -4865,7 +5404,7 @@ static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT 
     const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
     const float l2 = o->kind == MLC__ADAM ? o->weight_decay : 0.0f;
     const float shrink = o->kind == MLC__ADAMW ? 1.0f - o->lr * o->weight_decay : 1.0f;
-    const float step = (float)(o->lr / (1.0 - pow((double)b1, (double)o->t)));
+    const float step = (float)((double)o->lr / (1.0 - pow((double)b1, (double)o->t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)o->t)));
     size_t j;
     MLC__OMP(omp simd)
@@ -4957,10 +5496,10 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
     for (i = 0; i < opt->count; i++) {
         const float *g = mlc__host_grad(opt->params[i]);   /* the norm is read on the host */
         if (!g) return 0.0f;
-        for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * g[j];
+        for (j = 0; j < opt->params[i]->size; j++) total += (double)g[j] * (double)g[j];
     }
     total = sqrt(total);
-    scale = (float)(max_norm / (total + 1e-6));
+    scale = (float)((double)max_norm / (total + 1e-6));
     if (scale < 1.0f)
         for (i = 0; i < opt->count; i++) {
             for (j = 0; j < opt->params[i]->size; j++) opt->params[i]->grad[j] *= scale;
@@ -5632,7 +6171,7 @@ static int mlc__csv_scan(mlc__csv *c, float *out) {
             while (from < to && (*from == ' ' || *from == '\t')) from++;
             while (to > from && (to[-1] == ' ' || to[-1] == '\t')) to--;
             kind = mlc__parse_number(from, to, &v);
-            if (!kind || (kind == 1 && fabs(v) > FLT_MAX)) {                  /* 1e39 is no float */
+            if (!kind || (kind == 1 && fabs(v) > (double)FLT_MAX)) {                  /* 1e39 is no float */
                 char field[40];
                 size_t n = (size_t)(to - from) < sizeof field - 4 ? (size_t)(to - from) : sizeof field - 4;
                 memcpy(field, from, n);
@@ -6419,7 +6958,7 @@ static void mlc__st_convert(const unsigned char *p, int dtype, float *out, size_
         case MLC__BOOL: d = v != 0; break;
         default: d = (double)v; break;                  /* the unsigned integers */
         }
-        out[i] = d > FLT_MAX ? HUGE_VALF : d < -FLT_MAX ? -HUGE_VALF : (float)d;
+        out[i] = d > (double)FLT_MAX ? HUGE_VALF : d < -(double)FLT_MAX ? -HUGE_VALF : (float)d;
     }
 }
 
@@ -7084,6 +7623,9 @@ static const mlc__backend *mlc__registry(int i) {
     };
     return i >= 0 && i < (int)(sizeof list / sizeof list[0]) ? list[i] : NULL;
 }
+#ifdef MLC__OMP_DIAGNOSTIC_PUSHED
+#pragma clang diagnostic pop
+#endif
 #endif /* MLC_IMPLEMENTATION_DONE */
 #endif /* MLC_IMPLEMENTATION */
 

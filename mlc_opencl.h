@@ -223,7 +223,7 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
     X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) X(loss_total) X(layer_norm) \
     X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) X(batch_norm_grad) X(dropout) \
     X(dropout_grad) X(copy_rows) X(permute) X(index_select) X(index_select_grad) X(gather) X(gather_grad) \
-    X(where) X(where_grad)
+    X(where) X(where_grad) X(attention) X(attention_grad_q) X(attention_grad_kv)
 #define MLC__CL_KERNEL_ID(name) MLC__CL_K_##name,
 enum { MLC__CL_KERNELS(MLC__CL_KERNEL_ID) MLC__CL_KERNEL_COUNT };
 #undef MLC__CL_KERNEL_ID
@@ -1042,6 +1042,79 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    if (i >= n) return;\n"
 "    if ((c[mlc_bcast_offset(i, nd, shape, sc)] != 0.0f) == (side == 0))\n"
 "        mlc_atomic_add(dg + mlc_bcast_offset(i, nd, shape, sg), g[i]);\n"
+"}\n",
+"/* ---- attention (see mlc.h): one work-item per query row r = (b h, i) or per key row; the\n"
+"   scores are recomputed where needed, and each row's log-sum-exp is kept between them ---- */\n"
+"float mlc_attention_score(__global const float *q, __global const float *k, __global const float *mask,\n"
+"                          int has_mask, int4 ms, int H, int T, int S, int D, int causal, float scale,\n"
+"                          int bh, int i, int j) {\n"
+"    float s = 0.0f;\n"
+"    int d;\n"
+"    if (causal && j > i) return -INFINITY;\n"
+"    for (d = 0; d < D; d++) s += q[(bh * T + i) * D + d] * k[(bh * S + j) * D + d];\n"
+"    return s * scale + (has_mask ? mask[bh / H * ms.s0 + bh % H * ms.s1 + i * ms.s2 + j * ms.s3] : 0.0f);\n"
+"}\n"
+"#define MLC_ATTENTION_PARAMS int BH, int H, int T, int S, int D, int Dv, int causal, float scale, \\\n"
+"    float p, uint seed, __global const float *q, __global const float *k, __global const float *v, \\\n"
+"    __global const float *mask, int has_mask, int4 ms\n"
+"#define MLC_SCORE(i, j) mlc_attention_score(q, k, mask, has_mask, ms, H, T, S, D, causal, scale, bh, i, j)\n"
+"#define MLC_KEEP(r, j) (p > 0.0f ? mlc_dropout_scale(seed, (int)((uint)(r) * S + (uint)(j)), p) : 1.0f)\n"
+"/* y_i = Σ_j m P_ij v_j, P_ij = e^(s_ij - ℓ_i); ℓ_i saved */\n"
+"__kernel void mlc_attention(MLC_ATTENTION_PARAMS, __global float *y, __global float *lse) {\n"
+"    int r = get_global_id(0), bh, i, j, e;\n"
+"    float m = -INFINITY, L;\n"
+"    if (r >= BH * T) return;\n"
+"    bh = r / T; i = r % T;\n"
+"    for (j = 0; j < S; j++) { float s = MLC_SCORE(i, j); if (s > m) m = s; }\n"
+"    L = 0.0f;\n"
+"    for (j = 0; j < S; j++) L += exp(MLC_SCORE(i, j) - m);\n"
+"    L = m + log(L);\n"
+"    lse[r] = L;\n"
+"    y += r * Dv;\n"
+"    for (e = 0; e < Dv; e++) y[e] = 0.0f;\n"
+"    for (j = 0; j < S; j++) {\n"
+"        float w = exp(MLC_SCORE(i, j) - L) * MLC_KEEP(r, j);\n"
+"        for (e = 0; e < Dv; e++) y[e] += w * v[(bh * S + j) * Dv + e];\n"
+"    }\n"
+"}\n",
+"/* per query row: Δ_i = Σ_j P_ij dP_ij (kept for the key rows), dq_i += s Σ_j dS_ij k_j */\n"
+"float mlc_attention_dp(__global const float *g, __global const float *v, int Dv, int r, int c) {\n"
+"    float s = 0.0f;\n"
+"    int e;\n"
+"    for (e = 0; e < Dv; e++) s += g[r * Dv + e] * v[c * Dv + e];\n"
+"    return s;\n"
+"}\n"
+"__kernel void mlc_attention_grad_q(MLC_ATTENTION_PARAMS, __global const float *lse,\n"
+"                                   __global const float *g, __global float *delta, __global float *dq,\n"
+"                                   int want_q) {\n"
+"    int r = get_global_id(0), bh, i, j, d;\n"
+"    float dl = 0.0f;\n"
+"    if (r >= BH * T) return;\n"
+"    bh = r / T; i = r % T;\n"
+"    for (j = 0; j < S; j++)\n"
+"        dl += exp(MLC_SCORE(i, j) - lse[r]) * mlc_attention_dp(g, v, Dv, r, bh * S + j) * MLC_KEEP(r, j);\n"
+"    delta[r] = dl;\n"
+"    if (!want_q) return;\n"
+"    for (j = 0; j < S; j++) {\n"
+"        float P = exp(MLC_SCORE(i, j) - lse[r]);\n"
+"        float dS = P * (mlc_attention_dp(g, v, Dv, r, bh * S + j) * MLC_KEEP(r, j) - dl) * scale;\n"
+"        for (d = 0; d < D; d++) dq[r * D + d] += dS * k[(bh * S + j) * D + d];\n"
+"    }\n"
+"}\n"
+"/* per key row c = (b h, j): dk_j += s Σ_i dS_ij q_i,  dv_j += Σ_i m P_ij g_i */\n"
+"__kernel void mlc_attention_grad_kv(MLC_ATTENTION_PARAMS, __global const float *lse,\n"
+"                                    __global const float *g, __global const float *delta,\n"
+"                                    __global float *dk, int want_k, __global float *dv, int want_v) {\n"
+"    int c = get_global_id(0), bh, i, j, d;\n"
+"    if (c >= BH * S) return;\n"
+"    bh = c / S; j = c % S;\n"
+"    for (i = 0; i < T; i++) {\n"
+"        int r = bh * T + i;\n"
+"        float P = exp(MLC_SCORE(i, j) - lse[r]), m = MLC_KEEP(r, j);\n"
+"        float dS = P * (mlc_attention_dp(g, v, Dv, r, c) * m - delta[r]) * scale;\n"
+"        if (want_k) for (d = 0; d < D; d++) dk[c * D + d] += dS * q[r * D + d];\n"
+"        if (want_v) for (d = 0; d < Dv; d++) dv[c * Dv + d] += m * P * g[r * Dv + d];\n"
+"    }\n"
 "}\n"
 };
 
@@ -1864,6 +1937,59 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
     return 1;
 }
 
+/* attention: forward keeps each row's log-sum-exp in a scratch buffer (the node's saved);
+   backward: Δ and dq per query row, then dk and dv per key row. The kernels share their first
+   16 arguments (sizes, settings, q, k, v, mask); `tail` holds the rest. */
+static int mlc__cl_attention_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *head,
+                                 const mlc__cl_arg *tail, int count) {
+    mlc__cl_arg args[24];
+    memcpy(args, head, 16 * sizeof *args);
+    memcpy(args + 16, tail, (size_t)count * sizeof *args);
+    return mlc__cl_run(ctx, kernel, n, args, 16 + count);
+}
+
+static int mlc__cl_attention(mlc_ctx *ctx, mlc__node *call, int backward) {
+    mlc_tensor *q = call->in[0], *k = call->in[1], *v = call->in[2], *mask = call->in[3];
+    const mlc__attention_args *a = &call->args.attention;
+    cl_int H = a->H, T = a->T, S = a->S, D = a->D, Dv = a->Dv, causal = a->causal, BH = a->B * a->H;
+    cl_int has_mask = mask != NULL, want_q = q->requires_grad, want_k = k->requires_grad;
+    cl_int want_v = v->requires_grad;
+    cl_float scale = a->scale, p = a->dropout;
+    cl_uint seed = a->seed;
+    cl_int4 ms;
+    cl_mem qm = mlc__cl_in(ctx, q), km = qm ? mlc__cl_in(ctx, k) : NULL, vm = km ? mlc__cl_in(ctx, v) : NULL;
+    cl_mem mm = vm ? mlc__cl_maybe(ctx, mask, qm) : NULL, lse = (cl_mem)call->saved, ym, g, delta, dq, dk, dv;
+    mlc__cl_arg head[] = { MLC__CL_ARG(BH), MLC__CL_ARG(H), MLC__CL_ARG(T), MLC__CL_ARG(S), MLC__CL_ARG(D),
+                           MLC__CL_ARG(Dv), MLC__CL_ARG(causal), MLC__CL_ARG(scale), MLC__CL_ARG(p),
+                           MLC__CL_ARG(seed), MLC__CL_ARG(qm), MLC__CL_ARG(km), MLC__CL_ARG(vm),
+                           MLC__CL_ARG(mm), MLC__CL_ARG(has_mask), MLC__CL_ARG(ms) };
+    mlc__cl_arg forward[] = { MLC__CL_ARG(ym), MLC__CL_ARG(lse) };
+    mlc__cl_arg rows[] = { MLC__CL_ARG(lse), MLC__CL_ARG(g), MLC__CL_ARG(delta), MLC__CL_ARG(dq),
+                           MLC__CL_ARG(want_q) };
+    mlc__cl_arg keys[] = { MLC__CL_ARG(lse), MLC__CL_ARG(g), MLC__CL_ARG(delta), MLC__CL_ARG(dk),
+                           MLC__CL_ARG(want_k), MLC__CL_ARG(dv), MLC__CL_ARG(want_v) };
+    ms.s[0] = a->mask_stride[0]; ms.s[1] = a->mask_stride[1]; ms.s[2] = a->mask_stride[2];
+    ms.s[3] = a->mask_stride[3];
+    if (!mm) return backward ? 0 : 1;
+    if (!backward) {
+        if (!(lse = mlc__cl_scratch(ctx, (size_t)BH * (size_t)T + 1)) || !(ym = mlc__cl_out(ctx, call->out)))
+            return 1;
+        call->saved = (void *)lse;
+        mlc__cl_attention_run(ctx, MLC__CL_K_attention, (size_t)BH * (size_t)T, head, forward, 2);
+        return 1;
+    }
+    if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(delta = mlc__cl_scratch(ctx, (size_t)BH * (size_t)T + 1)))
+        return 0;
+    if (!(dq = want_q ? mlc__cl_grad(ctx, q) : g) ||
+        !mlc__cl_attention_run(ctx, MLC__CL_K_attention_grad_q, (size_t)BH * (size_t)T, head, rows, 5))
+        return 0;
+    if (!want_k && !want_v) return 1;
+    dk = want_k ? mlc__cl_grad(ctx, k) : g;
+    dv = want_v ? mlc__cl_grad(ctx, v) : g;
+    return dk && dv && mlc__cl_attention_run(ctx, MLC__CL_K_attention_grad_kv, (size_t)BH * (size_t)S, head,
+                                             keys, 7);
+}
+
 /* ============================================================================================
    The backend table's entries
    ============================================================================================ */
@@ -1902,6 +2028,7 @@ static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
     case MLC__OP_GATHER:         return mlc__cl_gather(ctx, n, backward);
     case MLC__OP_WHERE:
     case MLC__OP_MASKED_FILL:    return mlc__cl_where(ctx, n, backward);
+    case MLC__OP_ATTENTION:      return mlc__cl_attention(ctx, n, backward);
     case MLC__OP_COUNT:          break;
     }
     return 0;
@@ -1941,7 +2068,7 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
         cl_float l2 = opt->kind == MLC__ADAM ? opt->weight_decay : 0.0f;
         cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
-        cl_float step = (float)(opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
+        cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
                                MLC__CL_ARG(b1), MLC__CL_ARG(b2), MLC__CL_ARG(eps), MLC__CL_ARG(l2), MLC__CL_ARG(shrink),

@@ -5,9 +5,14 @@
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and 2 threads.
      2. the tiny MLP 10-100(tanh)-1: one Adam step on a batch of 64 (MSE), in µs.
      3. training samples/s, batch 64, Adam, cross entropy, on Fashion-MNIST (28x28, 10 classes):
-        an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10).
+        an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10);
+        and an LSTM (2 layers 32 -> 128, a linear head on each step): one Adam step (MSE) on 64
+        random sequences of 50 steps, in ms.
      4. batch-1 inference latency of the same MLP and CNN (eval mode, no gradients), in µs.
      5. the peak RSS of MLP training in a process of its own, against the bytes it must hold.
+     6. tokens/s of a training step of the tiny GPT of examples/gpt.c (examples/gpt_model.h:
+        4 layers, 64 dims, 4 heads, block 64, batch 16, AdamW, clipping) on its text, 1 and 2
+        threads, against the same model in PyTorch (nn.MultiheadAttention) on 1 and 2 threads.
    PyTorch's numbers come from bench/torch_bench.py (same models, same data), read from a file.
 
    Usage:
@@ -40,6 +45,7 @@
 #endif
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
+#include "examples/gpt_model.h"
 
 #define BATCH 64
 #define THREADS 2                        /* the "2 threads" setting, for mlc and the references */
@@ -452,6 +458,23 @@ static double tiny_step_us(void) {
     return sec * 1e6;
 }
 
+/* An LSTM: 2 layers 32 -> 128 (batch first) and a linear head on every step; one Adam step (MSE)
+   on a fixed random batch of BATCH sequences of 50 steps. */
+static mlc_module *lstm_model(mlc_ctx *ctx) {
+    return mlc_nn_sequential(ctx, mlc_nn_lstm(ctx, 32, 128, 2), mlc_nn_linear(ctx, 128, 1), NULL);
+}
+
+static double lstm_step_ms(void) {
+    trainer t;
+    double sec;
+    if (!trainer_init(&t, 0, lstm_model, NULL, 0, NULL)) return NAN;
+    t.x = mlc_randn(t.ctx, MLC_SHAPE(BATCH, 50, 32));      /* in place of the tiny MLP's batch */
+    t.y = mlc_randn(t.ctx, MLC_SHAPE(BATCH, 50, 1));
+    sec = check(&t, seconds_per_call(train_step, &t, 0.4, 7));
+    mlc_destroy(t.ctx);
+    return sec * 1e3;
+}
+
 static double train_samples_per_s(int with_hook, mlc_module *(*build)(mlc_ctx *), const dataset *data,
                                   int x_ndim, const int *x_shape) {
     trainer t;
@@ -463,6 +486,73 @@ static double train_samples_per_s(int with_hook, mlc_module *(*build)(mlc_ctx *)
 }
 
 static const int mlp_input[] = { 784 }, cnn_input[] = { 1, 28, 28 };
+
+/* ============================================================================================
+   6. The tiny GPT of examples/gpt.c: one training step on 16 random windows of 64 characters
+   ============================================================================================ */
+
+#define GPT_TEXT "data/kjv_pentateuch.txt"
+enum { GPT_BATCH = 16, GPT_BLOCK = 64 };
+
+typedef struct gpt_bench {
+    mlc_ctx *ctx;
+    mlc_module *gpt;
+    mlc_optim *opt;
+    unsigned char *ids;                 /* the text as character ids */
+    long n;
+    int vocab;
+    float x[GPT_BATCH * GPT_BLOCK], y[GPT_BATCH * GPT_BLOCK];
+} gpt_bench;
+
+/* examples/gpt.c's step: a batch, forward, backward, clipping, AdamW (at a fixed lr) */
+static void gpt_step(void *arg) {
+    gpt_bench *b = (gpt_bench *)arg;
+    for (int r = 0; r < GPT_BATCH; r++) {
+        long start = (long)(mlc_rand_u32(b->ctx) % (uint32_t)(b->n - GPT_BLOCK - 1));
+        for (int t = 0; t < GPT_BLOCK; t++) {
+            b->x[r * GPT_BLOCK + t] = b->ids[start + t];
+            b->y[r * GPT_BLOCK + t] = b->ids[start + t + 1];
+        }
+    }
+    mlc_frame f = mlc_frame_begin(b->ctx);
+    mlc_tensor *x = mlc_from_data(b->ctx, MLC_SHAPE(GPT_BATCH, GPT_BLOCK), b->x);
+    mlc_tensor *y = mlc_from_data(b->ctx, MLC_SHAPE(GPT_BATCH * GPT_BLOCK), b->y);
+    mlc_tensor *loss = gpt_loss(b->gpt, x, y, b->vocab);
+    mlc_zero_grad(b->opt);
+    mlc_backward(loss);
+    mlc_clip_grad_norm(b->opt, 1.0f);
+    mlc_step(b->opt);
+    mlc_frame_end(f);
+}
+
+/* Training tokens/s with `threads` threads; NAN when the text is missing or an op failed. */
+static double gpt_tokens_per_s(int threads) {
+    gpt_bench b = { 0 };
+    int id_of[256], present[256] = { 0 };
+    double sec = NAN;
+    FILE *f = fopen(GPT_TEXT, "rb");
+    if (!f) { fprintf(stderr, "bench: %s not found: the GPT rows are skipped\n", GPT_TEXT); return NAN; }
+    fseek(f, 0, SEEK_END);
+    b.n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    b.ids = b.n > GPT_BLOCK + 1 ? malloc((size_t)b.n) : NULL;
+    if (b.ids && fread(b.ids, 1, (size_t)b.n, f) == (size_t)b.n) {
+        for (long i = 0; i < b.n; i++) present[b.ids[i]] = 1;
+        for (int c = 0; c < 256; c++) id_of[c] = present[c] ? b.vocab++ : 0;
+        for (long i = 0; i < b.n; i++) b.ids[i] = (unsigned char)id_of[b.ids[i]];
+        set_threads(threads);
+        b.ctx = make_ctx(0);
+        b.gpt = gpt_create(b.ctx, (gpt_config){ b.vocab, GPT_BLOCK, 4, 64, 4 });
+        b.opt = b.gpt ? gpt_optimiser(b.gpt, 1e-3f) : NULL;
+        if (b.opt) sec = seconds_per_call(gpt_step, &b, 0.5, 5);
+        if (mlc_error(b.ctx)) { fprintf(stderr, "bench: GPT: %s\n", mlc_error_message(b.ctx)); sec = NAN; }
+        mlc_destroy(b.ctx);
+        set_threads(THREADS);
+    }
+    fclose(f);
+    free(b.ids);
+    return GPT_BATCH * GPT_BLOCK / sec;
+}
 
 /* ============================================================================================
    5. Memory: a process that only trains the MLP (random batch, no dataset, no OpenBLAS calls)
@@ -570,7 +660,7 @@ static const char *times(char *buf, double r) {                /* a ratio, "-" w
 static void row(const char *what, const char *unit, double mlc, double hook, double ref, const char *ref_is,
                 int faster_when_higher, double target) {
     char m[32], h[32], r[32], r1[32], r2[32], goal[32] = "", verdict[16] = "";
-    int decimals = strcmp(unit, "samples/s") == 0 ? 0 : strcmp(unit, "GFLOP/s") == 0 ? 2 : 1;
+    int decimals = strcmp(unit, "GFLOP/s") == 0 ? 2 : strcmp(unit, "samples/s") && strcmp(unit, "tokens/s") ? 1 : 0;
     double vs = faster_when_higher ? mlc / ref : ref / mlc;
     double hook_vs = faster_when_higher ? hook / ref : ref / hook;
     if (target > 0) {
@@ -613,8 +703,10 @@ int main(int argc, char **argv) {
     mlp_hook_sps = train_samples_per_s(1, fashion_mlp, &data, 1, mlp_input);
     cnn_hook_sps = train_samples_per_s(1, fashion_cnn, &data, 3, cnn_input);
 #endif
+    double lstm = lstm_step_ms();
     double mlp_inf = infer_us(fashion_mlp, &data, 1, mlp_input);
     double cnn_inf = infer_us(fashion_cnn, &data, 3, cnn_input);
+    double gpt_1 = gpt_tokens_per_s(1), gpt_2 = gpt_tokens_per_s(THREADS);
     double others_mlc = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
     disturbed = others_mlc > 10 || others_torch > 10;
 
@@ -647,7 +739,8 @@ int main(int argc, char **argv) {
     else
         printf("- PyTorch: not available (python3 -c 'import torch' failed), its column is skipped\n");
     printf("- data: %s\n", data.source);
-    printf("- threads: %d for the models (OpenMP for mlc, torch.set_num_threads for PyTorch)\n", THREADS);
+    printf("- threads: %d for the models (OpenMP for mlc, torch.set_num_threads for PyTorch); the GPT rows: 1 and %d\n",
+           THREADS, THREADS);
     printf("- other processes used %.0f%% of the CPUs during the mlc measurements", others_mlc);
     if (!isnan(others_torch)) printf(", %.0f%% during PyTorch's", others_torch);
     printf("%s\n", disturbed ? ": the numbers are disturbed, a \"?\" marks the verdicts that depend on them"
@@ -672,8 +765,14 @@ int main(int argc, char **argv) {
     row("tiny MLP 10-100(tanh)-1 Adam step (MSE)", "us/step", tiny, NAN, kv_num(&torch, "tiny_step_us"), torch_ref, 0, 20);
     row("MLP 784-256-128-10 training", "samples/s", mlp_sps, mlp_hook_sps, kv_num(&torch, "mlp_train_sps"), torch_ref, 1, 2);
     row("CNN conv16-pool-conv32-pool-fc128-fc10 train", "samples/s", cnn_sps, cnn_hook_sps, kv_num(&torch, "cnn_train_sps"), torch_ref, 1, 1.5);
+    row("LSTM 2x128+linear, 64 seqs x 50, Adam step", "ms/step", lstm, NAN, kv_num(&torch, "lstm_step_ms"),
+        torch_ref, 0, 0);
     row("MLP inference, batch 1", "us", mlp_inf, NAN, kv_num(&torch, "mlp_infer_us"), torch_ref, 0, 5);
     row("CNN inference, batch 1", "us", cnn_inf, NAN, kv_num(&torch, "cnn_infer_us"), torch_ref, 0, 5);
+    row("tiny GPT 4x64 training step, 1 thread", "tokens/s", gpt_1, NAN, kv_num(&torch, "gpt_tokens_s_1"),
+        torch_ref, 1, 0);
+    row("tiny GPT 4x64 training step, 2 threads", "tokens/s", gpt_2, NAN, kv_num(&torch, "gpt_tokens_s_2"),
+        torch_ref, 1, 0);
     double peak = kv_num(&rss, "rss_peak_kib") * 1024, start = kv_num(&rss, "rss_start_kib") * 1024;
     double need = kv_num(&rss, "rss_need_bytes");
     {   /* memory: the ratio is peak / needed, lower is better, so it gets its own verdict */

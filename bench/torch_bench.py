@@ -4,7 +4,8 @@ The same models, data, batch size, optimiser and timing method as bench/bench.c,
 can be compared line by line. Prints "key value" lines that bench.c reads (--torch FILE):
 
     torch_version, torch_threads, torch_data,
-    tiny_step_us, mlp_train_sps, cnn_train_sps, mlp_infer_us, cnn_infer_us,
+    tiny_step_us, mlp_train_sps, cnn_train_sps, lstm_step_ms, mlp_infer_us, cnn_infer_us,
+    gpt_tokens_s_1, gpt_tokens_s_2 (the tiny GPT of examples/gpt.c, 1 and 2 threads),
     others_percent (how much of the CPUs other processes used meanwhile)
 
 Usage: python3 bench/torch_bench.py [--quick]
@@ -14,6 +15,7 @@ import os
 import struct
 import sys
 import time
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -22,6 +24,8 @@ import torch.nn.functional as F
 BATCH = 64
 THREADS = 2
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+GPT_TEXT = "data/kjv_pentateuch.txt"
+GPT_BATCH, GPT_BLOCK, GPT_LAYERS, GPT_EMBD, GPT_HEADS = 16, 64, 4, 64, 4
 QUICK = "--quick" in sys.argv
 
 
@@ -105,6 +109,17 @@ def fashion_cnn():
         nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+class LstmHead(nn.Module):
+    """bench.c's LSTM model: 2 layers 32 -> 128 (batch first) and a linear head on every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(32, 128, 2, batch_first=True), nn.Linear(128, 1)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
+
+
 class Trainer:
     """One Adam step per call on the next batch (or on a fixed batch for the tiny MLP)."""
 
@@ -129,6 +144,75 @@ class Trainer:
         self.opt.step()
 
 
+class GPTBlock(nn.Module):
+    """examples/gpt_model.h's block: x + attn(ln_1(x)) (causal), then + mlp(ln_2(x))."""
+
+    def __init__(self, embd, heads):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(embd), nn.LayerNorm(embd)
+        self.attn = nn.MultiheadAttention(embd, heads, batch_first=True)
+        self.mlp = nn.Sequential(OrderedDict(c_fc=nn.Linear(embd, 4 * embd), gelu=nn.GELU(),
+                                             c_proj=nn.Linear(4 * embd, embd)))
+
+    def forward(self, x, mask):
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """examples/gpt_model.h's GPT, with the same state-dict names (gpt --save loads into it)."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, GPT_EMBD), nn.Embedding(GPT_BLOCK, GPT_EMBD)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=0.02)
+        self.h = nn.ModuleList(GPTBlock(GPT_EMBD, GPT_HEADS) for _ in range(GPT_LAYERS))
+        self.ln_f = nn.LayerNorm(GPT_EMBD)
+        self.lm_head = nn.Linear(GPT_EMBD, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((GPT_BLOCK, GPT_BLOCK), float("-inf")), 1),
+                             persistent=False)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x, self.mask)
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt_tokens_per_s(threads):
+    """examples/gpt.c's training step (random windows of the text, AdamW, clipping) in tokens/s
+    on `threads` threads, or -1 when the text is missing."""
+    try:
+        with open(GPT_TEXT, "rb") as f:
+            text = f.read()
+    except OSError:
+        return -1
+    chars = sorted(set(text))
+    lookup = torch.zeros(256, dtype=torch.long)
+    lookup[torch.tensor(chars)] = torch.arange(len(chars))
+    ids = lookup[torch.frombuffer(bytearray(text), dtype=torch.uint8).long()]
+    torch.set_num_threads(threads)
+    model = GPT(len(chars))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    g = torch.Generator().manual_seed(1)
+
+    def step():
+        starts = torch.randint(0, len(ids) - GPT_BLOCK - 1, (GPT_BATCH,), generator=g)
+        x = torch.stack([ids[s:s + GPT_BLOCK] for s in starts])
+        y = torch.stack([ids[s + 1:s + 1 + GPT_BLOCK] for s in starts])
+        loss = F.cross_entropy(model(x).view(-1, len(chars)), y.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    tokens_s = GPT_BATCH * GPT_BLOCK / seconds_per_call(step, 0.5, 5)
+    torch.set_num_threads(THREADS)
+    return tokens_s
+
+
 def infer_us(model, image):
     model.eval()
     with torch.no_grad():
@@ -151,9 +235,13 @@ def main():
     print("mlp_train_sps %.1f" % (BATCH / seconds_per_call(mlp.step, 0.4, 7)))
     cnn = Trainer(fashion_cnn(), images, labels, (1, 28, 28))
     print("cnn_train_sps %.1f" % (BATCH / seconds_per_call(cnn.step, 0.4, 7)))
+    lstm = Trainer(LstmHead(), x=torch.randn(BATCH, 50, 32), y=torch.randn(BATCH, 50, 1))
+    print("lstm_step_ms %.3f" % (seconds_per_call(lstm.step, 0.4, 7) * 1e3))
     first = images[:1].float().div_(255.0)
     print("mlp_infer_us %.3f" % infer_us(fashion_mlp(), first))
     print("cnn_infer_us %.3f" % infer_us(fashion_cnn(), first.view(1, 1, 28, 28)))
+    print("gpt_tokens_s_1 %.1f" % gpt_tokens_per_s(1))
+    print("gpt_tokens_s_2 %.1f" % gpt_tokens_per_s(THREADS))
     print("others_percent %.1f" % others_percent(start))
 
 

@@ -69,14 +69,21 @@ static int make_workloads(workloads *w, const digits_set *ds) {
         w->y_digits->data[i] = ds->labels[i];
     }
     for (int i = 0; i < WIDE_BATCH; i++) w->y_wide->data[i] = (float)(mlc_rand_u32(ctx) % 10);
-    w->mlp = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, DIGITS_PIXELS, 256), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 256, 128),
-                               mlc_nn_relu(ctx), mlc_nn_linear(ctx, 128, 10), NULL);
+    /* layers with weights one a statement, in order (a call's arguments have no set order, and
+       each layer draws from the context's RNG): the same models on every compiler */
+    mlc_module *m1 = mlc_nn_linear(ctx, DIGITS_PIXELS, 256), *m2 = mlc_nn_linear(ctx, 256, 128);
+    mlc_module *m3 = mlc_nn_linear(ctx, 128, 10);
+    mlc_module *c1 = mlc_nn_conv2d(ctx, 1, 16, 3, (mlc_conv_opts){ .padding = 1 });
+    mlc_module *c2 = mlc_nn_conv2d(ctx, 16, 32, 3, (mlc_conv_opts){ .padding = 1 });
+    mlc_module *c3 = mlc_nn_linear(ctx, 128, 10);
+    mlc_module *w1 = mlc_nn_linear(ctx, WIDE_IN, WIDE_HIDDEN), *w2 = mlc_nn_linear(ctx, WIDE_HIDDEN, WIDE_HIDDEN);
+    mlc_module *w3 = mlc_nn_linear(ctx, WIDE_HIDDEN, 10);
+    w->mlp = mlc_nn_sequential(ctx, m1, mlc_nn_relu(ctx), m2, mlc_nn_relu(ctx), m3, NULL);
     w->cnn = mlc_nn_sequential(ctx, mlc_nn_custom(ctx, "Reshape", to_image, NULL),
-        mlc_nn_conv2d(ctx, 1, 16, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
-        mlc_nn_conv2d(ctx, 16, 32, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
-        mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 128, 10), NULL);
-    w->wide = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, WIDE_IN, WIDE_HIDDEN), mlc_nn_relu(ctx),
-                                mlc_nn_linear(ctx, WIDE_HIDDEN, WIDE_HIDDEN), mlc_nn_relu(ctx), mlc_nn_linear(ctx, WIDE_HIDDEN, 10), NULL);
+        c1, mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
+        c2, mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
+        mlc_nn_flatten(ctx), c3, NULL);
+    w->wide = mlc_nn_sequential(ctx, w1, mlc_nn_relu(ctx), w2, mlc_nn_relu(ctx), w3, NULL);
     w->mlp_opt = mlc_adam(ctx, w->mlp, (mlc_adam_config){ .lr = 1e-3f });
     w->wide_opt = mlc_adam(ctx, w->wide, (mlc_adam_config){ .lr = 1e-3f });
     if (w->cnn) mlc_module_train(w->cnn, 0);

@@ -67,11 +67,15 @@ int main(int argc, char **argv) {
     printf("Using device: %s\n", mlc_device_name(ctx));
     printf("UCI digits: %d training and %d test images of 8x8 pixels\n", n_train, n_test);
 
-    mlc_module *model = mlc_nn_sequential(ctx,
-        mlc_nn_custom(ctx, "Reshape", to_image, NULL),
-        mlc_nn_conv2d(ctx, 1, 16, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
-        mlc_nn_conv2d(ctx, 16, 32, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
-        mlc_nn_flatten(ctx), mlc_nn_dropout(ctx, 0.3f), mlc_nn_linear(ctx, 128, 10), NULL);
+    /* the layers with weights one a statement, in order: C leaves the order of a call's
+       arguments open, and each draws from the context's RNG (the same model everywhere) */
+    mlc_module *conv1 = mlc_nn_conv2d(ctx, 1, 16, 3, (mlc_conv_opts){ .padding = 1 });
+    mlc_module *conv2 = mlc_nn_conv2d(ctx, 16, 32, 3, (mlc_conv_opts){ .padding = 1 });
+    mlc_module *fc = mlc_nn_linear(ctx, 128, 10);
+    mlc_module *model = mlc_nn_sequential(ctx, mlc_nn_custom(ctx, "Reshape", to_image, NULL),
+        conv1, mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
+        conv2, mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
+        mlc_nn_flatten(ctx), mlc_nn_dropout(ctx, 0.3f), fc, NULL);
     mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_config){ .lr = 3e-3f, .weight_decay = 1e-2f });
     if (!model || !opt) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); mlc_destroy(ctx); return 1; }
 

@@ -12,8 +12,11 @@ int main(void) {
     if (!ctx) return 1;
     printf("Using device: %s\n", mlc_device_name(ctx));
 
-    mlc_module *model = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 10, 100), mlc_nn_tanh(ctx),
-                                          mlc_nn_linear(ctx, 100, 1), NULL);
+    /* one layer a statement: C leaves the order of a call's arguments open, and each layer
+       draws its weights from the context's RNG, so this order makes the same model everywhere */
+    mlc_module *hidden = mlc_nn_linear(ctx, 10, 100);
+    mlc_module *out = mlc_nn_linear(ctx, 100, 1);
+    mlc_module *model = mlc_nn_sequential(ctx, hidden, mlc_nn_tanh(ctx), out, NULL);
     mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_config){ .lr = 1e-3f });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10));     /* lives until mlc_destroy */
     mlc_tensor *y = mlc_randn(ctx, MLC_SHAPE(64, 1));

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Compile checks: mlc.h builds warning-free as C99 with gcc and clang, as C++ with g++, links
-# from two translation units (extern and MLC_STATIC), needs no stdio under MLC_NO_STDIO and no
-# malloc, getenv or x86 intrinsics under MLC_NO_MALLOC.
+# Compile checks: mlc.h builds warning-free as C99 with gcc and clang, as C++ (11 and 20) with
+# g++, with tcc and arm-none-eabi-gcc, links from two translation units (extern and MLC_STATIC),
+# needs no stdio under MLC_NO_STDIO and no malloc, getenv or x86 intrinsics under MLC_NO_MALLOC.
 # A missing compiler is reported as skipped; under CI=true nothing may be skipped.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -48,7 +48,43 @@ done
 if command -v g++ >/dev/null 2>&1; then
     check "g++" g++ -x c++ -Wall -Wextra -Werror -I. -o "$tmp/cpp" "$tmp/impl.c"
     check "g++.two_units" sh -c "g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/ca.o' '$tmp/impl.c' && g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/cb.o' '$tmp/b.c'"
+    # C++11 and C++20 (enum-float arithmetic is deprecated there), and MLC_SHAPE with run-time
+    # sizes from C++ (no compound literals): examples/cpp_demo.cpp builds, runs and learns.
+    for std in c++11 c++20; do
+        check "g++.$std.cpp_demo" sh -c "g++ -std=$std -Wall -Wextra -Wdouble-promotion -Werror -I. -o '$tmp/cppdemo' examples/cpp_demo.cpp && '$tmp/cppdemo' 40 >/dev/null"
+    done
 else skipped="$skipped g++"; fi
+
+# Warning-free where users turn more on: -Wdouble-promotion (float stays float), Clang with
+# -fopenmp (omp simd hints it cannot honour), and a build without double maths (MLC_FLOAT_ONLY).
+check "gcc.double_promotion" gcc $strict -Wdouble-promotion -O2 -I. -c -o "$tmp/dp.o" "$tmp/impl.c"
+check "gcc.float_only" gcc $strict -Wdouble-promotion -DMLC_FLOAT_ONLY -O2 -I. -c -o "$tmp/fo.o" "$tmp/impl.c"
+if command -v clang >/dev/null 2>&1; then
+    check "clang.openmp" clang $strict -fopenmp -O2 -I. -c -o "$tmp/omp.o" "$tmp/impl.c"
+fi
+# A user's function-like macros named like mlc's struct members (<tgmath.h>'s log, a leak
+# checker's free) do not reach mlc's calls through those members.
+cat >"$tmp/macros.c" <<'SRC'
+#include <tgmath.h>
+#include <stdlib.h>
+static int frees;
+static void counted_free(void *p) { frees++; (free)(p); }
+#define free(p) counted_free(p)
+#define alloc(n) no_such_function(n)
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+int main(void) { mlc_ctx *c = mlc_create(NULL); mlc_destroy(c); return frees == 0; }
+SRC
+check "gcc.user_macros" sh -c "gcc $strict -I. -o '$tmp/macros' '$tmp/macros.c' -lm && '$tmp/macros'"
+# tcc (no vector extensions, no OpenMP): builds and runs the two-unit program.
+if command -v tcc >/dev/null 2>&1; then
+    check "tcc" sh -c "tcc -I. -o '$tmp/tcc' '$tmp/a.c' '$tmp/b.c' -lm && '$tmp/tcc'"
+else skipped="$skipped tcc"; fi
+# The Cortex-M4F's compiler: short enums, no stdio, warning-free.
+if command -v arm-none-eabi-gcc >/dev/null 2>&1; then
+    check "arm-none-eabi" arm-none-eabi-gcc -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 $strict \
+        -Wdouble-promotion -DMLC_NO_STDIO -DMLC_FLOAT_ONLY -O2 -I. -c -o "$tmp/arm.o" "$tmp/impl.c"
+else skipped="$skipped arm-none-eabi-gcc(gcc-arm-none-eabi)"; fi
 
 # MLC_USE_CBLAS: the header routes products to cblas_sgemm (OpenBLAS here) and gets them right.
 cat >"$tmp/cblas.c" <<'SRC'

@@ -61,6 +61,18 @@ static mlc_tensor *indices(mlc_ctx *ctx, int n, int classes, unsigned salt) {
     return mlc_from_data(ctx, 1, (int[]){ n }, v);
 }
 
+/* A recurrent module with fixed parameters (the same in both contexts, whatever their RNG). */
+static mlc_module *fixed(mlc_module *m, unsigned salt) {
+    mlc_named_tensor p[16];
+    int n = mlc_module_parameters(m, p, 16), k;
+    for (k = 0; k < n && k < 16; k++) {
+        const mlc_tensor *t = p[k].tensor;
+        mlc_tensor *v = data(m->ctx, t->ndim, t->shape, salt + (unsigned)k, -0.5f, 0.5f, 0);
+        if (!v || mlc_write(p[k].tensor, mlc_host_data(v), v->size) != MLC_OK) return NULL;
+    }
+    return n == 8 || n == 16 ? m : NULL;
+}
+
 #define OUT(name, expr) do { mlc_tensor *o_ = (expr); \
     if (!o_) { snprintf(test_failure, sizeof test_failure, "%s: %s", name, mlc_error_message(ctx)); return 0; } \
     outs[n_outs] = o_; out_names[n_outs++] = name; } while (0)
@@ -85,8 +97,15 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_tensor *prob = DATA(ctx, 20, 0, 1, 0, 4, 6), *mask = mlc_add_scalar(cond, 0.3f);
     mlc_tensor *x3 = DATA(ctx, 21, -2, 2, 1, 2, 3, 4), *idx = indices(ctx, 5, 3, 1);
     mlc_tensor *gidx = mlc_reshape(indices(ctx, 24, 3, 2), 3, (int[]){ 2, 3, 4 }), *tok = indices(ctx, 6, 10, 4);
+    mlc_tensor *aq = DATA(ctx, 22, -1, 1, 1, 2, 2, 3, 4), *ak = DATA(ctx, 23, -1, 1, 1, 2, 2, 5, 4);
+    mlc_tensor *av = DATA(ctx, 24, -1, 1, 1, 2, 2, 5, 3), *amask = DATA(ctx, 25, -1, 1, 0, 3, 5);
+    mlc_tensor *h0 = DATA(ctx, 26, -1, 1, 1, 2, 2, 3), *c0 = DATA(ctx, 27, -1, 1, 1, 2, 2, 3), *hn, *cn;
+    mlc_tensor *h0b = DATA(ctx, 28, -1, 1, 1, 4, 2, 3);             /* the GRU: 2 layers, 2 directions */
+    mlc_module *lstm = fixed(mlc_nn_lstm(ctx, 4, 3, 2), 30);
+    mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, (mlc_rnn_opts){ 2, 1, 0 }), 40);
     mlc_tensor *loss, *total = NULL;
     mlc_conv_opts conv = { 2, 1, 1, 2 };
+    mlc_attention_opts attn = { NULL, 1, 0.0f, 0.0f };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
     OUT("add", mlc_add(a, b)); OUT("sub", mlc_sub(a, b)); OUT("mul", mlc_mul(a, b)); OUT("div", mlc_div(a, pos));
     OUT("add_scalar", mlc_add_scalar(a, 0.5f)); OUT("mul_scalar", mlc_mul_scalar(a, -3));
@@ -116,6 +135,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("embedding", mlc_embedding(emb, tok));
     OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
+    attn.mask = amask;
+    OUT("attention", mlc_attention(aq, ak, av, attn));
+    OUT("lstm", mlc_rnn_forward(lstm, x3, h0, c0, &hn, &cn)); OUT("lstm h_n", hn); OUT("lstm c_n", cn);
+    OUT("gru", mlc_rnn_forward(gru, x3, h0b, NULL, &hn, NULL)); OUT("gru h_n", hn);
     {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
         mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
         const float *dv, *av;
@@ -137,16 +160,28 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     CHECK_MSG(loss != NULL, "the total: %s", mlc_error_message(ctx));
     CHECK_MSG(mlc_backward(loss) == MLC_OK, "backward: %s", mlc_error_message(ctx));
     {
-        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3 };
+        mlc_tensor *leaves[] = { a, b, pos, m1, m2, w, bias, logits, img, kern, kb, emb, lw, lb, bw, bb, x3,
+                                 aq, ak, av, h0, c0, h0b };
         static const char *const names[] = { "grad a", "grad b", "grad pos", "grad m1", "grad m2", "grad w",
             "grad bias", "grad logits", "grad img", "grad kern", "grad kb", "grad emb", "grad lw", "grad lb",
-            "grad bw", "grad bb", "grad x3" };
+            "grad bw", "grad bb", "grad x3", "grad aq", "grad ak", "grad av",
+            "grad h0", "grad c0", "grad h0b" };
         for (i = 0; i < (int)(sizeof leaves / sizeof leaves[0]); i++) {
             float *g = mlc_host_grad(leaves[i]);
             mlc_tensor *gt;
             CHECK_MSG(g != NULL, "%s: no gradient", names[i]);
             gt = mlc_from_data(ctx, leaves[i]->ndim, leaves[i]->shape, g);
             CHECK_MSG(keep(r, names[i], gt), "%s: could not keep", names[i]);
+        }
+        for (i = 0; i < 2; i++) {
+            mlc_named_tensor p[16];
+            int k, n = mlc_module_parameters(i ? gru : lstm, p, 16);
+            for (k = 0; k < n; k++) {
+                float *g = mlc_host_grad(p[k].tensor);
+                CHECK_MSG(g != NULL, "%s %s: no gradient", i ? "gru" : "lstm", p[k].name);
+                CHECK(keep(r, i ? "grad gru parameter" : "grad lstm parameter",
+                           mlc_from_data(ctx, p[k].tensor->ndim, p[k].tensor->shape, g)));
+            }
         }
     }
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "ops: %s", mlc_error_message(ctx));

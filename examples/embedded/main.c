@@ -4,6 +4,7 @@
    (the context, the tensor structs over the weights) from a static pool. No malloc, no stdio:
    output goes through semihosting. Built for the host too (same source, stdout), as a check. */
 #define MLC_NO_MALLOC
+#define MLC_FLOAT_ONLY                      /* sums in float: the FPU has no double */
 #define MLC_NO_STDIO
 #define MLC_IMPLEMENTATION
 #include "mlc.h"

@@ -1,9 +1,10 @@
 /* The mlc side of the PyTorch interop test (tests/interop/torch_interop.py writes the files;
-   make test-interop runs both). For each model (mlp, cnn, embed): build it with mlc's modules,
-   load PyTorch's state dict strictly (num_batches_tracked arrives as I64), run PyTorch's batch
-   in training mode and match the output, the loss, and the gradients of the input and of every
-   parameter; match the eval-mode output (batch norm's running statistics updated as PyTorch
-   does); then train 3 Adam steps, save the weights and the eval output for PyTorch to match.
+   make test-interop runs both). For each model (mlp, cnn, embed, lstm, gru: bidirectional):
+   build it with mlc's modules, load PyTorch's state dict strictly (num_batches_tracked arrives
+   as I64), run PyTorch's batch in training mode and match the output, the loss, and the
+   gradients of the input and of every parameter; match the eval-mode output (batch norm's
+   running statistics updated as PyTorch does); then train 3 Adam steps, save the weights and
+   the eval output for PyTorch to match.
    Tolerance: |mlc - torch| <= 1e-5 + 1e-4 |torch| per element.
    Usage: interop DIR. Prints PASS/FAIL lines and "interop (mlc side): N passed, M failed". */
 #include <math.h>
@@ -55,12 +56,20 @@ static mlc_module *build(mlc_ctx *ctx, const char *name) {
                                  mlc_nn_max_pool2d(ctx, 2, 2), mlc_nn_conv2d(ctx, 8, 16, 3, pad),
                                  mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
                                  mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 16 * 7 * 7, 10), NULL);
+    if (strcmp(name, "attn") == 0)      /* PyTorch: Linear, MultiheadAttention(batch_first=True), Linear */
+        return mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 8, 16), mlc_nn_multihead_attention(ctx, 16, 4),
+                                 mlc_nn_linear(ctx, 16, 3), NULL);
+    if (strcmp(name, "lstm") == 0)
+        return mlc_nn_sequential(ctx, mlc_nn_lstm(ctx, 6, 8, 2), mlc_nn_linear(ctx, 8, 3), NULL);
+    if (strcmp(name, "gru") == 0)
+        return mlc_nn_sequential(ctx, mlc_nn_recurrent(ctx, MLC_CELL_GRU, 6, 8, (mlc_rnn_opts){ 2, 1, 0 }),
+                                 mlc_nn_linear(ctx, 16, 3), NULL);
     return mlc_nn_sequential(ctx, mlc_nn_embedding(ctx, 50, 16), mlc_nn_layer_norm(ctx, 16),
                              mlc_nn_linear(ctx, 16, 50), NULL);
 }
 
 static mlc_tensor *loss_of(const char *name, mlc_tensor *out, mlc_tensor *y) {
-    if (strcmp(name, "mlp") == 0) return mlc_mse_loss(out, y, MLC_REDUCE_MEAN);
+    if (strcmp(name, "cnn") != 0 && strcmp(name, "embed") != 0) return mlc_mse_loss(out, y, MLC_REDUCE_MEAN);
     if (out && out->ndim == 3) out = mlc_reshape(out, MLC_SHAPE(-1, out->shape[2]));
     if (y && y->ndim == 2) y = mlc_reshape(y, MLC_SHAPE(-1));
     return mlc_cross_entropy(out, y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
@@ -137,6 +146,9 @@ int main(int argc, char **argv) {
     run_model(argv[1], "mlp");
     run_model(argv[1], "cnn");
     run_model(argv[1], "embed");
+    run_model(argv[1], "attn");
+    run_model(argv[1], "lstm");
+    run_model(argv[1], "gru");
     printf("interop (mlc side): %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

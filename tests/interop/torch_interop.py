@@ -3,8 +3,11 @@
 module, so this script writes and reads the format itself: an 8-byte little-endian header
 length, a JSON header, raw little-endian data).
 
-  torch_interop.py write DIR   three models built with fixed seeds (an MLP, a Fashion-MNIST
-                               shaped CNN with batch norm, an embedding + layer-norm model):
+  torch_interop.py write DIR   six models built with fixed seeds (an MLP, a Fashion-MNIST
+                               shaped CNN with batch norm, an embedding + layer-norm model,
+                               Linear + nn.MultiheadAttention(batch_first=True) + Linear, a
+                               2-layer LSTM and a 2-layer bidirectional GRU with a linear head
+                               on every step):
                                DIR/<model>.weights.safetensors (the state dict, batch norm's
                                num_batches_tracked as I64) and DIR/<model>.ref.safetensors (an
                                input batch, targets, the training-mode output, the loss, the
@@ -76,22 +79,55 @@ def embed():
     return nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 50))
 
 
+class SelfAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention(batch_first=True) as self-attention, so it fits in nn.Sequential
+    (its state dict keeps MultiheadAttention's names: in_proj_weight, out_proj.weight, ...)."""
+
+    def __init__(self, embed_dim, num_heads):
+        super().__init__(embed_dim, num_heads, batch_first=True)
+
+    def forward(self, x):
+        return super().forward(x, x, x, need_weights=False)[0]
+
+
+def attn():
+    return nn.Sequential(nn.Linear(8, 16), SelfAttention(16, 4), nn.Linear(16, 3))
+
+
+class Recurrent(nn.Module):
+    """A recurrent layer (batch first) and a linear head on each step, named as nn.Sequential
+    names them ("0.weight_ih_l0", "1.weight"): nn.LSTM and nn.GRU return a tuple."""
+
+    def __init__(self, layer, bidirectional=False):
+        super().__init__()
+        self.add_module("0", layer(6, 8, 2, batch_first=True, bidirectional=bidirectional))
+        self.add_module("1", nn.Linear(16 if bidirectional else 8, 3))
+
+    def forward(self, x):
+        return self._modules["1"](self._modules["0"](x)[0])
+
+
 def batch(name, gen):
     """Input, target, and whether the input takes a gradient."""
     if name == "mlp":
         return torch.randn(8, 20, generator=gen), torch.randn(8, 4, generator=gen), True
     if name == "cnn":
         return torch.randn(4, 1, 28, 28, generator=gen), torch.randint(0, 10, (4,), generator=gen), True
+    if name == "attn":
+        return torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 3, generator=gen), True
+    if name in ("lstm", "gru"):
+        return torch.randn(4, 5, 6, generator=gen), torch.randn(4, 5, 3, generator=gen), True
     return torch.randint(0, 50, (4, 6), generator=gen), torch.randint(0, 50, (4, 6), generator=gen), False
 
 
 def loss_of(name, out, y):
-    if name == "mlp":
+    if name in ("mlp", "attn", "lstm", "gru"):
         return F.mse_loss(out, y)
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "embed": embed}
+MODELS = {"mlp": mlp, "cnn": cnn, "embed": embed, "attn": attn, "lstm": lambda: Recurrent(nn.LSTM),
+          "gru": lambda: Recurrent(nn.GRU, bidirectional=True)}
 
 
 def write(folder):

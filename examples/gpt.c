@@ -1,0 +1,224 @@
+/* A tiny GPT: a character-level transformer trained on the five books of Moses (King James
+   Version, public domain; data/kjv_pentateuch.txt, see data/README.md).
+   Model (examples/gpt_model.h): token and position embeddings, pre-norm blocks of causal
+   multi-head attention and a GELU MLP, a final layer norm and a linear head to the characters,
+   with nanoGPT's parameter names (wte, wpe, h.0.ln_1, h.0.attn.in_proj_weight, ...). AdamW
+   (weight decay 0.1, betas 0.9, 0.99) with linear warm-up and cosine decay to lr / 10, gradients
+   clipped to norm 1, random windows of the text as batches. It prints the unigram baseline (the cross entropy of predicting each
+   character from the training text's character frequencies alone), then the loss every
+   --every steps and a sample of text continued from a prompt.
+   Usage: gpt [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]
+              [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]
+   --save writes the trained model as safetensors (the vocabulary in its metadata). */
+#define _POSIX_C_SOURCE 199309L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+#include "gpt_model.h"
+
+typedef struct options {
+    const char *data, *device, *save;
+    int steps, batch, block, layers, embd, heads, every;
+    float lr;
+    unsigned long long seed;
+} options;
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    *o = (options){ .data = "data/kjv_pentateuch.txt", .steps = 1000, .batch = 16, .block = 64, .layers = 4,
+                    .embd = 64, .heads = 4, .every = 200, .lr = 2e-3f, .seed = 1 };
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return 0;
+        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return 0; }
+        i++;
+        if (!strcmp(flag, "--data")) o->data = value;
+        else if (!strcmp(flag, "--device")) o->device = value;
+        else if (!strcmp(flag, "--save")) o->save = value;
+        else if (!strcmp(flag, "--steps")) o->steps = atoi(value);
+        else if (!strcmp(flag, "--batch")) o->batch = atoi(value);
+        else if (!strcmp(flag, "--block")) o->block = atoi(value);
+        else if (!strcmp(flag, "--layers")) o->layers = atoi(value);
+        else if (!strcmp(flag, "--embd")) o->embd = atoi(value);
+        else if (!strcmp(flag, "--heads")) o->heads = atoi(value);
+        else if (!strcmp(flag, "--every")) o->every = atoi(value);
+        else if (!strcmp(flag, "--lr")) o->lr = (float)atof(value);
+        else if (!strcmp(flag, "--seed")) o->seed = strtoull(value, NULL, 10);
+        else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
+    }
+    return o->steps > 0 && o->batch > 0 && o->block > 1 && o->layers > 0 && o->embd > 0 && o->heads > 0 &&
+           o->embd % o->heads == 0 && o->every > 0 && o->lr > 0.0f;
+}
+
+/* ---- The text as character ids ------------------------------------------------------------ */
+
+typedef struct corpus {
+    unsigned char *ids;                 /* the text, each character replaced by its id */
+    long n, n_train;                    /* characters; the first 90 % train, the rest validate */
+    int vocab;
+    char chars[257];                    /* id -> character */
+    int id_of[256];
+} corpus;
+
+static int corpus_load(corpus *c, const char *path) {
+    FILE *f = fopen(path, "rb");
+    int present[256] = { 0 };
+    long i;
+    memset(c, 0, sizeof *c);
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    c->n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    c->ids = c->n > 0 ? malloc((size_t)c->n) : NULL;
+    if (!c->ids || fread(c->ids, 1, (size_t)c->n, f) != (size_t)c->n) { fclose(f); free(c->ids); return 0; }
+    fclose(f);
+    for (i = 0; i < c->n; i++) present[c->ids[i]] = 1;
+    for (i = 0; i < 256; i++)
+        if (present[i]) { c->id_of[i] = c->vocab; c->chars[c->vocab++] = (char)i; }
+    for (i = 0; i < c->n; i++) c->ids[i] = (unsigned char)c->id_of[c->ids[i]];
+    c->n_train = c->n / 10 * 9;
+    return 1;
+}
+
+/* The unigram baseline: cross entropy (nats per character) of the validation text under the
+   training text's character frequencies (add-one smoothed). */
+static double unigram_baseline(const corpus *c) {
+    double count[256] = { 0 }, total = c->n_train + c->vocab, loss = 0.0;
+    long i;
+    for (i = 0; i < c->n_train; i++) count[c->ids[i]] += 1.0;
+    for (i = c->n_train; i < c->n; i++) loss -= log((count[c->ids[i]] + 1.0) / total);
+    return loss / (double)(c->n - c->n_train);
+}
+
+/* ---- Batches, loss, samples --------------------------------------------------------------- */
+
+/* B random windows of block + 1 characters from [from, to): inputs x and targets y (shifted by one). */
+static void batch(mlc_ctx *ctx, const corpus *c, long from, long to, int B, int T, mlc_tensor **x, mlc_tensor **y) {
+    float *xs = malloc(sizeof(float) * (size_t)B * (size_t)T), *ys = malloc(sizeof(float) * (size_t)B * (size_t)T);
+    for (int b = 0; xs && ys && b < B; b++) {
+        long start = from + (long)(mlc_rand_u32(ctx) % (uint32_t)(to - from - T - 1));
+        for (int t = 0; t < T; t++) {
+            xs[b * T + t] = c->ids[start + t];
+            ys[b * T + t] = c->ids[start + t + 1];
+        }
+    }
+    *x = xs ? mlc_from_data(ctx, MLC_SHAPE(B, T), xs) : NULL;
+    *y = ys ? mlc_from_data(ctx, MLC_SHAPE(B * T), ys) : NULL;
+    free(xs);
+    free(ys);
+}
+
+/* The mean loss of `count` random validation batches, without gradients. */
+static double validation_loss(mlc_module *gpt, const corpus *c, const options *o, int count) {
+    mlc_ctx *ctx = gpt->ctx;
+    int was = mlc_set_grad_enabled(ctx, 0);
+    double sum = 0.0;
+    mlc_module_train(gpt, 0);
+    for (int i = 0; i < count; i++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *x, *y;
+        batch(ctx, c, c->n_train, c->n, o->batch, o->block, &x, &y);
+        sum += mlc_item(gpt_loss(gpt, x, y, c->vocab));
+        mlc_frame_end(f);
+    }
+    mlc_module_train(gpt, 1);
+    mlc_set_grad_enabled(ctx, was);
+    return sum / count;
+}
+
+/* Continue `prompt` by `length` characters, each drawn from softmax(logits / 0.8) of the last
+   block characters. */
+static void sample(mlc_module *gpt, const corpus *c, const options *o, const char *prompt, int length) {
+    mlc_ctx *ctx = gpt->ctx;
+    int was = mlc_set_grad_enabled(ctx, 0), n = 0;
+    char *text = malloc(strlen(prompt) + (size_t)length + 1);
+    float *window = malloc(sizeof(float) * (size_t)o->block), *p = malloc(sizeof(float) * (size_t)c->vocab);
+    if (!text || !window || !p) { free(text); free(window); free(p); return; }
+    mlc_module_train(gpt, 0);
+    for (const char *s = prompt; *s; s++) text[n++] = *s;
+    for (int k = 0; k < length; k++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        int T = n < o->block ? n : o->block, next = 0;
+        for (int t = 0; t < T; t++) window[t] = (float)c->id_of[(unsigned char)text[n - T + t]];
+        mlc_tensor *logits = mlc_forward(gpt, mlc_from_data(ctx, MLC_SHAPE(1, T), window));
+        const float *last = logits ? mlc_host_data(logits) + (size_t)(T - 1) * c->vocab : NULL;
+        if (!last) { mlc_frame_end(f); break; }
+        double total = 0.0, u = mlc_rand_uniform(ctx), run = 0.0, top = last[0];
+        for (int v = 1; v < c->vocab; v++) if (last[v] > top) top = last[v];
+        for (int v = 0; v < c->vocab; v++) total += p[v] = (float)exp((last[v] - top) / 0.8);
+        for (next = 0; next < c->vocab - 1 && (run += p[next] / total) < u; next++) {}
+        text[n++] = c->chars[next];
+        mlc_frame_end(f);
+    }
+    text[n] = '\0';
+    printf("    | %s\n", text);
+    mlc_module_train(gpt, 1);
+    mlc_set_grad_enabled(ctx, was);
+    free(text); free(window); free(p);
+}
+
+int main(int argc, char **argv) {
+    options o;
+    corpus c;
+    if (!parse_options(argc, argv, &o)) {
+        fprintf(stderr, "usage: %s [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]\n"
+                        "       [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]\n", argv[0]);
+        return 2;
+    }
+    if (!corpus_load(&c, o.data)) {
+        fprintf(stderr, "error: cannot read %s (run from the repository root, or give --data FILE)\n", o.data);
+        return 1;
+    }
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device });
+    if (mlc_error(ctx)) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); return 1; }
+    mlc_module *gpt = gpt_create(ctx, (gpt_config){ c.vocab, o.block, o.layers, o.embd, o.heads });
+    mlc_optim *opt = gpt ? gpt_optimiser(gpt, o.lr) : NULL;
+    if (!opt) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); return 1; }
+    printf("Using device: %s\n", mlc_device_name(ctx));
+    printf("%s: %ld characters, vocabulary %d; %d layers, %d dims, %d heads, block %d, batch %d: %zu parameters\n",
+           o.data, c.n, c.vocab, o.layers, o.embd, o.heads, o.block, o.batch, mlc_module_param_count(gpt));
+    printf("unigram baseline (validation): %.4f nats per character\n", unigram_baseline(&c));
+    int warmup = o.steps / 10 < 100 ? o.steps / 10 : 100;
+    double start = seconds(), interval = 0.0;
+    for (int step = 1; step <= o.steps; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *x, *y;
+        batch(ctx, &c, 0, c.n_train, o.batch, o.block, &x, &y);
+        mlc_optim_set_lr(opt, mlc_lr_cosine(o.lr, step - 1, warmup, o.steps, o.lr / 10));
+        mlc_tensor *loss = gpt_loss(gpt, x, y, c.vocab);
+        mlc_zero_grad(opt);
+        mlc_backward(loss);
+        mlc_clip_grad_norm(opt, 1.0f);
+        mlc_step(opt);
+        interval += mlc_item(loss);
+        mlc_frame_end(f);
+        if (mlc_error(ctx)) break;
+        if (step % o.every == 0 || step == o.steps) {
+            int steps = step % o.every ? step % o.every : o.every;
+            double t = seconds() - start;
+            printf("step %5d  train %.4f  val %.4f  %.1f s  %.0f tokens/s\n", step, interval / steps,
+                   validation_loss(gpt, &c, &o, 8), t, (double)step * o.batch * o.block / t);
+            sample(gpt, &c, &o, "And God said", 100);
+            fflush(stdout);
+            interval = 0.0;
+        }
+    }
+    if (!mlc_error(ctx) && o.save) {
+        const char *meta[] = { "vocab", c.chars, NULL };
+        if (mlc_module_save(gpt, o.save, meta) == MLC_OK) printf("saved %s\n", o.save);
+    }
+    int status = mlc_error(ctx) != MLC_OK;
+    if (status) fprintf(stderr, "error: %s\n", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    free(c.ids);
+    return status;
+}
