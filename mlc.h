@@ -82,7 +82,10 @@ ERRORS
    shared by two modules) is kept once, so it is updated once.
 
 DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for a real zero)
-   MLC_ZERO is -0.0f: a zero with its sign bit set, which reads as 0 in arithmetic.
+   MLC_ZERO is the smallest float above 0 (1.4e-45, a subnormal; under -ffast-math's flush of
+   subnormals it is 0 in arithmetic), which mlc reads as an exact 0. It is not -0.0f: under
+   -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
+   zero-fills a config struct), and the zero would silently become the default.
      mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
      mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
@@ -117,7 +120,6 @@ LIMITS
    Rank up to MLC_MAX_DIMS (6). Element counts fit in size_t, each dimension in int. At most
    64 frames are open at once. A tensor from an ended frame is caught while its arena memory has
    not been handed out again; after that, like any dangling pointer, it may not be.
-   mlc_concat(xs, 0, axis) has no tensor to find a context through: NULL with no error set.
    Class indices (cross entropy, embedding, gather) are float tensors holding whole numbers,
    exact up to 2^24.
    safetensors files are untrusted input: the loader checks everything before it reads and is
@@ -347,12 +349,15 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     X(RELU,       relu,       x < 0 ? 0.0f : x,            x > 0 ? 1.0f : 0.0f) \
     X(RELU6,      relu6,      x < 0 ? 0.0f : x > 6 ? 6.0f : x,         x > 0 && x < 6 ? 1.0f : 0.0f) \
     X(GELU,       gelu,       0.5f * x * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)),          /* exact */ \
-                  0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x)) \
-    X(GELU_TANH,  gelu_tanh,  0.5f * x * (1.0f + MLC_TANHF(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))), \
+                  0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) \
+                  + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x)) \
+    X(GELU_TANH,  gelu_tanh, \
+                  0.5f * x * (1.0f + MLC_TANHF(MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))), \
                   mlc__gelu_tanh_slope(x)) \
     X(SIGMOID,    sigmoid,    mlc__sigmoidf(x),            y * (1.0f - y)) \
     X(TANH,       tanh,       MLC_TANHF(x),                1.0f - y * y) \
-    X(SILU,       silu,       x * mlc__sigmoidf(x),        mlc__sigmoidf(x) * (1.0f + x * (1.0f - mlc__sigmoidf(x)))) \
+    X(SILU,       silu,       x * mlc__sigmoidf(x), \
+                  mlc__sigmoidf(x) * (1.0f + x * (1.0f - mlc__sigmoidf(x)))) \
     X(SOFTPLUS,   softplus,   x > 20.0f ? x : MLC_LOG1PF(MLC_EXPF(x)),                  mlc__sigmoidf(x)) \
     X(LOGSIGMOID, logsigmoid, (x < 0 ? x : 0.0f) - MLC_LOG1PF(MLC_EXPF(x < 0 ? x : -x)), mlc__sigmoidf(-x)) \
     X(HARDSWISH,  hardswish,  x * (x + 3 < 0 ? 0.0f : x + 3 > 6 ? 6.0f : x + 3) / 6, \
@@ -405,7 +410,8 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis);   /* [N, C, H, W]
 MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1);
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order);
 MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end);   /* Python-style */
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis);
+/* xs[0..count) joined along axis; the context is an argument, so count 0 is an error too */
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis);
 MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index);  /* index 1-D */
 MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index);   /* torch.gather */
 MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x);
@@ -424,6 +430,14 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
+/* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
+   ceil_mode 0 (floor), exclude_pad 0 (padding counts). ceil_mode 1: output size rounded up (a
+   last window may hang over the right or bottom edge; none starts in the padding there), as
+   torch's ceil_mode=True. exclude_pad 1 (average pooling): divide by the values inside the
+   input only, torch's count_include_pad=False. */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad; } mlc_pool_opts;
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
 /* Scaled dot-product attention, torch.nn.functional.scaled_dot_product_attention:
    softmax(q kᵀ scale + mask) v with q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv];
@@ -479,8 +493,9 @@ struct mlc_module {
     const char *buffer_names[MLC_MODULE_MAX_TENSORS];
     mlc_module **children;
     char **child_names;
-    mlc_conv_opts conv;                 /* Conv2d; pools use stride and padding */
+    mlc_conv_opts conv;                 /* Conv2d */
     int kernel;                         /* pools; MultiheadAttention: num_heads */
+    mlc_pool_opts pool;                 /* pools: set padding, ceil_mode, exclude_pad after making one */
     int cell, directions;               /* RNN, LSTM, GRU: their mlc_cell and 1 or 2 (else 0) */
     float alpha, eps, momentum;         /* leaky slope or dropout p (recurrent: between layers); norms */
     void *user;                         /* for modules you write */
@@ -568,13 +583,21 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
-/* A config field left 0 takes its default; MLC_ZERO (-0.0f) asks for an explicit zero instead
-   (AdamW weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum).
-   Values are checked when the optimiser is made: NaN, infinite or out-of-range is MLC_ERR_ARG. */
-#define MLC_ZERO (-0.0f)
-typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config; /* lr 0.01 */
-typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config; /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
-typedef struct mlc_rmsprop_config { float lr, alpha, eps, weight_decay, momentum; int centered; } mlc_rmsprop_config; /* 0.01, .99, 1e-8 */
+/* A config field left 0 takes its default; MLC_ZERO asks for an explicit zero instead (AdamW
+   weight_decay, Adam beta1, RMSprop alpha, lr, eps; also a norm module's eps or momentum; any
+   other field reads it as 0 too). It is the smallest float above 0, read as an exact 0 (see
+   DEFAULTS at the top for why not -0.0f). Values are checked when the optimiser is made: NaN,
+   infinite or out-of-range is MLC_ERR_ARG. */
+#define MLC_ZERO 1.40129846e-45f
+/* lr 0.01 */
+typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config;
+/* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
+typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config;
+/* 0.01, .99, 1e-8 */
+typedef struct mlc_rmsprop_config {
+    float lr, alpha, eps, weight_decay, momentum;
+    int centered;
+} mlc_rmsprop_config;
 
 /* module may be NULL: then add parameters with mlc_optim_add_param */
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config config);
@@ -816,20 +839,72 @@ extern "C" {
 #endif
 
 /* ============================================================================================
-   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   Op plumbing, the types: the op table, the tape node, the backend table. An op is a value of
+   mlc__op with its arguments in mlc__args; the tape keeps a node per op run; a backend says per
+   op whether it has a kernel and runs it. mlc__dispatch (after Devices) joins them.
    ============================================================================================ */
 
-typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
-    struct mlc__block *next;
-    size_t capacity, used;
-    unsigned char *base;
-} mlc__block;
+/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
+   values; its arguments are the named fields of its member of mlc__args; a backend says per op
+   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
+#define MLC__OPS(X) \
+    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
+    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
+    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
+    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
+    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
+    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
+    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
+    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
+    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
+    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
+    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
+    X(ATTENTION, mlc__attention_backward)
+#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
+typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
+#undef MLC__OP_ENUM
 
-typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_destroy */
-    struct mlc__owned *prev, *next;
-} mlc__owned;
+typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
+    int B, H, T, S, D, Dv, causal;
+    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
+    unsigned seed;                      /* dropout's draws */
+    float scale, dropout;
+} mlc__attention_args;
 
-enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
+/* An op's arguments, by op (loss: class_loss and pointwise_loss) */
+typedef union mlc__args {
+    struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
+    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
+    struct { float value; } masked_fill;
+    struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
+    struct { int len, inner; } cumsum;
+    struct { int is_log, len, inner; } softmax;
+    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
+    struct { int order[MLC_MAX_DIMS]; } permute;
+    struct { int start, count, axis; } slice;
+    struct { int count, axis; } concat;
+    struct { int axis; } index_select;
+    struct { float p; unsigned seed; } dropout;
+    struct { float eps; } layer_norm;
+    struct { int training; float momentum, eps; } batch_norm;
+    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
+    mlc__attention_args attention;
+} mlc__args;
+
+typedef struct mlc__node mlc__node;
+typedef void (*mlc__backward_fn)(mlc__node *n);
+struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
+    mlc__node *prev;
+    size_t index;                       /* position on the tape, from 0 */
+    mlc__op op;
+    const char *name;                   /* the public op, for messages ("mlc_relu") */
+    mlc_tensor *out;
+    mlc_tensor *in[6];
+    int n_in;
+    mlc__args args;
+    void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
+    int device;                         /* 1: ran on the device, and goes back there */
+};
 
 /* A backend: its devices, its buffers, and one launcher for the ops it has kernels for. The
    core keeps the books (which copy is current, uploads, downloads, views: see Devices), so a
@@ -856,11 +931,31 @@ static const mlc__backend *mlc__registry(int i);         /* backend i, or NULL p
 static const mlc__backend *MLC_EXTRA_BACKEND(void);      /* a program's own backend */
 #endif
 
+/* ============================================================================================
+   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   ============================================================================================ */
+
+typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
+    struct mlc__block *next;
+    size_t capacity, used;
+    unsigned char *base;
+} mlc__block;
+
+typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_destroy */
+    struct mlc__owned *prev, *next;
+} mlc__owned;
+
+enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
+
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
 #define MLC__MAX_FRAMES 64              /* frames open at once */
 typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), spares, long-lived */
     mlc__device_buffer *frame, *spare, *kept;
     size_t n_frame, n_spare, n_kept, cap_frame, cap_spare, cap_kept;
+    long made, released;               /* buffers the backend made and released so far */
+    long refuse_from;                  /* fault injection (tests/test_device.c sets it): >= 0:
+                                          buffer number refuse_from and every later one are
+                                          refused as if the device were full; -1: none */
 } mlc__device_buffers;
 
 struct mlc_ctx {
@@ -885,6 +980,17 @@ struct mlc_ctx {
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
 };
 
+/* A float's bits: the one way mlc tests for NaN, infinity, zero and MLC_ZERO, since -ffast-math
+   (-ffinite-math-only, -fno-signed-zeros, subnormals flushed) may fold x != x and isnan(x), or
+   read NaN or MLC_ZERO as == 0, but never a memcpy. mlc__is_nan and mlc__is_finite read them. */
+static uint32_t mlc__bits(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+static int mlc__is_nan(float v) { return (mlc__bits(v) & 0x7fffffffu) > 0x7f800000u; }
+static int mlc__is_finite(float v) { return (mlc__bits(v) & 0x7f800000u) != 0x7f800000u; }
+
 /* A vsnprintf subset that needs no stdio: %s %d %u %zu %g %c %% and %T (a tensor's shape). */
 static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
     size_t n = 0;
@@ -902,7 +1008,9 @@ static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
             len = (int)strlen(s);
         } else if (*fmt == 'd' || *fmt == 'u') {
             int is_size = fmt[-1] == 'z';
-            long long v = is_size ? 0 : *fmt == 'd' ? (long long)va_arg(ap, int) : (long long)va_arg(ap, unsigned);
+            long long v = is_size       ? 0
+                          : *fmt == 'd' ? (long long)va_arg(ap, int)
+                                        : (long long)va_arg(ap, unsigned);
             unsigned long long u = is_size ? (unsigned long long)va_arg(ap, size_t)
                                  : v < 0 ? (unsigned long long)(-v) : (unsigned long long)v;
             char rev[24]; int r = 0;
@@ -915,10 +1023,10 @@ static void mlc__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
             double v = va_arg(ap, double);
             int e = 0, i, digits;
             unsigned long long m;
-            if (v != v) { s = "nan"; len = 3; }
+            if (mlc__is_nan((float)v)) { s = "nan"; len = 3; }    /* (every %g is a float's) */
             else {
                 if (v < 0) { tmp[len++] = '-'; v = -v; }
-                if (v > DBL_MAX) { memcpy(tmp + len, "inf", 3); len += 3; }
+                if (!mlc__is_finite((float)v)) { memcpy(tmp + len, "inf", 3); len += 3; }
                 else if (v == 0) tmp[len++] = '0';
                 else {
                     while (v >= 10) { v /= 10; e++; }
@@ -1092,7 +1200,8 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
         if (cap < bytes) cap = bytes;
         nb = mlc__size(cap, 1, sizeof(mlc__block) + 32, &total)
            ? (mlc__block *)mlc__heap_alloc(ctx, total) : NULL;
-        if (!nb) return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
+        if (!nb)
+            return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory (arena block of %zu bytes)", op, cap);
         nb->next = NULL; nb->capacity = cap; nb->used = 0;
         nb->base = (unsigned char *)(((uintptr_t)(nb + 1) + 31) & ~(uintptr_t)31);
         if (!last) ctx->first_block = nb;
@@ -1142,7 +1251,18 @@ static int mlc__device_room(mlc_ctx *ctx, mlc__device_buffer **items, size_t *ca
 
 static void mlc__device_free(mlc_ctx *ctx, const mlc__device_buffer *b) {
     ctx->backend->release(ctx, b->buffer);
+    ctx->buffers.released++;
     ctx->stats.device_bytes_current -= b->bytes;
+}
+
+/* A new buffer from the backend (NULL: the device is full, or an error it set); counted, and
+   refused from books->refuse_from on (fault injection). */
+static void *mlc__device_create(mlc_ctx *ctx, size_t bytes) {
+    mlc__device_buffers *books = &ctx->buffers;
+    void *buffer;
+    if (books->refuse_from >= 0 && books->made >= books->refuse_from) return NULL;
+    if ((buffer = ctx->backend->create(ctx, bytes)) != NULL) books->made++;
+    return buffer;
 }
 
 /* A buffer of `bytes` for tensor t (NULL: scratch for the op being run): a spare of that size,
@@ -1155,25 +1275,34 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
     if (ctx->error) return NULL;
     b.buffer = NULL; b.bytes = bytes < 4 ? 4 : bytes; b.level = t ? t->level : ctx->level;
     if (kept ? !mlc__device_room(ctx, &books->kept, &books->cap_kept, books->n_kept + 1)
-             : !mlc__device_room(ctx, &books->frame, &books->cap_frame, books->n_frame + 1) ||   /* spares never need room later */
+             /* spares never need room later */
+             : !mlc__device_room(ctx, &books->frame, &books->cap_frame, books->n_frame + 1) ||
                !mlc__device_room(ctx, &books->spare, &books->cap_spare, books->n_frame + books->n_spare + 1))
         return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory for the device buffers' books", op);
     for (i = books->n_spare; !kept && i-- > 0;)
-        if (books->spare[i].bytes == b.bytes) { b.buffer = books->spare[i].buffer; books->spare[i] = books->spare[--books->n_spare]; break; }
+        if (books->spare[i].bytes == b.bytes) {
+            b.buffer = books->spare[i].buffer;
+            books->spare[i] = books->spare[--books->n_spare];
+            break;
+        }
     if (!b.buffer) {
-        if (!(b.buffer = ctx->backend->create(ctx, b.bytes)) && !ctx->error) {
+        if (!(b.buffer = mlc__device_create(ctx, b.bytes)) && !ctx->error) {
             while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
-            b.buffer = ctx->backend->create(ctx, b.bytes);
+            b.buffer = mlc__device_create(ctx, b.bytes);
         }
         if (!b.buffer) {
-            if (!ctx->error) mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op, b.bytes, mlc_device_name(ctx));
+            if (!ctx->error)
+                mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of device memory allocating %zu bytes on %s", op,
+                          b.bytes, mlc_device_name(ctx));
             return NULL;
         }
         ctx->stats.device_bytes_current += b.bytes;
-        if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak) ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
+        if (ctx->stats.device_bytes_current > ctx->stats.device_bytes_peak)
+            ctx->stats.device_bytes_peak = ctx->stats.device_bytes_current;
     }
     if (kept) { books->kept[books->n_kept++] = b; return b.buffer; }
-    for (at = books->n_frame; at > 0 && books->frame[at - 1].level > b.level; at--) {}   /* kept sorted by level */
+    /* kept sorted by level */
+    for (at = books->n_frame; at > 0 && books->frame[at - 1].level > b.level; at--) {}
     memmove(books->frame + at + 1, books->frame + at, (books->n_frame - at) * sizeof b);
     books->frame[at] = b;
     books->n_frame++;
@@ -1270,6 +1399,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->stats.bytes_current = ctx->stats.bytes_peak = bytes - MLC__HEADER;
     ctx->grad_enabled = 1;
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
+    ctx->buffers.refuse_from = -1;
     mlc_seed(ctx, cfg.seed);
     if (cfg.arena) mlc__arena_fixed(ctx);
     device = cfg.device;
@@ -1295,7 +1425,8 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     mlc_allocator a;
     if (!ctx) return;
     if (ctx->backend) mlc__device_close(ctx);
-    while (ctx->owned.next != &ctx->owned) mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
+    while (ctx->owned.next != &ctx->owned)
+        mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
     for (b = ctx->config.arena ? NULL : ctx->first_block; b; b = next) {   /* a fixed arena is the caller's */
         next = b->next;
         mlc__heap_free(ctx, b);
@@ -1320,68 +1451,6 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     ctx->grad_enabled = enabled;
     return previous;
 }
-
-/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
-   values; its arguments are the named fields of its member of mlc__args; a backend says per op
-   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
-#define MLC__OPS(X) \
-    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
-    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
-    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
-    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
-    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
-    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
-    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
-    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
-    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
-    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
-    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
-    X(ATTENTION, mlc__attention_backward)
-#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
-typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
-#undef MLC__OP_ENUM
-
-typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S, Dv] per head */
-    int B, H, T, S, D, Dv, causal;
-    int mask_stride[4];                 /* the mask's strides along b, h, i, j (0: broadcast) */
-    unsigned seed;                      /* dropout's draws */
-    float scale, dropout;
-} mlc__attention_args;
-
-/* An op's arguments, by op (loss: class_loss and pointwise_loss) */
-typedef union mlc__args {
-    struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
-    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
-    struct { float value; } masked_fill;
-    struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
-    struct { int len, inner; } cumsum;
-    struct { int is_log, len, inner; } softmax;
-    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
-    struct { int order[MLC_MAX_DIMS]; } permute;
-    struct { int start, count, axis; } slice;
-    struct { int count, axis; } concat;
-    struct { int axis; } index_select;
-    struct { float p; unsigned seed; } dropout;
-    struct { float eps; } layer_norm;
-    struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max; } pool;
-    mlc__attention_args attention;
-} mlc__args;
-
-typedef struct mlc__node mlc__node;
-typedef void (*mlc__backward_fn)(mlc__node *n);
-struct mlc__node {                      /* one recorded op: its output, inputs and saved values */
-    mlc__node *prev;
-    size_t index;                       /* position on the tape, from 0 */
-    mlc__op op;
-    const char *name;                   /* the public op, for messages ("mlc_relu") */
-    mlc_tensor *out;
-    mlc_tensor *in[6];
-    int n_in;
-    mlc__args args;
-    void *saved;                        /* op-specific buffer in the arena (mask, argmax, stats) */
-    int device;                         /* 1: ran on the device, and goes back there */
-};
 
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
     mlc_stats s;
@@ -1454,20 +1523,20 @@ static int mlc__ended(const mlc_ctx *ctx, const mlc_tensor *t) {
         && (t->level > ctx->level || ctx->frame_ids[t->level - 1] != t->frame_id);
 }
 
-/* A setting where 0 means the default: MLC_ZERO (-0.0f) is an explicit zero, 0 the default. */
+/* A setting where 0 means the default: MLC_ZERO (bits 0x00000001) is an explicit zero, 0 (or
+   -0) the default. */
 static float mlc__setting(float v, float def) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    return bits == 0x80000000u ? 0.0f : v == 0.0f ? def : v;
+    uint32_t b = mlc__bits(v);
+    return b == 1u ? 0.0f : (b & 0x7fffffffu) == 0 ? def : v;
 }
 
 /* A hyper-parameter in [lo, hi] (or [lo, hi) when below_hi), never NaN; else MLC_ERR_ARG naming
    the op and the field. */
 static int mlc__in_range(mlc_ctx *ctx, const char *op, const char *field, float v, float lo, float hi,
                          int below_hi) {
-    if (v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
-    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, (double)v, (double)lo, (double)hi,
-              below_hi ? ')' : ']');
+    if (mlc__is_finite(v) && v >= lo && (below_hi ? v < hi : v <= hi)) return 1;
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: %s = %g is outside [%g, %g%c", op, field, (double)v, (double)lo,
+              (double)hi, below_hi ? ')' : ']');
     return 0;
 }
 
@@ -1594,30 +1663,10 @@ static void mlc__fall_back(mlc_ctx *ctx, const char *op) {
     if (ctx->n_fell_back < 64) ctx->fell_back[ctx->n_fell_back++] = op;
     {
         char message[160];
-        mlc__format(message, sizeof message, "%s has no kernel on %s: it runs on the CPU, through copies", op, mlc_device_name(ctx));
+        mlc__format(message, sizeof message, "%s has no kernel on %s: it runs on the CPU, through copies", op,
+                    mlc_device_name(ctx));
         mlc__log(ctx, MLC_LOG_WARN, message);
     }
-}
-
-/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
-   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
-   -1: the device failed (the error is set). */
-static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
-    int k;
-    mlc_tensor *out = call->out;
-    if (out->on_device) {
-        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
-            if (ctx->error) return -1;
-            call->device = 1;
-            out->stale = MLC__HOST_STALE;
-            return 1;
-        }
-        if (ctx->error) return -1;
-        mlc__fall_back(ctx, call->name);
-    }
-    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
-    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
-    return ctx->error ? -1 : 0;
 }
 
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
@@ -1625,7 +1674,9 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
     if (!t || t->ctx->error || !mlc__usable(t, "mlc_to")) return NULL;
     ctx = t->ctx;
     on_device = on_device != 0;
-    if (on_device && !ctx->backend) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: context runs on the CPU only (no device)");
+    if (on_device && !ctx->backend)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE,
+                                       "mlc_to: context runs on the CPU only (no device)");
     if (on_device == t->on_device) return t;
     if (!on_device) {                            /* bring both copies home */
         mlc__host(t);
@@ -1657,10 +1708,16 @@ static size_t mlc__numel(int ndim, const int *shape) {
 
 static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *shape) {
     int d;
-    if (ndim < 0 || ndim > MLC_MAX_DIMS) { mlc__fail(ctx, MLC_ERR_SHAPE, "%s: rank %d is outside 0..%d", op, ndim, MLC_MAX_DIMS); return 0; }
+    if (ndim < 0 || ndim > MLC_MAX_DIMS) {
+        mlc__fail(ctx, MLC_ERR_SHAPE, "%s: rank %d is outside 0..%d", op, ndim, MLC_MAX_DIMS);
+        return 0;
+    }
     if (ndim && !shape) { mlc__fail(ctx, MLC_ERR_NULL, "%s: shape is NULL", op); return 0; }
     for (d = 0; d < ndim; d++)
-        if (shape[d] < 0) { mlc__fail(ctx, MLC_ERR_SHAPE, "%s: dimension %d is negative (%d)", op, d, shape[d]); return 0; }
+        if (shape[d] < 0) {
+            mlc__fail(ctx, MLC_ERR_SHAPE, "%s: dimension %d is negative (%d)", op, d, shape[d]);
+            return 0;
+        }
     return 1;
 }
 
@@ -1706,13 +1763,17 @@ static mlc_tensor *mlc__new(mlc_ctx *ctx, const char *op, int ndim, const int *s
     return mlc__make(ctx, op, ndim, shape, persistent);
 }
 
-static mlc_tensor *mlc__like(mlc_tensor *x, const char *op) { return mlc__make(x->ctx, op, x->ndim, x->shape, 0); }
+static mlc_tensor *mlc__like(mlc_tensor *x, const char *op) {
+    return mlc__make(x->ctx, op, x->ndim, x->shape, 0);
+}
 
 static float *mlc__floats(mlc_ctx *ctx, size_t count, const char *op) {   /* arena scratch */
     return (float *)mlc__arena_alloc(ctx, count * sizeof(float), op);
 }
 
-MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape) { return mlc__new(ctx, "mlc_empty", ndim, shape, 0); }
+MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape) {
+    return mlc__new(ctx, "mlc_empty", ndim, shape, 0);
+}
 
 MLCDEF mlc_tensor *mlc_full(mlc_ctx *ctx, int ndim, const int *shape, float value) {
     mlc_tensor *t = mlc__new(ctx, "mlc_full", ndim, shape, 0);
@@ -1720,8 +1781,12 @@ MLCDEF mlc_tensor *mlc_full(mlc_ctx *ctx, int ndim, const int *shape, float valu
     if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
     return t;
 }
-MLCDEF mlc_tensor *mlc_zeros(mlc_ctx *ctx, int ndim, const int *shape) { return mlc_full(ctx, ndim, shape, 0.0f); }
-MLCDEF mlc_tensor *mlc_ones(mlc_ctx *ctx, int ndim, const int *shape) { return mlc_full(ctx, ndim, shape, 1.0f); }
+MLCDEF mlc_tensor *mlc_zeros(mlc_ctx *ctx, int ndim, const int *shape) {
+    return mlc_full(ctx, ndim, shape, 0.0f);
+}
+MLCDEF mlc_tensor *mlc_ones(mlc_ctx *ctx, int ndim, const int *shape) {
+    return mlc_full(ctx, ndim, shape, 1.0f);
+}
 
 MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const float *data) {
     mlc_tensor *t;
@@ -1751,9 +1816,10 @@ MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step)
     int n, i;
     if (!ctx || ctx->error) return NULL;
     count = step != 0.0f ? ceil(((double)stop - (double)start) / (double)step) : -1.0;
-    if (step == 0.0f || count > 2147483647.0)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g", (double)start,
-                                       (double)stop, (double)step);
+    if (!mlc__is_finite(start) || !mlc__is_finite(stop) || !mlc__is_finite(step) || step == 0.0f
+        || count > 2147483647.0)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_arange: bad range start %g stop %g step %g",
+                                       (double)start, (double)stop, (double)step);
     n = count > 0 ? (int)count : 0;
     t = mlc__new(ctx, "mlc_arange", 1, &n, 0);
     if (t) for (i = 0; i < n; i++) t->data[i] = (float)((double)start + (double)i * (double)step);
@@ -1806,7 +1872,11 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
 
 MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     if (!t) return;
-    if (!t->persistent) { mlc__fail(t->ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t); return; }
+    if (!t->persistent) {
+        mlc__fail(t->ctx, MLC_ERR_STATE,
+                  "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t);
+        return;
+    }
     if (t->on_device) mlc__device_release(t);
     if (t->grad) mlc__owned_free(t->ctx, t->grad);
     mlc__owned_free(t->ctx, t);
@@ -1821,26 +1891,41 @@ MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
 
 MLCDEF float mlc_item(mlc_tensor *t) {
     if (!mlc__usable(t, "mlc_item")) return NAN;
-    if (t->size != 1) { mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size); return NAN; }
+    if (t->size != 1) {
+        mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size);
+        return NAN;
+    }
     return mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
     if (!mlc__usable(t, "mlc_get")) return NAN;
-    if (i >= t->size) { mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t, t->size); return NAN; }
+    if (i >= t->size) {
+        mlc__fail(t->ctx, MLC_ERR_INDEX, "mlc_get: index %zu is outside tensor %T (%zu elements)", i, t,
+                  t->size);
+        return NAN;
+    }
     return mlc__host(t)[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
     if (!mlc__usable(t, "mlc_read")) return t ? t->ctx->error : MLC_ERR_NULL;
-    if (!dst || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
+    if (!dst || count != t->size) {
+        mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_read: %zu floats asked of tensor %T (%zu elements)", count, t,
+                  t->size);
+        return t->ctx->error;
+    }
     memcpy(dst, mlc__host(t), count * sizeof(float));
     return MLC_OK;
 }
 
 MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
     if (!mlc__usable(t, "mlc_write")) return t ? t->ctx->error : MLC_ERR_NULL;
-    if (!src || count != t->size) { mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t, t->size); return t->ctx->error; }
+    if (!src || count != t->size) {
+        mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_write: %zu floats given for tensor %T (%zu elements)", count, t,
+                  t->size);
+        return t->ctx->error;
+    }
     if (!mlc__writable(t, "mlc_write")) return t->ctx->error;
     if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
@@ -1866,8 +1951,31 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
 #endif
 
 /* ============================================================================================
-   Op plumbing: input checks, the tape, gradient buffers, threads
+   Op plumbing, the code: dispatch to the device or the CPU, input checks, the tape, gradient
+   buffers, threads
    ============================================================================================ */
+
+/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
+   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
+   -1: the device failed (the error is set). */
+static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
+    int k;
+    mlc_tensor *out = call->out;
+    if (out->on_device) {
+        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
+            if (ctx->error) return -1;
+            call->device = 1;
+            out->stale = MLC__HOST_STALE;
+            return 1;
+        }
+        if (ctx->error) return -1;
+        mlc__fall_back(ctx, call->name);
+    }
+    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
+    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
+    return ctx->error ? -1 : 0;
+}
+
 
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
    inputs come from different contexts, or the context already holds an error. */
@@ -1878,13 +1986,16 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     if (!ctx || ctx->error) return NULL;
     for (i = 0; i < count; i++) {
         if (!inputs[i]) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_NULL, "%s: input %d is NULL", op, i);
-        if (inputs[i]->ctx != ctx) return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
+        if (inputs[i]->ctx != ctx)
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d belongs to another context", op, i);
         if (mlc__ended(ctx, inputs[i]))
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was made in a frame that has ended "
                                         "(mlc_frame_end freed it)", op, i);
         if (inputs[i]->on_device != inputs[0]->on_device)
-            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE, "%s: input 0 is on %s and input %d on %s; move one with mlc_to",
-                                        op, inputs[0]->on_device ? mlc_device_name(ctx) : "cpu", i, inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE,
+                                        "%s: input 0 is on %s and input %d on %s; move one with mlc_to", op,
+                                        inputs[0]->on_device ? mlc_device_name(ctx) : "cpu", i,
+                                        inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
     }
     ctx->op_device = inputs[0]->on_device;
     return ctx;
@@ -1955,7 +2066,10 @@ static float *mlc__grad(mlc_tensor *t) {
 
 static int mlc__axis(mlc_ctx *ctx, const char *op, const mlc_tensor *x, int *axis) {
     int a = *axis < 0 ? *axis + x->ndim : *axis;
-    if (a < 0 || a >= x->ndim) { mlc__fail(ctx, MLC_ERR_INDEX, "%s: axis %d is out of range for %T", op, *axis, x); return 0; }
+    if (a < 0 || a >= x->ndim) {
+        mlc__fail(ctx, MLC_ERR_INDEX, "%s: axis %d is out of range for %T", op, *axis, x);
+        return 0;
+    }
     *axis = a;
     return 1;
 }
@@ -1976,9 +2090,9 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
-    if (!(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
-        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op, (double)v, where,
-                  limit);
+    if (!mlc__is_finite(v) || !(v >= 0.0f && v < (float)limit) || v != (float)(int)v) {
+        mlc__fail(ctx, MLC_ERR_INDEX, "%s: index %g at position %zu is not a whole number in [0, %d)", op,
+                  (double)v, where, limit);
         return -1;
     }
     return (int)v;
@@ -1990,7 +2104,8 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    slices of [0, n) (one per thread; piece numbers each slice, for per-slice scratch), or once
    on all of [0, n) when n < parallel_from or there is one thread. */
 #ifdef _OPENMP
-static int mlc__threads(void) { return omp_in_parallel() ? 1 : omp_get_max_threads(); }   /* a share stays on its thread */
+/* a share stays on its thread */
+static int mlc__threads(void) { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 #else
 static int mlc__threads(void) { return 1; }
 #endif
@@ -2006,7 +2121,8 @@ static void mlc__parallel(size_t n, size_t parallel_from, mlc__range_fn fn, void
     int pieces = mlc__pieces(n, parallel_from), p;
     if (pieces == 1) { if (n) fn(arg, 0, 0, n); return; }
     MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))
-    for (p = 0; p < pieces; p++) fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+    for (p = 0; p < pieces; p++)
+        fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
 
 /* c += v b over n floats (a row of a product, a bias): c and b apart, so it vectorises */
@@ -2043,8 +2159,11 @@ static int mlc__broadcast(mlc_ctx *ctx, const char *op, mlc__bcast *bc, int coun
         for (k = 0; k < count; k++) {
             int kd = d - (bc->ndim - ts[k]->ndim), s = kd >= 0 ? ts[k]->shape[kd] : 1;
             if (s != 1 && size != 1 && s != size) {
-                if (count == 2) mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T and %T do not broadcast", op, ts[0], ts[1]);
-                else mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T, %T and %T do not broadcast", op, ts[0], ts[1], ts[2]);
+                if (count == 2)
+                    mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T and %T do not broadcast", op, ts[0], ts[1]);
+                else
+                    mlc__fail(ctx, MLC_ERR_SHAPE, "%s: shapes %T, %T and %T do not broadcast", op, ts[0],
+                              ts[1], ts[2]);
                 return 0;
             }
             if (s != 1) size = s;
@@ -2107,7 +2226,8 @@ static void mlc__binary_backward(mlc__node *n) {
             break;
         default:
             if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j] / pb[j * sb];
-            if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] -= g[j] * pa[j * sa] / (pb[j * sb] * pb[j * sb]);
+            if (rb)
+                for (j = 0; j < bc.inner; j++) rb[j * sb] -= g[j] * pa[j * sa] / (pb[j * sb] * pb[j * sb]);
         }
     }
 }
@@ -2178,7 +2298,8 @@ MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
         const float *pc = cond->data + mlc__bcast_row(&bc, 0, r), *pa = a->data + mlc__bcast_row(&bc, 1, r),
                     *pb = b->data + mlc__bcast_row(&bc, 2, r);
         size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
-        for (j = 0; j < bc.inner; j++) out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
+        for (j = 0; j < bc.inner; j++)
+            out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
     }
     mlc__record(&call);
     return out;
@@ -2207,7 +2328,8 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     MLC__ENTER("mlc_masked_fill", x, mask);
     if (!mlc__broadcast(ctx, "mlc_masked_fill", &bc, 2, mlc__in_)) return NULL;
     if (bc.ndim != x->ndim || memcmp(bc.shape, x->shape, (size_t)x->ndim * sizeof(int)) != 0)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_masked_fill: mask %T does not broadcast to x %T", mask, x);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_masked_fill: mask %T does not broadcast to x %T", mask, x);
     out = mlc__like(x, "mlc_masked_fill");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_MASKED_FILL, "mlc_masked_fill", out, x, mask, NULL, NULL);
@@ -2248,7 +2370,8 @@ typedef enum mlc__unary_kind { MLC__UNARY_KINDS(MLC__UNARY_ENUM) MLC__UNARY_COUN
 static const char *const mlc__unary_names[] = { MLC__UNARY_KINDS(MLC__UNARY_NAME) };
 #undef MLC__UNARY_NAME
 #define MLC__UNARY_KIND_NAME(NAME, name, f, df) #NAME,
-static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY_KIND_NAME) };   /* for kernels */
+/* for kernels */
+static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY_KIND_NAME) };
 #undef MLC__UNARY_KIND_NAME
 
 #define MLC__SQRT_2_OVER_PI 0.7978845608028654f
@@ -2294,14 +2417,19 @@ static inline float mlc__tanhf(float x) {
 /* d/dx of x (1 + tanh u) / 2 with u = √(2/π)(x + 0.044715 x³) */
 static float mlc__gelu_tanh_slope(float x) {
     float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t)
+           + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
    gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. */
-#define MLC__MAP(expr) MLC__OMP(omp simd) for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
+#define MLC__MAP(expr) MLC__OMP(omp simd) \
+    for (i = 0; i < n; i++) { const float x = xs[i]; ys[i] = (expr); } break
 #define MLC__MAP_GRAD(expr) MLC__OMP(omp simd) \
-    for (i = 0; i < n; i++) { const float x = xs[i], y = ys[i]; gx[i] += g[i] * (expr); (void)x; (void)y; } break
+    for (i = 0; i < n; i++) { \
+        const float x = xs[i], y = ys[i]; \
+        gx[i] += g[i] * (expr); (void)x; (void)y; \
+    } break
 #define MLC__MAP_PARALLEL 65536
 
 #if MLC__X86
@@ -2316,7 +2444,8 @@ static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__
 }
 #endif
 
-static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys, float p, float q) {
+static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                               float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
 #if MLC__X86
     if (kind == MLC__TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
@@ -2329,8 +2458,9 @@ static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC_
 #undef MLC__UNARY_FORWARD_CASE
 }
 
-static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs, const float *MLC__RESTRICT ys,
-                            const float *MLC__RESTRICT g, float *MLC__RESTRICT gx, float p, float q) {
+static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                            const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
+                            float *MLC__RESTRICT gx, float p, float q) {
     size_t i;
 #define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP_GRAD(df);
     switch (kind) {
@@ -2346,15 +2476,15 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
 static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)piece;
-    mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin, n->out->data + begin, n->args.unary.p,
-                       n->args.unary.q);
+    mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
+                       n->out->data + begin, n->args.unary.p, n->args.unary.q);
 }
 static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     const mlc_tensor *x = n->in[0], *y = n->out;
     (void)piece;
-    mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, x->data + begin, y->data + begin, y->grad + begin, x->grad + begin,
-                    n->args.unary.p, n->args.unary.q);
+    mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, x->data + begin, y->data + begin,
+                    y->grad + begin, x->grad + begin, n->args.unary.p, n->args.unary.q);
 }
 
 static void mlc__unary_backward(mlc__node *n) {
@@ -2383,8 +2513,9 @@ MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 #undef MLC__UNARY_DEFINE
 MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
-    if (x && !x->ctx->error && !(lo <= hi))
-        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo, (double)hi);
+    if (x && !x->ctx->error && (mlc__is_nan(lo) || mlc__is_nan(hi) || !(lo <= hi)))
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo,
+                                       (double)hi);
     return mlc__unary(MLC__CLAMP, x, lo, hi);
 }
 MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
@@ -2401,7 +2532,8 @@ MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) { return mlc__unar
    ============================================================================================ */
 
 /* C[M,N] = op(A) op(B) + beta C; each operand is stored row-major as written, or transposed. */
-MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                               float beta, float *C) {
     int i, j, k;
     int lda = ta ? M : K, ldb = tb ? K : N;
     for (i = 0; i < M; i++) {
@@ -2438,7 +2570,12 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
    The x86-64 kernels are compiled for AVX2+FMA and AVX-512 and picked at run time, so a plain
    -O2 build still runs at full speed; elsewhere the vector-extension kernel is used. */
 /* tile bounds; below SMALL multiply-adds the plain loop wins, below PARALLEL one thread does */
-enum { MLC__GEMM_MR_MAX = 12, MLC__GEMM_NR_MAX = 32, MLC__GEMM_SMALL = 16 * 16 * 16, MLC__GEMM_PARALLEL = 64 * 64 * 32 };
+enum {
+    MLC__GEMM_MR_MAX = 12,
+    MLC__GEMM_NR_MAX = 32,
+    MLC__GEMM_SMALL = 16 * 16 * 16,
+    MLC__GEMM_PARALLEL = 64 * 64 * 32
+};
 
 /* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
 typedef void (*mlc__gemm_kernel_fn)(int kc, const float *a, const float *b, float *c, int ldc, int add);
@@ -2452,7 +2589,8 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
     const mlc__v4 zero = { 0.0f, 0.0f, 0.0f, 0.0f };
     mlc__v4 acc[6][4], bk[4], t;
     int i, j, k;
-    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] = zero;
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++)
+        acc[i][j] = zero;
     for (k = 0; k < kc; k++, a += 6, b += 16) {
         memcpy(bk, b, sizeof bk);
         _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) {
@@ -2460,7 +2598,8 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
             _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] += bk[j] * ai;
         }
     }
-    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc) _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc)
+        _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
         if (add) { memcpy(&t, c + 4 * j, sizeof t); acc[i][j] += t; }
         memcpy(c + 4 * j, &acc[i][j], sizeof t);
     }
@@ -2592,7 +2731,8 @@ typedef struct mlc__gemm_job {          /* one packed product, shared by the thr
     const mlc__gemm_arch *g;
     int M, N, K, kc, mc;
     const float *A, *B;
-    size_t a_sx, a_sk, b_sx, b_sk;      /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx] */
+    /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx] */
+    size_t a_sx, a_sk, b_sx, b_sk;
     float beta, *C, *work;
 } mlc__gemm_job;
 
@@ -2603,7 +2743,8 @@ typedef struct mlc__gemm_job {          /* one packed product, shared by the thr
 static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
-    float *bp = p->work, *ap = p->work + mlc__gemm_b_floats(g, N, p->kc) + (size_t)thread * mlc__gemm_a_floats(p->mc, p->kc);
+    float *bp = p->work,
+          *ap = p->work + mlc__gemm_b_floats(g, N, p->kc) + (size_t)thread * mlc__gemm_a_floats(p->mc, p->kc);
     int jc, pc;
     for (jc = 0; jc < N; jc += g->nc) {
         int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
@@ -2611,7 +2752,8 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
             int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic, at;
             for (at = slivers * thread / threads; at < slivers * (thread + 1) / threads; at++) {
                 jr = at * nr;
-                mlc__gemm_pack(bp + (size_t)jr * kk, p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
+                mlc__gemm_pack(bp + (size_t)jr * kk,
+                               p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
                                nc - jr < nr ? nc - jr : nr, kk, nr);
             }
             if (threads > 1) { MLC__OMP(omp barrier) }   /* B's panel is packed */
@@ -2620,16 +2762,24 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
                 ic = at * p->mc;
                 m = M - ic < p->mc ? M - ic : p->mc;
                 for (ir = 0; ir < m; ir += mr)
-                    mlc__gemm_pack(ap + (size_t)ir * kk, p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx, p->a_sk,
-                                   m - ir < mr ? m - ir : mr, kk, mr);
+                    mlc__gemm_pack(ap + (size_t)ir * kk,
+                                   p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx,
+                                   p->a_sk, m - ir < mr ? m - ir : mr, kk, mr);
                 for (jr = 0; jr < nc; jr += nr) {
                     for (ir = 0; ir < m; ir += mr) {
-                        float *c = p->C + (size_t)(ic + ir) * N + jc + jr, tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
+                        float *c = p->C + (size_t)(ic + ir) * N + jc + jr,
+                              tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
                         int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
-                        if (mm == mr && nn == nr) { g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add); continue; }
-                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);   /* edge: full tile aside */
+                        if (mm == mr && nn == nr) {
+                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add);
+                            continue;
+                        }
+                        /* edge: full tile aside */
+                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);
                         for (i = 0; i < mm; i++)
-                            for (j = 0; j < nn; j++) c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j] : tile[i * nr + j];
+                            for (j = 0; j < nn; j++)
+                                c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j]
+                                                           : tile[i * nr + j];
                     }
                 }
             }
@@ -2640,8 +2790,8 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
 
 /* the packed product with kernel g on `threads` threads (1: no parallel region), for K >= 1;
    work holds mlc__gemm_work_floats(g, M, N, K, threads) floats */
-static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                             float beta, float *C, float *work, int threads) {
+static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A,
+                             const float *B, float beta, float *C, float *work, int threads) {
     mlc__gemm_job p;
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
     p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
@@ -2661,7 +2811,11 @@ static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int
    output layer), sums of K <= 4 rows (its gradient back through that layer). */
 enum { MLC__GEMM_DIRECT_ROWS = 4, MLC__GEMM_DOT_CHUNK = 256 };
 
-typedef struct mlc__gemm_direct_job { int ta, tb, M, N, K; const float *A, *B; float *C; } mlc__gemm_direct_job;
+typedef struct mlc__gemm_direct_job {
+    int ta, tb, M, N, K;
+    const float *A, *B;
+    float *C;
+} mlc__gemm_direct_job;
 
 #if MLC__X86
 /* mlc__gemm_dot4 with 8-float FMAs (the four sums are added across their lanes at the end) */
@@ -2691,7 +2845,8 @@ static void mlc__gemm_dot4_avx2(int K, const float *a, const float *b, size_t ld
 #endif
 
 /* c[r] += a · b_r for the rows b_r = b + r ldb, r < 4 */
-static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
+static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b, size_t ldb,
+                           float *MLC__RESTRICT c) {
     const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
     int k;
@@ -2699,7 +2854,12 @@ static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC
     if (mlc__cpu_avx2()) { mlc__gemm_dot4_avx2(K, a, b, ldb, c); return; }
 #endif
     MLC__OMP(omp simd reduction(+:s0, s1, s2, s3))
-    for (k = 0; k < K; k++) { s0 += a[k] * b0[k]; s1 += a[k] * b1[k]; s2 += a[k] * b2[k]; s3 += a[k] * b3[k]; }
+    for (k = 0; k < K; k++) {
+        s0 += a[k] * b0[k];
+        s1 += a[k] * b1[k];
+        s2 += a[k] * b2[k];
+        s3 += a[k] * b3[k];
+    }
     c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
 }
 
@@ -2712,8 +2872,10 @@ static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC
 }
 
 /* c += a0 b0 + a1 b1 + a2 b2 + a3 b3 over n floats (rows b_r = b + r ldb): C read once for four rows of B */
-static void mlc__gemm_axpy4(size_t n, const float *a, const float *MLC__RESTRICT b, size_t ldb, float *MLC__RESTRICT c) {
-    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb, a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+static void mlc__gemm_axpy4(size_t n, const float *a, const float *MLC__RESTRICT b, size_t ldb,
+                            float *MLC__RESTRICT c) {
+    const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb, a0 = a[0], a1 = a[1], a2 = a[2],
+                a3 = a[3];
     size_t j;
     MLC__OMP(omp simd)
     for (j = 0; j < n; j++) c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
@@ -2730,24 +2892,35 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
             for (k = 0; k < K; k += 4) {
                 float a[4];
                 int r, rows = K - k < 4 ? K - k : 4;
-                for (r = 0; r < 4; r++) a[r] = r >= rows ? 0.0f : d->ta ? d->A[(size_t)(k + r) * M + i] : d->A[(size_t)i * K + k + r];
-                if (rows == 4) mlc__gemm_axpy4((size_t)(j1 - j0), a, d->B + (size_t)k * N + j0, (size_t)N, d->C + (size_t)i * N + j0);
-                else for (r = 0; r < rows; r++) mlc__axpy((size_t)(j1 - j0), a[r], d->B + (size_t)(k + r) * N + j0, d->C + (size_t)i * N + j0);
+                for (r = 0; r < 4; r++)
+                    a[r] = r >= rows ? 0.0f
+                           : d->ta   ? d->A[(size_t)(k + r) * M + i]
+                                     : d->A[(size_t)i * K + k + r];
+                if (rows == 4)
+                    mlc__gemm_axpy4((size_t)(j1 - j0), a, d->B + (size_t)k * N + j0, (size_t)N,
+                                    d->C + (size_t)i * N + j0);
+                else
+                    for (r = 0; r < rows; r++)
+                        mlc__axpy((size_t)(j1 - j0), a[r], d->B + (size_t)(k + r) * N + j0,
+                                  d->C + (size_t)i * N + j0);
             }
         return;
     }
     for (i = 0; i < M; i++)
-        for (k0 = 0; k0 < K; k0 += MLC__GEMM_DOT_CHUNK) {   /* op(A)'s row in pieces, gathered when A is transposed */
+        /* op(A)'s row in pieces, gathered when A is transposed */
+        for (k0 = 0; k0 < K; k0 += MLC__GEMM_DOT_CHUNK) {
             float row[MLC__GEMM_DOT_CHUNK], *c = d->C + (size_t)i * N;
             const float *a = d->A + (size_t)i * K + k0;
             int kk = K - k0 < MLC__GEMM_DOT_CHUNK ? K - k0 : MLC__GEMM_DOT_CHUNK;
             if (d->ta) { for (k = 0; k < kk; k++) row[k] = d->A[(size_t)(k0 + k) * M + i]; a = row; }
-            for (j = j0; j + 4 <= j1; j += 4) mlc__gemm_dot4(kk, a, d->B + (size_t)j * K + k0, (size_t)K, c + j);
+            for (j = j0; j + 4 <= j1; j += 4)
+                mlc__gemm_dot4(kk, a, d->B + (size_t)j * K + k0, (size_t)K, c + j);
             for (; j < j1; j++) c[j] += mlc__gemm_dot(kk, a, d->B + (size_t)j * K + k0);
         }
 }
 
-static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta,
+                             float *C) {
     mlc__gemm_direct_job d;
     if (N == 1 && M > 1) {                 /* C [M, 1] is also Cᵀ [1, M] = op(B)ᵀ op(A)ᵀ: one row */
         mlc__gemm_direct(!tb, !ta, 1, M, K, B, A, beta, C);
@@ -2769,8 +2942,8 @@ static int mlc__product_below(int M, int N, int K, long long limit) {
 /* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
    (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
    the arena is not for threads. */
-static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta,
-                      float *C, float *work) {
+static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                      float beta, float *C, float *work) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
 #ifdef MLC_USE_CBLAS
@@ -2799,7 +2972,8 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
 #endif
 }
 
-MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta, float *C) {
+MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                     float beta, float *C) {
     if (!ctx || ctx->error) return;
     if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
@@ -2833,9 +3007,11 @@ static size_t mlc__gemm_work(int M, int N, int K) {
 typedef struct mlc__mm { int ta, tb, M, N, K, batches; size_t step_a, step_b, step_c; } mlc__mm;
 
 static void mlc__gemm_batched(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, int M, int N, int K,
-                              const float *A, size_t sa, const float *B, size_t sb, float beta, float *C, size_t sc) {
+                              const float *A, size_t sa, const float *B, size_t sb, float beta, float *C,
+                              size_t sc) {
     int i;
-    for (i = 0; i < mm->batches; i++) mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
+    for (i = 0; i < mm->batches; i++)
+        mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
 }
 
 static void mlc__matmul_backward(mlc__node *n) {
@@ -2843,10 +3019,18 @@ static void mlc__matmul_backward(mlc__node *n) {
     mlc_tensor *a = n->in[0], *b = n->in[1];
     float *ga = mlc__grad(a), *gb = mlc__grad(b);
     const float *gc = n->out->grad;
-    if (ga && !mm->ta) mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b, 1.0f, ga, mm->step_a);
-    if (ga && mm->ta)  mlc__gemm_batched(a->ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c, 1.0f, ga, mm->step_a);
-    if (gb && !mm->tb) mlc__gemm_batched(a->ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c, 1.0f, gb, mm->step_b);
-    if (gb && mm->tb)  mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a, 1.0f, gb, mm->step_b);
+    if (ga && !mm->ta)
+        mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b,
+                          1.0f, ga, mm->step_a);
+    if (ga && mm->ta)
+        mlc__gemm_batched(a->ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c,
+                          1.0f, ga, mm->step_a);
+    if (gb && !mm->tb)
+        mlc__gemm_batched(a->ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c,
+                          1.0f, gb, mm->step_b);
+    if (gb && mm->tb)
+        mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a,
+                          1.0f, gb, mm->step_b);
     if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
         float *gbias = n->in[2]->grad;
         size_t rows = n->out->size / (size_t)mm->N, r;
@@ -2855,27 +3039,32 @@ static void mlc__matmul_backward(mlc__node *n) {
 }
 
 /* C = op(A) op(B) (+ bias [N] on every row: linear's bias, fused into the product's pass) */
-static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b, mlc_tensor *bias) {
+static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b,
+                               mlc_tensor *bias) {
     mlc__mm mm;
     mlc_tensor *out;
     mlc__node call;
     int shape[MLC_MAX_DIMS], ndim, K2, d, where;
     MLC__ENTER(op, a, b);
     if (a->ndim < 2 || b->ndim < 2)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op, a, b);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op,
+                                       a, b);
     mm.ta = transpose_a != 0; mm.tb = transpose_b != 0;
     mm.M = a->shape[a->ndim - 2 + mm.ta]; mm.K = a->shape[a->ndim - 1 - mm.ta];
     K2 = b->shape[b->ndim - 2 + mm.tb];   mm.N = b->shape[b->ndim - 1 - mm.tb];
     if (mm.K != K2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: inner sizes differ: %T%s @ %T%s (%d vs %d)",
                                        op, a, mm.ta ? "^T" : "", b, mm.tb ? "^T" : "", mm.K, K2);
-    if (a->ndim > 2 && b->ndim > 2 && (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)(a->ndim - 2) * sizeof(int))))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: batch dimensions of %T and %T differ", op, a, b);
+    if (a->ndim > 2 && b->ndim > 2
+        && (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)(a->ndim - 2) * sizeof(int))))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: batch dimensions of %T and %T differ", op, a,
+                                       b);
     ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (d = 0; d < ndim - 2; d++) shape[d] = a->ndim > 2 ? a->shape[d] : b->shape[d];
     shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
     if (bias && (bias->ctx != ctx || bias->ndim != 1 || bias->shape[0] != mm.N))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op, bias, mm.N);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op,
+                                       bias, mm.N);
     if (!mlc__same_device(ctx, op, a, bias)) return NULL;
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
@@ -2890,7 +3079,8 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) {
-        mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b, 0.0f, out->data, mm.step_c);
+        mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b,
+                          0.0f, out->data, mm.step_c);
         if (bias) {
             size_t rows = out->size / (size_t)mm.N, r;
             for (r = 0; r < rows; r++) mlc__axpy((size_t)mm.N, 1.0f, bias->data, out->data + r * mm.N);
@@ -2915,7 +3105,8 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
    Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
      sum   y = Σ x                  dx = g
      mean  y = Σ x / n              dx = g / n
-     max   y = max x                dx = g at the (first) argmax, 0 elsewhere
+     max   y = max x                dx = g at the (first) argmax, 0 elsewhere (a NaN is the max:
+                                    the first NaN, as in PyTorch; argmax likewise)
      var   y = Σ (x - μ)² / (n - c) dx = g 2 (x - μ) / (n - c)     (c = 1 when unbiased)
    Sums are taken in double.
    ============================================================================================ */
@@ -2925,7 +3116,8 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 typedef enum mlc__reduce_kind { MLC__REDUCE_KINDS(MLC__REDUCE_ENUM) MLC__REDUCE_COUNT } mlc__reduce_kind;
 #undef MLC__REDUCE_ENUM
 #define MLC__REDUCE_KIND_NAME(NAME) #NAME,
-static const char *const mlc__reduce_kind_names[] = { MLC__REDUCE_KINDS(MLC__REDUCE_KIND_NAME) };  /* for kernels */
+/* for kernels */
+static const char *const mlc__reduce_kind_names[] = { MLC__REDUCE_KINDS(MLC__REDUCE_KIND_NAME) };
 #undef MLC__REDUCE_KIND_NAME
 
 static void mlc__reduce_backward(mlc__node *n) {
@@ -2934,7 +3126,8 @@ static void mlc__reduce_backward(mlc__node *n) {
     const float *g = n->out->grad;
     const int *argmax = (const int *)n->saved;
     int kind = n->args.reduce.kind, len = n->args.reduce.len, i;
-    size_t inner = (size_t)n->args.reduce.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0, o, k;
+    size_t inner = (size_t)n->args.reduce.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0,
+           o, k;
     float denom = kind == MLC__VAR ? (float)(len - n->args.reduce.unbiased) : (float)len;
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
@@ -2946,8 +3139,8 @@ static void mlc__reduce_backward(mlc__node *n) {
                 for (i = 0; i < len; i++) mean += (mlc__sum_t)x->data[base + (size_t)i * inner];
                 mean /= (mlc__sum_t)len;
                 for (i = 0; i < len; i++)
-                    gx[base + (size_t)i * inner] += gv * 2.0f * (float)((mlc__sum_t)x->data[base + (size_t)i * inner] - mean)
-                                                    / denom;
+                    gx[base + (size_t)i * inner] +=
+                        gv * 2.0f * (float)((mlc__sum_t)x->data[base + (size_t)i * inner] - mean) / denom;
                 continue;
             }
             for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += kind == MLC__SUM ? gv : gv / denom;
@@ -2967,7 +3160,9 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     if (len == 0 && kind != MLC__SUM)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: axis %d of %T is empty", op, axis, x);
     if (kind == MLC__VAR && len <= unbiased)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: unbiased variance needs 2 or more values along axis %d of %T", op, axis, x);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "%s: unbiased variance needs 2 or more values along axis %d of %T", op,
+                                       axis, x);
     for (d = 0; d < x->ndim; d++) {
         if (d != axis) shape[ndim++] = x->shape[d];
         else if (keepdim) shape[ndim++] = 1;
@@ -2991,7 +3186,10 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
             switch (kind) {
             case MLC__MAX: case MLC__ARGMAX:
                 best = p[0];
-                for (i = 1; i < len; i++) if (p[(size_t)i * inner] > best || best != best) { best = p[(size_t)i * inner]; at = i; }
+                for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
+                    if (mlc__is_nan(p[(size_t)i * inner]) || p[(size_t)i * inner] > best) {
+                        best = p[(size_t)i * inner]; at = i;
+                    }
                 argmax[o * inner + k] = at;
                 out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
                 break;
@@ -3014,11 +3212,21 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_sum", MLC__SUM, x, axis, keepdim, 0); }
-MLCDEF mlc_tensor *mlc_mean(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_mean", MLC__MEAN, x, axis, keepdim, 0); }
-MLCDEF mlc_tensor *mlc_max(mlc_tensor *x, int axis, int keepdim) { return mlc__reduce("mlc_max", MLC__MAX, x, axis, keepdim, 0); }
-MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased) { return mlc__reduce("mlc_var", MLC__VAR, x, axis, keepdim, unbiased != 0); }
-MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis) { return mlc__reduce("mlc_argmax", MLC__ARGMAX, x, axis, 0, 0); }
+MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim) {
+    return mlc__reduce("mlc_sum", MLC__SUM, x, axis, keepdim, 0);
+}
+MLCDEF mlc_tensor *mlc_mean(mlc_tensor *x, int axis, int keepdim) {
+    return mlc__reduce("mlc_mean", MLC__MEAN, x, axis, keepdim, 0);
+}
+MLCDEF mlc_tensor *mlc_max(mlc_tensor *x, int axis, int keepdim) {
+    return mlc__reduce("mlc_max", MLC__MAX, x, axis, keepdim, 0);
+}
+MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased) {
+    return mlc__reduce("mlc_var", MLC__VAR, x, axis, keepdim, unbiased != 0);
+}
+MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis) {
+    return mlc__reduce("mlc_argmax", MLC__ARGMAX, x, axis, 0, 0);
+}
 MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x) {
     int n = x ? (int)x->size : 0;
     return mlc_sum(mlc_reshape(x, 1, &n), 0, 0);
@@ -3030,7 +3238,8 @@ MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x) {
 
 /* cumsum: y_i = Σ_{j<=i} x_j along the axis      dx_i += Σ_{j>=i} g_j
    Running sums in float, in index order (reversed for the gradient), as a device takes them. */
-static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, size_t inner, int reverse, int add) {
+static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, size_t inner, int reverse,
+                             int add) {
     size_t o, k;
     int i;
     for (o = 0; o < outer; o++)
@@ -3047,7 +3256,8 @@ static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, si
 static void mlc__cumsum_backward(mlc__node *n) {
     float *gx = mlc__grad(n->in[0]);
     int len = n->args.cumsum.len;
-    size_t inner = (size_t)n->args.cumsum.inner, outer = len && inner ? n->out->size / ((size_t)len * inner) : 0;
+    size_t inner = (size_t)n->args.cumsum.inner,
+           outer = len && inner ? n->out->size / ((size_t)len * inner) : 0;
     if (gx) mlc__cumsum_rows(n->out->grad, gx, outer, len, inner, 1, 1);
 }
 
@@ -3124,7 +3334,9 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
 }
 
 MLCDEF mlc_tensor *mlc_softmax(mlc_tensor *x, int axis) { return mlc__softmax("mlc_softmax", 0, x, axis); }
-MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) { return mlc__softmax("mlc_log_softmax", 1, x, axis); }
+MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) {
+    return mlc__softmax("mlc_log_softmax", 1, x, axis);
+}
 
 /* ============================================================================================
    Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
@@ -3142,14 +3354,16 @@ static float mlc__loss_scale(const mlc__node *n, size_t i) {
 }
 
 /* The output of a loss: one value per element (none) or a scalar. */
-static mlc_tensor *mlc__loss_make(mlc_ctx *ctx, const char *op, mlc_reduction red, int ndim, const int *shape) {
+static mlc_tensor *mlc__loss_make(mlc_ctx *ctx, const char *op, mlc_reduction red, int ndim,
+                                  const int *shape) {
     if ((unsigned)red > (unsigned)MLC_REDUCE_NONE)            /* negative too */
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: unknown reduction %d", op, (int)red);
     return mlc__make(ctx, op, red == MLC_REDUCE_NONE ? ndim : 0, shape, 0);
 }
 
 /* ... filled from per-element values l[0..count): l itself for none, else their sum or mean. */
-static void mlc__loss_reduce(mlc_tensor *out, mlc_reduction red, const float *l, size_t count, size_t counted) {
+static void mlc__loss_reduce(mlc_tensor *out, mlc_reduction red, const float *l, size_t count,
+                             size_t counted) {
     mlc__sum_t s = 0;
     size_t i;
     if (red == MLC_REDUCE_NONE) { memcpy(out->data, l, count * sizeof(float)); return; }
@@ -3182,7 +3396,8 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     mlc__node call;
     MLC__ENTER(op, x, target);
     if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
     N = x->shape[0]; C = x->shape[1];
     tgt = mlc__host(target);                             /* targets are checked on the host */
     for (i = 0; i < N; i++) {
@@ -3192,7 +3407,8 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     }
     if (!(out = mlc__loss_make(ctx, op, red, 1, target->shape))) return NULL;
     mlc__call(&call, MLC__OP_CLASS_LOSS, op, out, x, target, NULL, NULL);   /* target gets no gradient */
-    call.args.loss.reduction = (int)red; call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
+    call.args.loss.reduction = (int)red;
+    call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
     call.args.loss.softmax_first = softmax_first; call.args.loss.scale = 1.0f / (float)counted;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
@@ -3219,10 +3435,12 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction, int ignore_index) {
+MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction,
+                                     int ignore_index) {
     return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index);
 }
-MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_reduction reduction, int ignore_index) {
+MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_reduction reduction,
+                                int ignore_index) {
     return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index);
 }
 
@@ -3236,7 +3454,8 @@ MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_r
 typedef enum mlc__loss_kind { MLC__POINTWISE_LOSSES(MLC__LOSS_ENUM) MLC__LOSS_COUNT } mlc__loss_kind;
 #undef MLC__LOSS_ENUM
 #define MLC__LOSS_KIND_NAME(NAME, name, l, dx, dt) #NAME,
-static const char *const mlc__loss_kind_names[] = { MLC__POINTWISE_LOSSES(MLC__LOSS_KIND_NAME) };   /* for kernels */
+/* for kernels */
+static const char *const mlc__loss_kind_names[] = { MLC__POINTWISE_LOSSES(MLC__LOSS_KIND_NAME) };
 #undef MLC__LOSS_KIND_NAME
 
 static void mlc__pointwise_loss_backward(mlc__node *n) {
@@ -3266,11 +3485,13 @@ static mlc_tensor *mlc__pointwise_loss(const char *op, mlc__loss_kind kind, mlc_
     int where;
     MLC__ENTER(op, p, target);
     if (!mlc_same_shape(p, target))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op, p,
-                                       target);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op,
+                                       p, target);
     if (!(out = mlc__loss_make(ctx, op, red, p->ndim, p->shape))) return NULL;
     mlc__call(&call, MLC__OP_POINTWISE_LOSS, op, out, p, target, NULL, NULL);
-    call.args.loss.reduction = (int)red; call.args.loss.kind = kind; call.args.loss.scale = 1.0f / (float)p->size;
+    call.args.loss.reduction = (int)red;
+    call.args.loss.kind = kind;
+    call.args.loss.scale = 1.0f / (float)p->size;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, p->size, op);
@@ -3308,25 +3529,35 @@ static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g 
 }
 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
-    int s[MLC_MAX_DIMS] = {0}, d, infer = -1;
+    int s[MLC_MAX_DIMS] = {0}, d, infer = -1, fits = 1;
     size_t known = 1;
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER("mlc_reshape", x);
     if (ndim < 0 || ndim > MLC_MAX_DIMS || (ndim && !shape))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: rank %d is outside 0..%d", ndim, MLC_MAX_DIMS);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: rank %d is outside 0..%d", ndim,
+                                       MLC_MAX_DIMS);
     for (d = 0; d < ndim; d++) {
         s[d] = shape[d];
         if (s[d] == -1 && infer < 0) infer = d;
-        else if (s[d] < 0) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: bad dimension %d in the new shape of %T", s[d], x);
-        else known *= (size_t)s[d];
+        else if (s[d] < 0)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                           "mlc_reshape: bad dimension %d in the new shape of %T", s[d], x);
+        /* a product that overflows: no fit */
+        else fits = fits && mlc__size(known, (size_t)s[d], 0, &known);
     }
-    if (infer >= 0 && known) s[infer] = (int)(x->size / known);
-    if (mlc__numel(ndim, s) != x->size) {
+    if (infer < 0) fits = fits && known == x->size;
+    else if ((fits = fits && known && x->size % known == 0 && x->size / known <= 2147483647u) != 0)
+        s[infer] = (int)(x->size / known);      /* a dimension fits in an int */
+    if (!fits) {
         char want[96] = "[", *w = want + 1;
-        for (d = 0; d < ndim && w < want + 80; d++) { mlc__format(w, 12, d ? ", %d" : "%d", shape[d]); w += strlen(w); }
+        for (d = 0; d < ndim && w < want + 80; d++) {
+            mlc__format(w, 12, d ? ", %d" : "%d", shape[d]);
+            w += strlen(w);
+        }
         strcpy(w, "]");
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: cannot view %T (%zu elements) as %s", x, x->size, want);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: cannot view %T (%zu elements) as %s",
+                                       x, x->size, want);
     }
     out = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_reshape");
     if (!out) return NULL;
@@ -3349,6 +3580,11 @@ MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis) {
     if (!x) return NULL;
     if (!mlc__axis(x->ctx, "mlc_flatten", x, &start_axis)) return NULL;
     for (d = 0; d < start_axis; d++) shape[d] = x->shape[d];
+    if (mlc__numel(x->ndim - start_axis, x->shape + start_axis) > 2147483647u)
+        return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_SHAPE,
+                                       "mlc_flatten: %T from axis %d has more elements "
+                                       "than one dimension (an int) holds",
+                                       x, start_axis);
     shape[start_axis] = (int)mlc__numel(x->ndim - start_axis, x->shape + start_axis);
     return mlc_reshape(x, start_axis + 1, shape);
 }
@@ -3379,7 +3615,8 @@ MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
 }
 
 /* permute: y[i_0..i_n] = x[i_order^-1...]; walks the output in order, the input by strides. */
-static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float *src, float *dst, int backward) {
+static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float *src, float *dst,
+                              int backward) {
     size_t xstride[MLC_MAX_DIMS], ostride[MLC_MAX_DIMS], s = 1, i;
     int idx[MLC_MAX_DIMS] = {0}, d, nd = x->ndim;
     for (d = nd - 1; d >= 0; d--) { xstride[d] = s; s *= (size_t)x->shape[d]; }
@@ -3405,7 +3642,9 @@ MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
     for (d = 0; d < x->ndim; d++) {
         ord[d] = order[d] < 0 ? order[d] + x->ndim : order[d];
         if (ord[d] < 0 || ord[d] >= x->ndim || seen[ord[d]]++)
-            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_INDEX, "mlc_permute: order is not a permutation of the %d axes of %T", x->ndim, x);
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_INDEX,
+                                           "mlc_permute: order is not a permutation of the %d axes of %T",
+                                           x->ndim, x);
         shape[d] = x->shape[ord[d]];
     }
     out = mlc__make(ctx, "mlc_permute", x->ndim, shape, 0);
@@ -3421,7 +3660,8 @@ MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
 MLCDEF mlc_tensor *mlc_transpose(mlc_tensor *x, int axis0, int axis1) {
     int order[MLC_MAX_DIMS], d;
     MLC__ENTER("mlc_transpose", x);
-    if (!mlc__axis(ctx, "mlc_transpose", x, &axis0) || !mlc__axis(ctx, "mlc_transpose", x, &axis1)) return NULL;
+    if (!mlc__axis(ctx, "mlc_transpose", x, &axis0) || !mlc__axis(ctx, "mlc_transpose", x, &axis1))
+        return NULL;
     for (d = 0; d < x->ndim; d++) order[d] = d;
     order[axis0] = axis1; order[axis1] = axis0;
     return mlc_permute(x, order);
@@ -3463,7 +3703,8 @@ MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
     call.args.slice.start = start; call.args.slice.count = count; call.args.slice.axis = axis;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (o = 0; where == 0 && o < outer; o++)
-        memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner, (size_t)count * inner * sizeof(float));
+        memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner,
+               (size_t)count * inner * sizeof(float));
     mlc__record(&call);
     return out;
 }
@@ -3486,18 +3727,27 @@ static void mlc__concat_backward(mlc__node *n) {
     }
 }
 
-MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
+MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis) {
     int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0, where;
-    mlc_ctx *ctx;
     mlc_tensor *out, **saved, *needs_grad = NULL;
     mlc__node call;
     size_t outer, inner, o;
-    if (!xs || count < 1 || !(ctx = mlc__enter("mlc_concat", count, xs))) return NULL;
+    if (!ctx || ctx->error) return NULL;
+    if (!xs || count < 1)
+        return (mlc_tensor *)mlc__fail(ctx, xs ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_concat: %s (count %d)",
+                                       xs ? "no inputs" : "the list of inputs is NULL", count);
+    for (k = 0; k < count; k++)
+        if (xs[k] && xs[k]->ctx != ctx)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                           "mlc_concat: input %d belongs to another context", k);
+    if (!mlc__enter("mlc_concat", count, xs)) return NULL;
     if (!mlc__axis(ctx, "mlc_concat", xs[0], &axis)) return NULL;
     for (k = 0; k < count; k++) {
         for (d = 0; d < xs[0]->ndim; d++)
             if (xs[k]->ndim != xs[0]->ndim || (d != axis && xs[k]->shape[d] != xs[0]->shape[d]))
-                return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_concat: input %d %T does not fit input 0 %T along axis %d", k, xs[k], xs[0], axis);
+                return (mlc_tensor *)mlc__fail(
+                    ctx, MLC_ERR_SHAPE, "mlc_concat: input %d %T does not fit input 0 %T along axis %d", k,
+                    xs[k], xs[0], axis);
         total += xs[k]->shape[axis];
         if (xs[k]->requires_grad) needs_grad = xs[k];
     }
@@ -3516,7 +3766,8 @@ MLCDEF mlc_tensor *mlc_concat(mlc_tensor *const *xs, int count, int axis) {
         const float *src = mlc__host(xs[k]);
         mlc__split(xs[k], axis, &outer, &len, &inner);
         for (o = 0; o < outer; o++)
-            memcpy(out->data + (o * total + offset) * inner, src + o * len * inner, (size_t)len * inner * sizeof(float));
+            memcpy(out->data + (o * total + offset) * inner, src + o * len * inner,
+                   (size_t)len * inner * sizeof(float));
         offset += len;
     }
     mlc__record(&call);
@@ -3553,7 +3804,8 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
     MLC__ENTER("mlc_index_select", x, index);
     if (!mlc__axis(ctx, "mlc_index_select", x, &axis)) return NULL;
     if (index->ndim != 1)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_index_select: index must be 1-D, got %T", index);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_index_select: index must be 1-D, got %T",
+                                       index);
     mlc__split(x, axis, &outer, &len, &inner);
     L = index->shape[0];
     idx = mlc__host(index);                              /* indices are checked on the host */
@@ -3562,19 +3814,22 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
     shape[axis] = L;
     out = mlc__make(ctx, "mlc_index_select", x->ndim, shape, 0);
     if (!out) return NULL;
-    mlc__call(&call, MLC__OP_INDEX_SELECT, "mlc_index_select", out, x, index, NULL, NULL);  /* index gets no gradient */
+    /* index gets no gradient */
+    mlc__call(&call, MLC__OP_INDEX_SELECT, "mlc_index_select", out, x, index, NULL, NULL);
     call.args.index_select.axis = axis;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     for (o = 0; where == 0 && o < outer; o++)
         for (l = 0; l < L; l++)
-            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)idx[l]) * inner, inner * sizeof(float));
+            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)idx[l]) * inner,
+                   inner * sizeof(float));
     mlc__record(&call);
     return out;
 }
 
 /* Offset into x of every element of index (gather's map), into an arena array. */
 static size_t *mlc__gather_map(mlc_ctx *ctx, const mlc_tensor *x, int axis, const mlc_tensor *index) {
-    size_t *map = (size_t *)mlc__arena_alloc(ctx, index->size * sizeof(size_t) + 1, "mlc_gather"), xs[MLC_MAX_DIMS], s = 1, i;
+    size_t *map = (size_t *)mlc__arena_alloc(ctx, index->size * sizeof(size_t) + 1, "mlc_gather"),
+           xs[MLC_MAX_DIMS], s = 1, i;
     int idx[MLC_MAX_DIMS] = {0}, d;
     const float *where = mlc__host((mlc_tensor *)index);         /* indices are checked on the host */
     if (!map) return NULL;
@@ -3605,10 +3860,12 @@ MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     MLC__ENTER("mlc_gather", x, index);
     if (!mlc__axis(ctx, "mlc_gather", x, &axis)) return NULL;
     if (index->ndim != x->ndim)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T must have the rank of x %T", index, x);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T must have the rank of x %T",
+                                       index, x);
     for (d = 0; d < x->ndim; d++)
         if (d != axis && index->shape[d] > x->shape[d])
-            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T is larger than x %T on axis %d", index, x, d);
+            return (mlc_tensor *)mlc__fail(
+                ctx, MLC_ERR_SHAPE, "mlc_gather: index %T is larger than x %T on axis %d", index, x, d);
     if (!(map = mlc__gather_map(ctx, x, axis, index))) return NULL;
     out = mlc__like(index, "mlc_gather");
     if (!out) return NULL;
@@ -3624,11 +3881,14 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
     int shape[MLC_MAX_DIMS], d;
     MLC__ENTER("mlc_embedding", weight, index);
     if (weight->ndim != 2 || index->ndim + 1 > MLC_MAX_DIMS)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_embedding: weight %T must be [count, dim] and index %T of rank < %d", weight, index, MLC_MAX_DIMS);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_SHAPE, "mlc_embedding: weight %T must be [count, dim] and index %T of rank < %d",
+            weight, index, MLC_MAX_DIMS);
     for (d = 0; d < index->ndim; d++) shape[d] = index->shape[d];
     shape[index->ndim] = weight->shape[1];
     for (d = 0; d < (int)index->size; d++)       /* checked here, so the error names this op */
-        if (mlc__index(ctx, "mlc_embedding", mlc__host(index)[d], weight->shape[0], (size_t)d) < 0) return NULL;
+        if (mlc__index(ctx, "mlc_embedding", mlc__host(index)[d], weight->shape[0], (size_t)d) < 0)
+            return NULL;
     d = (int)index->size;
     return mlc_reshape(mlc_index_select(weight, 0, mlc_reshape(index, 1, &d)), index->ndim + 1, shape);
 }
@@ -3656,8 +3916,7 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     size_t i;
     int where;
     MLC__ENTER("mlc_dropout", x);
-    if (!(p >= 0.0f && p <= 1.0f)) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dropout: p = %g is outside [0, 1]",
-                                                                    (double)p);
+    if (!mlc__in_range(ctx, "mlc_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (!training || p == 0.0f) return x;
     out = mlc__like(x, "mlc_dropout");
     if (!out) return NULL;
@@ -3710,11 +3969,18 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
     int D, j, where;
     size_t rows, r;
     MLC__ENTER("mlc_layer_norm", x);
-    if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight) || !mlc__same_device(ctx, "mlc_layer_norm", x, bias)) return NULL;
-    if (x->ndim < 1) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: x %T has no axis to normalise", x);
+    if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight)
+        || !mlc__same_device(ctx, "mlc_layer_norm", x, bias))
+        return NULL;
+    if (x->ndim < 1)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: x %T has no axis to normalise",
+                                       x);
     D = x->shape[x->ndim - 1];
-    if ((weight && (weight->ndim != 1 || weight->shape[0] != D)) || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight, bias, D, x);
+    if ((weight && (weight->ndim != 1 || weight->shape[0] != D))
+        || (bias && (bias->ndim != 1 || bias->shape[0] != D)))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_layer_norm: weight %T and bias %T must be [%d] for x %T", weight,
+                                       bias, D, x);
     eps = mlc__setting(eps, 1e-5f);
     if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
     out = mlc__like(x, "mlc_layer_norm");
@@ -3734,7 +4000,9 @@ MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor 
         stats[2 * r] = (float)mu;
         stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
         for (j = 0; j < D; j++)
-            out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1] * (weight ? weight->data[j] : 1.0f) + (bias ? bias->data[j] : 0.0f);
+            out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1]
+                                       * (weight ? weight->data[j] : 1.0f)
+                                   + (bias ? bias->data[j] : 0.0f);
     }
     call.saved = stats;
     mlc__record(&call);
@@ -3770,26 +4038,33 @@ static void mlc__batch_norm_backward(mlc__node *n) {
 }
 
 MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
-                                  mlc_tensor *weight, mlc_tensor *bias, int training, float momentum, float eps) {
+                                  mlc_tensor *weight, mlc_tensor *bias, int training, float momentum,
+                                  float eps) {
     mlc_tensor *out, *params[4];
     mlc__node call;
     float *stats;
     int N, C, c, i, p, where;
     size_t inner, k, M;
     MLC__ENTER("mlc_batch_norm", x);
-    if (x->ndim < 2) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]", x);
+    if (x->ndim < 2)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]",
+                                       x);
     N = x->shape[0]; C = x->shape[1];
     params[0] = running_mean; params[1] = running_var; params[2] = weight; params[3] = bias;
     for (p = 0; p < 4; p++)
         if (params[p] && (params[p]->ndim != 1 || params[p]->shape[0] != C))
-            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: parameter %T does not match the %d channels of x %T", params[p], C, x);
+            return (mlc_tensor *)mlc__fail(
+                ctx, MLC_ERR_SHAPE, "mlc_batch_norm: parameter %T does not match the %d channels of x %T",
+                params[p], C, x);
     for (p = 0; p < 4; p++) if (!mlc__same_device(ctx, "mlc_batch_norm", x, params[p])) return NULL;
     inner = mlc__numel(x->ndim - 2, x->shape + 2);
     M = (size_t)N * inner;
     if (!training && (!running_mean || !running_var))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_batch_norm: eval mode needs running_mean and running_var");
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "mlc_batch_norm: eval mode needs running_mean and running_var");
     if (training && M < 2)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
     if (training && ((running_mean && !mlc__writable(running_mean, "mlc_batch_norm")) ||
                      (running_var && !mlc__writable(running_var, "mlc_batch_norm")))) return NULL;
     eps = mlc__setting(eps, 1e-5f); momentum = mlc__setting(momentum, 0.1f);
@@ -3818,10 +4093,16 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                 for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
             mu = s / (mlc__sum_t)M;
             for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) { d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu; v += d * d; }
+                for (k = 0; k < inner; k++) {
+                    d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu;
+                    v += d * d;
+                }
             var = v / (mlc__sum_t)M;
-            if (running_mean) running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
-            if (running_var) running_var->data[c] = (1.0f - momentum) * running_var->data[c] + momentum * (float)(v / (M - 1));
+            if (running_mean)
+                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
+            if (running_var)
+                running_var->data[c] = (1.0f - momentum) * running_var->data[c]
+                                       + momentum * (float)(v / (M - 1));
             stats[2 * c] = (float)mu;
             stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
         } else {                                /* in float: no double on a float-only FPU */
@@ -3831,7 +4112,9 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
-                out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1] * (weight ? weight->data[c] : 1.0f) + (bias ? bias->data[c] : 0.0f);
+                out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1]
+                                    * (weight ? weight->data[c] : 1.0f)
+                                + (bias ? bias->data[c] : 0.0f);
             }
     }
     call.saved = stats;
@@ -3841,11 +4124,14 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 
 /* ============================================================================================
    Convolution and pooling, x [N, C, H, W]
-     conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j] x[n, c, s·h + d·i - p, s·w + d·j - p]
+     conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j]
+                                   x[n, c, s·h + d·i - p, s·w + d·j - p]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
-     max_pool y = max of the window               dx = g at the window's (first) argmax
-     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window
+     max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
+                                                   last NaN (y NaN), as PyTorch's CPU kernel does
+     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
+              windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
 typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
@@ -3936,16 +4222,19 @@ typedef struct mlc__conv_job {
 } mlc__conv_job;
 
 /* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db). */
-static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads, const char *op) {
+static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
+                          const char *op) {
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
-    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P), w3 = mlc__gemm_work(rows, P, Og);
+    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P),
+           w3 = mlc__gemm_work(rows, P, Og);
     memset(job, 0, sizeof *job);
     job->ctx = ctx; job->cv = cv;
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
     job->pieces = mlc__pieces((size_t)cv->N, job->parallel_from);
     job->col_floats = ((size_t)rows * P + 15) / 16 * 16;
     job->work_floats = job->pieces > 1 ? (w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3)) : 0;
-    job->piece_floats = job->col_floats + job->work_floats + (with_grads && job->pieces > 1 ? (size_t)cv->O * rows + cv->O : 0);
+    job->piece_floats = job->col_floats + job->work_floats
+                        + (with_grads && job->pieces > 1 ? (size_t)cv->O * rows + cv->O : 0);
     job->scratch = mlc__floats(ctx, (size_t)job->pieces * job->piece_floats, op);
     return job->scratch != NULL;
 }
@@ -3954,8 +4243,10 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
 static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
-    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
+        o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats,
+          *work = job->work_floats ? col + job->col_floats : NULL;
     size_t i;
     for (i = begin; i < end; i++)
         for (g = 0; g < cv->groups; g++) {
@@ -3967,7 +4258,8 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
                 for (q = 0; q < P; q++) row[q] = b;
             }
             mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col, job->bias ? 1.0f : 0.0f, y, work);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col,
+                      job->bias ? 1.0f : 0.0f, y, work);
         }
 }
 
@@ -3976,9 +4268,12 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
 static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g, o, q;
-    float *col = job->scratch + (size_t)piece * job->piece_floats, *work = job->work_floats ? col + job->col_floats : NULL;
-    float *gw = job->pieces > 1 ? work + job->work_floats : job->gw, *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
+        o, q;
+    float *col = job->scratch + (size_t)piece * job->piece_floats,
+          *work = job->work_floats ? col + job->col_floats : NULL;
+    float *gw = job->pieces > 1 ? work + job->work_floats : job->gw,
+          *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
     size_t i;
     if (job->pieces > 1) memset(gw, 0, ((size_t)cv->O * rows + cv->O) * sizeof(float));
     for (i = begin; i < end; i++)
@@ -4044,21 +4339,27 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
     cv.dil = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
     if (cv.stride < 1 || cv.pad < 0 || cv.dil < 1 || cv.groups < 1)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_conv2d: stride %d, padding %d, dilation %d, groups %d are not valid",
-                                       opts.stride, opts.padding, opts.dilation, opts.groups);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_ARG, "mlc_conv2d: stride %d, padding %d, dilation %d, groups %d are not valid",
+            opts.stride, opts.padding, opts.dilation, opts.groups);
     if (x->ndim != 4 || weight->ndim != 4)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]", x, weight);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]",
+            x, weight);
     cv.N = x->shape[0]; cv.C = x->shape[1]; cv.H = x->shape[2]; cv.W = x->shape[3];
     cv.O = weight->shape[0]; cv.KH = weight->shape[2]; cv.KW = weight->shape[3];
     if (cv.C % cv.groups || cv.O % cv.groups || weight->shape[1] * cv.groups != cv.C)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T and weight %T do not fit groups = %d", x, weight, cv.groups);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_conv2d: x %T and weight %T do not fit groups = %d", x, weight,
+                                       cv.groups);
     if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
     if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.pad, cv.dil)) return NULL;
     cv.OH = (cv.H + 2 * cv.pad - cv.dil * (cv.KH - 1) - 1) / cv.stride + 1;
     cv.OW = (cv.W + 2 * cv.pad - cv.dil * (cv.KW - 1) - 1) / cv.stride + 1;
     if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
@@ -4074,7 +4375,8 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 }
 
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
-static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0, int *w1) {
+static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0,
+                             int *w1) {
     *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
     if (*h0 < 0) *h0 = 0;
     if (*h1 > H) *h1 = H;
@@ -4083,43 +4385,82 @@ static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W,
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job { mlc_tensor *x, *y; float *gx; int K, S, Pd, is_max, *argmax; } mlc__pool_job;
+typedef struct mlc__pool_job {
+    mlc_tensor *x, *y;
+    float *gx;
+    int K, S, Pd, is_max, exclude_pad, *argmax;
+} mlc__pool_job;
+
+/* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
+   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows), or with
+   exclude_pad cut to the input itself. */
+static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
+    int K = job->K, S = job->S, Pd = job->Pd, H = job->x->shape[2], W = job->x->shape[3];
+    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1, w1;
+    h1 = h0 + K < H + Pd ? h0 + K : H + Pd; w1 = w0 + K < W + Pd ? w0 + K : W + Pd;
+    if (job->exclude_pad) {
+        h0 = h0 < 0 ? 0 : h0; w0 = w0 < 0 ? 0 : w0; h1 = h1 > H ? H : h1; w1 = w1 > W ? W : w1;
+    }
+    return (h1 - h0) * (w1 - w0);
+}
+
+/* Whether v replaces best in a max-pooling window: larger, or a NaN (PyTorch's CPU rule: the
+   last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
+static int mlc__pool_takes(float v, float best) { return (v > best) | mlc__is_nan(v); }
+
+/* NaN when window rows [h0, h1), columns [w0, w0 + K) of plane p (width W) hold a NaN, else
+   best. The paths without an argmax take the largest by compare-and-select, which passes a NaN
+   over, and ask this only where the window's sum is not finite (a NaN, an infinity or an
+   overflow: rare), so NaN costs them one add per value. */
+static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int K, float best) {
+    int ih, j;
+    for (ih = h0; ih < h1; ih++)
+        for (j = 0; j < K; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
+    return best;
+}
 
 /* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j):
-   each window row and column is one pass over the outputs, so it vectorises; the window is
-   visited in the same order as one output at a time, so the argmax is the same (first) one.
-   2x2 windows with stride 2, the common case, are one pass. */
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j).
+   With an argmax each window row and column is one pass over the outputs, visited in the same
+   order as one output at a time, so the argmax is the same (first) one; without, each window
+   is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
     int ih, j, ow;
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
-        MLC__OMP(omp simd)
-        for (ow = lo; ow < hi; ow++) {     /* in window order, as below (a NaN first stays) */
-            float best = r0[2 * ow];
-            best = r0[2 * ow + 1] > best ? r0[2 * ow + 1] : best;
-            best = r1[2 * ow] > best ? r1[2 * ow] : best;
-            y[ow] = r1[2 * ow + 1] > best ? r1[2 * ow + 1] : best;
+        for (ow = lo; ow < hi; ow++) {     /* in window order, as below */
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+            best = b > best ? b : best;
+            best = c > best ? c : best;
+            y[ow] = d > best ? d : best;
+            if (!mlc__is_finite(a + b + c + d)) y[ow] = mlc__pool_nan(p, W, h0, h1, 2 * ow + left, K, y[ow]);
         }
         return;
     }
-    for (ow = lo; ow < hi; ow++) y[ow] = p[h0 * W + ow * S + left];
-    for (ow = lo; argmax && ow < hi; ow++) argmax[ow] = h0 * W + ow * S + left;
+    if (!argmax) {
+        for (ow = lo; ow < hi; ow++) {
+            const float *w = p + h0 * W + ow * S + left;
+            float best = w[0], sum = 0.0f;
+            for (ih = 0; ih < h1 - h0; ih++)
+                for (j = 0; j < K; j++) {
+                    best = w[ih * W + j] > best ? w[ih * W + j] : best;
+                    sum += w[ih * W + j];
+                }
+            y[ow] = mlc__is_finite(sum) ? best : mlc__pool_nan(p, W, h0, h1, ow * S + left, K, best);
+        }
+        return;
+    }
+    for (ow = lo; ow < hi; ow++) { y[ow] = p[h0 * W + ow * S + left]; argmax[ow] = h0 * W + ow * S + left; }
     for (ih = h0; ih < h1; ih++)
         for (j = 0; j < K; j++) {
             const float *in = p + ih * W + left + j;
-            if (argmax) {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) {
-                    int take = in[ow * S] > y[ow];
-                    y[ow] = take ? in[ow * S] : y[ow];
-                    argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
-                }
-            } else {
-                MLC__OMP(omp simd)
-                for (ow = lo; ow < hi; ow++) y[ow] = in[ow * S] > y[ow] ? in[ow * S] : y[ow];
+            MLC__OMP(omp simd)
+            for (ow = lo; ow < hi; ow++) {
+                int take = mlc__pool_takes(in[ow * S], y[ow]);
+                y[ow] = take ? in[ow * S] : y[ow];
+                argmax[ow] = take ? ih * W + left + j + ow * S : argmax[ow];
             }
         }
 }
@@ -4129,12 +4470,12 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
     mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
-    if (job->is_max) {                      /* the first of the largest; a NaN first stays */
+    if (job->is_max) {                      /* the first of the largest, or the last NaN */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) {
-                int take = p[ih * W + iw] > best;
+                int take = mlc__pool_takes(p[ih * W + iw], best);
                 best = take ? p[ih * W + iw] : best;
                 at = take ? ih * W + iw : at;
             }
@@ -4144,7 +4485,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
         mlc__sum_t sum = 0;
         for (ih = h0; ih < h1; ih++)
             for (iw = w0; iw < w1; iw++) sum += (mlc__sum_t)p[ih * W + iw];
-        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)(job->K * job->K));
+        y[oh * OW + ow] = (float)(sum / (mlc__sum_t)mlc__pool_count(job, oh, ow));
     }
 }
 
@@ -4166,7 +4507,8 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
         for (oh = 0; oh < OH; oh++) {
             for (ow = 0; ow < lo; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
             mlc__pool_window(oh, lo, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
-            if (lo < hi) mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
+            if (lo < hi)
+                mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
             for (ow = hi; ow < OW; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
         }
     }
@@ -4174,8 +4516,9 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
 
 static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
-    int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih, iw, h0, h1, w0, w1;
-    float share = 1.0f / (float)(job->K * job->K);
+    int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih,
+        iw, h0, h1, w0, w1;
+    float share;
     size_t pl;
     (void)piece;
     for (pl = begin; pl < end; pl++) {
@@ -4189,6 +4532,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     continue;
                 }
                 mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                share = 1.0f / (float)mlc__pool_count(job, oh, ow);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
             }
@@ -4197,52 +4541,98 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
 
 /* planes go to threads when the output has at least this many values */
 #define MLC__POOL_PARALLEL 16384
-static size_t mlc__pool_parallel_from(const mlc_tensor *y) { return MLC__POOL_PARALLEL / ((size_t)y->shape[2] * y->shape[3] + 1) + 1; }
+static size_t mlc__pool_parallel_from(const mlc_tensor *y) {
+    return MLC__POOL_PARALLEL / ((size_t)y->shape[2] * y->shape[3] + 1) + 1;
+}
 
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding; job.is_max = n->args.pool.is_max; job.argmax = (int *)n->saved;
-    mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y), mlc__pool_planes_backward, &job);
+    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding;
+    job.is_max = n->args.pool.is_max; job.exclude_pad = n->args.pool.exclude_pad;
+    job.argmax = (int *)n->saved;
+    mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
+                  mlc__pool_planes_backward, &job);
 }
 
-static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, int S, int Pd) {
-    int shape[4], H, W, OH, OW, where;
+/* PyTorch's output size along one side: (H + 2P - K) / S + 1 rounded down, or up with ceil_mode
+   but then without a last window that would start in the padding past the far edge. */
+static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
+    long long n = ((long long)H + 2LL * Pd - K + (ceil_mode ? S - 1 : 0)) / S + 1;
+    if (ceil_mode && (n - 1) * S >= (long long)H + Pd) n--;
+    return (int)n;
+}
+
+static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
+    int shape[4], H, W, OH, OW, where, S = opts.stride ? opts.stride : K, Pd = opts.padding;
     mlc_tensor *out;
     mlc__node call;
     mlc__pool_job job;
     MLC__ENTER(op, x);
-    if (S == 0) S = K;
-    if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
+    if (x->ndim != 4)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
     if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
     if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op, K, S, Pd);
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op,
+            K, S, Pd);
     H = x->shape[2]; W = x->shape[3];
     if (H + 2 * Pd < K || W + 2 * Pd < K)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T", op, K, x);
-    OH = (H + 2 * Pd - K) / S + 1; OW = (W + 2 * Pd - K) / S + 1;
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T",
+                                       op, K, x);
+    OH = mlc__pool_size(H, K, S, Pd, opts.ceil_mode); OW = mlc__pool_size(W, K, S, Pd, opts.ceil_mode);
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
-    call.args.pool.kernel = K; call.args.pool.stride = S; call.args.pool.padding = Pd; call.args.pool.is_max = is_max;
+    call.args.pool.kernel = K;
+    call.args.pool.stride = S;
+    call.args.pool.padding = Pd;
+    call.args.pool.is_max = is_max;
+    call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    job.x = x; job.y = out; job.gx = NULL; job.K = K; job.S = S; job.Pd = Pd; job.is_max = is_max; job.argmax = NULL;
-    if (is_max && mlc__recording(&call) && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op))) return NULL;
+    job.x = x;
+    job.y = out;
+    job.gx = NULL;
+    job.K = K;
+    job.S = S;
+    job.Pd = Pd;
+    job.is_max = is_max;
+    job.argmax = NULL;
+    job.exclude_pad = call.args.pool.exclude_pad;
+    if (is_max && mlc__recording(&call)
+        && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op)))
+        return NULL;
     mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
     call.saved = job.argmax;
     mlc__record(&call);
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, stride, padding); }
-MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) { return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, stride, padding); }
+MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
+    return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_max_pool2d_opts(x, kernel, opts);
+}
+MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
+    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    opts.stride = stride; opts.padding = padding;
+    return mlc_avg_pool2d_opts(x, kernel, opts);
+}
 
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
     int shape[3];
     MLC__ENTER("mlc_global_avg_pool2d", x);
-    if (x->ndim != 4) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_global_avg_pool2d: x %T must be [N, C, H, W]", x);
+    if (x->ndim != 4)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_global_avg_pool2d: x %T must be [N, C, H, W]",
+                                       x);
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = x->shape[2] * x->shape[3];
     return mlc_mean(mlc_reshape(x, 3, shape), 2, 0);
 }
@@ -4466,7 +4856,8 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 #define MLC__OP_BACKWARD(name, backward) backward,
 static const mlc__backward_fn mlc__backward_of[] = { MLC__OPS(MLC__OP_BACKWARD) };
 #undef MLC__OP_BACKWARD
-typedef char mlc__backward_of_covers_every_op[sizeof mlc__backward_of / sizeof mlc__backward_of[0] == MLC__OP_COUNT ? 1 : -1];
+typedef char mlc__backward_of_covers_every_op
+    [sizeof mlc__backward_of / sizeof mlc__backward_of[0] == MLC__OP_COUNT ? 1 : -1];
 
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     mlc_ctx *ctx;
@@ -4487,7 +4878,10 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         return ctx->error;
     }
     if (!out->requires_grad) {
-        mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: tensor %T does not require a gradient (no input needed one, or gradients were off)", out);
+        mlc__fail(ctx, MLC_ERR_STATE,
+                  "mlc_backward: tensor %T does not require a gradient (no input needed one, or gradients "
+                  "were off)",
+                  out);
         return ctx->error;
     }
     if (grad_out && !mlc_same_shape(out, grad_out)) {
@@ -4500,8 +4894,11 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     }
     if (!mlc__same_device(ctx, "mlc_backward", out, grad_out)) return ctx->error;
     if (!(g = mlc__grad(out))) return ctx->error;
-    if (grad_out) { size_t i; const float *go = mlc__host(grad_out); for (i = 0; i < out->size; i++) g[i] += go[i]; }
-    else g[0] += 1.0f;
+    if (grad_out) {
+        size_t i;
+        const float *go = mlc__host(grad_out);
+        for (i = 0; i < out->size; i++) g[i] += go[i];
+    } else g[0] += 1.0f;
     mlc__host_wrote_grad(out);
     if (!out->node) return MLC_OK;                       /* a leaf: nothing to propagate */
     for (n = out->node; n; n = n->prev) {
@@ -4519,7 +4916,8 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         }
         mlc__host(n->out);
         mlc__host_grad(n->out);
-        for (k = 0; k < n->n_in; k++) {      /* input gradients first: one that fails to allocate stops here */
+        /* input gradients first: one that fails to allocate stops here */
+        for (k = 0; k < n->n_in; k++) {
             if (!n->in[k]) continue;
             mlc__host(n->in[k]);
             if (n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
@@ -4583,7 +4981,9 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
     y = fn(inputs, user);
     if (!y || !y->requires_grad) {
         if (!y) mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: the function returned NULL");
-        else mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: the output does not depend on an input that requires a gradient");
+        else
+            mlc__fail(ctx, MLC_ERR_ARG,
+                      "mlc_gradcheck: the output does not depend on an input that requires a gradient");
         mlc_frame_end(outer);
         if (report) *report = rep;
         return 0;
@@ -4682,7 +5082,8 @@ MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a) {    /* std = gain /
     mlc__fans(t, &fi, &fo);
     mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * (double)a)) / sqrt(fi)));
 }
-MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) { /* bound = gain √(6 / (fan_in + fan_out)) */
+/* bound = gain √(6 / (fan_in + fan_out)) */
+MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) {
     double fi, fo, bound;
     if (!t) return;
     mlc__fans(t, &fi, &fo);
@@ -4718,14 +5119,19 @@ static char *mlc__strdup(mlc_ctx *ctx, const char *s) {
 static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t, int is_buffer) {
     int *count;
     if (!m) return MLC_ERR_NULL;
-    if (!t || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add: %s is NULL", t ? "name" : "tensor"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    if (!t || !name) {
+        mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add: %s is NULL", t ? "name" : "tensor");
+        return m->ctx->error ? m->ctx->error : MLC_ERR_NULL;
+    }
     count = is_buffer ? &m->n_buffers : &m->n_params;
     if (*count >= MLC_MODULE_MAX_TENSORS) {
-        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: %s already holds %d tensors; use a child module", m->type, MLC_MODULE_MAX_TENSORS);
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: %s already holds %d tensors; use a child module",
+                  m->type, MLC_MODULE_MAX_TENSORS);
         return m->ctx->error;
     }
     if (!t->persistent) {
-        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
+        mlc__fail(m->ctx, MLC_ERR_ARG,
+                  "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
         return m->ctx->error;
     }
     if (t->ctx != m->ctx) {
@@ -4738,8 +5144,12 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
     ++*count;
     return MLC_OK;
 }
-MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) { return mlc__module_add(m, name, p, 0); }
-MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) { return mlc__module_add(m, name, b, 1); }
+MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) {
+    return mlc__module_add(m, name, p, 0);
+}
+MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) {
+    return mlc__module_add(m, name, b, 1);
+}
 
 /* Whether `inner` is m or inside it (modules form a tree: adding such a child would make a cycle). */
 static int mlc__module_holds(const mlc_module *m, const mlc_module *inner) {
@@ -4753,14 +5163,19 @@ MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_modu
     mlc_module **children;
     char **names;
     if (!m) return MLC_ERR_NULL;
-    if (!child || !name) { mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child"); return m->ctx->error ? m->ctx->error : MLC_ERR_NULL; }
+    if (!child || !name) {
+        mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child");
+        return m->ctx->error ? m->ctx->error : MLC_ERR_NULL;
+    }
     if (child->ctx != m->ctx || mlc__module_holds(child, m)) {
         mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add_child: %s \"%s\" %s", child->type, name,
                   child->ctx != m->ctx ? "belongs to another context" : "contains the module (a cycle)");
         return m->ctx->error ? m->ctx->error : MLC_ERR_ARG;
     }
-    children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
-    names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1), "mlc_module_add_child");
+    children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1),
+                                               "mlc_module_add_child");
+    names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1),
+                                      "mlc_module_add_child");
     if (!children || !names || !(names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
     if (m->n_children) {
         memcpy(children, m->children, sizeof(mlc_module *) * (size_t)m->n_children);
@@ -4787,7 +5202,9 @@ MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
     if (x->ctx != m->ctx)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another "
                                        "context than %s", x, m->type);
-    if (!m->forward) return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_forward: module %s has no forward function", m->type);
+    if (!m->forward)
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE,
+                                       "mlc_forward: module %s has no forward function", m->type);
     return m->forward(m, x);
 }
 
@@ -4804,7 +5221,9 @@ static mlc_tensor *mlc__buffer(mlc_module *m, const char *name, int ndim, const 
     return b;
 }
 
-static mlc_tensor *mlc__linear_forward(mlc_module *m, mlc_tensor *x) { return mlc_linear(x, m->params[0], m->n_params > 1 ? m->params[1] : NULL); }
+static mlc_tensor *mlc__linear_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_linear(x, m->params[0], m->n_params > 1 ? m->params[1] : NULL);
+}
 
 static mlc_module *mlc__nn_linear(mlc_ctx *ctx, int in, int out, int bias) {
     mlc_module *m = mlc__module(ctx, "Linear", mlc__linear_forward);
@@ -4812,17 +5231,24 @@ static mlc_module *mlc__nn_linear(mlc_ctx *ctx, int in, int out, int bias) {
     mlc_tensor *w, *b = NULL;
     if (!m) return NULL;
     shape[0] = out; shape[1] = in;
-    if (!(w = mlc__param(m, "weight", 2, shape)) || (bias && !(b = mlc__param(m, "bias", 1, &out)))) return NULL;
+    if (!(w = mlc__param(m, "weight", 2, shape)) || (bias && !(b = mlc__param(m, "bias", 1, &out))))
+        return NULL;
     mlc_init_kaiming_uniform(w, 2.2360679775f);          /* a = √5: bound 1/√in, as PyTorch */
-    if (b) mlc_init_uniform(b, -1.0f / sqrtf((float)(in > 0 ? in : 1)), 1.0f / sqrtf((float)(in > 0 ? in : 1)));
+    if (b)
+        mlc_init_uniform(b, -1.0f / sqrtf((float)(in > 0 ? in : 1)), 1.0f / sqrtf((float)(in > 0 ? in : 1)));
     return m;
 }
 MLCDEF mlc_module *mlc_nn_linear(mlc_ctx *ctx, int in, int out) { return mlc__nn_linear(ctx, in, out, 1); }
-MLCDEF mlc_module *mlc_nn_linear_nobias(mlc_ctx *ctx, int in, int out) { return mlc__nn_linear(ctx, in, out, 0); }
+MLCDEF mlc_module *mlc_nn_linear_nobias(mlc_ctx *ctx, int in, int out) {
+    return mlc__nn_linear(ctx, in, out, 0);
+}
 
-static mlc_tensor *mlc__conv2d_forward(mlc_module *m, mlc_tensor *x) { return mlc_conv2d(x, m->params[0], m->params[1], m->conv); }
+static mlc_tensor *mlc__conv2d_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_conv2d(x, m->params[0], m->params[1], m->conv);
+}
 
-MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels, int kernel, mlc_conv_opts opts) {
+MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels, int kernel,
+                                 mlc_conv_opts opts) {
     mlc_module *m = mlc__module(ctx, "Conv2d", mlc__conv2d_forward);
     int shape[4], groups = opts.groups ? opts.groups : 1;
     mlc_tensor *w, *b;
@@ -4833,10 +5259,14 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, "
                                        "stride %d, padding %d, dilation %d are not valid", in_channels,
                                        out_channels, kernel, opts.stride, opts.padding, opts.dilation);
-    if (groups < 1 || in_channels % groups) return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: %d input channels do not split into %d groups", in_channels, groups);
+    if (groups < 1 || in_channels % groups)
+        return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "mlc_nn_conv2d: %d input channels do not split into %d groups",
+                                       in_channels, groups);
     shape[0] = out_channels; shape[1] = in_channels / groups; shape[2] = shape[3] = kernel;
     m->conv = opts;
-    if (!(w = mlc__param(m, "weight", 4, shape)) || !(b = mlc__param(m, "bias", 1, &out_channels))) return NULL;
+    if (!(w = mlc__param(m, "weight", 4, shape)) || !(b = mlc__param(m, "bias", 1, &out_channels)))
+        return NULL;
     mlc_init_kaiming_uniform(w, 2.2360679775f);
     bound = 1.0f / sqrtf((float)(shape[1] * kernel * kernel > 0 ? shape[1] * kernel * kernel : 1));
     mlc_init_uniform(b, -bound, bound);
@@ -4848,21 +5278,27 @@ static mlc_tensor *mlc__batch_norm_forward(mlc_module *m, mlc_tensor *x) {
         mlc__host(m->buffers[2])[0] += 1.0f;
         mlc__host_wrote(m->buffers[2]);
     }
-    return mlc_batch_norm(x, m->buffers[0], m->buffers[1], m->params[0], m->params[1], m->training, m->momentum, m->eps);
+    return mlc_batch_norm(x, m->buffers[0], m->buffers[1], m->params[0], m->params[1], m->training,
+                          m->momentum, m->eps);
 }
 MLCDEF mlc_module *mlc_nn_batch_norm(mlc_ctx *ctx, int features) {
     mlc_module *m = mlc__module(ctx, "BatchNorm", mlc__batch_norm_forward);
     mlc_tensor *w, *b;
     if (!m) return NULL;
     m->eps = 1e-5f; m->momentum = 0.1f;
-    if (!(w = mlc__param(m, "weight", 1, &features)) || !(b = mlc__param(m, "bias", 1, &features))) return NULL;
+    if (!(w = mlc__param(m, "weight", 1, &features)) || !(b = mlc__param(m, "bias", 1, &features)))
+        return NULL;
     mlc_init_constant(w, 1.0f);
-    if (!mlc__buffer(m, "running_mean", 1, &features, 0.0f) || !mlc__buffer(m, "running_var", 1, &features, 1.0f) ||
-        !mlc__buffer(m, "num_batches_tracked", 0, NULL, 0.0f)) return NULL;
+    if (!mlc__buffer(m, "running_mean", 1, &features, 0.0f)
+        || !mlc__buffer(m, "running_var", 1, &features, 1.0f)
+        || !mlc__buffer(m, "num_batches_tracked", 0, NULL, 0.0f))
+        return NULL;
     return m;
 }
 
-static mlc_tensor *mlc__layer_norm_forward(mlc_module *m, mlc_tensor *x) { return mlc_layer_norm(x, m->params[0], m->params[1], m->eps); }
+static mlc_tensor *mlc__layer_norm_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_layer_norm(x, m->params[0], m->params[1], m->eps);
+}
 MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features) {
     mlc_module *m = mlc__module(ctx, "LayerNorm", mlc__layer_norm_forward);
     mlc_tensor *w;
@@ -4873,7 +5309,9 @@ MLCDEF mlc_module *mlc_nn_layer_norm(mlc_ctx *ctx, int features) {
     return m;
 }
 
-static mlc_tensor *mlc__embedding_forward(mlc_module *m, mlc_tensor *x) { return mlc_embedding(m->params[0], x); }
+static mlc_tensor *mlc__embedding_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_embedding(m->params[0], x);
+}
 MLCDEF mlc_module *mlc_nn_embedding(mlc_ctx *ctx, int count, int dim) {
     mlc_module *m = mlc__module(ctx, "Embedding", mlc__embedding_forward);
     int shape[2];
@@ -4885,7 +5323,9 @@ MLCDEF mlc_module *mlc_nn_embedding(mlc_ctx *ctx, int count, int dim) {
     return m;
 }
 
-static mlc_tensor *mlc__dropout_forward(mlc_module *m, mlc_tensor *x) { return mlc_dropout(x, m->alpha, m->training); }
+static mlc_tensor *mlc__dropout_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_dropout(x, m->alpha, m->training);
+}
 static mlc_tensor *mlc__relu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_relu(x); }
 static mlc_tensor *mlc__leaky_forward(mlc_module *m, mlc_tensor *x) { return mlc_leaky_relu(x, m->alpha); }
 static mlc_tensor *mlc__gelu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_gelu(x); }
@@ -4893,9 +5333,16 @@ static mlc_tensor *mlc__sigmoid_forward(mlc_module *m, mlc_tensor *x) { (void)m;
 static mlc_tensor *mlc__tanh_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_tanh(x); }
 static mlc_tensor *mlc__silu_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_silu(x); }
 static mlc_tensor *mlc__flatten_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_flatten(x, 1); }
-static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_max_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
-static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) { return mlc_avg_pool2d(x, m->kernel, m->conv.stride, m->conv.padding); }
-static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) { (void)m; return mlc_global_avg_pool2d(x); }
+static mlc_tensor *mlc__max_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_max_pool2d_opts(x, m->kernel, m->pool);
+}
+static mlc_tensor *mlc__avg_pool_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_avg_pool2d_opts(x, m->kernel, m->pool);
+}
+static mlc_tensor *mlc__gap_forward(mlc_module *m, mlc_tensor *x) {
+    (void)m;
+    return mlc_global_avg_pool2d(x);
+}
 
 MLCDEF mlc_module *mlc_nn_dropout(mlc_ctx *ctx, float p) {
     mlc_module *m = mlc__module(ctx, "Dropout", mlc__dropout_forward);
@@ -4920,7 +5367,7 @@ MLCDEF mlc_module *mlc_nn_max_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_max_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
 MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
@@ -4928,10 +5375,12 @@ MLCDEF mlc_module *mlc_nn_avg_pool2d(mlc_ctx *ctx, int kernel, int stride) {
     if (m && (kernel < 1 || stride < 0))
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_avg_pool2d: kernel %d, stride %d "
                                        "are not valid", kernel, stride);
-    if (m) { m->kernel = kernel; m->conv.stride = stride; }
+    if (m) { m->kernel = kernel; m->pool.stride = stride; }
     return m;
 }
-MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) { return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward); }
+MLCDEF mlc_module *mlc_nn_global_avg_pool2d(mlc_ctx *ctx) {
+    return mlc__module(ctx, "GlobalAvgPool2d", mlc__gap_forward);
+}
 
 /* MultiheadAttention (batch_first). x [B, L, E] becomes its heads [B, H, L, E/H] by a reshape
    and a permute; self-attention makes q, k and v with one product, x W_inᵀ + b_in viewed as
@@ -5124,14 +5573,14 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
                 h = steps[t] = mlc__cell_step(m->cell, H, gi_t, mlc_linear(h, p[1], p[3]), h, &c);
             }
             finals[l * D + d] = h; finals[L * D + l * D + d] = c;
-            outs[d] = mlc_reshape(mlc_concat(steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
+            outs[d] = mlc_reshape(mlc_concat(ctx, steps, T, 1), 3, bth);   /* [B, T·H] is [B, T, H] */
         }
-        out = D == 1 ? outs[0] : mlc_concat(outs, D, 2);
+        out = D == 1 ? outs[0] : mlc_concat(ctx, outs, D, 2);
         if (m->alpha > 0 && l < L - 1) out = mlc_dropout(out, m->alpha, m->training);
     }
     if (ctx->error) return NULL;
-    if (h_n) *h_n = mlc_reshape(mlc_concat(finals, L * D, 0), 3, lbh);
-    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(finals + L * D, L * D, 0), 3, lbh);
+    if (h_n) *h_n = mlc_reshape(mlc_concat(ctx, finals, L * D, 0), 3, lbh);
+    if (c_n && lstm) *c_n = mlc_reshape(mlc_concat(ctx, finals + L * D, L * D, 0), 3, lbh);
     return ctx->error ? NULL : out;
 }
 
@@ -5202,25 +5651,37 @@ MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device) {
     if (!m) return MLC_ERR_NULL;
     for (i = 0; i < m->n_params; i++) if (!mlc_to(m->params[i], on_device)) return m->ctx->error;
     for (i = 0; i < m->n_buffers; i++) if (!mlc_to(m->buffers[i], on_device)) return m->ctx->error;
-    for (i = 0; i < m->n_children; i++) if (mlc_module_to(m->children[i], on_device) != MLC_OK) return m->ctx->error;
+    for (i = 0; i < m->n_children; i++)
+        if (mlc_module_to(m->children[i], on_device) != MLC_OK) return m->ctx->error;
     return MLC_OK;
 }
 
-static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max, int count) {
+static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max,
+                        int count) {
     int i;
     char name[128];
     for (i = 0; i < m->n_params; i++, count++)
-        if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->param_names[i]); out[count].tensor = m->params[i]; }
+        if (count < max) {
+            mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->param_names[i]);
+            out[count].tensor = m->params[i];
+        }
     for (i = 0; with_buffers && i < m->n_buffers; i++, count++)
-        if (count < max) { mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]); out[count].tensor = m->buffers[i]; }
+        if (count < max) {
+            mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]);
+            out[count].tensor = m->buffers[i];
+        }
     for (i = 0; i < m->n_children; i++) {
         mlc__format(name, sizeof name, "%s%s%s", prefix, m->child_names[i], m->child_names[i][0] ? "." : "");
         count = mlc__collect(m->children[i], name, with_buffers, out, max, count);
     }
     return count;
 }
-MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max) { return m ? mlc__collect(m, "", 0, out, out ? max : 0, 0) : 0; }
-MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max) { return m ? mlc__collect(m, "", 1, out, out ? max : 0, 0) : 0; }
+MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max) {
+    return m ? mlc__collect(m, "", 0, out, out ? max : 0, 0) : 0;
+}
+MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max) {
+    return m ? mlc__collect(m, "", 1, out, out ? max : 0, 0) : 0;
+}
 
 MLCDEF size_t mlc_module_param_count(mlc_module *m) {
     size_t n = 0;
@@ -5277,8 +5738,10 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     for (k = 0; k < opt->count; k++) if (opt->params[k] == p) return MLC_OK;   /* added before: kept once */
     if (opt->count == opt->capacity) {
         int cap = opt->capacity ? 2 * opt->capacity : 16;
-        mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap, "mlc_optim_add_param");
-        mlc_tensor **state = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * 3 * (size_t)cap, "mlc_optim_add_param");
+        mlc_tensor **params = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * (size_t)cap,
+                                                              "mlc_optim_add_param");
+        mlc_tensor **state = (mlc_tensor **)mlc__owned_alloc(ctx, sizeof(mlc_tensor *) * 3 * (size_t)cap,
+                                                             "mlc_optim_add_param");
         if (!params || !state) return ctx->error;
         if (opt->count) {
             memcpy(params, opt->params, sizeof(mlc_tensor *) * (size_t)opt->count);
@@ -5305,8 +5768,10 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
 
 static mlc_result mlc__optim_add_module(mlc_optim *opt, mlc_module *m) {   /* PyTorch's order */
     int i;
-    for (i = 0; i < m->n_params; i++) if (mlc_optim_add_param(opt, m->params[i]) != MLC_OK) return opt->ctx->error;
-    for (i = 0; i < m->n_children; i++) if (mlc__optim_add_module(opt, m->children[i]) != MLC_OK) return opt->ctx->error;
+    for (i = 0; i < m->n_params; i++)
+        if (mlc_optim_add_param(opt, m->params[i]) != MLC_OK) return opt->ctx->error;
+    for (i = 0; i < m->n_children; i++)
+        if (mlc__optim_add_module(opt, m->children[i]) != MLC_OK) return opt->ctx->error;
     return MLC_OK;
 }
 
@@ -5347,11 +5812,15 @@ static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *
 
 MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
-    if (opt) { opt->momentum = c.momentum; opt->dampening = c.dampening; opt->weight_decay = c.weight_decay; opt->nesterov = c.nesterov; }
+    if (opt) {                                          /* 0 is the default: MLC_ZERO reads as 0 too */
+        opt->momentum = mlc__setting(c.momentum, 0.0f); opt->dampening = mlc__setting(c.dampening, 0.0f);
+        opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->nesterov = c.nesterov;
+    }
     return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
-static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind, float default_wd) {
+static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind,
+                            float default_wd) {
     mlc_optim *opt = mlc__optim(ctx, kind, c.lr, 1e-3f);
     if (!opt) return NULL;
     opt->beta1 = mlc__setting(c.beta1, 0.9f);
@@ -5360,15 +5829,20 @@ static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c,
     opt->weight_decay = mlc__setting(c.weight_decay, default_wd);
     return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
-MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f); }
-MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) { return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f); }
+MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
+    return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f);
+}
+MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
+    return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f);
+}
 
 MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__RMSPROP, c.lr, 0.01f);
     if (!opt) return NULL;
     opt->beta2 = mlc__setting(c.alpha, 0.99f);
     opt->eps = mlc__setting(c.eps, 1e-8f);
-    opt->weight_decay = c.weight_decay; opt->momentum = c.momentum; opt->centered = c.centered;
+    opt->weight_decay = mlc__setting(c.weight_decay, 0.0f); opt->momentum = mlc__setting(c.momentum, 0.0f);
+    opt->centered = c.centered;
     return mlc__optim_of(opt, module, "mlc_rmsprop");
 }
 
@@ -5380,8 +5854,8 @@ MLCDEF void mlc_zero_grad(mlc_optim *opt) {
 
 /* One parameter's update, a loop per rule over plain arrays, so compilers vectorise it (with
    -fopenmp's simd pragma, or -O3; sqrt in Adam and RMSprop also needs -fno-math-errno). */
-static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p, const float *MLC__RESTRICT g,
-                            float *MLC__RESTRICT buf) {
+static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
+                            const float *MLC__RESTRICT g, float *MLC__RESTRICT buf) {
     const float lr = o->lr, wd = o->weight_decay, mu = o->momentum, keep = 1.0f - o->dampening;
     const int first = o->t == 1, nesterov = o->nesterov;
     size_t j;
@@ -5399,8 +5873,8 @@ static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p
 }
 
 /* Adam and AdamW in one loop: Adam adds wd p to the gradient, AdamW shrinks p by (1 - lr wd). */
-static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p, const float *MLC__RESTRICT g,
-                             float *MLC__RESTRICT m, float *MLC__RESTRICT v) {
+static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
+                             const float *MLC__RESTRICT g, float *MLC__RESTRICT m, float *MLC__RESTRICT v) {
     const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
     const float l2 = o->kind == MLC__ADAM ? o->weight_decay : 0.0f;
     const float shrink = o->kind == MLC__ADAMW ? 1.0f - o->lr * o->weight_decay : 1.0f;
@@ -5416,8 +5890,9 @@ static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT 
     }
 }
 
-static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p, const float *MLC__RESTRICT g,
-                                float *MLC__RESTRICT buf, float *MLC__RESTRICT sq, float *MLC__RESTRICT mean) {
+static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
+                                const float *MLC__RESTRICT g, float *MLC__RESTRICT buf,
+                                float *MLC__RESTRICT sq, float *MLC__RESTRICT mean) {
     const float lr = o->lr, wd = o->weight_decay, a = o->beta2, eps = o->eps, mu = o->momentum;
     const int centered = o->centered;
     size_t j;
@@ -5445,11 +5920,13 @@ static float *mlc__state_from(const mlc_optim *o, int i, int k, size_t begin) {
 static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
     const mlc_optim *o = ((const mlc__step_job *)job)->opt;
     int i = ((const mlc__step_job *)job)->i;
-    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin, *s0 = mlc__state_from(o, i, 0, begin);
+    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin,
+          *s0 = mlc__state_from(o, i, 0, begin);
     size_t n = end - begin;
     (void)piece;
     if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
-    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
+    else if (o->kind == MLC__RMSPROP)
+        mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
     else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin));
 }
 
@@ -5515,7 +5992,8 @@ MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma) {
 MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr) {
     double progress;
     if (step < warmup_steps) return base_lr * (float)(step + 1) / (float)warmup_steps;
-    progress = total_steps > warmup_steps ? (double)(step - warmup_steps) / (total_steps - warmup_steps) : 1.0;
+    progress = total_steps > warmup_steps ? (double)(step - warmup_steps) / (total_steps - warmup_steps)
+                                          : 1.0;
     if (progress > 1.0) progress = 1.0;
     return min_lr + (base_lr - min_lr) * (float)(0.5 * (1.0 + cos(3.141592653589793 * progress)));
 }
@@ -6926,8 +7404,10 @@ static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *
 static float mlc__half_to_float(unsigned h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31, mantissa = h & 1023, bits;
     float f;
-    if (exponent == 0) { f = (float)mantissa * 5.9604644775390625e-8f; return sign ? -f : f; }
-    bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
+    if (exponent == 0) {                                 /* the sign as a bit: -0 stays -0 under fast-math */
+        f = (float)mantissa * 5.9604644775390625e-8f;
+        bits = sign | mlc__bits(f);
+    } else bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
     memcpy(&f, &bits, 4);
     return f;
 }

@@ -76,9 +76,11 @@ typedef struct mlc__cl_api {
     cl_int (CL_API_CALL *GetDeviceIDs)(cl_platform_id, cl_device_type, cl_uint, cl_device_id *, cl_uint *);
     cl_int (CL_API_CALL *GetDeviceInfo)(cl_device_id, cl_device_info, size_t, void *, size_t *);
     cl_context (CL_API_CALL *CreateContext)(const cl_context_properties *, cl_uint, const cl_device_id *,
-                                            void (CL_CALLBACK *)(const char *, const void *, size_t, void *), void *, cl_int *);
+                                            void (CL_CALLBACK *)(const char *, const void *, size_t, void *),
+                                            void *, cl_int *);
     cl_int (CL_API_CALL *ReleaseContext)(cl_context);
-    cl_command_queue (CL_API_CALL *CreateCommandQueue)(cl_context, cl_device_id, cl_command_queue_properties, cl_int *);
+    cl_command_queue (CL_API_CALL *CreateCommandQueue)(cl_context, cl_device_id, cl_command_queue_properties,
+                                                       cl_int *);
     cl_int (CL_API_CALL *ReleaseCommandQueue)(cl_command_queue);
     cl_mem (CL_API_CALL *CreateBuffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
     cl_int (CL_API_CALL *ReleaseMemObject)(cl_mem);
@@ -86,17 +88,21 @@ typedef struct mlc__cl_api {
                                              cl_uint, const cl_event *, cl_event *);
     cl_int (CL_API_CALL *EnqueueReadBuffer)(cl_command_queue, cl_mem, cl_bool, size_t, size_t, void *,
                                             cl_uint, const cl_event *, cl_event *);
-    cl_program (CL_API_CALL *CreateProgramWithSource)(cl_context, cl_uint, const char **, const size_t *, cl_int *);
+    cl_program (CL_API_CALL *CreateProgramWithSource)(cl_context, cl_uint, const char **, const size_t *,
+                                                     cl_int *);
     cl_int (CL_API_CALL *BuildProgram)(cl_program, cl_uint, const cl_device_id *, const char *,
                                        void (CL_CALLBACK *)(cl_program, void *), void *);
-    cl_int (CL_API_CALL *GetProgramBuildInfo)(cl_program, cl_device_id, cl_program_build_info, size_t, void *, size_t *);
+    cl_int (CL_API_CALL *GetProgramBuildInfo)(cl_program, cl_device_id, cl_program_build_info, size_t, void *,
+                                             size_t *);
     cl_int (CL_API_CALL *ReleaseProgram)(cl_program);
     cl_kernel (CL_API_CALL *CreateKernel)(cl_program, const char *, cl_int *);
     cl_int (CL_API_CALL *ReleaseKernel)(cl_kernel);
     cl_int (CL_API_CALL *SetKernelArg)(cl_kernel, cl_uint, size_t, const void *);
-    cl_int (CL_API_CALL *GetKernelWorkGroupInfo)(cl_kernel, cl_device_id, cl_kernel_work_group_info, size_t, void *, size_t *);
-    cl_int (CL_API_CALL *EnqueueNDRangeKernel)(cl_command_queue, cl_kernel, cl_uint, const size_t *, const size_t *,
-                                               const size_t *, cl_uint, const cl_event *, cl_event *);
+    cl_int (CL_API_CALL *GetKernelWorkGroupInfo)(cl_kernel, cl_device_id, cl_kernel_work_group_info, size_t,
+                                                void *, size_t *);
+    cl_int (CL_API_CALL *EnqueueNDRangeKernel)(cl_command_queue, cl_kernel, cl_uint, const size_t *,
+                                              const size_t *, const size_t *, cl_uint, const cl_event *,
+                                              cl_event *);
     cl_int (CL_API_CALL *Finish)(cl_command_queue);
 } mlc__cl_api;
 
@@ -159,7 +165,8 @@ static int mlc__cl_enumerate(cl_platform_id *platforms, cl_device_id *devices) {
     for (p = 0; p < np; p++) {
         cl_device_id ds[MLC__CL_MAX_DEVICES];
         cl_uint nd = 0, d;
-        if (mlc__cl.GetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, MLC__CL_MAX_DEVICES, ds, &nd) != CL_SUCCESS) continue;
+        if (mlc__cl.GetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, MLC__CL_MAX_DEVICES, ds, &nd) != CL_SUCCESS)
+            continue;
         if (nd > MLC__CL_MAX_DEVICES) nd = MLC__CL_MAX_DEVICES;
         for (d = 0; d < nd && count < MLC__CL_MAX_DEVICES; d++, count++) {
             platforms[count] = ps[p];
@@ -170,14 +177,16 @@ static int mlc__cl_enumerate(cl_platform_id *platforms, cl_device_id *devices) {
 }
 
 /* A string property of a platform (device NULL) or a device, trimmed, cut to fit. */
-static void mlc__cl_string(cl_platform_id platform, cl_device_id device, cl_uint param, char *out, size_t cap) {
+static void mlc__cl_string(cl_platform_id platform, cl_device_id device, cl_uint param, char *out,
+                           size_t cap) {
     char tmp[1024];
     size_t size = 0, start = 0;
     cl_int err = device ? mlc__cl.GetDeviceInfo(device, param, sizeof tmp - 1, tmp, &size)
                         : mlc__cl.GetPlatformInfo(platform, param, sizeof tmp - 1, tmp, &size);
     if (err != CL_SUCCESS || size > sizeof tmp - 1) size = 0;
     tmp[size] = '\0';
-    while (size && (tmp[size - 1] == '\0' || tmp[size - 1] == ' ' || tmp[size - 1] == '\n')) tmp[--size] = '\0';
+    while (size && (tmp[size - 1] == '\0' || tmp[size - 1] == ' ' || tmp[size - 1] == '\n'))
+        tmp[--size] = '\0';
     while (tmp[start] == ' ') start++;
     if (size - start >= cap) size = start + cap - 1;
     memcpy(out, tmp + start, size - start);
@@ -217,7 +226,8 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
 
 /* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
    a slot for each kernel and no limit to outgrow. */
-#define MLC__CL_KERNELS(X) X(gemm) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) X(binary_grad) \
+#define MLC__CL_KERNELS(X) \
+    X(gemm) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) X(binary_grad) \
     X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) X(conv_layout) \
     X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) X(softmax_grad) X(cumsum) \
     X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) X(loss_total) X(layer_norm) \
@@ -268,9 +278,11 @@ static int mlc__cl_check(mlc_ctx *ctx, cl_int err, const char *what) {
     const char *op = ctx->device && mlc__cl_st(ctx)->op ? mlc__cl_st(ctx)->op : "opencl";
     if (err == CL_SUCCESS) return 1;
     if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY)
-        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory: %s failed (%d) in %s (%s)", what, (int)err, op, mlc__cl_error_name(err));
+        mlc__fail(ctx, MLC_ERR_MEMORY, "opencl: out of device memory: %s failed (%d) in %s (%s)", what,
+                  (int)err, op, mlc__cl_error_name(err));
     else
-        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s failed (%d) in %s (%s)", what, (int)err, op, mlc__cl_error_name(err));
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s failed (%d) in %s (%s)", what, (int)err, op,
+                  mlc__cl_error_name(err));
     return 0;
 }
 
@@ -285,12 +297,16 @@ static void *mlc__cl_create(mlc_ctx *ctx, size_t bytes) {
         return NULL;
     }
     mem = mlc__cl.CreateBuffer(st->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    if (!mem && err != CL_MEM_OBJECT_ALLOCATION_FAILURE && err != CL_OUT_OF_RESOURCES && err != CL_OUT_OF_HOST_MEMORY &&
-        err != CL_INVALID_BUFFER_SIZE)
-        mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");   /* not just full */
+    if (!mem && err != CL_MEM_OBJECT_ALLOCATION_FAILURE && err != CL_OUT_OF_RESOURCES
+        && err != CL_OUT_OF_HOST_MEMORY && err != CL_INVALID_BUFFER_SIZE)
+        /* not just full */
+        mlc__cl_check(ctx, err == CL_SUCCESS ? CL_INVALID_VALUE : err, "clCreateBuffer");
     return (void *)mem;
 }
-static void mlc__cl_release(mlc_ctx *ctx, void *buffer) { (void)ctx; mlc__cl.ReleaseMemObject((cl_mem)buffer); }
+static void mlc__cl_release(mlc_ctx *ctx, void *buffer) {
+    (void)ctx;
+    mlc__cl.ReleaseMemObject((cl_mem)buffer);
+}
 
 /* A tensor's buffer (made when missing), and a scratch one of n floats for the op being run. */
 static cl_mem mlc__cl_buffer(mlc_ctx *ctx, mlc_tensor *t, int grad) {
@@ -333,7 +349,8 @@ static const char *const mlc__cl_source[] = {
 "    n = convert_int(y * 1.44269504f + 0.5f);\n"
 "    r = (y - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;\n"
 "    two_n = as_float((uint)(n + 127) << 23);\n"
-"    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720\n"
+"    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f /"
+" 720\n"
 "        + r * (1.0f / 5040)))))))) + (float)(convert_int(two_n) - 1);\n"
 "    y = m / (m + 2.0f);\n"
 "    return as_float(((as_uint(y) | sign) & ~nan_mask) | (0x7fc00000u & nan_mask));\n"
@@ -341,7 +358,8 @@ static const char *const mlc__cl_source[] = {
 "/* d/dx of x (1 + tanh u) / 2 with u = sqrt(2/pi)(x + 0.044715 x^3) */\n"
 "float mlc__gelu_tanh_slope(float x) {\n"
 "    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);\n"
-"    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);\n"
+"    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f *"
+" x * x);\n"
 "}\n"
 "/* fill: x = v */\n"
 "__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
@@ -359,7 +377,8 @@ static const char *const mlc__cl_source[] = {
 "}\n",
 
 "/* unary: y = f(x), each kind's f from MLC__UNARY_KINDS in mlc.h; p, q: the op's parameters */\n"
-"__kernel void mlc_unary(int kind, ulong n, __global const float *xs, __global float *ys, float p, float q) {\n"
+"__kernel void mlc_unary(int kind, ulong n, __global const float *xs, __global float *ys, float p, float q)"
+" {\n"
 "    size_t i = get_global_id(0);\n"
 "    float x, y = 0.0f;\n"
 "    if (i >= n) return;\n"
@@ -397,7 +416,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "__kernel void mlc_binary(int kind, ulong n, int nd, ulong8 shape8, ulong8 sa8, ulong8 sb8,\n"
 "                         __global const float *a, __global const float *b, __global float *y) {\n"
 "    size_t i = get_global_id(0);\n"
-"    ulong shape[8] = MLC_LANES(shape8), sa[8] = MLC_LANES(sa8), sb[8] = MLC_LANES(sb8), r = i, oa = 0, ob = 0;\n"
+"    ulong shape[8] = MLC_LANES(shape8), sa[8] = MLC_LANES(sa8), sb[8] = MLC_LANES(sb8), r = i, oa = 0, ob ="
+" 0;\n"
 "    float x, z;\n"
 "    int d;\n"
 "    if (i >= n) return;\n"
@@ -411,7 +431,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "/* binary backward for one operand (side 0: a, 1: b): one work-item per element j of it,\n"
 "   summing over the positions it was stretched to, in the output's order (as the CPU does) */\n"
-"__kernel void mlc_binary_grad(int kind, int side, ulong n, int nd, ulong8 shape8, ulong8 self8, ulong8 other8,\n"
+"__kernel void mlc_binary_grad(int kind, int side, ulong n, int nd, ulong8 shape8, ulong8 self8, ulong8"
+" other8,\n"
 "                              __global const float *g, __global const float *a, __global const float *b,\n"
 "                              __global float *gs) {\n"
 "    size_t j = get_global_id(0);\n"
@@ -458,9 +479,12 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    buf[j] = first ? gj : mu * buf[j] + keep * gj;\n"
 "    p[j] -= lr * (nesterov ? gj + mu * buf[j] : buf[j]);\n"
 "}\n"
-"/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2) + eps)\n"
-"   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1 - b2^t)) */\n"
-"__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global float *v,\n"
+"/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2)"
+" + eps)\n"
+"   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1"
+" - b2^t)) */\n"
+"__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global"
+" float *v,\n"
 "                       float b1, float b2, float eps, float l2, float shrink, float step, float inv_bc2) {\n"
 "    size_t j = get_global_id(0);\n"
 "    float gj;\n"
@@ -470,10 +494,12 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;\n"
 "    p[j] = p[j] * shrink - step * m[j] / (sqrt(v[j] * inv_bc2) + eps);\n"
 "}\n"
-"/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a) g)\n"
+"/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a)"
+" g)\n"
 "   or sqrt(v) + eps;  with momentum: b = mu b + g / avg, p -= lr b;  else p -= lr g / avg */\n"
 "__kernel void mlc_rmsprop(ulong n, __global float *p, __global const float *g, __global float *buf,\n"
-"                          __global float *sq, __global float *mean, float lr, float wd, float a, float eps,\n"
+"                          __global float *sq, __global float *mean, float lr, float wd, float a, float"
+" eps,\n"
 "                          float mu, int centered) {\n"
 "    size_t j = get_global_id(0);\n"
 "    float gj, avg;\n"
@@ -537,8 +563,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    A += offA + batch * stepA; B += offB + batch * stepB; C += offC + batch * stepC;\n"
 "    if (r0 + 4 <= M && c0 + 8 <= N) {\n"
 "        for (k = 0; k < K; k++) {\n"
-"            float8 b = tb ? (float8)(B[c0 * K + k], B[(c0 + 1) * K + k], B[(c0 + 2) * K + k], B[(c0 + 3) * K + k],\n"
-"                                     B[(c0 + 4) * K + k], B[(c0 + 5) * K + k], B[(c0 + 6) * K + k], B[(c0 + 7) * K + k])\n"
+"            float8 b = tb ? (float8)(B[c0 * K + k], B[(c0 + 1) * K + k], B[(c0 + 2) * K + k], B[(c0 + 3) *"
+" K + k],\n"
+"                                     B[(c0 + 4) * K + k], B[(c0 + 5) * K + k], B[(c0 + 6) * K + k], B[(c0 +"
+" 7) * K + k])\n"
 "                          : vload8(0, B + k * N + c0);\n"
 "            for (i = 0; i < 4; i++) acc[i] += (ta ? A[k * M + r0 + i] : A[(r0 + i) * K + k]) * b;\n"
 "        }\n"
@@ -552,7 +580,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    for (i = r0; i < M && i < r0 + 4; i++)                 /* a block on the edge of C */\n"
 "        for (j = c0; j < N && j < c0 + 8; j++) {\n"
 "            float s = 0.0f, c;\n"
-"            for (k = 0; k < K; k++) s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);\n"
+"            for (k = 0; k < K; k++) s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N"
+" + j]);\n"
 "            c = s + (has_bias ? bias[j] : 0.0f);\n"
 "            C[i * N + j] = beta != 0.0f ? c + beta * C[i * N + j] : c;\n"
 "        }\n"
@@ -572,7 +601,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "   x_off: the chunk's first image, at the group's first channel; col is [Cg KH KW, nb OH OW] */\n"
 "__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, ulong x_off, __global float *col) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j, oh, ow, ih, iw;\n"
+"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j,"
+" oh, ow, ih, iw;\n"
 "    if (at >= Cg * KH * KW * nb * P) return;\n"
 "    p = at % P; n = (at / P) % nb; k = at / (P * nb);\n"
 "    j = k % KW; i = (k / KW) % KH; c = k / (KW * KH);\n"
@@ -582,10 +612,12 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
-"/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
+"/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it:\n"
+"   col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
 "__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i, j;\n"
+"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i,"
+" j;\n"
 "    float sum = 0.0f;\n"
 "    if (at >= nb * Cg * H * W) return;\n"
 "    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % Cg; n = at / (W * H * Cg);\n"
@@ -606,7 +638,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n",
 "/* the GEMM's [O, nb, P] and the tensor's [nb, O, P]: to_nop: nop[n, o, p] = onp[o, n, p] (+ b[o]);\n"
 "   else onp[o, n, p] = nop[n, o, p] */\n"
-"__kernel void mlc_conv_layout(int nb, int O, int P, __global float *nop, ulong nop_off, __global float *onp,\n"
+"__kernel void mlc_conv_layout(int nb, int O, int P, __global float *nop, ulong nop_off, __global float"
+" *onp,\n"
 "                              int to_nop, __global const float *b, int has_bias) {\n"
 "    int at = get_global_id(0), p, o, n, t;\n"
 "    if (at >= nb * O * P) return;\n"
@@ -632,29 +665,42 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        for (j = 0; j < K; j++) {\n"
 "            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
 "            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;\n"
-"            if (at < 0 || x[ih * W + iw] > best) { best = x[ih * W + iw]; at = ih * W + iw; }\n"
+"            if (at < 0 || x[ih * W + iw] > best || isnan(x[ih * W + iw])) {   /* a NaN: the last */\n"
+"                best = x[ih * W + iw]; at = ih * W + iw;\n"
+"            }\n"
 "        }\n"
 "    return at;\n"
 "}\n"
 "\n"
+"/* average pooling's divisor: the window cut at the padded input's far edge, or with exclude_pad\n"
+"   at the input's (mlc__pool_count) */\n"
+"int mlc_pool_count(int H, int W, int K, int S, int Pd, int exclude_pad, int oh, int ow) {\n"
+"    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1 = min(h0 + K, H + Pd), w1 = min(w0 + K, W + Pd);\n"
+"    if (exclude_pad) { h0 = max(h0, 0); w0 = max(w0, 0); h1 = min(h1, H); w1 = min(w1, W); }\n"
+"    return (h1 - h0) * (w1 - w0);\n"
+"}\n"
+"\n"
 "__kernel void mlc_pool(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                       int exclude_pad,\n"
 "                       __global const float *x, __global float *y) {\n"
 "    int at = get_global_id(0), pl, oh, ow, i, j;\n"
 "    float s = 0.0f;\n"
 "    if (at >= planes * OH * OW) return;\n"
 "    ow = at % OW; oh = (at / OW) % OH; pl = at / (OW * OH);\n"
 "    x += pl * H * W;\n"
-"    if (is_max) { int a = mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow); y[at] = a < 0 ? -INFINITY : x[a]; return; }\n"
+"    if (is_max) { int a = mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow); y[at] = a < 0 ? -INFINITY : x[a];"
+" return; }\n"
 "    for (i = 0; i < K; i++)\n"
 "        for (j = 0; j < K; j++) {\n"
 "            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
 "            if (ih >= 0 && ih < H && iw >= 0 && iw < W) s += x[ih * W + iw];\n"
 "        }\n"
-"    y[at] = s / (float)(K * K);\n"
+"    y[at] = s / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh, ow);\n"
 "}\n"
 "\n"
 "/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / K² (avg) */\n"
 "__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
+"                            int exclude_pad,\n"
 "                            __global const float *x, __global const float *g, __global float *dx) {\n"
 "    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
 "    float s = 0.0f;\n"
@@ -667,13 +713,15 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        for (ow = 0; ow < OW; ow++) {\n"
 "            int j = iw + Pd - ow * S;\n"
 "            if (j < 0 || j >= K) continue;\n"
-"            if (!is_max) s += g[oh * OW + ow] / (float)(K * K);\n"
+"            if (!is_max) s += g[oh * OW + ow] / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh,\n"
+"                                                                      ow);\n"
 "            else if (mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
 "        }\n"
 "    }\n"
 "    dx[pl * H * W + ih * W + iw] += s;\n"
 "}\n",
-"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ---- */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
+"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ----"
+" */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
 "float mlc_sum_strided(__global const float *x, int len, int inner) {\n"
 "    float s = 0.0f, c = 0.0f, y, t;\n"
 "    int i;\n"
@@ -687,9 +735,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (at >= outer * inner) return;\n"
 "    o = at / inner; k = at % inner;\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* NaN wins, like the CPU */\n"
+"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* the first NaN wins, like the CPU */\n"
 "        best = x[0];\n"
-"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        for (i = 1; i < len && !isnan(best); i++)\n"
+"            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
 "        y[at] = kind == MLC__MAX ? best : (float)best_at;\n"
 "        return;\n"
 "    }\n"
@@ -713,7 +762,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    x += o * len * inner + k;\n"
 "    if (kind == MLC__MAX) {\n"
 "        best = x[0];\n"
-"        for (i = 1; i < len; i++) if (x[i * inner] > best || best != best) { best = x[i * inner]; best_at = i; }\n"
+"        for (i = 1; i < len && !isnan(best); i++)\n"
+"            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
 "        if (best_at == me) dx[at] += gv;\n"
 "        return;\n"
 "    }\n"
@@ -727,7 +777,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "\n"
 "/* ---- softmax over an axis: y = e^(x - m) / Σ, log: x - m - log Σ ---- */\n"
-"__kernel void mlc_softmax(int is_log, int outer, int len, int inner, __global const float *x, __global float *y) {\n"
+"__kernel void mlc_softmax(int is_log, int outer, int len, int inner, __global const float *x, __global"
+" float *y) {\n"
 "    int at = get_global_id(0), i;\n"
 "    float m, s = 0.0f;\n"
 "    if (at >= outer * inner) return;\n"
@@ -736,7 +787,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    m = x[0];\n"
 "    for (i = 1; i < len; i++) m = fmax(m, x[i * inner]);\n"
 "    for (i = 0; i < len; i++) s += exp(x[i * inner] - m);\n"
-"    for (i = 0; i < len; i++) y[i * inner] = is_log ? x[i * inner] - m - log(s) : exp(x[i * inner] - m) / s;\n"
+"    for (i = 0; i < len; i++) y[i * inner] = is_log ? x[i * inner] - m - log(s) : exp(x[i * inner] - m) /"
+" s;\n"
 "}\n"
 "\n"
 "/* dx = y (g - Σ g y)  or, for log_softmax, g - e^y Σ g */\n"
@@ -748,7 +800,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    base = (at / inner) * len * inner + at % inner;\n"
 "    y += base; g += base; dx += base;\n"
 "    for (i = 0; i < len; i++) s += is_log ? g[i * inner] : g[i * inner] * y[i * inner];\n"
-"    for (i = 0; i < len; i++) dx[i * inner] += is_log ? g[i * inner] - exp(y[i * inner]) * s : y[i * inner] * (g[i * inner] - s);\n"
+"    for (i = 0; i < len; i++) dx[i * inner] += is_log ? g[i * inner] - exp(y[i * inner]) * s : y[i * inner]"
+" * (g[i * inner] - s);\n"
 "}\n",
 "/* cumsum, one work-item per row: y_i = Σ_{j<=i} x_j; reversed (the gradient) dx_i += Σ_{j>=i} g_j */\n"
 "__kernel void mlc_cumsum(ulong outer, int len, ulong inner, int reverse, __global const float *x,\n"
@@ -782,7 +835,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "\n"
 "/* dx[i, c] += g_i (softmax(x_i)[c] - [c = t_i])  (nll: only the -g_i at t_i) */\n"
 "__kernel void mlc_class_loss_grad(int softmax_first, int N, int C, int ignore, int red, float scale,\n"
-"                                  __global const float *x, __global const float *t, __global const float *g,\n"
+"                                  __global const float *x, __global const float *t, __global const float"
+" *g,\n"
 "                                  __global float *dx) {\n"
 "    int i = get_global_id(0), c, tc;\n"
 "    float m, s = 0.0f, gi;\n"
@@ -823,7 +877,8 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_FORWARD)
 "    gi = red == MLC_REDUCE_NONE ? g[i] : red == MLC_REDUCE_MEAN ? g[0] * scale : g[0];\n"
 "    x = p[i]; t = ts[i];\n"
 "    switch (kind) {\n"
-#define MLC__CL_LOSS_GRAD(NAME, name, l, dx, dt) "    case MLC__" #NAME ": dx = " #dx "; dt_ = " #dt "; break;\n"
+#define MLC__CL_LOSS_GRAD(NAME, name, l, dx, dt) \
+    "    case MLC__" #NAME ": dx = " #dx "; dt_ = " #dt "; break;\n"
 MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 #undef MLC__CL_LOSS_GRAD
 "    }\n"
@@ -842,7 +897,8 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "\n"
 "/* ---- normalisation ---- */\n"
 "/* layer_norm over rows of D: y = (x - μ) r w + b */\n"
-"__kernel void mlc_layer_norm(int rows, int D, float eps, __global const float *x, __global const float *w, int has_w,\n"
+"__kernel void mlc_layer_norm(int rows, int D, float eps, __global const float *x, __global const float *w,"
+" int has_w,\n"
 "                             __global const float *b, int has_b, __global float *y) {\n"
 "    int r = get_global_id(0), j;\n"
 "    float mu = 0.0f, v = 0.0f, rs;\n"
@@ -855,7 +911,8 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    for (j = 0; j < D; j++) y[j] = (x[j] - mu) * rs * (has_w ? w[j] : 1.0f) + (has_b ? b[j] : 0.0f);\n"
 "}\n",
 "/* dx = r (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = g w */\n"
-"__kernel void mlc_layer_norm_grad(int rows, int D, float eps, __global const float *x, __global const float *w, int has_w,\n"
+"__kernel void mlc_layer_norm_grad(int rows, int D, float eps, __global const float *x, __global const float"
+" *w, int has_w,\n"
 "                                  __global const float *g, __global float *dx) {\n"
 "    int r = get_global_id(0), j;\n"
 "    float mu = 0.0f, v = 0.0f, rs, mg = 0.0f, mgx = 0.0f;\n"
@@ -865,13 +922,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    mu /= D;\n"
 "    for (j = 0; j < D; j++) v += (x[j] - mu) * (x[j] - mu);\n"
 "    rs = rsqrt(v / D + eps);\n"
-"    for (j = 0; j < D; j++) { float gh = g[j] * (has_w ? w[j] : 1.0f); mg += gh; mgx += gh * (x[j] - mu) * rs; }\n"
+"    for (j = 0; j < D; j++) { float gh = g[j] * (has_w ? w[j] : 1.0f); mg += gh; mgx += gh * (x[j] - mu) *"
+" rs; }\n"
 "    mg /= D; mgx /= D;\n"
 "    for (j = 0; j < D; j++) dx[j] += rs * (g[j] * (has_w ? w[j] : 1.0f) - mg - (x[j] - mu) * rs * mgx);\n"
 "}\n"
 "\n"
 "/* dw[j] += Σ_r g x̂,  db[j] += Σ_r g  (x̂ recomputed per row) */\n"
-"__kernel void mlc_layer_norm_param_grad(int rows, int D, float eps, __global const float *x, __global const float *g,\n"
+"__kernel void mlc_layer_norm_param_grad(int rows, int D, float eps, __global const float *x, __global const"
+" float *g,\n"
 "                                        __global float *dw, int want_w, __global float *db, int want_b) {\n"
 "    int j = get_global_id(0), r, k;\n"
 "    float sw = 0.0f, sb = 0.0f;\n"
@@ -895,14 +954,17 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    float s = 0.0f, v = 0.0f, M = (float)N * inner;\n"
 "    for (i = 0; i < N; i++) for (k = 0; k < inner; k++) s += x[(i * C + c) * inner + k];\n"
 "    *mu = s / M;\n"
-"    for (i = 0; i < N; i++) for (k = 0; k < inner; k++) { float d = x[(i * C + c) * inner + k] - *mu; v += d * d; }\n"
+"    for (i = 0; i < N; i++) for (k = 0; k < inner; k++) { float d = x[(i * C + c) * inner + k] - *mu; v +="
+" d * d; }\n"
 "    *var = v / M;\n"
 "}\n"
 "\n"
 "/* one work-item per channel: y = (x - μ) r w + b; in training, the running statistics move */\n"
 "__kernel void mlc_batch_norm(int N, int C, int inner, int training, float momentum, float eps,\n"
-"                             __global const float *x, __global const float *w, int has_w, __global const float *b, int has_b,\n"
-"                             __global float *rmean, int has_rmean, __global float *rvar, int has_rvar, __global float *y) {\n"
+"                             __global const float *x, __global const float *w, int has_w, __global const"
+" float *b, int has_b,\n"
+"                             __global float *rmean, int has_rmean, __global float *rvar, int has_rvar,"
+" __global float *y) {\n"
 "    int c = get_global_id(0), i, k;\n"
 "    float mu, var, rs, M = (float)N * inner;\n"
 "    if (c >= C) return;\n"
@@ -921,8 +983,10 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw += Σ g x̂;  db += Σ g */\n"
 "__kernel void mlc_batch_norm_grad(int N, int C, int inner, int training, float eps,\n"
 "                                  __global const float *x, __global const float *w, int has_w,\n"
-"                                  __global const float *rmean, __global const float *rvar, __global const float *g,\n"
-"                                  __global float *dx, int want_x, __global float *dw, int want_w, __global float *db, int want_b) {\n"
+"                                  __global const float *rmean, __global const float *rvar, __global const"
+" float *g,\n"
+"                                  __global float *dx, int want_x, __global float *dw, int want_w, __global"
+" float *db, int want_b) {\n"
 "    int c = get_global_id(0), i, k;\n"
 "    float mu, var, rs, sg = 0.0f, sgx = 0.0f, wc, M = (float)N * inner;\n"
 "    if (c >= C) return;\n"
@@ -931,14 +995,16 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    rs = rsqrt(var + eps);\n"
 "    wc = has_w ? w[c] : 1.0f;\n"
 "    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) { int at = (i * C + c) * inner + k; sg += g[at]; sgx += g[at] * (x[at] - mu) * rs; }\n"
+"        for (k = 0; k < inner; k++) { int at = (i * C + c) * inner + k; sg += g[at]; sgx += g[at] * (x[at]"
+" - mu) * rs; }\n"
 "    if (want_w) dw[c] += sgx;\n"
 "    if (want_b) db[c] += sg;\n"
 "    if (!want_x) return;\n"
 "    for (i = 0; i < N; i++)\n"
 "        for (k = 0; k < inner; k++) {\n"
 "            int at = (i * C + c) * inner + k;\n"
-"            dx[at] += training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs * g[at];\n"
+"            dx[at] += training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs *"
+" g[at];\n"
 "        }\n"
 "}\n"
 "\n"
@@ -1015,7 +1081,8 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    int i = get_global_id(0);\n"
 "    if (i < n) y[i] = x[map[i]];\n"
 "}\n"
-"__kernel void mlc_gather_grad(int n, __global const int *map, __global const float *g, __global float *dx) {\n"
+"__kernel void mlc_gather_grad(int n, __global const int *map, __global const float *g, __global float *dx)"
+" {\n"
 "    int i = get_global_id(0);\n"
 "    if (i < n) mlc_atomic_add(dx + map[i], g[i]);\n"
 "}\n",
@@ -1028,15 +1095,18 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    return off;\n"
 "}\n"
 "__kernel void mlc_where(int n, int nd, int8 shape, int8 sc, int8 sa, int8 sb, __global const float *c,\n"
-"                        __global const float *a, __global const float *b, float fill, int a_is_fill, __global float *y) {\n"
+"                        __global const float *a, __global const float *b, float fill, int a_is_fill,"
+" __global float *y) {\n"
 "    int i = get_global_id(0);\n"
 "    if (i >= n) return;\n"
-"    if (c[mlc_bcast_offset(i, nd, shape, sc)] != 0.0f) y[i] = a_is_fill ? fill : a[mlc_bcast_offset(i, nd, shape, sa)];\n"
+"    if (c[mlc_bcast_offset(i, nd, shape, sc)] != 0.0f) y[i] = a_is_fill ? fill : a[mlc_bcast_offset(i, nd,"
+" shape, sa)];\n"
 "    else y[i] = b[mlc_bcast_offset(i, nd, shape, sb)];\n"
 "}\n"
 "/* the chosen side's gradient: ga += c ? g : 0 (side 0), gb += c ? 0 : g (side 1); atomically,\n"
 "   since a stretched operand takes many outputs' gradients */\n"
-"__kernel void mlc_where_grad(int n, int nd, int8 shape, int8 sc, int8 sg, int side, __global const float *c,\n"
+"__kernel void mlc_where_grad(int n, int nd, int8 shape, int8 sc, int8 sg, int side, __global const float"
+" *c,\n"
 "                             __global const float *g, __global float *dg) {\n"
 "    int i = get_global_id(0);\n"
 "    if (i >= n) return;\n"
@@ -1139,9 +1209,12 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     if (st->program) return 1;
     mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
                 st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
-    mlc__format(prelude, sizeof prelude, "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
-                "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define MLC_REDUCE_NONE %d\n",
-                (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN, (int)MLC_REDUCE_NONE);
+    mlc__format(prelude, sizeof prelude,
+                "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
+                "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
+                " MLC_REDUCE_NONE %d\n",
+                (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN,
+                (int)MLC_REDUCE_NONE);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__unary_kind_names, MLC__UNARY_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__loss_kind_names, MLC__LOSS_COUNT);
@@ -1153,9 +1226,13 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     if (err != CL_SUCCESS) {
         char excerpt[320] = "(no build log)";
         size_t size = 0;
-        if (mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size) == CL_SUCCESS && size > 1) {
+        if (mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size)
+                == CL_SUCCESS
+            && size > 1) {
             char *log = (char *)mlc__heap_alloc(ctx, size + 1);
-            if (log && mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, size, log, NULL) == CL_SUCCESS) {
+            if (log
+                && mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, size, log, NULL)
+                       == CL_SUCCESS) {
                 log[size] = '\0';
                 mlc__log(ctx, MLC_LOG_INFO, log);                    /* the whole log */
                 memcpy(excerpt, log, size < sizeof excerpt ? size : sizeof excerpt - 1);
@@ -1181,8 +1258,10 @@ static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, int id, size_t *local) {
     if (!mlc__cl_build(ctx)) return NULL;
     k = mlc__cl.CreateKernel(st->program, mlc__cl_kernel_names[id], &err);
     if (!k) { mlc__cl_check(ctx, err, "clCreateKernel"); return NULL; }
-    if (mlc__cl.GetKernelWorkGroupInfo(k, st->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS
-        || !wg) wg = 1;
+    if (mlc__cl.GetKernelWorkGroupInfo(k, st->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL)
+            != CL_SUCCESS
+        || !wg)
+        wg = 1;
     *local = wg < 256 ? wg : 256;
     st->kernels[id] = k;
     st->kernel_local[id] = *local;
@@ -1201,15 +1280,19 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
     if (ctx->error) return 0;
     if (n == 0) return 1;
     if (n > 2147483647u) {                               /* work-item ids are ints in the kernels */
-        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s needs %zu work-items in %s; the kernels take at most 2^31 - 1",
-                  st->op, n, mlc__cl_kernel_names[kernel]);
+        mlc__fail(ctx, MLC_ERR_DEVICE,
+                  "opencl: %s needs %zu work-items in %s; the kernels take at most 2^31 - 1", st->op, n,
+                  mlc__cl_kernel_names[kernel]);
         return 0;
     }
     if (!(k = mlc__cl_kernel(ctx, kernel, &local))) return 0;
     for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
+                           "clSetKernelArg"))
+            return 0;
     global = (n + local - 1) / local * local;
-    return mlc__cl_check(ctx, mlc__cl.EnqueueNDRangeKernel(st->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
+    return mlc__cl_check(ctx,
+                         mlc__cl.EnqueueNDRangeKernel(st->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
                          "clEnqueueNDRangeKernel");
 }
 
@@ -1235,8 +1318,11 @@ static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
     if (!host) return 1;
     ctx->stats.uploads++;
     if (!t->size) return 1;
-    if (!mlc__cl_check(ctx, mlc__cl.EnqueueWriteBuffer(st->queue, (cl_mem)*slot, blocking, 0, t->size * sizeof(float),
-                                                       host, 0, NULL, NULL), "clEnqueueWriteBuffer")) return 0;
+    if (!mlc__cl_check(ctx,
+                       mlc__cl.EnqueueWriteBuffer(st->queue, (cl_mem)*slot, blocking, 0,
+                                                  t->size * sizeof(float), host, 0, NULL, NULL),
+                       "clEnqueueWriteBuffer"))
+        return 0;
     if (!blocking) st->pending = 1;
     return 1;
 }
@@ -1245,9 +1331,15 @@ static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
    current on the device; the buffer an op writes; t's gradient to add into (the host copy
    becomes stale) or only to read. */
 static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) { (void)ctx; return (cl_mem)mlc__device_in(t); }
-static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_out(t, mlc__cl_st(ctx)->op); }
-static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_grad(t, 1, mlc__cl_st(ctx)->op); }
-static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) { return (cl_mem)mlc__device_grad(t, 0, mlc__cl_st(ctx)->op); }
+static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) {
+    return (cl_mem)mlc__device_out(t, mlc__cl_st(ctx)->op);
+}
+static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) {
+    return (cl_mem)mlc__device_grad(t, 1, mlc__cl_st(ctx)->op);
+}
+static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) {
+    return (cl_mem)mlc__device_grad(t, 0, mlc__cl_st(ctx)->op);
+}
 
 /* ============================================================================================
    Op families, each named by its CPU backward function (the node's identity)
@@ -1259,7 +1351,8 @@ static int mlc__cl_unary(mlc_ctx *ctx, mlc__node *call) {
     cl_ulong n = x->size;
     cl_float p = call->args.unary.p, q = call->args.unary.q;
     cl_mem xm = mlc__cl_in(ctx, x), ym = xm ? mlc__cl_out(ctx, y) : NULL;
-    mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(p), MLC__CL_ARG(q) };
+    mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm),
+                           MLC__CL_ARG(ym),   MLC__CL_ARG(p), MLC__CL_ARG(q) };
     return ym && mlc__cl_run(ctx, MLC__CL_K_unary, x->size, args, 6);
 }
 
@@ -1275,8 +1368,8 @@ static int mlc__cl_unary_backward(mlc_ctx *ctx, mlc__node *nd) {
     gm = ym ? mlc__cl_grad_in(ctx, y) : NULL;
     gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gm),
-                               MLC__CL_ARG(gxm), MLC__CL_ARG(p), MLC__CL_ARG(q) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n),   MLC__CL_ARG(xm), MLC__CL_ARG(ym),
+                               MLC__CL_ARG(gm),   MLC__CL_ARG(gxm), MLC__CL_ARG(p),  MLC__CL_ARG(q) };
         return gxm && mlc__cl_run(ctx, MLC__CL_K_unary_grad, x->size, args, 8);
     }
 }
@@ -1316,7 +1409,8 @@ static void mlc__cl_dims_of(const mlc__bcast *bc, mlc__cl_dims *dm) {
     for (d = 0; d < bc->ndim; d++) {
         cl_ulong size = (cl_ulong)bc->shape[d];
         if (size == 1) continue;
-        if (nd > 0 && dm->stride[0].s[nd - 1] == bc->stride[0][d] * size && dm->stride[1].s[nd - 1] == bc->stride[1][d] * size) {
+        if (nd > 0 && dm->stride[0].s[nd - 1] == bc->stride[0][d] * size
+            && dm->stride[1].s[nd - 1] == bc->stride[1][d] * size) {
             dm->shape.s[nd - 1] *= size;                /* merges with the dimension before */
             for (k = 0; k < 2; k++) dm->stride[k].s[nd - 1] = bc->stride[k][d];
             continue;
@@ -1341,8 +1435,15 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     bm = am ? mlc__cl_in(ctx, b) : NULL;
     ym = bm ? mlc__cl_out(ctx, y) : NULL;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
-                               MLC__CL_ARG(dm.stride[0]), MLC__CL_ARG(dm.stride[1]), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(ym) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind),
+                               MLC__CL_ARG(n),
+                               MLC__CL_ARG(dm.nd),
+                               MLC__CL_ARG(dm.shape),
+                               MLC__CL_ARG(dm.stride[0]),
+                               MLC__CL_ARG(dm.stride[1]),
+                               MLC__CL_ARG(am),
+                               MLC__CL_ARG(bm),
+                               MLC__CL_ARG(ym) };
         return ym && mlc__cl_run(ctx, MLC__CL_K_binary, y->size, args, 9);
     }
 }
@@ -1365,9 +1466,17 @@ static int mlc__cl_binary_backward(mlc_ctx *ctx, mlc__node *nd) {
         if (!t->requires_grad) continue;
         if (!(gs = mlc__cl_grad(ctx, t))) return 0;
         {
-            mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(side), MLC__CL_ARG(n), MLC__CL_ARG(dm.nd), MLC__CL_ARG(dm.shape),
-                                   MLC__CL_ARG(dm.stride[side]), MLC__CL_ARG(dm.stride[1 - side]), MLC__CL_ARG(gm),
-                                   MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(gs) };
+            mlc__cl_arg args[] = { MLC__CL_ARG(kind),
+                                   MLC__CL_ARG(side),
+                                   MLC__CL_ARG(n),
+                                   MLC__CL_ARG(dm.nd),
+                                   MLC__CL_ARG(dm.shape),
+                                   MLC__CL_ARG(dm.stride[side]),
+                                   MLC__CL_ARG(dm.stride[1 - side]),
+                                   MLC__CL_ARG(gm),
+                                   MLC__CL_ARG(am),
+                                   MLC__CL_ARG(bm),
+                                   MLC__CL_ARG(gs) };
             if (!mlc__cl_run(ctx, MLC__CL_K_binary_grad, t->size, args, 11)) return 0;
         }
     }
@@ -1386,8 +1495,11 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
     if (ctx->error || !(k = mlc__cl_kernel(ctx, kernel, &wg))) return 0;
     if (local && wg < local[0] * local[1] * local[2]) return 0;
     for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value), "clSetKernelArg")) return 0;
-    return mlc__cl_check(ctx, mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
+                           "clSetKernelArg"))
+            return 0;
+    return mlc__cl_check(ctx,
+                         mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
                          "clEnqueueNDRangeKernel");
 }
 
@@ -1396,24 +1508,31 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
    steps sa, sb, sc between batches. A product that adds into one shared C (sc = 0) runs batch
    after batch, so no two work-items add into the same element at once. */
 static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_mem A, size_t oa, size_t sa,
-                        cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc, int batches, cl_mem bias) {
+                        cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc,
+                        int batches, cl_mem bias) {
     const int vector = mlc__cl_st(ctx)->gemm_vector;
     size_t local[3] = { 16, 16, 1 }, global[3];
     int b, rounds = sc == 0 && batches > 1 ? batches : 1;
-    if (vector) { global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4; }   /* a 4 x 8 block each */
+    /* a 4 x 8 block each */
+    if (vector) { global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4; }
     else { global[0] = ((size_t)N + 63) / 64 * 16; global[1] = ((size_t)M + 63) / 64 * 16; }   /* 64 x 64 */
     global[2] = (size_t)(rounds > 1 ? 1 : batches);
     if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
         cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
-        cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = oc, stepa = sa, stepb = sb, stepc = sc;
+        cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = oc, stepa = sa, stepb = sb,
+                 stepc = sc;
         cl_float be = beta;
         cl_mem bm = bias ? bias : C;
-        mlc__cl_arg args[] = { MLC__CL_ARG(m), MLC__CL_ARG(n), MLC__CL_ARG(k), MLC__CL_ARG(cta), MLC__CL_ARG(ctb),
-                               MLC__CL_ARG(A), MLC__CL_ARG(offa), MLC__CL_ARG(stepa), MLC__CL_ARG(B), MLC__CL_ARG(offb),
-                               MLC__CL_ARG(stepb), MLC__CL_ARG(C), MLC__CL_ARG(offc), MLC__CL_ARG(stepc), MLC__CL_ARG(be),
-                               MLC__CL_ARG(bm), MLC__CL_ARG(has_bias) };
-        if (!mlc__cl_run3(ctx, vector ? MLC__CL_K_gemm_vector : MLC__CL_K_gemm, global, vector ? NULL : local, args, 17)) return 0;
+        mlc__cl_arg args[] = { MLC__CL_ARG(m),    MLC__CL_ARG(n),       MLC__CL_ARG(k),
+                               MLC__CL_ARG(cta),  MLC__CL_ARG(ctb),     MLC__CL_ARG(A),
+                               MLC__CL_ARG(offa), MLC__CL_ARG(stepa),   MLC__CL_ARG(B),
+                               MLC__CL_ARG(offb), MLC__CL_ARG(stepb),   MLC__CL_ARG(C),
+                               MLC__CL_ARG(offc), MLC__CL_ARG(stepc),   MLC__CL_ARG(be),
+                               MLC__CL_ARG(bm),   MLC__CL_ARG(has_bias) };
+        if (!mlc__cl_run3(ctx, vector ? MLC__CL_K_gemm_vector : MLC__CL_K_gemm, global, vector ? NULL : local,
+                          args, 17))
+            return 0;
     }
     return 1;
 }
@@ -1432,18 +1551,31 @@ static int mlc__cl_matmul(mlc_ctx *ctx, mlc__node *call) {
 static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__mm *mm = (const mlc__mm *)nd->saved;
     mlc_tensor *a = nd->in[0], *b = nd->in[1], *bias = nd->in[2];
-    cl_mem am = mlc__cl_in(ctx, a), bm = am ? mlc__cl_in(ctx, b) : NULL, gc = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL, g;
+    cl_mem am = mlc__cl_in(ctx, a), bm = am ? mlc__cl_in(ctx, b) : NULL,
+           gc = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL, g;
     int B = mm->batches;
     if (!gc) return 0;
     if (a->requires_grad) {
         if (!(g = mlc__cl_grad(ctx, a))) return 0;
-        if (!mm->ta && !mlc__cl_gemm(ctx, 0, !mm->tb, mm->M, mm->K, mm->N, gc, 0, mm->step_c, bm, 0, mm->step_b, 1.0f, g, 0, mm->step_a, B, NULL)) return 0;
-        if (mm->ta && !mlc__cl_gemm(ctx, mm->tb, 1, mm->K, mm->M, mm->N, bm, 0, mm->step_b, gc, 0, mm->step_c, 1.0f, g, 0, mm->step_a, B, NULL)) return 0;
+        if (!mm->ta
+            && !mlc__cl_gemm(ctx, 0, !mm->tb, mm->M, mm->K, mm->N, gc, 0, mm->step_c, bm, 0, mm->step_b, 1.0f,
+                             g, 0, mm->step_a, B, NULL))
+            return 0;
+        if (mm->ta
+            && !mlc__cl_gemm(ctx, mm->tb, 1, mm->K, mm->M, mm->N, bm, 0, mm->step_b, gc, 0, mm->step_c, 1.0f,
+                             g, 0, mm->step_a, B, NULL))
+            return 0;
     }
     if (b->requires_grad) {
         if (!(g = mlc__cl_grad(ctx, b))) return 0;
-        if (!mm->tb && !mlc__cl_gemm(ctx, !mm->ta, 0, mm->K, mm->N, mm->M, am, 0, mm->step_a, gc, 0, mm->step_c, 1.0f, g, 0, mm->step_b, B, NULL)) return 0;
-        if (mm->tb && !mlc__cl_gemm(ctx, 1, mm->ta, mm->N, mm->K, mm->M, gc, 0, mm->step_c, am, 0, mm->step_a, 1.0f, g, 0, mm->step_b, B, NULL)) return 0;
+        if (!mm->tb
+            && !mlc__cl_gemm(ctx, !mm->ta, 0, mm->K, mm->N, mm->M, am, 0, mm->step_a, gc, 0, mm->step_c, 1.0f,
+                             g, 0, mm->step_b, B, NULL))
+            return 0;
+        if (mm->tb
+            && !mlc__cl_gemm(ctx, 1, mm->ta, mm->N, mm->K, mm->M, gc, 0, mm->step_c, am, 0, mm->step_a, 1.0f,
+                             g, 0, mm->step_b, B, NULL))
+            return 0;
     }
     if (bias && bias->requires_grad) {
         cl_int rows = (cl_int)(nd->out->size / (size_t)mm->N), n = mm->N;
@@ -1475,19 +1607,24 @@ static int mlc__cl_conv_chunk(const mlc__conv *cv) {
 }
 
 /* Between y (or dy) [N, O, P] and the GEMM's layout [O, nb P], for images first .. first + nb. */
-static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int nb, cl_mem nop, cl_mem onp, int to_nop, cl_mem bias) {
+static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int nb, cl_mem nop, cl_mem onp,
+                               int to_nop, cl_mem bias) {
     cl_int n = nb, O = cv->O, P = cv->OH * cv->OW, to = to_nop, has_bias = bias != NULL;
     cl_ulong off = (size_t)first * cv->O * P;
     cl_mem b = bias ? bias : onp;
-    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(O), MLC__CL_ARG(P), MLC__CL_ARG(nop), MLC__CL_ARG(off), MLC__CL_ARG(onp),
-                           MLC__CL_ARG(to), MLC__CL_ARG(b), MLC__CL_ARG(has_bias) };
+    mlc__cl_arg args[] = { MLC__CL_ARG(n),   MLC__CL_ARG(O),   MLC__CL_ARG(P),
+                           MLC__CL_ARG(nop), MLC__CL_ARG(off), MLC__CL_ARG(onp),
+                           MLC__CL_ARG(to),  MLC__CL_ARG(b),   MLC__CL_ARG(has_bias) };
     return mlc__cl_run(ctx, MLC__CL_K_conv_layout, (size_t)nb * cv->O * P, args, 9);
 }
 
 /* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
-static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm, cl_ulong x_off, cl_mem col) {
-    mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off), MLC__CL_ARG(col) };
-    return mlc__cl_run(ctx, MLC__CL_K_im2col, (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm,
+                          cl_ulong x_off, cl_mem col) {
+    mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off),
+                           MLC__CL_ARG(col) };
+    return mlc__cl_run(ctx, MLC__CL_K_im2col,
+                       (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
 }
 
 /* per chunk of nb images: for each group g, col = im2col(x), Y_g = W_g col ([Og, nb P]); then
@@ -1525,14 +1662,17 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
     int chunk = mlc__cl_conv_chunk(cv), first, g;
-    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL, dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL,
+           dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
     cl_mem gx = NULL, gw = NULL, gb, col, dyg;
     cl_int8 q;
     cl_int4 r;
     if (!dy) return 0;
     if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
     if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
-    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P)) || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P))) return 0;
+    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
+        || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
+        return 0;
     for (first = 0; first < cv->N && (gx || gw); first += chunk) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
         mlc__cl_conv_args(cv, nb, &q, &r);
@@ -1542,18 +1682,24 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
                 if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
-                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw, (size_t)g * Og * rows, 0, 1, NULL)) return 0;
+                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw,
+                                  (size_t)g * Og * rows, 0, 1, NULL))
+                    return 0;
             }
             if (gx) {
-                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx), MLC__CL_ARG(x_off) };
-                if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0, 0.0f, col, 0, 0, 1, NULL)) return 0;
+                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx),
+                                       MLC__CL_ARG(x_off) };
+                if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0,
+                                  0.0f, col, 0, 0, 1, NULL))
+                    return 0;
                 if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
             }
         }
     }
     if (b && b->requires_grad) {
         cl_int N = cv->N, O = cv->O, PP = P;
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy), MLC__CL_ARG(gb) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy),
+                               MLC__CL_ARG(gb) };
         if (!(gb = mlc__cl_grad(ctx, b))) return 0;
         if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 5)) return 0;
     }
@@ -1562,25 +1708,30 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
 
 static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
-    cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2], OW = y->shape[3];
+    cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2],
+           OW = y->shape[3];
     cl_int K = call->args.pool.kernel, S = call->args.pool.stride, Pd = call->args.pool.padding;
-    cl_int is_max = call->args.pool.is_max;
+    cl_int is_max = call->args.pool.is_max, exclude_pad = call->args.pool.exclude_pad;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     if (!xm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
-                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(planes),      MLC__CL_ARG(H),  MLC__CL_ARG(W),
+                               MLC__CL_ARG(OH),          MLC__CL_ARG(OW), MLC__CL_ARG(K),
+                               MLC__CL_ARG(S),           MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
+                               MLC__CL_ARG(exclude_pad), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 11);
+        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 12);
         return 1;
     }
     if (!x->requires_grad) return 1;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H), MLC__CL_ARG(W), MLC__CL_ARG(OH), MLC__CL_ARG(OW),
-                               MLC__CL_ARG(K), MLC__CL_ARG(S), MLC__CL_ARG(Pd), MLC__CL_ARG(is_max), MLC__CL_ARG(xm),
-                               MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(planes),      MLC__CL_ARG(H),  MLC__CL_ARG(W),
+                               MLC__CL_ARG(OH),          MLC__CL_ARG(OW), MLC__CL_ARG(K),
+                               MLC__CL_ARG(S),           MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
+                               MLC__CL_ARG(exclude_pad), MLC__CL_ARG(xm), MLC__CL_ARG(ym),
+                               MLC__CL_ARG(gx) };
         if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 12);
+        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 13);
     }
 }
 
@@ -1613,7 +1764,8 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_int outer = len && inner ? (cl_int)(x->size / ((size_t)len * inner)) : 0;
     cl_mem a, b, c;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len),
+                               MLC__CL_ARG(inner),  MLC__CL_ARG(a),     MLC__CL_ARG(b) };
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
         mlc__cl_run(ctx, MLC__CL_K_softmax, (size_t)outer * inner, args, 6);
         return 1;
@@ -1622,7 +1774,8 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(is_log), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
                                MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(c) };
-        if (!(a = mlc__cl_in(ctx, y)) || !(b = mlc__cl_grad_in(ctx, y)) || !(c = mlc__cl_grad(ctx, x))) return 0;
+        if (!(a = mlc__cl_in(ctx, y)) || !(b = mlc__cl_grad_in(ctx, y)) || !(c = mlc__cl_grad(ctx, x)))
+            return 0;
         return mlc__cl_run(ctx, MLC__CL_K_softmax_grad, (size_t)outer * inner, args, 7);
     }
 }
@@ -1632,7 +1785,8 @@ static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t co
     cl_int n = (cl_int)count, red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale;
     cl_mem y = mlc__cl_out(ctx, call->out);
-    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l), MLC__CL_ARG(y) };
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l),
+                           MLC__CL_ARG(y) };
     if (!y) return 1;
     if (red == MLC_REDUCE_NONE) {
         cl_ulong n64 = count;
@@ -1646,21 +1800,24 @@ static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t co
 
 static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *t = call->in[1];
-    cl_int sm = call->args.loss.softmax_first, N = x->shape[0], C = x->shape[1], ignore = call->args.loss.ignore_index;
+    cl_int sm = call->args.loss.softmax_first, N = x->shape[0], C = x->shape[1],
+           ignore = call->args.loss.ignore_index;
     cl_int red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale;
     cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
     if (!tm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N),  MLC__CL_ARG(C), MLC__CL_ARG(ignore),
+                               MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
         if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
         if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 7)) return 1;
         return mlc__cl_loss_total(ctx, call, l, (size_t)N);
     }
     if (!x->requires_grad) return 1;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(ignore), MLC__CL_ARG(red),
-                               MLC__CL_ARG(scale), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),     MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
+                               MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(xm), MLC__CL_ARG(tm),
+                               MLC__CL_ARG(g),   MLC__CL_ARG(gx) };
         if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
         return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 10);
     }
@@ -1674,7 +1831,8 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_mem pm = mlc__cl_in(ctx, p), tm = pm ? mlc__cl_in(ctx, t) : NULL, l, g, gp, gt;
     if (!tm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm),
+                               MLC__CL_ARG(l) };
         if (!(l = mlc__cl_scratch(ctx, p->size))) return 1;
         if (!mlc__cl_run(ctx, MLC__CL_K_pointwise_loss, p->size, args, 5)) return 1;
         return mlc__cl_loss_total(ctx, call, l, p->size);
@@ -1684,39 +1842,48 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     gt = want_t ? mlc__cl_grad(ctx, t) : g;
     if (!gp || !gt) return 0;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(pm),
-                               MLC__CL_ARG(tm), MLC__CL_ARG(g), MLC__CL_ARG(gp), MLC__CL_ARG(gt), MLC__CL_ARG(want_p), MLC__CL_ARG(want_t) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n),      MLC__CL_ARG(red),   MLC__CL_ARG(scale),
+                               MLC__CL_ARG(pm),   MLC__CL_ARG(tm),     MLC__CL_ARG(g),     MLC__CL_ARG(gp),
+                               MLC__CL_ARG(gt),   MLC__CL_ARG(want_p), MLC__CL_ARG(want_t) };
         return mlc__cl_run(ctx, MLC__CL_K_pointwise_loss_grad, p->size, args, 11);
     }
 }
 
 /* An optional input's buffer, or `other` as a placeholder the kernel does not read. */
-static cl_mem mlc__cl_maybe(mlc_ctx *ctx, mlc_tensor *t, cl_mem other) { return t ? mlc__cl_in(ctx, t) : other; }
+static cl_mem mlc__cl_maybe(mlc_ctx *ctx, mlc_tensor *t, cl_mem other) {
+    return t ? mlc__cl_in(ctx, t) : other;
+}
 
 static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2];
-    cl_int D = x->shape[x->ndim - 1], rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL, has_b = b != NULL;
+    cl_int D = x->shape[x->ndim - 1], rows = D ? (cl_int)(x->size / (size_t)D) : 0, has_w = w != NULL,
+           has_b = b != NULL;
     cl_float eps = call->args.layer_norm.eps;
-    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL,
+           bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
     cl_mem ym, g, gx, gw, gb;
     if (!bm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
-                               MLC__CL_ARG(has_w), MLC__CL_ARG(bm), MLC__CL_ARG(has_b), MLC__CL_ARG(ym) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D),     MLC__CL_ARG(eps),
+                               MLC__CL_ARG(xm),   MLC__CL_ARG(wm),    MLC__CL_ARG(has_w),
+                               MLC__CL_ARG(bm),   MLC__CL_ARG(has_b), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
         mlc__cl_run(ctx, MLC__CL_K_layer_norm, (size_t)rows, args, 9);
         return 1;
     }
     if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
     if (x->requires_grad) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm),
-                               MLC__CL_ARG(has_w), MLC__CL_ARG(g), MLC__CL_ARG(gx) };
-        if (!(gx = mlc__cl_grad(ctx, x)) || !mlc__cl_run(ctx, MLC__CL_K_layer_norm_grad, (size_t)rows, args, 8)) return 0;
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D),     MLC__CL_ARG(eps), MLC__CL_ARG(xm),
+                               MLC__CL_ARG(wm),   MLC__CL_ARG(has_w), MLC__CL_ARG(g),   MLC__CL_ARG(gx) };
+        if (!(gx = mlc__cl_grad(ctx, x))
+            || !mlc__cl_run(ctx, MLC__CL_K_layer_norm_grad, (size_t)rows, args, 8))
+            return 0;
     }
     {
         cl_int want_w = w && w->requires_grad, want_b = b && b->requires_grad;
-        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(g),
-                               MLC__CL_ARG(gw), MLC__CL_ARG(want_w), MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows),   MLC__CL_ARG(D),  MLC__CL_ARG(eps),
+                               MLC__CL_ARG(xm),     MLC__CL_ARG(g),  MLC__CL_ARG(gw),
+                               MLC__CL_ARG(want_w), MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
         if (!want_w && !want_b) return 1;
         gw = want_w ? mlc__cl_grad(ctx, w) : g;
         gb = want_b ? mlc__cl_grad(ctx, b) : g;
@@ -1726,16 +1893,21 @@ static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *w = call->in[1], *b = call->in[2], *rm = call->in[3], *rv = call->in[4];
-    cl_int N = x->shape[0], C = x->shape[1], inner = (cl_int)mlc__numel(x->ndim - 2, x->shape + 2), training = call->args.batch_norm.training;
+    cl_int N = x->shape[0], C = x->shape[1], inner = (cl_int)mlc__numel(x->ndim - 2, x->shape + 2),
+           training = call->args.batch_norm.training;
     cl_int has_w = w != NULL, has_b = b != NULL, has_rm = rm != NULL, has_rv = rv != NULL;
     cl_float momentum = call->args.batch_norm.momentum, eps = call->args.batch_norm.eps;
-    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL, bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
-    cl_mem rmm = bm ? mlc__cl_maybe(ctx, rm, xm) : NULL, rvm = rmm ? mlc__cl_maybe(ctx, rv, xm) : NULL, ym, g, gx, gw, gb;
+    cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_maybe(ctx, w, xm) : NULL,
+           bm = wm ? mlc__cl_maybe(ctx, b, xm) : NULL;
+    cl_mem rmm = bm ? mlc__cl_maybe(ctx, rm, xm) : NULL, rvm = rmm ? mlc__cl_maybe(ctx, rv, xm) : NULL, ym, g,
+           gx, gw, gb;
     if (!rvm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(inner), MLC__CL_ARG(training), MLC__CL_ARG(momentum),
-                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(wm), MLC__CL_ARG(has_w), MLC__CL_ARG(bm),
-                               MLC__CL_ARG(has_b), MLC__CL_ARG(rmm), MLC__CL_ARG(has_rm), MLC__CL_ARG(rvm), MLC__CL_ARG(has_rv),
+        mlc__cl_arg args[] = { MLC__CL_ARG(N),        MLC__CL_ARG(C),        MLC__CL_ARG(inner),
+                               MLC__CL_ARG(training), MLC__CL_ARG(momentum), MLC__CL_ARG(eps),
+                               MLC__CL_ARG(xm),       MLC__CL_ARG(wm),       MLC__CL_ARG(has_w),
+                               MLC__CL_ARG(bm),       MLC__CL_ARG(has_b),    MLC__CL_ARG(rmm),
+                               MLC__CL_ARG(has_rm),   MLC__CL_ARG(rvm),      MLC__CL_ARG(has_rv),
                                MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
         mlc__cl_run(ctx, MLC__CL_K_batch_norm, (size_t)C, args, 16);
@@ -1743,10 +1915,12 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
     {
         cl_int want_x = x->requires_grad, want_w = w && w->requires_grad, want_b = b && b->requires_grad;
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(C), MLC__CL_ARG(inner), MLC__CL_ARG(training), MLC__CL_ARG(eps),
-                               MLC__CL_ARG(xm), MLC__CL_ARG(wm), MLC__CL_ARG(has_w), MLC__CL_ARG(rmm), MLC__CL_ARG(rvm),
-                               MLC__CL_ARG(g), MLC__CL_ARG(gx), MLC__CL_ARG(want_x), MLC__CL_ARG(gw), MLC__CL_ARG(want_w),
-                               MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(N),        MLC__CL_ARG(C),     MLC__CL_ARG(inner),
+                               MLC__CL_ARG(training), MLC__CL_ARG(eps),   MLC__CL_ARG(xm),
+                               MLC__CL_ARG(wm),       MLC__CL_ARG(has_w), MLC__CL_ARG(rmm),
+                               MLC__CL_ARG(rvm),      MLC__CL_ARG(g),     MLC__CL_ARG(gx),
+                               MLC__CL_ARG(want_x),   MLC__CL_ARG(gw),    MLC__CL_ARG(want_w),
+                               MLC__CL_ARG(gb),       MLC__CL_ARG(want_b) };
         if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
         gx = want_x ? mlc__cl_grad(ctx, x) : g;
         gw = want_w ? mlc__cl_grad(ctx, w) : g;
@@ -1761,7 +1935,8 @@ static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_
                           size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b) {
     mlc_tensor *x = n->in[0];
     if (!backward) {
-        if ((*a = mlc__cl_in(ctx, x)) && (*b = mlc__cl_out(ctx, n->out))) mlc__cl_run(ctx, forward_kernel, work, args, count);
+        if ((*a = mlc__cl_in(ctx, x)) && (*b = mlc__cl_out(ctx, n->out)))
+            mlc__cl_run(ctx, forward_kernel, work, args, count);
         return 1;
     }
     if (!x->requires_grad) return 1;
@@ -1775,19 +1950,23 @@ static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_uint seed = (cl_uint)call->args.dropout.seed;
     cl_float p = call->args.dropout.p;
     cl_mem a, b;
-    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a), MLC__CL_ARG(b) };
-    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5, &a, &b);
+    mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a),
+                           MLC__CL_ARG(b) };
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5,
+                          &a, &b);
 }
 
 /* y = cumsum(x) along the axis; backward dx += the reversed running sums of dy */
 static int mlc__cl_cumsum(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     cl_int len = call->args.cumsum.len, reverse = backward;
-    cl_ulong inner = (cl_ulong)call->args.cumsum.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0;
+    cl_ulong inner = (cl_ulong)call->args.cumsum.inner,
+             outer = len && inner ? x->size / ((size_t)len * inner) : 0;
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(reverse),
                            MLC__CL_ARG(a), MLC__CL_ARG(b) };
-    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_cumsum, MLC__CL_K_cumsum, (size_t)(outer * inner), args, 6, &a, &b);
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_cumsum, MLC__CL_K_cumsum, (size_t)(outer * inner),
+                          args, 6, &a, &b);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
@@ -1808,17 +1987,20 @@ static int mlc__cl_slice(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc__split(x, call->args.slice.axis, &outer, &len, &inner);
     if (!backward) {
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)len * inner, (size_t)start * inner, b, (size_t)count * inner, 0, 0);
+        mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)len * inner, (size_t)start * inner, b,
+                          (size_t)count * inner, 0, 0);
         return 1;
     }
     if (!x->requires_grad) return 1;
     if (!(a = mlc__cl_grad_in(ctx, call->out)) || !(b = mlc__cl_grad(ctx, x))) return 0;
-    return mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)count * inner, 0, b, (size_t)len * inner, (size_t)start * inner, 1);
+    return mlc__cl_copy_rows(ctx, outer, (size_t)count * inner, a, (size_t)count * inner, 0, b,
+                             (size_t)len * inner, (size_t)start * inner, 1);
 }
 
 static int mlc__cl_concat(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor **xs = (mlc_tensor **)call->saved;
-    int count = call->args.concat.count, axis = call->args.concat.axis, total = call->out->shape[axis], k, offset = 0;
+    int count = call->args.concat.count, axis = call->args.concat.axis, total = call->out->shape[axis], k,
+        offset = 0;
     cl_mem y = backward ? mlc__cl_grad_in(ctx, call->out) : mlc__cl_out(ctx, call->out), x;
     if (!y) return backward ? 0 : 1;
     for (k = 0; k < count; k++) {
@@ -1827,10 +2009,13 @@ static int mlc__cl_concat(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc__split(xs[k], axis, &outer, &len, &inner);
         if (!backward) {
             if (!(x = mlc__cl_in(ctx, xs[k]))) return 1;
-            mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, x, (size_t)len * inner, 0, y, (size_t)total * inner, (size_t)offset * inner, 0);
+            mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, x, (size_t)len * inner, 0, y,
+                              (size_t)total * inner, (size_t)offset * inner, 0);
         } else if (xs[k]->requires_grad) {
             if (!(x = mlc__cl_grad(ctx, xs[k]))) return 0;
-            if (!mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, y, (size_t)total * inner, (size_t)offset * inner, x, (size_t)len * inner, 0, 1)) return 0;
+            if (!mlc__cl_copy_rows(ctx, outer, (size_t)len * inner, y, (size_t)total * inner,
+                                   (size_t)offset * inner, x, (size_t)len * inner, 0, 1))
+                return 0;
         }
         offset += len;
     }
@@ -1839,18 +2024,25 @@ static int mlc__cl_concat(mlc_ctx *ctx, mlc__node *call, int backward) {
 
 static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
-    cl_int n = (cl_int)x->size, nd = x->ndim, s[6] = { 0, 0, 0, 0, 0, 0 }, dims[6] = { 1, 1, 1, 1, 1, 1 }, back = backward;
+    cl_int n = (cl_int)x->size, nd = x->ndim, s[6] = { 0, 0, 0, 0, 0, 0 }, dims[6] = { 1, 1, 1, 1, 1, 1 },
+           back = backward;
     cl_int xstride[MLC_MAX_DIMS];
     cl_mem a, b;
     int d, acc = 1;
     for (d = x->ndim - 1; d >= 0; d--) { xstride[d] = acc; acc *= x->shape[d]; }
-    for (d = 0; d < x->ndim; d++) { s[d] = xstride[call->args.permute.order[d]]; dims[d] = call->out->shape[d]; }
+    for (d = 0; d < x->ndim; d++) {
+        s[d] = xstride[call->args.permute.order[d]];
+        dims[d] = call->out->shape[d];
+    }
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(s[0]), MLC__CL_ARG(s[1]), MLC__CL_ARG(s[2]),
-                               MLC__CL_ARG(s[3]), MLC__CL_ARG(s[4]), MLC__CL_ARG(s[5]), MLC__CL_ARG(dims[0]), MLC__CL_ARG(dims[1]),
-                               MLC__CL_ARG(dims[2]), MLC__CL_ARG(dims[3]), MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]),
-                               MLC__CL_ARG(a), MLC__CL_ARG(b), MLC__CL_ARG(back) };
-        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_permute, MLC__CL_K_permute, x->size, args, 17, &a, &b);
+        mlc__cl_arg args[] = { MLC__CL_ARG(n),       MLC__CL_ARG(nd),      MLC__CL_ARG(s[0]),
+                               MLC__CL_ARG(s[1]),    MLC__CL_ARG(s[2]),    MLC__CL_ARG(s[3]),
+                               MLC__CL_ARG(s[4]),    MLC__CL_ARG(s[5]),    MLC__CL_ARG(dims[0]),
+                               MLC__CL_ARG(dims[1]), MLC__CL_ARG(dims[2]), MLC__CL_ARG(dims[3]),
+                               MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]), MLC__CL_ARG(a),
+                               MLC__CL_ARG(b),       MLC__CL_ARG(back) };
+        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_permute, MLC__CL_K_permute, x->size, args, 17,
+                              &a, &b);
     }
 }
 
@@ -1863,9 +2055,11 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc__split(x, call->args.index_select.axis, &outer, &len, &inner);
     o = (cl_int)outer; l = len; in = (cl_int)inner;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(o), MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L), MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(o),  MLC__CL_ARG(l), MLC__CL_ARG(in), MLC__CL_ARG(L),
+                               MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
-        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_index_select, MLC__CL_K_index_select_grad, call->out->size, args, 7, &a, &b);
+        return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_index_select, MLC__CL_K_index_select_grad,
+                              call->out->size, args, 7, &a, &b);
     }
 }
 
@@ -1882,8 +2076,12 @@ static int mlc__cl_gather(mlc_ctx *ctx, mlc__node *call, int backward) {
         size_t i;
         if (!ints || !(mm = mlc__cl_scratch(ctx, y->size + 1))) return 1;
         for (i = 0; i < y->size; i++) ints[i] = (cl_int)map[i];
-        if (y->size && !mlc__cl_check(ctx, mlc__cl.EnqueueWriteBuffer(mlc__cl_st(ctx)->queue, mm, CL_FALSE, 0, y->size * sizeof(cl_int),
-                                                                       ints, 0, NULL, NULL), "clEnqueueWriteBuffer")) return 1;
+        if (y->size
+            && !mlc__cl_check(ctx,
+                              mlc__cl.EnqueueWriteBuffer(mlc__cl_st(ctx)->queue, mm, CL_FALSE, 0,
+                                                         y->size * sizeof(cl_int), ints, 0, NULL, NULL),
+                              "clEnqueueWriteBuffer"))
+            return 1;
         mlc__cl_st(ctx)->pending = 1;
         call->saved = (void *)mm;
         if (!(a = mlc__cl_in(ctx, x)) || !(b = mlc__cl_out(ctx, y))) return 1;
@@ -1915,11 +2113,13 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
     memset(&shape, 0, sizeof shape);
     for (d = 0; d < bc.ndim; d++) shape.s[d] = bc.shape[d];
     mlc__cl_bcast_args(&bc, ci, &sc); mlc__cl_bcast_args(&bc, ai, &sa); mlc__cl_bcast_args(&bc, bi, &sb);
-    if (!(cm = mlc__cl_in(ctx, call->in[ci])) || !(am = mlc__cl_in(ctx, call->in[ai])) || !(bm = mlc__cl_in(ctx, call->in[bi])))
+    if (!(cm = mlc__cl_in(ctx, call->in[ci])) || !(am = mlc__cl_in(ctx, call->in[ai]))
+        || !(bm = mlc__cl_in(ctx, call->in[bi])))
         return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), MLC__CL_ARG(sa), MLC__CL_ARG(sb),
-                               MLC__CL_ARG(cm), MLC__CL_ARG(am), MLC__CL_ARG(bm), MLC__CL_ARG(fill), MLC__CL_ARG(a_is_fill), MLC__CL_ARG(ym) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(n),  MLC__CL_ARG(nd),   MLC__CL_ARG(shape),     MLC__CL_ARG(sc),
+                               MLC__CL_ARG(sa), MLC__CL_ARG(sb),   MLC__CL_ARG(cm),        MLC__CL_ARG(am),
+                               MLC__CL_ARG(bm), MLC__CL_ARG(fill), MLC__CL_ARG(a_is_fill), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
         mlc__cl_run(ctx, MLC__CL_K_where, call->out->size, args, 12);
         return 1;
@@ -1929,10 +2129,12 @@ static int mlc__cl_where(mlc_ctx *ctx, mlc__node *call, int backward) {
         mlc_tensor *t = call->in[side == 0 ? ai : bi];
         cl_int s = side;
         cl_int8 *sg = side == 0 ? &sa : &sb;
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(nd), MLC__CL_ARG(shape), MLC__CL_ARG(sc), { sizeof(cl_int8), sg },
-                               MLC__CL_ARG(s), MLC__CL_ARG(cm), MLC__CL_ARG(g), MLC__CL_ARG(dg) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(n),  MLC__CL_ARG(nd),         MLC__CL_ARG(shape),
+                               MLC__CL_ARG(sc), { sizeof(cl_int8), sg }, MLC__CL_ARG(s),
+                               MLC__CL_ARG(cm), MLC__CL_ARG(g),          MLC__CL_ARG(dg) };
         if (!t->requires_grad) continue;
-        if (!(dg = mlc__cl_grad(ctx, t)) || !mlc__cl_run(ctx, MLC__CL_K_where_grad, call->out->size, args, 9)) return 0;
+        if (!(dg = mlc__cl_grad(ctx, t)) || !mlc__cl_run(ctx, MLC__CL_K_where_grad, call->out->size, args, 9))
+            return 0;
     }
     return 1;
 }
@@ -2054,15 +2256,16 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
     if (opt->kind == MLC__SGD) {
         cl_float lr = opt->lr, wd = opt->weight_decay, mu = opt->momentum, keep = 1.0f - opt->dampening;
         cl_int first = opt->t == 1, nesterov = opt->nesterov;
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(lr),
-                               MLC__CL_ARG(wd), MLC__CL_ARG(mu), MLC__CL_ARG(keep), MLC__CL_ARG(first), MLC__CL_ARG(nesterov) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(n),     MLC__CL_ARG(pm),      MLC__CL_ARG(gm), MLC__CL_ARG(s0),
+                               MLC__CL_ARG(lr),    MLC__CL_ARG(wd),      MLC__CL_ARG(mu), MLC__CL_ARG(keep),
+                               MLC__CL_ARG(first), MLC__CL_ARG(nesterov) };
         mlc__cl_run(ctx, MLC__CL_K_sgd, p->size, args, 10);
     } else if (opt->kind == MLC__RMSPROP) {
         cl_float lr = opt->lr, wd = opt->weight_decay, a = opt->beta2, eps = opt->eps, mu = opt->momentum;
         cl_int centered = opt->centered;
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
-                               MLC__CL_ARG(s2), MLC__CL_ARG(lr), MLC__CL_ARG(wd), MLC__CL_ARG(a), MLC__CL_ARG(eps),
-                               MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(n),  MLC__CL_ARG(pm),  MLC__CL_ARG(gm), MLC__CL_ARG(s0),
+                               MLC__CL_ARG(s1), MLC__CL_ARG(s2),  MLC__CL_ARG(lr), MLC__CL_ARG(wd),
+                               MLC__CL_ARG(a),  MLC__CL_ARG(eps), MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
         mlc__cl_run(ctx, MLC__CL_K_rmsprop, p->size, args, 12);
     } else {                                             /* the constants as mlc__adam_update has them */
         cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
@@ -2070,9 +2273,11 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
         cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
-        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(gm), MLC__CL_ARG(s0), MLC__CL_ARG(s1),
-                               MLC__CL_ARG(b1), MLC__CL_ARG(b2), MLC__CL_ARG(eps), MLC__CL_ARG(l2), MLC__CL_ARG(shrink),
-                               MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2) };
+        mlc__cl_arg args[] = {
+            MLC__CL_ARG(n),  MLC__CL_ARG(pm),     MLC__CL_ARG(gm),   MLC__CL_ARG(s0),
+            MLC__CL_ARG(s1), MLC__CL_ARG(b1),     MLC__CL_ARG(b2),   MLC__CL_ARG(eps),
+            MLC__CL_ARG(l2), MLC__CL_ARG(shrink), MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2)
+        };
         mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 12);
     }
     return !ctx->error;
@@ -2098,8 +2303,11 @@ static int mlc__cl_download(mlc_tensor *t, int grad) {
     st->op = "download";
     ctx->stats.downloads++;
     if (!t->size) return 1;
-    if (!mlc__cl_check(ctx, mlc__cl.EnqueueReadBuffer(st->queue, (cl_mem)mem, CL_TRUE, 0, t->size * sizeof(float), host,
-                                                      0, NULL, NULL), "clEnqueueReadBuffer")) return 0;
+    if (!mlc__cl_check(ctx,
+                       mlc__cl.EnqueueReadBuffer(st->queue, (cl_mem)mem, CL_TRUE, 0, t->size * sizeof(float),
+                                                 host, 0, NULL, NULL),
+                       "clEnqueueReadBuffer"))
+        return 0;
     st->pending = 0;
     return 1;
 }
@@ -2125,10 +2333,11 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
 
 static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);
 static int mlc__opencl_devices(mlc_device_info *out, int max);
-static const mlc__backend mlc__opencl_backend = {
-    "opencl", mlc__opencl_open, mlc__opencl_devices, mlc__cl_kernels, mlc__cl_run_op, mlc__cl_step, mlc__cl_fill,
-    mlc__cl_upload, mlc__cl_download, mlc__cl_create, mlc__cl_release, mlc__cl_wait, mlc__cl_destroy
-};
+static const mlc__backend mlc__opencl_backend = { "opencl",        mlc__opencl_open, mlc__opencl_devices,
+                                                  mlc__cl_kernels, mlc__cl_run_op,   mlc__cl_step,
+                                                  mlc__cl_fill,    mlc__cl_upload,   mlc__cl_download,
+                                                  mlc__cl_create,  mlc__cl_release,  mlc__cl_wait,
+                                                  mlc__cl_destroy };
 
 /* ============================================================================================
    Opening a device: "opencl", "opencl:N", "best", or a piece of a device's name
@@ -2147,7 +2356,8 @@ static int mlc__cl_contains(const char *text, const char *piece) {
     return 0;
 }
 
-static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_id device, int index, int quiet_failure) {
+static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_id device, int index,
+                               int quiet_failure) {
     mlc__cl_state *st;
     cl_context_properties props[3];
     cl_ulong max_alloc = 0;
@@ -2157,15 +2367,18 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     char message[400];
     mlc__cl_describe(platform, device, index, &info);
     st = (mlc__cl_state *)mlc__heap_alloc(ctx, sizeof *st);
-    if (!st) { mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: out of memory opening OpenCL device %d", index); return 0; }
+    if (!st) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: out of memory opening OpenCL device %d", index);
+        return 0;
+    }
     memset(st, 0, sizeof *st);
     props[0] = CL_CONTEXT_PLATFORM; props[1] = (cl_context_properties)platform; props[2] = 0;
     st->device = device;
     st->context = mlc__cl.CreateContext(props, 1, &device, NULL, NULL, &err);
     if (st->context) st->queue = mlc__cl.CreateCommandQueue(st->context, device, 0, &err);
     if (!st->queue) {
-        mlc__format(message, sizeof message, "mlc_create: cannot open OpenCL device %d (%s): %s failed (%d)", index, info.name,
-                    st->context ? "clCreateCommandQueue" : "clCreateContext", (int)err);
+        mlc__format(message, sizeof message, "mlc_create: cannot open OpenCL device %d (%s): %s failed (%d)",
+                    index, info.name, st->context ? "clCreateCommandQueue" : "clCreateContext", (int)err);
         if (st->context) mlc__cl.ReleaseContext(st->context);
         mlc__heap_free(ctx, st);
         if (quiet_failure) { mlc__log(ctx, MLC_LOG_WARN, message); return 0; }
@@ -2198,25 +2411,30 @@ static int mlc__opencl_open(mlc_ctx *ctx, const char *spec) {
             const char *c = spec + 7;
             for (index = 0; *c >= '0' && *c <= '9' && index < 100000; c++) index = index * 10 + (*c - '0');
             if (c == spec + 7 || *c) {
-                mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: bad device \"%s\" (write opencl:N, N a row of mlc_devices)", spec);
+                mlc__fail(ctx, MLC_ERR_DEVICE,
+                          "mlc_create: bad device \"%s\" (write opencl:N, N a row of mlc_devices)", spec);
                 return 0;
             }
         }
     }
     if (!mlc__cl_load()) {
-        if (is_opencl) mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
-                                 "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)");
+        if (is_opencl)
+            mlc__fail(ctx, MLC_ERR_DEVICE,
+                      "mlc_create: no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
+                      "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)");
         else if (is_best) mlc__log(ctx, MLC_LOG_WARN, "best: no OpenCL library; running on the CPU");
         return 0;
     }
     count = mlc__cl_enumerate(platforms, devices);
     if (is_opencl) {
         if (count == 0) {
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL platform or device found (is an OpenCL driver installed?)");
+            mlc__fail(ctx, MLC_ERR_DEVICE,
+                      "mlc_create: no OpenCL platform or device found (is an OpenCL driver installed?)");
             return 0;
         }
         if (index >= count) {
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL device %d (there are %d; see mlc_devices)", index, count);
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL device %d (there are %d; see mlc_devices)",
+                      index, count);
             return 0;
         }
         return mlc__cl_open_device(ctx, platforms[index], devices[index], index, 0);

@@ -62,8 +62,10 @@ run_start=$(cpu_ticks)
 
 # 6. PyTorch: the first python3 on PATH that can import torch, else Debian's own
 TORCH_ARGS=
+TORCH_PY=
 for py in python3 /usr/bin/python3; do
     if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import torch' >/dev/null 2>&1; then
+        TORCH_PY=$py
         echo "bench: running bench/torch_bench.py with $py"
         if "$py" bench/torch_bench.py $QUICK > "$BUILD/bench_torch.txt"; then
             TORCH_ARGS="--torch $BUILD/bench_torch.txt"
@@ -88,5 +90,37 @@ if [ "$4" -gt "$2" ] && [ -n "$ours" ]; then
         'BEGIN { p = 100 * (busy - ours * hz) / total; if (p < 0) p = 0
                  printf "bench: other processes used %.0f%% of the CPUs during the run%s\n", p,
                         (p > 10 ? " (the numbers above are disturbed; run again on a quieter machine)" : "") }'
+fi
+# 7. all-MiniLM-L6-v2 sentence embeddings (when sh tools/fetch_minilm.sh has fetched the model):
+# examples/minilm.c built with OpenMP on 1 and 2 threads, and PyTorch on 1 and 2 threads (its
+# best counts), on the 32 sentences of bench/minilm_sentences.txt, batches of 32; the median of
+# RUNS passes after one warm-up, tokenisation not timed.
+MINILM=$BUILD/models/all-MiniLM-L6-v2
+RUNS=20
+[ -n "$QUICK" ] && RUNS=3
+if [ -f "$MINILM/model.safetensors" ]; then
+    echo "bench: $CC -O2 -fopenmp -fno-math-errno -std=c99 -I. -o $BUILD/minilm-bench examples/minilm.c -lm"
+    $CC -O2 -fopenmp -fno-math-errno -std=c99 -I. -o "$BUILD/minilm-bench" examples/minilm.c -lm
+    "$BUILD/minilm-bench" --model "$MINILM" --ids --file bench/minilm_sentences.txt > "$BUILD/minilm_ids.txt"
+    sps() { sed -n 's/.* \([0-9.]*\) sentences\/s$/\1/p'; }
+    m1=$(OMP_NUM_THREADS=1 "$BUILD/minilm-bench" --model "$MINILM" --file bench/minilm_sentences.txt --bench $RUNS | sps)
+    m2=$(OMP_NUM_THREADS=2 "$BUILD/minilm-bench" --model "$MINILM" --file bench/minilm_sentences.txt --bench $RUNS | sps)
+    t1=- t2=- others=-
+    if [ -n "$TORCH_PY" ] && "$TORCH_PY" bench/torch_bench.py --minilm "$MINILM" "$BUILD/minilm_ids.txt" $RUNS \
+           > "$BUILD/bench_minilm_torch.txt"; then
+        t1=$(awk '$1 == "minilm_torch_sps_1" { print $2 }' "$BUILD/bench_minilm_torch.txt")
+        t2=$(awk '$1 == "minilm_torch_sps_2" { print $2 }' "$BUILD/bench_minilm_torch.txt")
+        others=$(awk '$1 == "others_percent" { print $2 }' "$BUILD/bench_minilm_torch.txt")
+    fi
+    echo
+    echo "| all-MiniLM-L6-v2, 32 sentences, batch 32 | mlc 1 thread | mlc 2 threads | PyTorch 1 thread | PyTorch 2 threads | best vs best |"
+    echo "|------------------------------------------|-------------:|--------------:|-----------------:|------------------:|-------------:|"
+    awk -v m1="$m1" -v m2="$m2" -v t1="$t1" -v t2="$t2" 'BEGIN {
+        m = m1 > m2 ? m1 : m2; t = t1 > t2 ? t1 : t2
+        printf "| sentences/s (median of passes)           | %12s | %13s | %16s | %17s | %11s |\n",
+               m1, m2, t1, t2, (t1 == "-" || t <= 0) ? "-" : sprintf("%.2fx", m / t) }'
+    echo "(other processes used $others% of the CPUs during the PyTorch part)"
+else
+    echo "bench: no model in $MINILM (sh tools/fetch_minilm.sh): the all-MiniLM-L6-v2 row is skipped"
 fi
 echo "bench: the whole run took $(( $(date +%s) - start )) s"

@@ -9,6 +9,13 @@ can be compared line by line. Prints "key value" lines that bench.c reads (--tor
     others_percent (how much of the CPUs other processes used meanwhile)
 
 Usage: python3 bench/torch_bench.py [--quick]
+
+With --minilm MODEL_DIR IDS_FILE RUNS it measures all-MiniLM-L6-v2 instead (bench/run.sh's
+sentence-embedding row): the token ids of `build/minilm --ids` (IDS_FILE), embedded as
+examples/minilm.c does (sorted longest first, batches of 32 padded to their longest, BERT's
+forward as tests/models/test_minilm.py writes it, mean pooling, L2 norm), one warm-up pass then
+RUNS passes, on 1 thread and on 2; prints "minilm_torch_sps_1 X", "minilm_torch_sps_2 Y"
+(the median pass) and others_percent.
 """
 import gzip
 import os
@@ -245,5 +252,37 @@ def main():
     print("others_percent %.1f" % others_percent(start))
 
 
+def minilm_main(model, ids_file, runs):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
+    from test_minilm import bert_embed, load_safetensors
+    w = load_safetensors(os.path.join(model, "model.safetensors"))
+    with open(ids_file) as f:
+        ids = [[int(v) for v in line.partition(":")[2].split()] for line in f if line.startswith("ids ")]
+    ids.sort(key=lambda s: -len(s))
+    batches = []
+    for first in range(0, len(ids), 32):
+        group = ids[first:first + 32]
+        t = len(group[0])
+        batches.append((torch.tensor([s + [0] * (t - len(s)) for s in group]),
+                        torch.tensor([[1.0] * len(s) + [0.0] * (t - len(s)) for s in group])))
+    start = cpu_mark()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        took = []
+        with torch.no_grad():
+            for r in range(runs + 1):                 # the first pass warms up
+                t = time.perf_counter()
+                for x, m in batches:
+                    bert_embed(w, x, m)
+                took.append(time.perf_counter() - t)
+        took = sorted(took[1:])
+        print("minilm_torch_sps_%d %.1f" % (threads, len(ids) / took[len(took) // 2]))
+    print("others_percent %.1f" % others_percent(start))
+
+
 if __name__ == "__main__":
-    main()
+    if "--minilm" in sys.argv:
+        at = sys.argv.index("--minilm")
+        minilm_main(sys.argv[at + 1], sys.argv[at + 2], int(sys.argv[at + 3]))
+    else:
+        main()

@@ -1,6 +1,8 @@
 /* The test runner: runs every suite and prints "N passed, M failed, K skipped". Exit status 1
    on failure, and on any skip when CI=true (CI installs every optional dependency).
-   Arguments: substrings; only tests whose "suite.name" contains one of them run.
+   Arguments: substrings; only tests whose "suite.name" contains one of them run (all when none
+   is given), and none named by an argument -SUITE.NAME (the whole name: the Makefile's
+   fast-math run leaves a few out this way).
    The device: test_ctx leaves it to $MLC_DEVICE (MLC_DEVICE=opencl runs every suite on the
    first OpenCL device); MLC_TEST_FAKE_DEVICE=1 runs every suite on the fake device of
    tests/test_device.c, through the CPU fallbacks. On a real device a test whose ops fell back
@@ -50,10 +52,13 @@ int main(int argc, char **argv) {
         const test_case *t;
         for (t = suites[s].tests; t->name; t++) {
             char full[160];
-            int i, wanted = argc < 2, ok;
+            int i, wanted = 1, excluded = 0, ok;
             snprintf(full, sizeof full, "%s.%s", suites[s].suite, t->name);
-            for (i = 1; i < argc; i++) if (strstr(full, argv[i])) wanted = 1;
-            if (!wanted) continue;
+            for (i = 1; i < argc; i++) if (argv[i][0] != '-') wanted = 0;
+            for (i = 1; i < argc; i++)
+                if (argv[i][0] == '-') excluded |= strcmp(full, argv[i] + 1) == 0;
+                else wanted |= strstr(full, argv[i]) != NULL;
+            if (!wanted || excluded) continue;
             test_failure[0] = '\0';
             test_fallbacks = 0;
             test_fallback_op[0] = '\0';

@@ -27,6 +27,10 @@ extern char test_failure[512];
    FLT_EVAL_METHOD is 2 (x87: 0.01f is then 0.01 to 64 bits), so compare through float
    parameters, which round both. */
 static inline int test_same_float(float a, float b) { return a == b; }
+/* A float's bits, and NaN read from them: -ffast-math folds x != x to false and signbit of a
+   zero to 0 (make test runs a fast-math build). */
+static inline unsigned test_bits(float x) { unsigned u; memcpy(&u, &x, sizeof u); return u; }
+static inline int test_is_nan(float x) { return (test_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
 /* A test that cannot run here (a missing optional library) says why; under CI=true a skip
    counts as a failure, since CI installs everything. */
@@ -43,9 +47,16 @@ mlc_ctx *test_adopt(mlc_ctx *ctx);
 void test_destroy(mlc_ctx *ctx);
 int test_fake_device_wanted(void);                 /* MLC_TEST_FAKE_DEVICE=1 */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
-/* Fault injection on the fake device: refuse buffer k and every later one (k < 0: none); returns
-   how many buffers the fake device has made so far (-1: not the fake device). */
-long test_fake_device_fail_at(mlc_ctx *ctx, long k);
+/* Fault injection on the context's device (the fake one, OpenCL, any backend): refuse buffer k
+   and every later one (k < 0: none); returns how many buffers the device has made so far (-1:
+   the context runs on the CPU only). */
+long test_device_fail_at(mlc_ctx *ctx, long k);
+/* Device buffers made and neither released nor in mlc's books (a leak); -1: the CPU only. */
+long test_device_buffers_lost(const mlc_ctx *ctx);
+/* NaN and finiteness read from a float's bits: what the tests check survives -ffast-math (the
+   fast-math build in the Makefile), which folds isnan and isfinite to constants. */
+int test_isnan(double v);
+int test_isfinite(double v);
 extern size_t test_fallbacks;                      /* summed by test_destroy */
 extern char test_fallback_op[96];                  /* the first op that fell back */
 

@@ -497,7 +497,7 @@ static int csv_valid(void) {
     CHECK(t && t->shape[0] == 2 && t->shape[1] == 2);
     CHECK_TENSOR(t, want_plain, 0);
     t = mlc_csv_from_memory(ctx, "nan,-inf,3,0e999,1e-999", 23, 0, NULL);
-    CHECK(t && t->data[0] != t->data[0] && t->data[1] < -FLT_MAX && t->data[2] == 3);
+    CHECK(t && test_isnan(t->data[0]) && !test_isfinite(t->data[1]) && t->data[1] < 0 && t->data[2] == 3);
     CHECK(t->data[3] == 0 && t->data[4] == 0);
     test_destroy(ctx);
     return 1;

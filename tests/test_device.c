@@ -28,7 +28,6 @@ typedef struct fake_device {
     int kernel_neg, verify;
     size_t limit_bytes;             /* > 0: a "device" that holds no more than this */
     const char *op;                 /* the op being run, for messages */
-    long creates, fail_from;        /* buffers made; >= 0: refuse every one from that number on */
 } fake_device;
 
 /* t's data (grad 0) or gradient buffer on the device, made when missing. */
@@ -40,8 +39,6 @@ static float *fake_buffer(mlc_tensor *t, int grad) {
 static void *fake_create(mlc_ctx *ctx, size_t bytes) {
     fake_device *fd = (fake_device *)ctx->device;
     if (fd->limit_bytes && ctx->stats.device_bytes_current + bytes > fd->limit_bytes) return NULL;   /* full */
-    if (fd->fail_from >= 0 && fd->creates >= fd->fail_from) return NULL;                         /* refused */
-    fd->creates++;
     return malloc(bytes);
 }
 static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
@@ -155,7 +152,6 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
     if (!ctx || ctx->error || ctx->backend) return ctx;
     fd = (fake_device *)calloc(1, sizeof *fd);
     if (!fd) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory"); return ctx; }
-    fd->fail_from = -1;
     ctx->device = fd;
     ctx->backend = &fake_backend;
     return ctx;
@@ -170,14 +166,23 @@ static int fake_open(mlc_ctx *ctx, const char *spec) {
 
 static fake_device *fake_of(mlc_ctx *ctx) { return ctx && ctx->backend == &fake_backend ? (fake_device *)ctx->device : NULL; }
 
-long test_fake_device_fail_at(mlc_ctx *ctx, long k) {
-    fake_device *fd = fake_of(ctx);
-    if (!fd) return -1;
-    fd->fail_from = k;
-    return fd->creates;
+/* Device buffer k and every later one are refused (mlc.h's fault injection, for any backend). */
+long test_device_fail_at(mlc_ctx *ctx, long k) {
+    if (!ctx || !ctx->backend) return -1;
+    ctx->buffers.refuse_from = k;
+    return ctx->buffers.made;
+}
+
+long test_device_buffers_lost(const mlc_ctx *ctx) {
+    const mlc__device_buffers *books = ctx ? &ctx->buffers : NULL;
+    if (!books || !ctx->backend) return -1;
+    return books->made - books->released - (long)(books->n_frame + books->n_spare + books->n_kept);
 }
 
 /* ---- the tests' contexts ----------------------------------------------------------------- */
+
+int test_isnan(double v) { return mlc__is_nan((float)v); }
+int test_isfinite(double v) { return mlc__is_finite((float)v); }
 
 size_t test_fallbacks;
 char test_fallback_op[96];

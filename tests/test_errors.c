@@ -109,11 +109,11 @@ static int shape_mismatch_concat(void) {
     xs[1] = mlc_ones(ctx, MLC_SHAPE(2, 4));
     xs[2] = mlc_ones(ctx, MLC_SHAPE(2, 3, 1));
     CHECK(xs[0] && xs[1] && xs[2]);
-    CHECK_FAILS(ctx, mlc_concat(xs, 2, 0), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 4]");
+    CHECK_FAILS(ctx, mlc_concat(ctx, xs, 2, 0), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 4]");
     { mlc_tensor *ys[2]; ys[0] = xs[0]; ys[1] = xs[2];
-      CHECK_FAILS(ctx, mlc_concat(ys, 2, 1), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 3, 1]"); }
-    CHECK_FAILS(ctx, mlc_concat(xs, 2, 2), MLC_ERR_INDEX, "mlc_concat", "[2, 3]");
-    { mlc_tensor *ok = mlc_concat(xs, 2, 1); CHECK(ok && ok->shape[0] == 2 && ok->shape[1] == 7); }
+      CHECK_FAILS(ctx, mlc_concat(ctx, ys, 2, 1), MLC_ERR_SHAPE, "mlc_concat", "[2, 3]", "[2, 3, 1]"); }
+    CHECK_FAILS(ctx, mlc_concat(ctx, xs, 2, 2), MLC_ERR_INDEX, "mlc_concat", "[2, 3]");
+    { mlc_tensor *ok = mlc_concat(ctx, xs, 2, 1); CHECK(ok && ok->shape[0] == 2 && ok->shape[1] == 7); }
     test_destroy(ctx);
     return 1;
 }
@@ -227,7 +227,7 @@ static int null_input(void) {
     CHECK(mlc_add(NULL, NULL) == NULL);
     CHECK(mlc_sum(NULL, 0, 0) == NULL);
     CHECK(mlc_backward(NULL) == MLC_ERR_NULL);
-    CHECK(isnan(mlc_item(NULL)));
+    CHECK(test_isnan(mlc_item(NULL)));
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -266,7 +266,7 @@ static int error_is_sticky(void) {
     CHECK(mlc_ones(ctx, MLC_SHAPE(2)) == NULL);
     CHECK(mlc_nn_linear(ctx, 2, 2) == NULL);
     CHECK(mlc_sum(x, 9, 0) == NULL);                       /* a second error is not recorded */
-    CHECK(isnan(mlc_get(x, 100)));                         /* these reach the error path itself */
+    CHECK(test_isnan(mlc_get(x, 100)));                         /* these reach the error path itself */
     { float buf[1]; CHECK(mlc_read(x, buf, 1) == MLC_ERR_SHAPE); }
     CHECK(mlc_module_add_param(mlc_nn_custom(ctx, "M", NULL, NULL), "w", x) != MLC_OK);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
@@ -323,10 +323,10 @@ static int item_of_non_scalar(void) {
     float v;
     CHECK(x && one);
     v = mlc_item(x);
-    CHECK(isnan(v));
+    CHECK(test_isnan(v));
     CHECK_FAILS(ctx, (void *)NULL, MLC_ERR_SHAPE, "mlc_item", "[2, 3]", "6 elements");
     CHECK(mlc_item(one) == 4.5f);               /* one element of any rank is fine */
-    CHECK(isnan(mlc_get(x, 6)));
+    CHECK(test_isnan(mlc_get(x, 6)));
     CHECK_FAILS(ctx, (void *)NULL, MLC_ERR_INDEX, "mlc_get", "[2, 3]");
     { float buf[5]; CHECK(mlc_read(x, buf, 5) == MLC_ERR_ARG); }
     CHECK_FAILS(ctx, (void *)NULL, MLC_ERR_ARG, "mlc_read", "[2, 3]");
@@ -454,7 +454,7 @@ static int allocation_failure_everywhere(void) {
     ctx = counting_ctx(&ref, block);
     CHECK(ctx != NULL);
     CHECK(small_training_run(ctx, &loss) == MLC_OK);
-    CHECK(isfinite(loss));
+    CHECK(test_isfinite(loss));
     test_destroy(ctx);
     total = ref.calls;
     CHECK_MSG(total > 20, "only %ld allocations: the run is too small to test much", total);
@@ -477,7 +477,8 @@ static int allocation_failure_everywhere(void) {
                               n, total, sticky, (int)r, mlc_error_message(ctx));
                     CHECK_MSG(strstr(mlc_error_message(ctx), "out of memory") != NULL, "message: %s", mlc_error_message(ctx));
                 } else {
-                    CHECK_MSG(r == MLC_OK && isfinite(loss), "with nothing refused the run failed: %s", mlc_error_message(ctx));
+                    CHECK_MSG(r == MLC_OK && test_isfinite(loss), "with nothing refused the run failed: %s",
+                              mlc_error_message(ctx));
                 }
                 test_destroy(ctx);
             }

@@ -214,7 +214,7 @@ FN(flatten) { (void)u; return mlc_flatten(mlc_exp(x[0]), 1); }
 FN(transpose) { (void)u; return mlc_matmul(mlc_transpose(x[0], 0, 1), x[1]); }
 FN(permute) { static const int order[] = { 2, 0, 1 }; (void)u; return mlc_mul(mlc_permute(x[0], order), x[1]); }
 FN(slice) { (void)u; return mlc_mul(mlc_slice(x[0], 1, -3, -1), x[1]); }
-FN(concat) { mlc_tensor *xs[3]; (void)u; xs[0] = x[0]; xs[1] = mlc_exp(x[1]); xs[2] = x[0]; return mlc_concat(xs, 3, 1); }
+FN(concat) { mlc_tensor *xs[3]; (void)u; xs[0] = x[0]; xs[1] = mlc_exp(x[1]); xs[2] = x[0]; return mlc_concat(C(x[0]), xs, 3, 1); }
 static const float picks[] = { 2, 0, 2, 1 };
 FN(index_select) { (void)u; return mlc_index_select(x[0], 1, mlc_from_data(C(x[0]), MLC_SHAPE(4), picks)); }
 FN(gather) {
@@ -260,6 +260,11 @@ FN(max_pool2d) { (void)u; return mlc_max_pool2d(x[0], 2, 2, 0); }
 FN(max_pool2d_overlap) { (void)u; return mlc_max_pool2d(x[0], 3, 2, 1); }
 FN(avg_pool2d) { (void)u; return mlc_avg_pool2d(x[0], 3, 2, 1); }
 FN(global_avg_pool2d) { (void)u; return mlc_global_avg_pool2d(x[0]); }
+static const mlc_pool_opts ceil_s2p1 = { .stride = 2, .padding = 1, .ceil_mode = 1 };   /* hanging windows */
+static const mlc_pool_opts no_pad_s2p1 = { .stride = 2, .padding = 1, .ceil_mode = 1, .exclude_pad = 1 };
+FN(max_pool2d_ceil) { (void)u; return mlc_max_pool2d_opts(x[0], 3, ceil_s2p1); }
+FN(avg_pool2d_ceil) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, ceil_s2p1); }
+FN(avg_pool2d_exclude_pad) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, no_pad_s2p1); }
 GRAD(dropout, ANY, S(2, 4, 5))
 GRAD(layer_norm, ANY, S(3, 2, 3, 5), S(1, 5), S(1, 5))
 GRAD(layer_norm_plain, ANY, S(2, 3, 6))
@@ -275,6 +280,9 @@ GRAD(max_pool2d, DISTINCT, S(4, 2, 2, 4, 4))
 GRAD(max_pool2d_overlap, DISTINCT, S(4, 1, 2, 5, 5))
 GRAD(avg_pool2d, ANY, S(4, 1, 2, 5, 5))
 GRAD(global_avg_pool2d, ANY, S(4, 2, 3, 2, 3))
+GRAD(max_pool2d_ceil, DISTINCT, S(4, 1, 2, 6, 5))
+GRAD(avg_pool2d_ceil, ANY, S(4, 1, 2, 6, 5))
+GRAD(avg_pool2d_exclude_pad, ANY, S(4, 1, 2, 6, 5))
 
 /* a composition: causal self-attention, one head */
 FN(attention) {
@@ -318,7 +326,8 @@ const test_case tests_grad[] = {
     T(reshape) T(flatten) T(transpose) T(permute) T(slice) T(concat) T(index_select) T(gather) T(copy) T(embedding)
     T(dropout) T(layer_norm) T(layer_norm_plain) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
     T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise)
-    T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d)
+    T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d) T(max_pool2d_ceil)
+    T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };

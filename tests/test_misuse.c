@@ -74,7 +74,10 @@ static int silent_nulls_set_errors(void) {
     CHECK(net && x);
     CHECK_FAILS(ctx, mlc_forward(net, NULL), MLC_ERR_NULL, "mlc_forward", "input");
     CHECK_FAILS(ctx, mlc_forward(NULL, x), MLC_ERR_NULL, "mlc_forward", "module");
-    CHECK_FAILS(ctx, mlc_concat((mlc_tensor *const[]){ x, none }, 2, 0), MLC_ERR_NULL, "mlc_concat", "input 1");
+    CHECK_FAILS(ctx, mlc_concat(ctx, (mlc_tensor *const[]){ x, none }, 2, 0), MLC_ERR_NULL, "mlc_concat", "input 1");
+    CHECK_FAILS(ctx, mlc_concat(ctx, &x, 0, 0), MLC_ERR_ARG, "mlc_concat", "no inputs");   /* was NULL, no error */
+    CHECK_FAILS(ctx, mlc_concat(ctx, NULL, 2, 0), MLC_ERR_NULL, "mlc_concat", "NULL");
+    CHECK(mlc_concat(NULL, &x, 1, 0) == NULL && mlc_error(ctx) == MLC_OK);
     CHECK(mlc_forward(net, x) != NULL && mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -84,12 +87,19 @@ static int silent_nulls_set_errors(void) {
 
 static int sizes_overflow(void) {
     mlc_ctx *ctx = test_ctx(1), *huge;
+    mlc_tensor *x0;
     mlc_config c;
     int big = 1 << 20, bigger = 1 << 22;
     CHECK_FAILS(ctx, mlc_zeros(ctx, MLC_SHAPE(65536, 65536, 65536, 65536)), MLC_ERR_SHAPE, "mlc_full", "size_t");
     CHECK_FAILS(ctx, mlc_parameter(ctx, MLC_SHAPE(65536, 65536, 65536, 65536, 2)), MLC_ERR_SHAPE, "mlc_parameter");
     /* the element count fits, the byte count does not */
     CHECK_FAILS(ctx, mlc_empty(ctx, MLC_SHAPE(big, big, bigger)), MLC_ERR_SHAPE, "mlc_empty", "[1048576, 1048576, 4194304]");
+    /* reshape: a new shape whose product wraps to the old count (0 here), or a -1 with nothing to
+       infer it from, used to be accepted */
+    x0 = mlc_zeros(ctx, MLC_SHAPE(0));
+    CHECK_FAILS(ctx, mlc_reshape(x0, MLC_SHAPE(65536, 65536, 65536, 65536)), MLC_ERR_SHAPE, "mlc_reshape", "[0]");
+    CHECK_FAILS(ctx, mlc_reshape(x0, MLC_SHAPE(0, -1)), MLC_ERR_SHAPE, "mlc_reshape", "[0, -1]");
+    CHECK(mlc_reshape(x0, MLC_SHAPE(0, 3)) != NULL && mlc_reshape(mlc_ones(ctx, MLC_SHAPE(6)), MLC_SHAPE(-1, 3)) != NULL);
     CHECK(mlc_ones(ctx, MLC_SHAPE(3)) != NULL && mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     /* an arena block size near SIZE_MAX: out of memory, not a wrapped size */
@@ -138,7 +148,7 @@ static int tensor_from_ended_frame(void) {
     mlc_frame_end(f);
     CHECK_FAILS(ctx, mlc_add(keep, t), MLC_ERR_STATE, "mlc_add", "input 1", "ended");
     CHECK_FAILS(ctx, mlc_relu(t), MLC_ERR_STATE, "mlc_relu", "ended");
-    CHECK(isnan(mlc_item(loss)));
+    CHECK(test_isnan(mlc_item(loss)));
     CHECK_SETS(ctx, 0, MLC_ERR_STATE, "mlc_item", "ended");
     CHECK(mlc_read(t, out, 2) == MLC_ERR_STATE);
     CHECK_SETS(ctx, 0, MLC_ERR_STATE, "mlc_read");
@@ -235,6 +245,8 @@ static int contexts_not_mixed(void) {
     CHECK(mlc_optim_add_param(oa, pb) == MLC_ERR_ARG);
     CHECK_SETS(a, 0, MLC_ERR_ARG, "mlc_optim_add_param", "another context");
     CHECK_FAILS(a, mlc_forward(na, xb), MLC_ERR_ARG, "mlc_forward", "another context");
+    CHECK_FAILS(a, mlc_concat(a, (mlc_tensor *const[]){ xa, xb }, 2, 0), MLC_ERR_ARG, "mlc_concat", "another context");
+    CHECK_FAILS(a, mlc_concat(a, &xb, 1, 0), MLC_ERR_ARG, "mlc_concat", "another context");
     CHECK(mlc_error(b) == MLC_OK);
     test_destroy(b);                                          /* a holds nothing of b's */
     CHECK(mlc_forward(na, xa) != NULL && mlc_error(a) == MLC_OK);
@@ -297,7 +309,11 @@ static int explicit_zeros(void) {
     mlc_optim *o;
     mlc_module *bn, *ln;
     float v;
-    CHECK(w && MLC_ZERO == 0.0f);
+    {   /* the smallest float above 0 (not -0.0f, which -fno-signed-zeros may write as +0.0f) */
+        uint32_t bits;
+        memcpy(&bits, &(float){ MLC_ZERO }, sizeof bits);
+        CHECK(w && bits == 1u);
+    }
     /* AdamW weight_decay MLC_ZERO: no decay, so the step equals Adam's: 1 - lr */
     o = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f, .weight_decay = MLC_ZERO });
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
@@ -439,7 +455,7 @@ static int still_usable(mlc_ctx *ctx, mlc_module *net) {
     mlc_clear_error(ctx);
     f = mlc_frame_begin(ctx);
     y = net ? mlc_forward(net, mlc_ones(ctx, MLC_SHAPE(2, 4))) : mlc_sum_all(mlc_ones(ctx, MLC_SHAPE(2, 4)));
-    ok = y != NULL && mlc_error(ctx) == MLC_OK && isfinite(mlc_host_data(y)[0]);
+    ok = y != NULL && mlc_error(ctx) == MLC_OK && test_isfinite(mlc_host_data(y)[0]);
     mlc_frame_end(f);
     return ok;
 }
@@ -477,38 +493,64 @@ static int allocation_failure_whole_session(void) {
     return 1;
 }
 
-/* The same session with device buffer k and every later one refused, on the fake device
-   (tests/test_device.c), whose buffer-creation hook can fail on purpose; it runs on the fake
-   device in every suite. mlc_opencl.h has no such hook (it calls clCreateBuffer directly). */
-static int device_buffer_failure_whole_session(void) {
-    long total, k;
-    mlc_ctx *ctx;
-    mlc_module *net = NULL;
+/* A context on the fake device (real 0) or on $MLC_DEVICE (real 1; NULL when that is the CPU),
+   its heap counted by a (see fault_alloc). */
+static mlc_ctx *device_ctx(int real, fault_alloc *a) {
     mlc_config c;
+    mlc_ctx *ctx;
     memset(&c, 0, sizeof c);
     c.quiet = 1;
-    c.device = "cpu";
-    ctx = test_install_fake_device(mlc_create(&c));
-    CHECK(ctx && test_fake_device_fail_at(ctx, -1) == 0);
-    CHECK(whole_session(ctx, &net) == MLC_OK);
-    total = test_fake_device_fail_at(ctx, -1);
-    mlc_destroy(ctx);
-    CHECK_MSG(total > 4, "only %ld device buffers", total);
-    for (k = 0; k <= total; k++) {
-        mlc_result r;
-        ctx = test_install_fake_device(mlc_create(&c));
-        CHECK(ctx && test_fake_device_fail_at(ctx, k) == 0);
-        net = NULL;
-        r = whole_session(ctx, &net);
-        if (k < total)
-            CHECK_MSG(r == MLC_ERR_MEMORY && strstr(mlc_error_message(ctx), "out of device memory"),
-                      "device buffer %ld of %ld refused: error %d (%s)", k, total, (int)r, mlc_error_message(ctx));
-        else CHECK_MSG(r == MLC_OK, "nothing refused, yet: %s", mlc_error_message(ctx));
-        test_fake_device_fail_at(ctx, -1);                    /* the device has room again */
-        CHECK_MSG(still_usable(ctx, net), "device buffer %ld refused: not usable after: %s", k, mlc_error_message(ctx));
-        mlc_destroy(ctx);
+    c.device = real ? NULL : "cpu";
+    c.allocator.alloc = fault_alloc_fn;
+    c.allocator.free = fault_free_fn;
+    c.allocator.user = a;
+    ctx = mlc_create(&c);
+    if (!real) return test_install_fake_device(ctx);
+    if (ctx && !mlc_has_device(ctx)) { mlc_destroy(ctx); return NULL; }
+    return ctx;
+}
+
+/* The same session with device buffer k and every later one refused (mlc.h's fault injection,
+   test_device_fail_at), on the fake device, and on the suite's device when it is a real one
+   (MLC_DEVICE=opencl: OpenCL's clCreateBuffer). Refusing only buffer k would not do: the books
+   free the spares and try again, and the retry would get it. */
+static int device_buffer_failure_whole_session(void) {
+    int real;
+    for (real = 0; real < 2; real++) {
+        long total, k;
+        mlc_module *net = NULL;
+        fault_alloc a = { 0, -1, 0, 0 };
+        mlc_ctx *ctx = device_ctx(real, &a);
+        if (real && !ctx) break;                              /* the suites run on the CPU */
+        CHECK(ctx && test_device_fail_at(ctx, -1) == 0);
+        CHECK_MSG(whole_session(ctx, &net) == MLC_OK, "%s", mlc_error_message(ctx));
+        total = test_device_fail_at(ctx, -1);
+        if (real) test_destroy(ctx); else mlc_destroy(ctx);   /* a real device counts fallbacks */
+        CHECK_MSG(total > 4, "only %ld device buffers", total);
+        for (k = 0; k <= total; k++) {
+            mlc_result r;
+            a.live = 0;
+            ctx = device_ctx(real, &a);
+            CHECK(ctx && test_device_fail_at(ctx, k) == 0);
+            net = NULL;
+            r = whole_session(ctx, &net);
+            if (k < total)
+                CHECK_MSG(r == MLC_ERR_MEMORY && strstr(mlc_error_message(ctx), "out of device memory"),
+                          "%s: device buffer %ld of %ld refused: error %d (%s)", mlc_device_name(ctx), k, total,
+                          (int)r, mlc_error_message(ctx));
+            else CHECK_MSG(r == MLC_OK, "nothing refused, yet: %s", mlc_error_message(ctx));
+            CHECK_MSG(test_device_fail_at(ctx, -1) == (k < total ? k : total), "%s: buffer %ld refused, yet %ld made",
+                      mlc_device_name(ctx), k, test_device_fail_at(ctx, -1));   /* the device has room again */
+            CHECK_MSG(still_usable(ctx, net), "%s: device buffer %ld refused: not usable after: %s",
+                      mlc_device_name(ctx), k, mlc_error_message(ctx));
+            CHECK_MSG(test_device_buffers_lost(ctx) == 0, "%s: device buffer %ld refused: %ld buffers lost",
+                      mlc_device_name(ctx), k, test_device_buffers_lost(ctx));
+            if (real) test_destroy(ctx); else mlc_destroy(ctx);
+            CHECK_MSG(a.live == 0, "device buffer %ld refused: %ld heap blocks leaked", k, a.live);
+        }
+        if (getenv("MLC_TEST_FIGURES"))
+            printf("device buffer failure points on %s: %ld\n", real ? "the suite's device" : "the fake device", total + 1);
     }
-    if (getenv("MLC_TEST_FIGURES")) printf("device buffer failure points: %ld\n", total + 1);
     return 1;
 }
 

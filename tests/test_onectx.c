@@ -126,7 +126,7 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("mse_loss", mlc_mse_loss(a, pos, MLC_REDUCE_SUM)); OUT("bce", mlc_bce_with_logits(a, prob, MLC_REDUCE_MEAN));
     OUT("reshape", mlc_reshape(a, 2, (int[]){ 6, 4 })); OUT("flatten", mlc_flatten(img, 1));
     OUT("transpose", mlc_transpose(x3, 0, 2)); OUT("permute", mlc_permute(x3, (int[]){ 1, 2, 0 }));
-    OUT("slice", mlc_slice(x3, 2, 1, 3)); OUT("concat", mlc_concat((mlc_tensor *[]){ a, pos, b }, 3, 0));
+    OUT("slice", mlc_slice(x3, 2, 1, 3)); OUT("concat", mlc_concat(ctx, (mlc_tensor *[]){ a, pos, b }, 3, 0));
     OUT("index_select", mlc_index_select(x3, 1, idx)); OUT("gather", mlc_gather(x3, 1, gidx)); OUT("copy", mlc_copy(b));
     OUT("layer_norm", mlc_layer_norm(a, lw, lb, 1e-5f));
     OUT("batch_norm", mlc_batch_norm(img, rm, rv, bw, bb, 1, 0.1f, 1e-5f));
@@ -139,6 +139,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("attention", mlc_attention(aq, ak, av, attn));
     OUT("lstm", mlc_rnn_forward(lstm, x3, h0, c0, &hn, &cn)); OUT("lstm h_n", hn); OUT("lstm c_n", cn);
     OUT("gru", mlc_rnn_forward(gru, x3, h0b, NULL, &hn, NULL)); OUT("gru h_n", hn);
+    OUT("max_pool2d_ceil", mlc_max_pool2d_opts(img, 2, (mlc_pool_opts){ .stride = 2, .ceil_mode = 1 }));
+    OUT("avg_pool2d_ceil", mlc_avg_pool2d_opts(img, 2, (mlc_pool_opts){ .stride = 2, .ceil_mode = 1 }));
+    OUT("avg_pool2d_exclude_pad",
+        mlc_avg_pool2d_opts(img, 3, (mlc_pool_opts){ .stride = 2, .padding = 1, .exclude_pad = 1 }));
     {   /* dropout: the device draws its own mask, so only its form is checked (0 or x / (1 - p)) */
         mlc_tensor *d = mlc_dropout(a, 0.25f, 1);
         const float *dv, *av;

@@ -109,7 +109,8 @@ static int unary_math(void) {
     CHECK_TENSOR(mlc_clamp(x, -1.0f, 0.5f), cl, 0);
     CHECK_TENSOR(mlc_clamp(x, -5.0f, 5.0f), xs, 0);
     r = mlc_log(mlc_zeros(ctx, MLC_SHAPE(1)));
-    CHECK(r && isinf(mlc_host_data(r)[0]) && mlc_host_data(r)[0] < 0);
+    CHECK(r && !test_isfinite(mlc_host_data(r)[0]) && !test_isnan(mlc_host_data(r)[0]));   /* -inf */
+    CHECK(mlc_host_data(r)[0] < 0);
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -156,7 +157,9 @@ static int masked_fill_causal(void) {
         for (i = 0; i < 3; i++)
             for (j = 0; j < 3; j++) {
                 float v = mlc_host_data(r)[i * 3 + j];
-                if (j > i) CHECK_MSG(isinf(v) && v < 0, "[%d,%d] = %g, expected -inf", i, j, (double)v);
+                if (j > i)
+                    CHECK_MSG(!test_isfinite(v) && !test_isnan(v) && v < 0, "[%d,%d] = %g, expected -inf",
+                              i, j, (double)v);
                 else CHECK(v == keep[i * 3 + j]);
             }
         CHECK_TENSOR(mlc_softmax(r, -1), sm, 1e-6);      /* attention weights of a causal mask */
@@ -251,9 +254,9 @@ static int maps_propagate_nan_and_pow_zero_has_zero_gradient(void) {
     for (k = 0; k < sizeof fns / sizeof fns[0]; k++) {
         mlc_tensor *y = fns[k](x);
         CHECK(y != NULL);
-        CHECK_MSG(isnan(mlc_host_data(y)[0]), "map %zu of NaN is %g", k, (double)mlc_host_data(y)[0]);
+        CHECK_MSG(test_isnan(mlc_host_data(y)[0]), "map %zu of NaN is %g", k, (double)mlc_host_data(y)[0]);
     }
-    CHECK(isnan(mlc_get(mlc_leaky_relu(x, 0.1f), 0)) && isnan(mlc_get(mlc_clamp(x, -1, 1), 0)));
+    CHECK(test_isnan(mlc_get(mlc_leaky_relu(x, 0.1f), 0)) && test_isnan(mlc_get(mlc_clamp(x, -1, 1), 0)));
     CHECK(mlc_backward(mlc_sum_all(mlc_pow(p, 0.0f))) == MLC_OK);
     g = mlc_from_data(ctx, 1, (int[]){ 2 }, mlc_host_grad(p));
     CHECK_TENSOR(g, none, 0);
@@ -306,7 +309,7 @@ static int tanh_within_4_ulp(void) {
     y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(4), special));
     CHECK(y != NULL);
     v = mlc_host_data(y);
-    CHECK(v[0] != v[0] && v[1] == 1.0f && v[2] == -1.0f && v[3] == 0.0f && signbit(v[3]));
+    CHECK(test_is_nan(v[0]) && v[1] == 1.0f && v[2] == -1.0f && test_bits(v[3]) == 0x80000000u);   /* -0 */
     mlc_destroy(ctx);
     return 1;
 }
@@ -678,18 +681,18 @@ static int concat_values(void) {
     const float cols[12] = { 1, 3, 4, 7, 8, 9, 2, 5, 6, 10, 11, 12 };
     mlc_tensor *xs[3], *r;
     xs[0] = T(ctx, a, 1, 2); xs[1] = T(ctx, b, 2, 2); xs[2] = T(ctx, c, 1, 2);
-    r = mlc_concat(xs, 3, 0);
+    r = mlc_concat(ctx, xs, 3, 0);
     CHECK_SHAPE(r, 4, 2);
     CHECK_TENSOR(r, rows, 0);
     xs[0] = T(ctx, p, 2, 1); xs[1] = T(ctx, q, 2, 2); xs[2] = T(ctx, s, 2, 3);
-    r = mlc_concat(xs, 3, 1);
+    r = mlc_concat(ctx, xs, 3, 1);
     CHECK_SHAPE(r, 2, 6);
     CHECK_TENSOR(r, cols, 0);
-    r = mlc_concat(xs, 3, -1);
+    r = mlc_concat(ctx, xs, 3, -1);
     CHECK_SHAPE(r, 2, 6);
     CHECK_TENSOR(r, cols, 0);
     CHECK(mlc_error(ctx) == MLC_OK);
-    CHECK(mlc_concat(xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
+    CHECK(mlc_concat(ctx, xs, 3, 0) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);   /* widths differ */
     test_destroy(ctx);
     return 1;
 }
@@ -1169,13 +1172,174 @@ static int pooling_against_window_loop(void) {
                     }
                     test_destroy(ctx);
                 }
-    {   /* NaN: kept when first in its window, passed over elsewhere (then a larger value still wins) */
-        mlc_ctx *ctx = test_ctx(1);
-        const float nan_x[8] = { NAN, 1, 1, 2, 3, 4, NAN, 9 };
-        mlc_tensor *r = mlc_max_pool2d(mlc_from_data(ctx, 4, (const int[]){ 1, 1, 2, 4 }, nan_x), 2, 2, 0);
-        CHECK(r && isnan(mlc_host_data(r)[0]) && mlc_host_data(r)[1] == 9.0f);
-        test_destroy(ctx);
+    return 1;
+}
+
+/* ceil_mode: the output size rounded up, the last windows hanging over the edge (max takes what
+   lies inside; average divides by what lies inside the padded input), values and gradients of
+   sum(y * w), w = 1, 2, ..., from PyTorch 1.13 (python3-torch): F.max_pool2d(x, 2, 2, 0,
+   ceil_mode=True), F.max_pool2d(x, 3, 2, 1, ceil_mode=True) and the same with F.avg_pool2d, for
+   x [1, 2, 5, 5] (the plane below and its negative). */
+static int pooling_ceil_mode(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float plane[25] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4, 11, -3, 10, 12, 5, -6, 13, -1,
+                              16 };
+    static const float want[4][18] = {
+        { 8, 7, 15, 11, 10, 14, 5, 13, 16, 0, -2, -3, -1, 3, -12, 6, 1, -16 },
+        { 8, 7, 15, 11, 11, 15, 11, 13, 16, 0, 0, -3, 0, 3, -3, 6, 6, 1 },
+        { 3.25f, 5, 9, 6.25f, 3, 13, -0.5f, 6, 16, -3.25f, -5, -9, -6.25f, -3, -13, 0.5f, -6, -16 },
+        { 1.4444444f, 2.3333333f, 3.4444444f, 3.2222223f, 3.8888888f, 6.6666665f, 1.5555556f, 2.6666667f,
+          4.1111112f, -1.4444444f, -2.3333333f, -3.4444444f, -3.2222223f, -3.8888888f, -6.6666665f,
+          -1.5555556f, -2.6666667f, -4.1111112f } };
+    static const float want_grad[4][50] = {
+        { 1, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 6, 0, 4, 0, 5, 0, 7, 0, 8, 0, 9, 0, 0, 11, 0, 12, 0, 10,
+          0, 0, 0, 0, 13, 0, 0, 0, 0, 0, 14, 0, 15, 0, 16, 0, 17, 18 },
+        { 1, 0, 0, 2, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 8, 0, 9, 0, 0, 0, 0, 12, 0, 34,
+          0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 14, 0, 0, 0, 33, 0, 18, 0 },
+        { 0.25f, 0.25f, 0.5f, 0.5f, 1.5f, 0.25f, 0.25f, 0.5f, 0.5f, 1.5f, 1, 1, 1.25f, 1.25f, 3, 1, 1,
+          1.25f, 1.25f, 3, 3.5f, 3.5f, 4, 4, 9, 2.5f, 2.5f, 2.75f, 2.75f, 6, 2.5f, 2.5f, 2.75f, 2.75f, 6,
+          3.25f, 3.25f, 3.5f, 3.5f, 7.5f, 3.25f, 3.25f, 3.5f, 3.5f, 7.5f, 8, 8, 8.5f, 8.5f, 18 },
+        { 0.1111111f, 0.3333333f, 0.2222222f, 0.5555556f, 0.3333333f, 0.5555556f, 1.3333334f, 0.7777778f,
+          1.7777779f, 1, 0.4444444f, 1, 0.5555556f, 1.2222223f, 0.6666667f, 1.2222222f, 2.6666667f,
+          1.4444444f, 3.1111112f, 1.6666667f, 0.7777778f, 1.6666667f, 0.8888889f, 1.8888888f, 1, 1.1111112f,
+          2.3333335f, 1.2222222f, 2.5555556f, 1.3333334f, 2.5555556f, 5.3333335f, 2.7777777f, 5.7777777f, 3,
+          1.4444444f, 3, 1.5555556f, 3.2222223f, 1.6666666f, 3.2222223f, 6.6666665f, 3.4444444f, 7.1111112f,
+          3.6666665f, 1.7777778f, 3.6666665f, 1.8888888f, 3.8888888f, 2 } };
+    float xs[50], ws[18];
+    int k, i, tape;
+    for (i = 0; i < 25; i++) { xs[i] = plane[i]; xs[25 + i] = -plane[i]; }
+    for (i = 0; i < 18; i++) ws[i] = (float)(i + 1);
+    for (k = 0; k < 4; k++)
+        for (tape = 0; tape < 2; tape++) {
+            mlc_pool_opts opts = { .stride = 2, .ceil_mode = 1 };
+            mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 5), tape), *y;
+            if (k % 2) { opts.stride = 2; opts.padding = 1; }
+            y = k < 2 ? mlc_max_pool2d_opts(x, 2 + k % 2, opts) : mlc_avg_pool2d_opts(x, 2 + k % 2, opts);
+            CHECK_MSG(y && y->ndim == 4 && y->shape[2] == 3 && y->shape[3] == 3, "case %d: %s", k,
+                      mlc_error_message(ctx));
+            CHECK_TENSOR(y, want[k], 1e-6);
+            if (!tape) continue;
+            CHECK(mlc_backward_with(y, T(ctx, ws, 1, 2, 3, 3)) == MLC_OK);
+            CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 1e-6);
+        }
+    {   /* ceil on a size where floor agrees; a last window that would start in the padding is dropped */
+        mlc_pool_opts ceil = { .stride = 3, .ceil_mode = 1 }, pad_ceil = { .stride = 2, .padding = 1,
+                                                                          .ceil_mode = 1 };
+        mlc_tensor *x = T(ctx, xs, 1, 2, 5, 5), *y = mlc_max_pool2d_opts(x, 2, ceil);
+        CHECK(y && y->shape[2] == 2 && y->shape[3] == 2);
+        y = mlc_max_pool2d_opts(mlc_ones(ctx, MLC_SHAPE(1, 1, 5, 6)), 2, pad_ceil);   /* torch: [3, 4]; */
+        CHECK(y && y->shape[2] == 3 && y->shape[3] == 4);                 /* a 4th row would start at 6 */
     }
+    {   /* the modules take it from their pool options */
+        mlc_module *m = mlc_nn_max_pool2d(ctx, 2, 2), *a = mlc_nn_avg_pool2d(ctx, 2, 2);
+        CHECK(m && a);
+        m->pool.ceil_mode = a->pool.ceil_mode = 1;
+        CHECK_TENSOR(mlc_forward(m, T(ctx, xs, 1, 2, 5, 5)), want[0], 0);
+        CHECK_TENSOR(mlc_forward(a, T(ctx, xs, 1, 2, 5, 5)), want[2], 1e-6);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* exclude_pad (torch's count_include_pad=False): average pooling divides by the values inside
+   the input only. PyTorch 1.13's values and gradients of sum(y * w), w = 1, 2, ..., for the x of
+   pooling_ceil_mode: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False) and F.avg_pool2d(x, 2, 2,
+   1, ceil_mode=True, count_include_pad=False). */
+static int pooling_exclude_pad(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float plane[25] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4, 11, -3, 10, 12, 5, -6, 13, -1,
+                              16 };
+    static const float want[2][18] = {
+        { 3.25f, 3.5f, 7.75f, 4.8333335f, 3.8888888f, 10, 3.5f, 4, 9.25f, -3.25f, -3.5f, -7.75f,
+          -4.8333335f, -3.8888888f, -10, -3.5f, -4, -9.25f },
+        { 8, 1.5f, 5, 6.5f, 2, 9.5f, 4.5f, 3.75f, 9.25f, -8, -1.5f, -5, -6.5f, -2, -9.5f, -4.5f, -3.75f,
+          -9.25f } };
+    static const float want_grad[2][50] = {
+        { 0.25f, 0.5833334f, 0.3333333f, 1.0833334f, 0.75f, 0.9166667f, 1.8055556f, 0.888889f, 2.6388888f,
+          1.75f, 0.6666667f, 1.2222223f, 0.5555556f, 1.5555556f, 1, 2.4166667f, 4.3055558f, 1.888889f,
+          5.1388888f, 3.25f, 1.75f, 3.0833335f, 1.3333334f, 3.5833335f, 2.25f, 2.5f, 4.3333335f, 1.8333334f,
+          4.8333335f, 3, 4.666667f, 8.0555553f, 3.3888888f, 8.8888893f, 5.5f, 2.1666667f, 3.7222223f,
+          1.5555556f, 4.0555553f, 2.5f, 6.166667f, 10.5555553f, 4.3888888f, 11.3888884f, 7, 4, 6.833333f,
+          2.8333333f, 7.333333f, 4.5f },
+        { 1, 1, 1, 1.5f, 1.5f, 2, 1.25f, 1.25f, 1.5f, 1.5f, 2, 1.25f, 1.25f, 1.5f, 1.5f, 3.5f, 2, 2,
+          2.25f, 2.25f, 3.5f, 2, 2, 2.25f, 2.25f, 10, 5.5f, 5.5f, 6, 6, 6.5f, 3.5f, 3.5f, 3.75f, 3.75f,
+          6.5f, 3.5f, 3.5f, 3.75f, 3.75f, 8, 4.25f, 4.25f, 4.5f, 4.5f, 8, 4.25f, 4.25f, 4.5f, 4.5f } };
+    const mlc_pool_opts opts[2] = { { .stride = 2, .padding = 1, .exclude_pad = 1 },
+                                    { .stride = 2, .padding = 1, .ceil_mode = 1, .exclude_pad = 1 } };
+    float xs[50], ws[18];
+    int k, i;
+    for (i = 0; i < 25; i++) { xs[i] = plane[i]; xs[25 + i] = -plane[i]; }
+    for (i = 0; i < 18; i++) ws[i] = (float)(i + 1);
+    for (k = 0; k < 2; k++) {
+        mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 5), 1);
+        mlc_tensor *y = mlc_avg_pool2d_opts(x, 3 - k, opts[k]);
+        CHECK_MSG(y && y->shape[2] == 3 && y->shape[3] == 3, "case %d: %s", k, mlc_error_message(ctx));
+        CHECK_TENSOR(y, want[k], 1e-6);
+        CHECK(mlc_backward_with(y, T(ctx, ws, 1, 2, 3, 3)) == MLC_OK);
+        CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 2e-6);
+    }
+    {   /* max pooling has no divisor: the option changes nothing there */
+        mlc_tensor *x = T(ctx, xs, 1, 2, 5, 5);
+        mlc_tensor *a = mlc_max_pool2d_opts(x, 3, opts[0]), *b = mlc_max_pool2d(x, 3, 2, 1);
+        CHECK(a && b);
+        CHECK_TENSOR(a, mlc_host_data(b), 0);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Every element of t equals want (NaN where want is NaN) */
+static int same_with_nan(mlc_tensor *t, const float *want) {
+    const float *d = t ? mlc_host_data(t) : NULL;
+    size_t i;
+    if (!d) return 0;
+    for (i = 0; i < t->size; i++)
+        if (test_isnan(want[i]) ? !test_isnan(d[i]) : d[i] != want[i]) return 0;
+    return 1;
+}
+
+/* NaN as in PyTorch: max and argmax along an axis take the first NaN (its gradient goes there),
+   max pooling outputs NaN where the window holds one and sends the gradient to the window's last
+   NaN (PyTorch's CPU kernel). Values from PyTorch 1.13 (python3-torch):
+   x = [[1, nan, 3, nan], [2, 5, -1, 0]]: x.max(1) (nan, 5) at (1, 1); x.max(0) (2, nan, 3, nan)
+   at (1, 0, 0, 0); [[inf, nan, -inf], [nan, inf, nan]].argmax(1) (1, 0); for the 4x4 plane p
+   below, F.max_pool2d(p, 2, 2) and F.max_pool2d(p, 3, 1, 1) and the gradients of their sums. */
+static int nan_in_max_argmax_and_max_pool(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float N = NAN, I = INFINITY;
+    const float xs[8] = { 1, N, 3, N, 2, 5, -1, 0 }, max1[2] = { N, 5 }, at1[2] = { 1, 1 };
+    const float max0[4] = { 2, N, 3, N }, at0[4] = { 1, 0, 0, 0 }, inf_at[2] = { 1, 0 };
+    const float g1[8] = { 0, 1, 0, 0, 0, 1, 0, 0 }, g0[8] = { 0, 1, 1, 1, 1, 0, 0, 0 };
+    const float infs[6] = { I, N, -I, N, I, N };
+    const float ps[16] = { 1, 2, 3, 4, 5, N, 7, 8, 9, 10, N, 12, 13, 14, 15, N };
+    const float pool2[4] = { N, 8, 14, N }, gpool2[16] = { 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1 };
+    const float pool3[16] = { N, N, N, 8, N, N, N, N, N, N, N, N, 14, N, N, N };
+    const float gpool3[16] = { 0, 0, 0, 0, 0, 5, 0, 1, 0, 0, 5, 0, 0, 1, 0, 4 };
+    const float *pool_want[2] = { pool2, pool3 }, *gpool_want[2] = { gpool2, gpool3 };
+    int k, tape;
+    mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 2, 4), 1), *p;
+    CHECK(same_with_nan(mlc_max(x, 1, 0), max1) && same_with_nan(mlc_argmax(x, 1), at1));
+    CHECK(same_with_nan(mlc_max(x, 0, 1), max0) && same_with_nan(mlc_argmax(x, 0), at0));
+    CHECK(same_with_nan(mlc_argmax(T(ctx, infs, 2, 3), 1), inf_at));
+    CHECK(mlc_backward(mlc_sum_all(mlc_max(x, 1, 0))) == MLC_OK);
+    CHECK(same_with_nan(mlc_from_data(ctx, 2, x->shape, mlc_host_grad(x)), g1));
+    x = mlc_requires_grad(T(ctx, xs, 2, 4), 1);
+    CHECK(mlc_backward(mlc_sum_all(mlc_max(x, 0, 0))) == MLC_OK);       /* a NaN loss; its gradient is 1 */
+    CHECK(same_with_nan(mlc_from_data(ctx, 2, x->shape, mlc_host_grad(x)), g0));
+    for (k = 0; k < 2; k++)
+        for (tape = 0; tape < 2; tape++) {     /* without a tape 2x2 windows take a fast path */
+            mlc_tensor *y;
+            p = mlc_requires_grad(T(ctx, ps, 1, 1, 4, 4), tape);
+            y = k == 0 ? mlc_max_pool2d(p, 2, 2, 0) : mlc_max_pool2d(p, 3, 1, 1);
+            CHECK_MSG(same_with_nan(y, pool_want[k]), "max_pool2d %d, tape %d", k, tape);
+            if (!tape) continue;
+            CHECK(mlc_backward_with(y, mlc_ones(ctx, y->ndim, y->shape)) == MLC_OK);
+            CHECK_MSG(same_with_nan(mlc_from_data(ctx, 4, p->shape, mlc_host_grad(p)), gpool_want[k]), "max_pool2d %d", k);
+        }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -1188,6 +1352,9 @@ const test_case tests_ops[] = {
     TEST(activations)
     TEST(activations_added_through_the_table)
     TEST(maps_propagate_nan_and_pow_zero_has_zero_gradient)
+    TEST(nan_in_max_argmax_and_max_pool)
+    TEST(pooling_ceil_mode)
+    TEST(pooling_exclude_pad)
     TEST(cumsum_values_and_gradient)
     TEST(tanh_within_4_ulp)
     TEST(softmax_axes)

@@ -245,7 +245,7 @@ static mlc_tensor *f_recurrent(mlc_tensor **in, void *user) {
     parts[0] = mlc_reshape(out, MLC_SHAPE(-1));
     parts[1] = mlc_reshape(hn, MLC_SHAPE(-1));
     parts[2] = lstm ? mlc_reshape(cn, MLC_SHAPE(-1)) : NULL;
-    return mlc_concat(parts, lstm ? 3 : 2, 0);
+    return mlc_concat(m->ctx, parts, lstm ? 3 : 2, 0);
 }
 
 static int gradcheck_of(int kind) {

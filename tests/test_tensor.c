@@ -237,10 +237,10 @@ static int item_get_read_write(void) {
     CHECK(mlc_read(t, out, 6) == MLC_OK && memcmp(out, in, sizeof out) == 0);
     CHECK(mlc_error(ctx) == MLC_OK);
     /* errors: item of a 6-element tensor, index past the end, wrong counts */
-    CHECK(isnan(mlc_item(t)));
+    CHECK(test_isnan(mlc_item(t)));
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
     mlc_clear_error(ctx);
-    CHECK(isnan(mlc_get(t, 6)));
+    CHECK(test_isnan(mlc_get(t, 6)));
     CHECK(mlc_error(ctx) == MLC_ERR_INDEX);
     mlc_clear_error(ctx);
     CHECK(mlc_read(t, out, 5) == MLC_ERR_ARG);
@@ -248,7 +248,7 @@ static int item_get_read_write(void) {
     CHECK(mlc_write(t, src, 7) == MLC_ERR_ARG);
     CHECK(mlc_host_data(t)[0] == -1.0f);                     /* a refused write changes nothing */
     mlc_clear_error(ctx);
-    CHECK(isnan(mlc_item(NULL)) && mlc_read(NULL, out, 6) == MLC_ERR_NULL);
+    CHECK(test_isnan(mlc_item(NULL)) && mlc_read(NULL, out, 6) == MLC_ERR_NULL);
     test_destroy(ctx);
     return 1;
 }
@@ -505,11 +505,11 @@ static int error_message_format(void) {
     m = mlc_error_message(ctx);
     CHECK_MSG(contains(m, "lo nan ") && contains(m, "hi 0"), "message: %s", m);
     mlc_clear_error(ctx);
-    CHECK(isnan(mlc_item(x)));                      /* %T and %zu */
+    CHECK(test_isnan(mlc_item(x)));                      /* %T and %zu */
     m = mlc_error_message(ctx);
     CHECK_MSG(contains(m, "[2, 3]") && contains(m, "6 elements"), "message: %s", m);
     mlc_clear_error(ctx);
-    CHECK(isnan(mlc_get(x, 17)));
+    CHECK(test_isnan(mlc_get(x, 17)));
     m = mlc_error_message(ctx);
     CHECK_MSG(contains(m, "17") && contains(m, "[2, 3]"), "message: %s", m);
     mlc_clear_error(ctx);
