@@ -11,6 +11,7 @@
 #include "model.h"
 
 #ifdef __arm__
+unsigned long stack_used(void);                      /* startup.c */
 static void emit(const char *text) {                 /* semihosting SYS_WRITE0 */
     register int op __asm__("r0") = 0x04;
     register const char *arg __asm__("r1") = text;
@@ -103,6 +104,9 @@ int main(void) {
     emit(line);
     emit_size("arena peak bytes: ", mlc_get_stats(ctx).arena_peak);
     emit_size("pool bytes: ", pool_used);
+#ifdef __arm__
+    emit_size("stack bytes: ", stack_used());
+#endif
     mlc_destroy(ctx);
     return 0;
 }
