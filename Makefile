@@ -7,7 +7,7 @@ BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
-        test-models
+        test-models embedded
 
 all: examples
 examples: $(EXAMPLES)
@@ -193,3 +193,52 @@ test-models: $(BUILD)/minilm
 	mkdir -p "$$POCL_CACHE_DIR"; \
 	echo "$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)"; \
 	$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)
+
+# The digits CNN on a Cortex-M4F (examples/embedded; needs gcc-arm-none-eabi,
+# libnewlib-arm-none-eabi and qemu-system-arm): export.c trains it on the host and writes its
+# weights and 12 held-out digits as C arrays (model.h) and the host's predictions; main.c, built
+# bare-metal (MLC_NO_MALLOC, weights in flash, a static arena), runs under qemu's MPS2-AN386
+# with semihosting, and its predictions must equal the host's (so must main.c's built for the
+# host). Then the sizes; no malloc, stdio or getenv may be linked; and of the mlc functions
+# that call soft-float double helpers, none may be outside EMBEDDED_DOUBLE (the error
+# messages' %g, which varargs pass as double).
+ARM_CC ?= arm-none-eabi-gcc
+ARM_FLAGS := -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -Os -ffunction-sections \
+             -fdata-sections -fno-math-errno -std=c99 -Wall -Wextra -pedantic -Werror
+EMBEDDED := $(BUILD)/embedded
+EMBEDDED_DOUBLE := mlc__vformat mlc__in_range mlc_gemm
+
+$(EMBEDDED)/export: examples/embedded/export.c examples/digits_data.h mlc.h
+	mkdir -p $(EMBEDDED)
+	$(CC) $(CFLAGS) -I. -o $@ examples/embedded/export.c $(LDLIBS)
+
+$(EMBEDDED)/model.h: $(EMBEDDED)/export data/digits.bin
+	./$(EMBEDDED)/export $@ data/digits.bin >$(EMBEDDED)/host.txt
+
+$(EMBEDDED)/digits.elf: examples/embedded/main.c examples/embedded/startup.c examples/embedded/mps2-an386.ld \
+                        $(EMBEDDED)/model.h mlc.h
+	$(ARM_CC) $(ARM_FLAGS) -I. -I$(EMBEDDED) -nostartfiles --specs=nano.specs -T examples/embedded/mps2-an386.ld \
+	    -Wl,--gc-sections -o $@ examples/embedded/main.c examples/embedded/startup.c -lm
+
+$(EMBEDDED)/digits-host: examples/embedded/main.c $(EMBEDDED)/model.h mlc.h
+	$(CC) $(CFLAGS) -Werror -I. -I$(EMBEDDED) -o $@ examples/embedded/main.c $(LDLIBS)
+
+embedded: $(EMBEDDED)/digits.elf $(EMBEDDED)/digits-host
+	@set -e; cd $(EMBEDDED); \
+	rm -f qemu.txt; timeout 120 qemu-system-arm -M mps2-an386 -display none -monitor none -serial none \
+	    -chardev file,id=out,path=qemu.txt -semihosting-config enable=on,target=native,chardev=out \
+	    -kernel digits.elf || \
+	    { cat qemu.txt; echo "FAIL embedded: qemu-system-arm exited $$?"; exit 1; }; \
+	./digits-host >host-build.txt; \
+	cat qemu.txt; echo "host     $$(cat host.txt)"; \
+	grep -qxF "$$(cat host.txt)" qemu.txt || { echo "FAIL embedded: Cortex-M4F and host predictions differ"; exit 1; }; \
+	grep -qxF "$$(cat host.txt)" host-build.txt || { echo "FAIL embedded: main.c on the host differs"; exit 1; }; \
+	arm-none-eabi-size digits.elf; \
+	! arm-none-eabi-nm digits.elf | grep -wE 'malloc|free|_malloc_r|_sbrk|printf|getenv' || \
+	    { echo "FAIL embedded: the ELF links an allocator, stdio or getenv"; exit 1; }; \
+	arm-none-eabi-objdump -d digits.elf | awk '/^[0-9a-f]+ <.*>:$$/ { fn = substr($$2, 2, length($$2) - 3) } \
+	    /bl.*<(__aeabi_(d[a-z0-9]+|[a-z0-9]+2d)|sqrt|exp|log|pow|cos|ceil)>/ && fn ~ /mlc/ { print fn }' | sort -u >double.txt; \
+	echo "double-precision helpers called from: $$(tr '\n' ' ' <double.txt)"; \
+	for fn in $$(cat double.txt); do case " $(EMBEDDED_DOUBLE) " in *" $$fn "*) ;; \
+	    *) echo "FAIL embedded: $$fn computes in double (soft float on a Cortex-M4F)"; exit 1;; esac; done; \
+	echo "embedded: the Cortex-M4F predictions equal the host's"

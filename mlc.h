@@ -40,6 +40,10 @@ CONFIGURATION MACROS (define before including)
    MLC_EXPF MLC_LOGF MLC_LOG1PF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
                          maths functions (default: the <math.h> float versions, but tanh is
                          mlc's own polynomial: within 4 ulp, and loops of it vectorise)
+   MLC_NO_MALLOC         for bare-metal builds: no reference to malloc, free, getenv, x86
+                         intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
+                         only from mlc_config.allocator (mlc_create returns NULL without one);
+                         with mlc_config.arena the arena is a buffer of yours (see MEMORY).
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
 
 MEMORY
@@ -56,6 +60,14 @@ MEMORY
    MLC_ERR_STATE (run the forward again); once every op on the tape is used up, the tape is
    empty. Two independent graphs on one tape each take their own backward. Sizes are computed
    with overflow checks: a shape whose byte count does not fit in size_t is MLC_ERR_SHAPE.
+   Fixed memory (microcontrollers): mlc_config.arena and arena_bytes make a buffer of yours the
+   whole arena; it never grows, and running out is MLC_ERR_MEMORY naming the op (mlc_stats'
+   arena_peak says how much a run needed). mlc_from_const wraps weights in read-only memory
+   (flash) without copying them: a leaf for inference that nothing writes (mlc_write, the
+   initialisers, requires_grad, optimisers, loading, batch norm's running statistics in
+   training refuse it with MLC_ERR_STATE naming the call). With gradients off
+   (mlc_set_grad_enabled(ctx, 0)) or no input needing one, an op records nothing: its output
+   (and a little scratch for convolutions) is all it takes from the arena.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
@@ -196,6 +208,8 @@ typedef struct mlc_config {             /* zero means default for every field */
     void *log_user;
     int quiet;                          /* 1: no default logging (errors are still values)  */
     size_t arena_block_bytes;           /* size of one arena block, default 1 MiB            */
+    void *arena;                        /* a fixed arena: this buffer of arena_bytes, never  */
+    size_t arena_bytes;                 /*   grown (full: MLC_ERR_MEMORY); see MEMORY        */
     mlc_gemm_fn gemm;                   /* every matrix product goes here when set (BLAS)    */
     void *gemm_user;
 } mlc_config;
@@ -250,6 +264,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int graph_used;                     /* 1: a backward ran through the op that made it */
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
+    int read_only;                      /* 1: data is the caller's read-only memory (mlc_from_const) */
 };
 
 MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
@@ -262,6 +277,9 @@ MLCDEF mlc_tensor *mlc_rand(mlc_ctx *ctx, int ndim, const int *shape);    /* U[0
 MLCDEF mlc_tensor *mlc_randn(mlc_ctx *ctx, int ndim, const int *shape);   /* N(0, 1) */
 /* A long-lived leaf (heap, not the arena) with requires_grad set, filled with zeros. */
 MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape);
+/* A long-lived leaf over the caller's read-only data (weights in flash), no copy: data must
+   outlive it. For inference: whatever would write it is MLC_ERR_STATE naming the call. */
+MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, const float *data);
 /* A long-lived copy of t (a leaf; requires_grad copied). */
 MLCDEF mlc_tensor *mlc_keep(mlc_tensor *t);
 MLCDEF void mlc_tensor_free(mlc_tensor *t);             /* long-lived tensors only */
@@ -794,7 +812,7 @@ typedef double mlc__sum_t;
 
 /* x86 with GCC or Clang: a few kernels are also compiled for AVX2 (+FMA) and AVX-512 and
    picked at run time (mlc__cpu_avx2), so a plain -O2 build still runs them at full width. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(MLC_NO_MALLOC)
 #define MLC__X86 1
 #include <immintrin.h>
 #else
@@ -1105,15 +1123,29 @@ static int mlc__size(size_t a, size_t b, size_t c, size_t *out) {
     return 1;
 }
 
+/* The allocator of the config, else malloc/free (none under MLC_NO_MALLOC: NULL). */
+static void *mlc__sys_alloc(const mlc_allocator *a, size_t bytes) {
+    if (a->alloc) return (a->alloc)(bytes, a->user);
+#ifdef MLC_NO_MALLOC
+    return NULL;
+#else
+    return malloc(bytes);
+#endif
+}
+static void mlc__sys_free(const mlc_allocator *a, void *p) {
+    if (a->free) (a->free)(p, a->user);
+#ifndef MLC_NO_MALLOC
+    else free(p);
+#endif
+}
+
 /* Every heap allocation carries its size in front, so the statistics stay exact. */
 #define MLC__HEADER 16
 static void *mlc__heap_alloc(mlc_ctx *ctx, size_t bytes) {
     unsigned char *p;
     size_t total;
     if (!mlc__size(bytes, 1, MLC__HEADER, &total)) return NULL;
-    p = (unsigned char *)(ctx->config.allocator.alloc
-            ? (ctx->config.allocator.alloc)(total, ctx->config.allocator.user)
-            : malloc(total));
+    p = (unsigned char *)mlc__sys_alloc(&ctx->config.allocator, total);
     if (!p) return NULL;
     memcpy(p, &bytes, sizeof bytes);
     ctx->stats.allocs++;
@@ -1130,8 +1162,7 @@ static void mlc__heap_free(mlc_ctx *ctx, void *ptr) {
     memcpy(&bytes, p, sizeof bytes);
     ctx->stats.frees++;
     ctx->stats.bytes_current -= bytes;
-    if (ctx->config.allocator.free) (ctx->config.allocator.free)(p, ctx->config.allocator.user);
-    else free(p);
+    mlc__sys_free(&ctx->config.allocator, p);
 }
 
 /* Long-lived memory: linked into the context so mlc_destroy frees whatever the user kept. */
@@ -1165,6 +1196,9 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
         b = b->next;
         if (b) b->used = 0;
     }
+    if (!b && ctx->config.arena)                     /* a fixed arena never grows */
+        return mlc__fail(ctx, MLC_ERR_MEMORY, "%s: out of memory: the fixed arena (mlc_config.arena, %zu "
+                         "bytes) is full (%zu bytes asked)", op, ctx->config.arena_bytes, bytes);
     if (!b) {                                        /* grow: append a new block */
         size_t cap = ctx->config.arena_block_bytes;
         mlc__block *nb, *last = ctx->block;
@@ -1184,6 +1218,22 @@ static void *mlc__arena_alloc(mlc_ctx *ctx, size_t bytes, const char *op) {
     ctx->stats.arena_used += bytes;
     if (ctx->stats.arena_used > ctx->stats.arena_peak) ctx->stats.arena_peak = ctx->stats.arena_used;
     return b->base + b->used - bytes;
+}
+
+/* mlc_config.arena: the caller's buffer is the arena's one block (its header at the start). */
+static void mlc__arena_fixed(mlc_ctx *ctx) {
+    uintptr_t start = (uintptr_t)ctx->config.arena, end = start + ctx->config.arena_bytes;
+    uintptr_t head = (start + 15) & ~(uintptr_t)15, base = (head + sizeof(mlc__block) + 31) & ~(uintptr_t)31;
+    mlc__block *b = (mlc__block *)head;
+    if (ctx->config.arena_bytes < 64 + sizeof(mlc__block) || base > end) {
+        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: the fixed arena (mlc_config.arena) of %zu bytes is too "
+                  "small", ctx->config.arena_bytes);
+        return;
+    }
+    b->next = NULL; b->used = 0;
+    b->base = (unsigned char *)base;
+    b->capacity = (size_t)(end - base) & ~(size_t)31;
+    ctx->first_block = ctx->block = b;
 }
 
 /* Device buffers. The backend makes and frees them; the books are kept here, the same for
@@ -1343,8 +1393,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     size_t bytes = sizeof(mlc_ctx) + MLC__HEADER;
     if (config) cfg = *config; else memset(&cfg, 0, sizeof cfg);
     if (!cfg.allocator.alloc != !cfg.allocator.free) return NULL;    /* all or none */
-    raw = (unsigned char *)(cfg.allocator.alloc ? (cfg.allocator.alloc)(bytes, cfg.allocator.user)
-                                                : malloc(bytes));
+    raw = (unsigned char *)mlc__sys_alloc(&cfg.allocator, bytes);
     if (!raw) return NULL;
     memset(raw, 0, bytes);
     memcpy(raw, &bytes, sizeof bytes);
@@ -1357,8 +1406,9 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
     ctx->buffers.refuse_from = -1;
     mlc_seed(ctx, cfg.seed);
+    if (cfg.arena) mlc__arena_fixed(ctx);
     device = cfg.device;
-#ifndef MLC_NO_STDIO
+#if !defined(MLC_NO_STDIO) && !defined(MLC_NO_MALLOC)
     if (!device) device = getenv("MLC_DEVICE");
 #endif
     if (device && *device && strcmp(device, "cpu") != 0) {
@@ -1382,10 +1432,12 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     if (ctx->backend) mlc__device_close(ctx);
     while (ctx->owned.next != &ctx->owned)
         mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
-    for (b = ctx->first_block; b; b = next) { next = b->next; mlc__heap_free(ctx, b); }
+    for (b = ctx->config.arena ? NULL : ctx->first_block; b; b = next) {   /* a fixed arena is the caller's */
+        next = b->next;
+        mlc__heap_free(ctx, b);
+    }
     a = ctx->config.allocator;
-    if (a.free) (a.free)((unsigned char *)ctx - MLC__HEADER, a.user);
-    else free((unsigned char *)ctx - MLC__HEADER);
+    mlc__sys_free(&a, (unsigned char *)ctx - MLC__HEADER);
 }
 
 MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) {
@@ -1674,8 +1726,10 @@ static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *s
     return 1;
 }
 
-/* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived). */
-static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
+/* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived); over (not NULL):
+   a long-lived one whose data is the caller's read-only memory (only the struct is allocated). */
+static mlc_tensor *mlc__make_over(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent,
+                                  const float *over) {
     mlc_tensor *t;
     size_t size = 1, bytes;
     int d;
@@ -1685,6 +1739,7 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     if (d < ndim || !mlc__size(size, sizeof(float), (sizeof(mlc_tensor) + 31) & ~(size_t)31, &bytes))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than "
                                        "size_t counts", op, mlc__shape_text(ndim, shape).text);
+    if (over) bytes = sizeof(mlc_tensor);
     t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
@@ -1692,13 +1747,19 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     t->ndim = ndim;
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof(int));
     t->size = size;
-    t->data = (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
+    t->data = over ? (float *)(uintptr_t)over
+                   : (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
+    t->read_only = over != NULL;
     t->persistent = persistent;
     t->on_device = ctx->op_device;
     t->level = ctx->level;
     t->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
     t->stale = t->on_device ? MLC__DEVICE_STALE : 0;     /* the host copy is written first */
     return t;
+}
+
+static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
+    return mlc__make_over(ctx, op, ndim, shape, persistent, NULL);
 }
 
 /* A tensor the user creates: it lives on the context's device. */
@@ -1738,6 +1799,20 @@ MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const
     t = mlc__new(ctx, "mlc_from_data", ndim, shape, 0);
     if (t && t->size) memcpy(t->data, data, t->size * sizeof(float));
     return t;
+}
+
+MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, const float *data) {
+    if (ctx && !data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_from_const: data is NULL");
+    if (ctx) ctx->op_device = ctx->backend != NULL;
+    return mlc__make_over(ctx, "mlc_from_const", ndim, shape, 1, data);
+}
+
+/* Whatever writes t's data asks here first: a tensor over read-only memory refuses. */
+static int mlc__writable(mlc_tensor *t, const char *op) {
+    if (!t->read_only) return 1;
+    mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T wraps read-only memory (mlc_from_const): it cannot be "
+              "written or trained", op, t);
+    return 0;
 }
 
 MLCDEF mlc_tensor *mlc_arange(mlc_ctx *ctx, float start, float stop, float step) {
@@ -1813,7 +1888,7 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
 }
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
-    if (!mlc__usable(t, "mlc_requires_grad")) return NULL;
+    if (!mlc__usable(t, "mlc_requires_grad") || (on && !mlc__writable(t, "mlc_requires_grad"))) return NULL;
     if (on && t->node == NULL && !mlc__alloc_grad(t, "mlc_requires_grad")) return NULL;
     t->requires_grad = on || t->node;
     return t;
@@ -1856,6 +1931,7 @@ MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
                   t->size);
         return t->ctx->error;
     }
+    if (!mlc__writable(t, "mlc_write")) return t->ctx->error;
     if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
     mlc__host_wrote(t);
@@ -1968,6 +2044,17 @@ static void mlc__record(const mlc__node *call) {
     ctx->tape = n;
     call->out->node = n;
     call->out->requires_grad = 1;
+}
+
+/* An op's sizes (a struct on the caller's stack) for its kernels: the call points at them, and
+   when the op will be recorded, at a copy in the arena that the tape keeps; inference keeps
+   none. 0: out of memory. */
+static int mlc__save(mlc__node *call, const void *sizes, size_t bytes) {
+    call->saved = (void *)(uintptr_t)sizes;
+    if (!mlc__recording(call)) return 1;
+    if (!(call->saved = mlc__arena_alloc(call->out->ctx, bytes, call->name))) return 0;
+    memcpy(call->saved, sizes, bytes);
+    return 1;
 }
 
 /* The gradient buffer of an input that needs one (zeroed on first use), else NULL. */
@@ -2846,8 +2933,13 @@ static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A
     }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
-    mlc__parallel((size_t)N, (size_t)((double)MLC__GEMM_PARALLEL / ((double)M * K)) + 1,
+    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1,
                   mlc__gemm_direct_slice, &d);
+}
+
+/* M·N·K < limit, in integers (a float-only FPU has no double), for M, N > 0 */
+static int mlc__product_below(int M, int N, int K, long long limit) {
+    return K <= 0 || (long long)M * N < (limit + K - 1) / K;
 }
 
 #endif /* !MLC_USE_CBLAS */
@@ -2864,18 +2956,18 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (K <= 0 || (double)M * N * K < (double)MLC__GEMM_SMALL) {   /* too small to repay any setting up */
+    if (mlc__product_below(M, N, K, MLC__GEMM_SMALL)) {   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
         return;
     }
-    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS) {
-        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);
+    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS || (!work && ctx->config.arena)) {
+        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);   /* (a fixed arena: no packing workspace) */
         return;
     }
     if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
     {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
         const mlc__gemm_arch *g = mlc__gemm_pick();
-        int threads = (double)M * N * K < (double)MLC__GEMM_PARALLEL ? 1 : mlc__threads();
+        int threads = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? 1 : mlc__threads();
         mlc_frame scratch = mlc_frame_begin(ctx);
         work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
         if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
@@ -2989,8 +3081,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
     mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
-    if (!(call.saved = mlc__arena_alloc(ctx, sizeof mm, op))) return NULL;
-    memcpy(call.saved, &mm, sizeof mm);
+    if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 0) {
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b,
@@ -3993,6 +4084,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (training && M < 2)
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "mlc_batch_norm: training needs more than one value per channel, x is %T", x);
+    if (training && ((running_mean && !mlc__writable(running_mean, "mlc_batch_norm")) ||
+                     (running_var && !mlc__writable(running_var, "mlc_batch_norm")))) return NULL;
     eps = mlc__setting(eps, 1e-5f); momentum = mlc__setting(momentum, 0.1f);
     if (!mlc__in_range(ctx, "mlc_batch_norm", "eps", eps, 0.0f, FLT_MAX, 0) ||
         !mlc__in_range(ctx, "mlc_batch_norm", "momentum", momentum, 0.0f, 1.0f, 0)) return NULL;
@@ -4013,9 +4106,8 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     if (training && running_var) mlc__host_wrote(running_var);
     if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
     for (c = 0; c < C; c++) {
-        mlc__sum_t mu, var;
         if (training) {
-            mlc__sum_t s = 0, v = 0, d;
+            mlc__sum_t s = 0, v = 0, d, mu, var;
             for (i = 0; i < N; i++)
                 for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
             mu = s / (mlc__sum_t)M;
@@ -4030,9 +4122,12 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
             if (running_var)
                 running_var->data[c] = (1.0f - momentum) * running_var->data[c]
                                        + momentum * (float)(v / (M - 1));
-        } else { mu = (mlc__sum_t)running_mean->data[c]; var = (mlc__sum_t)running_var->data[c]; }
-        stats[2 * c] = (float)mu;
-        stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
+            stats[2 * c] = (float)mu;
+            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
+        } else {                                /* in float: no double on a float-only FPU */
+            stats[2 * c] = running_mean->data[c];
+            stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
+        }
         for (i = 0; i < N; i++)
             for (k = 0; k < inner; k++) {
                 size_t at = ((size_t)i * C + c) * inner + k;
@@ -4288,8 +4383,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_CONV2D, "mlc_conv2d", out, x, weight, bias, NULL);
-    if (!(call.saved = mlc__arena_alloc(ctx, sizeof cv, "mlc_conv2d"))) return NULL;
-    memcpy(call.saved, &cv, sizeof cv);
+    if (!mlc__save(&call, &cv, sizeof cv)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;
@@ -4978,18 +5072,21 @@ static void mlc__fans(const mlc_tensor *t, double *fan_in, double *fan_out) {
 
 MLCDEF void mlc_init_uniform(mlc_tensor *t, float lo, float hi) {
     size_t i;
-    if (t) for (i = 0; i < t->size; i++) t->data[i] = lo + (hi - lo) * mlc_rand_uniform(t->ctx);
-    if (t) mlc__host_wrote(t);
+    if (!t || !mlc__writable(t, "mlc_init_uniform")) return;
+    for (i = 0; i < t->size; i++) t->data[i] = lo + (hi - lo) * mlc_rand_uniform(t->ctx);
+    mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_normal(mlc_tensor *t, float mean, float std) {
     size_t i;
-    if (t) for (i = 0; i < t->size; i++) t->data[i] = mean + std * mlc_rand_normal(t->ctx);
-    if (t) mlc__host_wrote(t);
+    if (!t || !mlc__writable(t, "mlc_init_normal")) return;
+    for (i = 0; i < t->size; i++) t->data[i] = mean + std * mlc_rand_normal(t->ctx);
+    mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_constant(mlc_tensor *t, float value) {
     size_t i;
-    if (t) for (i = 0; i < t->size; i++) t->data[i] = value;
-    if (t) mlc__host_wrote(t);
+    if (!t || !mlc__writable(t, "mlc_init_constant")) return;
+    for (i = 0; i < t->size; i++) t->data[i] = value;
+    mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain √(3 / fan_in) */
     double fi, fo, bound;
@@ -5657,6 +5754,7 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     int k;
     if (!opt) return MLC_ERR_NULL;
     ctx = opt->ctx;
+    if (p && p->ctx == ctx && !mlc__writable(p, "mlc_optim_add_param")) return ctx->error;
     if (!p || !p->persistent || !p->grad || p->ctx != ctx) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : p->ctx != ctx
                   ? "the parameter belongs to another context"
@@ -7462,6 +7560,8 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
                   st->label, report.names);
         goto done;
     }
+    for (i = 0; i < n; i++)                               /* nothing changes unless all can change */
+        if (match[i] && !mlc__writable(state[i].tensor, "mlc_safetensors_load")) goto done;
     for (i = 0; i < n; i++) {
         mlc_tensor *t = state[i].tensor;
         if (!match[i]) continue;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Compile checks: mlc.h builds warning-free as C99 with gcc and clang, as C++ (11 and 20) with
 # g++, with tcc and arm-none-eabi-gcc, links from two translation units (extern and MLC_STATIC),
-# and needs no stdio under MLC_NO_STDIO.
+# needs no stdio under MLC_NO_STDIO and no malloc, getenv or x86 intrinsics under MLC_NO_MALLOC.
 # A missing compiler is reported as skipped; under CI=true nothing may be skipped.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -38,6 +38,11 @@ for cc in gcc clang; do
     for ex in examples/*.c; do check "$cc.$(basename "$ex" .c)" $cc $strict -O2 -I. -c -o "$tmp/ex.o" "$ex"; done
     check "$cc.two_units" sh -c "$cc $strict -I. -o '$tmp/two' '$tmp/a.c' '$tmp/b.c' -lm && '$tmp/two'"
     check "$cc.two_units_static" sh -c "$cc $strict -I. -o '$tmp/two' '$tmp/sa.c' '$tmp/sb.c' -lm && '$tmp/two'"
+    # MLC_NO_MALLOC (bare metal): no allocator, environment or x86 code referenced or included
+    check "$cc.no_malloc" sh -c "$cc $strict -DMLC_NO_MALLOC -I. -c -o '$tmp/nm.o' '$tmp/impl.c' && \
+        ! nm -u '$tmp/nm.o' | grep -wE 'malloc|calloc|realloc|free|getenv|__cpu_model|__cpu_indicator_init' \
+        && \
+        ! $cc -DMLC_NO_MALLOC -I. -H -fsyntax-only '$tmp/impl.c' 2>&1 | grep -E 'immintrin|cpuid'"
     check "$cc.no_stdio" sh -c "$cc $strict -DMLC_NO_STDIO -I. -c -o '$tmp/ns.o' '$tmp/impl.c' && ! nm -u '$tmp/ns.o' | grep -E 'printf|puts|fopen|fwrite|stderr|stdout'"
 done
 if command -v g++ >/dev/null 2>&1; then
