@@ -80,6 +80,7 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
      mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_ce_opts         reduction mean, no class ignored, label_smoothing 0
      mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
    Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
    negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
@@ -380,6 +381,16 @@ typedef enum mlc_reduction { MLC_REDUCE_MEAN = 0, MLC_REDUCE_SUM, MLC_REDUCE_NON
 /* logits [N, C], target [N] class indices; targets equal to ignore_index add nothing */
 MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target,
                                      mlc_reduction reduction, int ignore_index);
+/* Cross entropy with PyTorch's other options; zero means default: reduction mean, no class
+   ignored, no smoothing. ignore 1: rows whose target is ignore_index add nothing (a separate
+   switch, so a zeroed struct ignores no class). label_smoothing ε in [0, 1]: the target is
+   (1 - ε) onehot + ε / C, as torch's F.cross_entropy(..., label_smoothing=ε). */
+typedef struct mlc_ce_opts {
+    mlc_reduction reduction;
+    int ignore, ignore_index;
+    float label_smoothing;
+} mlc_ce_opts;
+MLCDEF mlc_tensor *mlc_cross_entropy_opts(mlc_tensor *logits, mlc_tensor *target, mlc_ce_opts opts);
 MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target,
                                 mlc_reduction reduction, int ignore_index);
 MLCDEF mlc_tensor *mlc_mse_loss(mlc_tensor *pred, mlc_tensor *target, mlc_reduction reduction);
@@ -861,7 +872,7 @@ typedef union mlc__args {
     struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
     struct { int len, inner; } cumsum;
     struct { int is_log, len, inner; } softmax;
-    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
+    struct { int reduction, ignore_index, softmax_first, kind; float scale, smoothing; } loss;
     struct { int order[MLC_MAX_DIMS]; } permute;
     struct { int start, count, axis; } slice;
     struct { int count, axis; } concat;
@@ -3249,7 +3260,8 @@ MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) {
 
 /* ============================================================================================
    Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
-     cross_entropy  ℓ_i = -log softmax(x_i)[t_i]        dx_i = g (softmax(x_i) - onehot(t_i))
+     cross_entropy  ℓ_i = -Σ_c q_c log softmax(x_i)[c]  dx_i = g (softmax(x_i) - q),
+                    q = (1 - ε) onehot(t_i) + ε / C (label smoothing ε; 0: q is the one-hot)
      nll            ℓ_i = -x_i[t_i]                     dx_i[t_i] = -g
      mse            ℓ = (p - t)²                        dp = 2 g (p - t)      dt = -dp
      bce_logits     ℓ = max(x,0) - x t + ln(1 + e^-|x|) dx = g (σ(x) - t)     dt = -g x
@@ -3284,19 +3296,20 @@ static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved p
     mlc_tensor *x = n->in[0], *t = n->in[1];
     float *gx = mlc__grad(x);
     const float *probs = (const float *)n->saved;
+    float eps = n->args.loss.smoothing;
     int N = x->shape[0], C = x->shape[1], i, c;
     for (i = 0; i < N; i++) {
         int target = (int)t->data[i];
         float g;
         if (target == n->args.loss.ignore_index) continue;
         g = mlc__loss_scale(n, (size_t)i);
-        if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * probs[(size_t)i * C + c];
-        gx[(size_t)i * C + target] -= g;
+        if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * (probs[(size_t)i * C + c] - eps / C);
+        gx[(size_t)i * C + target] -= g * (1.0f - eps);
     }
 }
 
 static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor *x, mlc_tensor *target,
-                                   mlc_reduction red, int ignore_index) {
+                                   mlc_reduction red, int ignore_index, float eps) {
     int N, C, i, c, where;
     size_t counted = 0;
     float *l, *probs = NULL;
@@ -3307,6 +3320,7 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
+    if (!mlc__in_range(ctx, op, "label_smoothing", eps, 0.0f, 1.0f, 0)) return NULL;
     N = x->shape[0]; C = x->shape[1];
     tgt = mlc__host(target);                             /* targets are checked on the host */
     for (i = 0; i < N; i++) {
@@ -3319,6 +3333,7 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     call.args.loss.reduction = (int)red;
     call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
     call.args.loss.softmax_first = softmax_first; call.args.loss.scale = 1.0f / (float)counted;
+    call.args.loss.smoothing = eps;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, (size_t)N, op);
@@ -3331,11 +3346,13 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
         if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
         if (softmax_first) {
             float m = row[0];
-            mlc__sum_t s = 0;
+            mlc__sum_t s = 0, sx = 0;                    /* sx: Σ_c (x_c - m), for smoothing */
             for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
             for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
             for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
-            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(row[tc] - m));
+            if (eps > 0.0f) for (c = 0; c < C; c++) sx += (mlc__sum_t)(row[c] - m);
+            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(1.0f - eps) * (mlc__sum_t)(row[tc] - m)
+                           - (mlc__sum_t)eps / C * sx);
         } else l[i] = -row[tc];
     }
     mlc__loss_reduce(out, red, l, (size_t)N, counted);
@@ -3346,11 +3363,15 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
 
 MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction,
                                      int ignore_index) {
-    return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index);
+    return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index, 0.0f);
+}
+MLCDEF mlc_tensor *mlc_cross_entropy_opts(mlc_tensor *logits, mlc_tensor *target, mlc_ce_opts opts) {
+    return mlc__class_loss("mlc_cross_entropy_opts", 1, logits, target, opts.reduction,
+                           opts.ignore ? opts.ignore_index : MLC_NO_IGNORE, opts.label_smoothing);
 }
 MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_reduction reduction,
                                 int ignore_index) {
-    return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index);
+    return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index, 0.0f);
 }
 
 /* The pointwise losses, one line each: ℓ(x, t), ∂ℓ/∂x and ∂ℓ/∂t, for input x and target t.

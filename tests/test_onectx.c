@@ -122,6 +122,7 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("var", mlc_var(x3, 2, 0, 1)); OUT("sum_all", mlc_sum_all(a)); OUT("mean_all", mlc_mean_all(b));
     OUT("argmax", mlc_argmax(x3, 1));
     OUT("cross_entropy", mlc_cross_entropy(logits, target, MLC_REDUCE_MEAN, 2));
+    OUT("cross_entropy_opts", mlc_cross_entropy_opts(logits, target, (mlc_ce_opts){ MLC_REDUCE_SUM, 1, 2, 0.1f }));
     OUT("nll_loss", mlc_nll_loss(mlc_log_softmax(logits, 1), target, MLC_REDUCE_NONE, MLC_NO_IGNORE));
     OUT("mse_loss", mlc_mse_loss(a, pos, MLC_REDUCE_SUM)); OUT("bce", mlc_bce_with_logits(a, prob, MLC_REDUCE_MEAN));
     OUT("reshape", mlc_reshape(a, 2, (int[]){ 6, 4 })); OUT("flatten", mlc_flatten(img, 1));
