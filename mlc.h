@@ -75,7 +75,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
    -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
    zero-fills a config struct), and the zero would silently become the default.
      mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
-     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
+     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01),
+                         amsgrad 0
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
@@ -584,8 +585,12 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
 #define MLC_ZERO 1.40129846e-45f
 /* lr 0.01 */
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config;
-/* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
-typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config;
+/* 1e-3, .9, .999, 1e-8; AdamW wd 0.01; amsgrad 1: divide by the largest v so far (PyTorch's
+   amsgrad=True, one more state buffer, max_exp_avg_sq) */
+typedef struct mlc_adam_config {
+    float lr, beta1, beta2, eps, weight_decay;
+    int amsgrad;
+} mlc_adam_config;
 /* 0.01, .99, 1e-8 */
 typedef struct mlc_rmsprop_config {
     float lr, alpha, eps, weight_decay, momentum;
@@ -707,7 +712,8 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 /* Checkpoints: model state, optimiser state (state buffers, step count, learning rate), the
    training position and the context's RNG in one safetensors file, so a resumed run continues
    bit for bit. Reserved names: "__mlc__.optim.<i>.<slot>" (i: the parameter's index in the
-   optimiser, slot: PyTorch's momentum_buffer, exp_avg, exp_avg_sq, square_avg, grad_avg),
+   optimiser, slot: PyTorch's momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq (AMSGrad),
+   square_avg, grad_avg),
    "__mlc__.optim.t" and "__mlc__.train" (I64), "__mlc__.optim.lr" (F32), "__mlc__.rng" (U64). */
 typedef struct mlc_train_state { long long step, epoch; } mlc_train_state;   /* yours to count */
 MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
@@ -5636,15 +5642,16 @@ struct mlc_optim {
     mlc_tensor **state;                 /* three slots per parameter: state[3 i + k], NULL when unused */
     long long t;
     float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
-    int nesterov, centered;
+    int nesterov, centered, amsgrad;
 };
 
 /* Whether the rule reads state buffer k of each parameter: SGD its b (k = 0) with momentum;
-   Adam m (0) and v (1); RMSprop b (0) with momentum, v (1), and ḡ (2) when centered. */
+   Adam m (0), v (1), and max v (2) with amsgrad; RMSprop b (0) with momentum, v (1), and ḡ (2)
+   when centered. */
 static int mlc__optim_keeps(const mlc_optim *o, int k) {
     if (o->kind == MLC__SGD) return k == 0 && o->momentum != 0.0f;
     if (o->kind == MLC__RMSPROP) return k == 1 || (k == 0 && o->momentum > 0.0f) || (k == 2 && o->centered);
-    return k < 2;
+    return k < 2 || o->amsgrad;
 }
 
 MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
@@ -5750,6 +5757,7 @@ static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c,
     opt->beta2 = mlc__setting(c.beta2, 0.999f);
     opt->eps = mlc__setting(c.eps, 1e-8f);
     opt->weight_decay = mlc__setting(c.weight_decay, default_wd);
+    opt->amsgrad = c.amsgrad != 0;
     return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
 MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
@@ -5795,9 +5803,11 @@ static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p
     }
 }
 
-/* Adam and AdamW in one loop: Adam adds wd p to the gradient, AdamW shrinks p by (1 - lr wd). */
+/* Adam and AdamW in one loop: Adam adds wd p to the gradient, AdamW shrinks p by (1 - lr wd);
+   AMSGrad (vmax not NULL) divides by the largest v so far instead of v. */
 static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
-                             const float *MLC__RESTRICT g, float *MLC__RESTRICT m, float *MLC__RESTRICT v) {
+                             const float *MLC__RESTRICT g, float *MLC__RESTRICT m, float *MLC__RESTRICT v,
+                             float *MLC__RESTRICT vmax) {
     const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
     const float l2 = o->kind == MLC__ADAM ? o->weight_decay : 0.0f;
     const float shrink = o->kind == MLC__ADAMW ? 1.0f - o->lr * o->weight_decay : 1.0f;
@@ -5809,7 +5819,8 @@ static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT 
         float gj = g[j] + l2 * p[j];
         m[j] = b1 * m[j] + (1.0f - b1) * gj;
         v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-        p[j] = p[j] * shrink - step * m[j] / (MLC_SQRTF(v[j] * inv_bc2) + eps);
+        if (vmax) vmax[j] = vmax[j] > v[j] ? vmax[j] : v[j];
+        p[j] = p[j] * shrink - step * m[j] / (MLC_SQRTF((vmax ? vmax[j] : v[j]) * inv_bc2) + eps);
     }
 }
 
@@ -5850,7 +5861,7 @@ static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
     if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
     else if (o->kind == MLC__RMSPROP)
         mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
-    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin));
+    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
 }
 
 MLCDEF void mlc_step(mlc_optim *opt) {
@@ -7684,8 +7695,8 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 
 static const char *const mlc__optim_kind_names[] = { "sgd", "adam", "adamw", "rmsprop" };
 static const char *const mlc__optim_slot_names[4][3] = {   /* PyTorch's names for state[3 i + k] */
-    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", NULL }, { "exp_avg", "exp_avg_sq", NULL },
-    { "momentum_buffer", "square_avg", "grad_avg" } };
+    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
+    { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }, { "momentum_buffer", "square_avg", "grad_avg" } };
 
 typedef struct mlc__ckpt {              /* a checkpoint's items and the bytes of its scalars */
     mlc_named_tensor *list;             /* the module's state, then the optimiser's buffers */

@@ -482,17 +482,21 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2)"
 " + eps)\n"
 "   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1"
-" - b2^t)) */\n"
+" - b2^t));\n"
+"   amsgrad: vmax = max(vmax, v), and vmax in the place of v */\n"
 "__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global"
 " float *v,\n"
-"                       float b1, float b2, float eps, float l2, float shrink, float step, float inv_bc2) {\n"
+"                       __global float *vmax, float b1, float b2, float eps, float l2, float shrink, float"
+" step,\n"
+"                       float inv_bc2, int amsgrad) {\n"
 "    size_t j = get_global_id(0);\n"
 "    float gj;\n"
 "    if (j >= n) return;\n"
 "    gj = g[j] + l2 * p[j];\n"
 "    m[j] = b1 * m[j] + (1.0f - b1) * gj;\n"
 "    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;\n"
-"    p[j] = p[j] * shrink - step * m[j] / (sqrt(v[j] * inv_bc2) + eps);\n"
+"    if (amsgrad) vmax[j] = vmax[j] > v[j] ? vmax[j] : v[j];\n"
+"    p[j] = p[j] * shrink - step * m[j] / (sqrt((amsgrad ? vmax[j] : v[j]) * inv_bc2) + eps);\n"
 "}\n"
 "/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a)"
 " g)\n"
@@ -2275,12 +2279,13 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
         cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
+        cl_int amsgrad = opt->amsgrad;
         mlc__cl_arg args[] = {
-            MLC__CL_ARG(n),  MLC__CL_ARG(pm),     MLC__CL_ARG(gm),   MLC__CL_ARG(s0),
-            MLC__CL_ARG(s1), MLC__CL_ARG(b1),     MLC__CL_ARG(b2),   MLC__CL_ARG(eps),
-            MLC__CL_ARG(l2), MLC__CL_ARG(shrink), MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2)
+            MLC__CL_ARG(n),       MLC__CL_ARG(pm),  MLC__CL_ARG(gm),     MLC__CL_ARG(s0),   MLC__CL_ARG(s1),
+            MLC__CL_ARG(s2),      MLC__CL_ARG(b1),  MLC__CL_ARG(b2),     MLC__CL_ARG(eps),  MLC__CL_ARG(l2),
+            MLC__CL_ARG(shrink),  MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2), MLC__CL_ARG(amsgrad)
         };
-        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 14);
     }
     return !ctx->error;
 }

@@ -196,9 +196,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
 
 /* Every optimiser, three steps each with clipping, on a small linear model. */
 static int run_optimisers(mlc_ctx *ctx, record *r) {
-    static const char *const names[] = { "sgd", "sgd nesterov", "adam", "adamw", "rmsprop centered" };
+    static const char *const names[] = { "sgd", "sgd nesterov", "adam", "adamw", "rmsprop centered",
+                                         "adam amsgrad", "adamw amsgrad" };
     int k, step;
-    for (k = 0; k < 5; k++) {
+    for (k = 0; k < 7; k++) {
         mlc_tensor *wt = mlc_parameter(ctx, 2, (int[]){ 3, 5 }), *bt = mlc_parameter(ctx, 1, (int[]){ 3 });
         mlc_optim *opt;
         float w0[15], b0[3];
@@ -207,9 +208,11 @@ static int run_optimisers(mlc_ctx *ctx, record *r) {
         CHECK(mlc_write(wt, w0, 15) == MLC_OK && mlc_write(bt, b0, 3) == MLC_OK);
         opt = k == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0.1f, 0.01f, 0 })
             : k == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0, 0, 1 })
-            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f })
-            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f })
-                     : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 });
+            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f, 0 })
+            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f, 0 })
+            : k == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 })
+            : k == 5 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.5f, 1e-6f, 0.01f, 1 })
+                     : mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0.5f, 0, 0.1f, 1 });
         CHECK(mlc_optim_add_param(opt, wt) == MLC_OK && mlc_optim_add_param(opt, bt) == MLC_OK);
         for (step = 0; step < 3; step++) {
             mlc_frame f = mlc_frame_begin(ctx);
