@@ -87,11 +87,13 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
    -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
    zero-fills a config struct), and the zero would silently become the default.
      mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
-     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01)
+     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01),
+                         amsgrad 0
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
      mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_ce_opts         reduction mean, no class ignored, label_smoothing 0
      mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
    Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
    negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
@@ -398,6 +400,16 @@ typedef enum mlc_reduction { MLC_REDUCE_MEAN = 0, MLC_REDUCE_SUM, MLC_REDUCE_NON
 /* logits [N, C], target [N] class indices; targets equal to ignore_index add nothing */
 MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target,
                                      mlc_reduction reduction, int ignore_index);
+/* Cross entropy with PyTorch's other options; zero means default: reduction mean, no class
+   ignored, no smoothing. ignore 1: rows whose target is ignore_index add nothing (a separate
+   switch, so a zeroed struct ignores no class). label_smoothing ε in [0, 1]: the target is
+   (1 - ε) onehot + ε / C, as torch's F.cross_entropy(..., label_smoothing=ε). */
+typedef struct mlc_ce_opts {
+    mlc_reduction reduction;
+    int ignore, ignore_index;
+    float label_smoothing;
+} mlc_ce_opts;
+MLCDEF mlc_tensor *mlc_cross_entropy_opts(mlc_tensor *logits, mlc_tensor *target, mlc_ce_opts opts);
 MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target,
                                 mlc_reduction reduction, int ignore_index);
 MLCDEF mlc_tensor *mlc_mse_loss(mlc_tensor *pred, mlc_tensor *target, mlc_reduction reduction);
@@ -596,8 +608,12 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
 #define MLC_ZERO 1.40129846e-45f
 /* lr 0.01 */
 typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config;
-/* 1e-3, .9, .999, 1e-8; AdamW wd 0.01 */
-typedef struct mlc_adam_config { float lr, beta1, beta2, eps, weight_decay; } mlc_adam_config;
+/* 1e-3, .9, .999, 1e-8; AdamW wd 0.01; amsgrad 1: divide by the largest v so far (PyTorch's
+   amsgrad=True, one more state buffer, max_exp_avg_sq) */
+typedef struct mlc_adam_config {
+    float lr, beta1, beta2, eps, weight_decay;
+    int amsgrad;
+} mlc_adam_config;
 /* 0.01, .99, 1e-8 */
 typedef struct mlc_rmsprop_config {
     float lr, alpha, eps, weight_decay, momentum;
@@ -719,7 +735,8 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 /* Checkpoints: model state, optimiser state (state buffers, step count, learning rate), the
    training position and the context's RNG in one safetensors file, so a resumed run continues
    bit for bit. Reserved names: "__mlc__.optim.<i>.<slot>" (i: the parameter's index in the
-   optimiser, slot: PyTorch's momentum_buffer, exp_avg, exp_avg_sq, square_avg, grad_avg),
+   optimiser, slot: PyTorch's momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq (AMSGrad),
+   square_avg, grad_avg),
    "__mlc__.optim.t" and "__mlc__.train" (I64), "__mlc__.optim.lr" (F32), "__mlc__.rng" (U64). */
 typedef struct mlc_train_state { long long step, epoch; } mlc_train_state;   /* yours to count */
 MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
@@ -884,7 +901,7 @@ typedef union mlc__args {
     struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
     struct { int len, inner; } cumsum;
     struct { int is_log, len, inner; } softmax;
-    struct { int reduction, ignore_index, softmax_first, kind; float scale; } loss;
+    struct { int reduction, ignore_index, softmax_first, kind; float scale, smoothing; } loss;
     struct { int order[MLC_MAX_DIMS]; } permute;
     struct { int start, count, axis; } slice;
     struct { int count, axis; } concat;
@@ -3345,7 +3362,8 @@ MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) {
 
 /* ============================================================================================
    Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
-     cross_entropy  ℓ_i = -log softmax(x_i)[t_i]        dx_i = g (softmax(x_i) - onehot(t_i))
+     cross_entropy  ℓ_i = -Σ_c q_c log softmax(x_i)[c]  dx_i = g (softmax(x_i) - q),
+                    q = (1 - ε) onehot(t_i) + ε / C (label smoothing ε; 0: q is the one-hot)
      nll            ℓ_i = -x_i[t_i]                     dx_i[t_i] = -g
      mse            ℓ = (p - t)²                        dp = 2 g (p - t)      dt = -dp
      bce_logits     ℓ = max(x,0) - x t + ln(1 + e^-|x|) dx = g (σ(x) - t)     dt = -g x
@@ -3380,19 +3398,20 @@ static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved p
     mlc_tensor *x = n->in[0], *t = n->in[1];
     float *gx = mlc__grad(x);
     const float *probs = (const float *)n->saved;
+    float eps = n->args.loss.smoothing;
     int N = x->shape[0], C = x->shape[1], i, c;
     for (i = 0; i < N; i++) {
         int target = (int)t->data[i];
         float g;
         if (target == n->args.loss.ignore_index) continue;
         g = mlc__loss_scale(n, (size_t)i);
-        if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * probs[(size_t)i * C + c];
-        gx[(size_t)i * C + target] -= g;
+        if (probs) for (c = 0; c < C; c++) gx[(size_t)i * C + c] += g * (probs[(size_t)i * C + c] - eps / C);
+        gx[(size_t)i * C + target] -= g * (1.0f - eps);
     }
 }
 
 static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor *x, mlc_tensor *target,
-                                   mlc_reduction red, int ignore_index) {
+                                   mlc_reduction red, int ignore_index, float eps) {
     int N, C, i, c, where;
     size_t counted = 0;
     float *l, *probs = NULL;
@@ -3403,6 +3422,7 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
+    if (!mlc__in_range(ctx, op, "label_smoothing", eps, 0.0f, 1.0f, 0)) return NULL;
     N = x->shape[0]; C = x->shape[1];
     tgt = mlc__host(target);                             /* targets are checked on the host */
     for (i = 0; i < N; i++) {
@@ -3415,6 +3435,7 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     call.args.loss.reduction = (int)red;
     call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
     call.args.loss.softmax_first = softmax_first; call.args.loss.scale = 1.0f / (float)counted;
+    call.args.loss.smoothing = eps;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
     l = mlc__floats(ctx, (size_t)N, op);
@@ -3427,11 +3448,13 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
         if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
         if (softmax_first) {
             float m = row[0];
-            mlc__sum_t s = 0;
+            mlc__sum_t s = 0, sx = 0;                    /* sx: Σ_c (x_c - m), for smoothing */
             for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
             for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
             for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
-            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(row[tc] - m));
+            if (eps > 0.0f) for (c = 0; c < C; c++) sx += (mlc__sum_t)(row[c] - m);
+            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(1.0f - eps) * (mlc__sum_t)(row[tc] - m)
+                           - (mlc__sum_t)eps / C * sx);
         } else l[i] = -row[tc];
     }
     mlc__loss_reduce(out, red, l, (size_t)N, counted);
@@ -3442,11 +3465,15 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
 
 MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target, mlc_reduction reduction,
                                      int ignore_index) {
-    return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index);
+    return mlc__class_loss("mlc_cross_entropy", 1, logits, target, reduction, ignore_index, 0.0f);
+}
+MLCDEF mlc_tensor *mlc_cross_entropy_opts(mlc_tensor *logits, mlc_tensor *target, mlc_ce_opts opts) {
+    return mlc__class_loss("mlc_cross_entropy_opts", 1, logits, target, opts.reduction,
+                           opts.ignore ? opts.ignore_index : MLC_NO_IGNORE, opts.label_smoothing);
 }
 MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_reduction reduction,
                                 int ignore_index) {
-    return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index);
+    return mlc__class_loss("mlc_nll_loss", 0, log_probs, target, reduction, ignore_index, 0.0f);
 }
 
 /* The pointwise losses, one line each: ℓ(x, t), ∂ℓ/∂x and ∂ℓ/∂t, for input x and target t.
@@ -5738,15 +5765,16 @@ struct mlc_optim {
     mlc_tensor **state;                 /* three slots per parameter: state[3 i + k], NULL when unused */
     long long t;
     float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
-    int nesterov, centered;
+    int nesterov, centered, amsgrad;
 };
 
 /* Whether the rule reads state buffer k of each parameter: SGD its b (k = 0) with momentum;
-   Adam m (0) and v (1); RMSprop b (0) with momentum, v (1), and ḡ (2) when centered. */
+   Adam m (0), v (1), and max v (2) with amsgrad; RMSprop b (0) with momentum, v (1), and ḡ (2)
+   when centered. */
 static int mlc__optim_keeps(const mlc_optim *o, int k) {
     if (o->kind == MLC__SGD) return k == 0 && o->momentum != 0.0f;
     if (o->kind == MLC__RMSPROP) return k == 1 || (k == 0 && o->momentum > 0.0f) || (k == 2 && o->centered);
-    return k < 2;
+    return k < 2 || o->amsgrad;
 }
 
 MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
@@ -5853,6 +5881,7 @@ static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c,
     opt->beta2 = mlc__setting(c.beta2, 0.999f);
     opt->eps = mlc__setting(c.eps, 1e-8f);
     opt->weight_decay = mlc__setting(c.weight_decay, default_wd);
+    opt->amsgrad = c.amsgrad != 0;
     return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
 MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
@@ -5898,9 +5927,11 @@ static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p
     }
 }
 
-/* Adam and AdamW in one loop: Adam adds wd p to the gradient, AdamW shrinks p by (1 - lr wd). */
+/* Adam and AdamW in one loop: Adam adds wd p to the gradient, AdamW shrinks p by (1 - lr wd);
+   AMSGrad (vmax not NULL) divides by the largest v so far instead of v. */
 static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
-                             const float *MLC__RESTRICT g, float *MLC__RESTRICT m, float *MLC__RESTRICT v) {
+                             const float *MLC__RESTRICT g, float *MLC__RESTRICT m, float *MLC__RESTRICT v,
+                             float *MLC__RESTRICT vmax) {
     const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
     const float l2 = o->kind == MLC__ADAM ? o->weight_decay : 0.0f;
     const float shrink = o->kind == MLC__ADAMW ? 1.0f - o->lr * o->weight_decay : 1.0f;
@@ -5912,7 +5943,8 @@ static void mlc__adam_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT 
         float gj = g[j] + l2 * p[j];
         m[j] = b1 * m[j] + (1.0f - b1) * gj;
         v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-        p[j] = p[j] * shrink - step * m[j] / (MLC_SQRTF(v[j] * inv_bc2) + eps);
+        if (vmax) vmax[j] = vmax[j] > v[j] ? vmax[j] : v[j];
+        p[j] = p[j] * shrink - step * m[j] / (MLC_SQRTF((vmax ? vmax[j] : v[j]) * inv_bc2) + eps);
     }
 }
 
@@ -5953,7 +5985,7 @@ static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
     if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
     else if (o->kind == MLC__RMSPROP)
         mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
-    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin));
+    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
 }
 
 MLCDEF void mlc_step(mlc_optim *opt) {
@@ -7789,8 +7821,8 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 
 static const char *const mlc__optim_kind_names[] = { "sgd", "adam", "adamw", "rmsprop" };
 static const char *const mlc__optim_slot_names[4][3] = {   /* PyTorch's names for state[3 i + k] */
-    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", NULL }, { "exp_avg", "exp_avg_sq", NULL },
-    { "momentum_buffer", "square_avg", "grad_avg" } };
+    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
+    { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }, { "momentum_buffer", "square_avg", "grad_avg" } };
 
 typedef struct mlc__ckpt {              /* a checkpoint's items and the bytes of its scalars */
     mlc_named_tensor *list;             /* the module's state, then the optimiser's buffers */

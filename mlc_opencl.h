@@ -482,17 +482,21 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2)"
 " + eps)\n"
 "   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1"
-" - b2^t)) */\n"
+" - b2^t));\n"
+"   amsgrad: vmax = max(vmax, v), and vmax in the place of v */\n"
 "__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global"
 " float *v,\n"
-"                       float b1, float b2, float eps, float l2, float shrink, float step, float inv_bc2) {\n"
+"                       __global float *vmax, float b1, float b2, float eps, float l2, float shrink, float"
+" step,\n"
+"                       float inv_bc2, int amsgrad) {\n"
 "    size_t j = get_global_id(0);\n"
 "    float gj;\n"
 "    if (j >= n) return;\n"
 "    gj = g[j] + l2 * p[j];\n"
 "    m[j] = b1 * m[j] + (1.0f - b1) * gj;\n"
 "    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;\n"
-"    p[j] = p[j] * shrink - step * m[j] / (sqrt(v[j] * inv_bc2) + eps);\n"
+"    if (amsgrad) vmax[j] = vmax[j] > v[j] ? vmax[j] : v[j];\n"
+"    p[j] = p[j] * shrink - step * m[j] / (sqrt((amsgrad ? vmax[j] : v[j]) * inv_bc2) + eps);\n"
 "}\n"
 "/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a)"
 " g)\n"
@@ -818,10 +822,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    }\n"
 "}\n",
 "/* ---- losses: per-element values l, then reduced (red: 0 mean, 1 sum, 2 none, as mlc_reduction) ---- */\n"
-"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, __global const float *x,\n"
-"                             __global const float *t, __global float *l) {\n"
+"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, float eps,\n"
+"                             __global const float *x, __global const float *t, __global float *l) {\n"
 "    int i = get_global_id(0), c, tc;\n"
-"    float m, s = 0.0f;\n"
+"    float m, s = 0.0f, sx = 0.0f;\n"
 "    if (i >= N) return;\n"
 "    tc = (int)t[i];\n"
 "    if (tc == ignore) { l[i] = 0.0f; return; }\n"
@@ -830,11 +834,13 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    m = x[0];\n"
 "    for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
 "    for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
-"    l[i] = log(s) - (x[tc] - m);\n"
+"    if (eps > 0.0f) for (c = 0; c < C; c++) sx += x[c] - m;\n"
+"    l[i] = log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
 "}\n"
 "\n"
-"/* dx[i, c] += g_i (softmax(x_i)[c] - [c = t_i])  (nll: only the -g_i at t_i) */\n"
-"__kernel void mlc_class_loss_grad(int softmax_first, int N, int C, int ignore, int red, float scale,\n"
+"/* dx[i, c] += g_i (softmax(x_i)[c] - (1 - eps) [c = t_i] - eps / C)  (nll: only the -g_i at t_i) */\n"
+"__kernel void mlc_class_loss_grad(int softmax_first, int N, int C, int ignore, float eps, int red,\n"
+"                                  float scale,\n"
 "                                  __global const float *x, __global const float *t, __global const float"
 " *g,\n"
 "                                  __global float *dx) {\n"
@@ -849,9 +855,9 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        m = x[0];\n"
 "        for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
 "        for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
-"        for (c = 0; c < C; c++) dx[c] += gi * exp(x[c] - m) / s;\n"
+"        for (c = 0; c < C; c++) dx[c] += gi * (exp(x[c] - m) / s - eps / C);\n"
 "    }\n"
-"    dx[tc] -= gi;\n"
+"    dx[tc] -= gi * (1.0f - eps);\n"
 "}\n"
 "\n"
 "/* pointwise losses: l = f(x, t), each kind's f, df/dx and df/dt from MLC__POINTWISE_LOSSES */\n"
@@ -1803,23 +1809,23 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_int sm = call->args.loss.softmax_first, N = x->shape[0], C = x->shape[1],
            ignore = call->args.loss.ignore_index;
     cl_int red = call->args.loss.reduction;
-    cl_float scale = call->args.loss.scale;
+    cl_float scale = call->args.loss.scale, eps = call->args.loss.smoothing;
     cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
     if (!tm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N),  MLC__CL_ARG(C), MLC__CL_ARG(ignore),
-                               MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),  MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
+                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
         if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
-        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 7)) return 1;
+        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 8)) return 1;
         return mlc__cl_loss_total(ctx, call, l, (size_t)N);
     }
     if (!x->requires_grad) return 1;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),     MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
-                               MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(xm), MLC__CL_ARG(tm),
-                               MLC__CL_ARG(g),   MLC__CL_ARG(gx) };
+                               MLC__CL_ARG(eps), MLC__CL_ARG(red),   MLC__CL_ARG(scale), MLC__CL_ARG(xm),
+                               MLC__CL_ARG(tm),  MLC__CL_ARG(g),     MLC__CL_ARG(gx) };
         if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 10);
+        return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 11);
     }
 }
 
@@ -2273,12 +2279,13 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float shrink = opt->kind == MLC__ADAMW ? 1.0f - opt->lr * opt->weight_decay : 1.0f;
         cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
+        cl_int amsgrad = opt->amsgrad;
         mlc__cl_arg args[] = {
-            MLC__CL_ARG(n),  MLC__CL_ARG(pm),     MLC__CL_ARG(gm),   MLC__CL_ARG(s0),
-            MLC__CL_ARG(s1), MLC__CL_ARG(b1),     MLC__CL_ARG(b2),   MLC__CL_ARG(eps),
-            MLC__CL_ARG(l2), MLC__CL_ARG(shrink), MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2)
+            MLC__CL_ARG(n),       MLC__CL_ARG(pm),  MLC__CL_ARG(gm),     MLC__CL_ARG(s0),   MLC__CL_ARG(s1),
+            MLC__CL_ARG(s2),      MLC__CL_ARG(b1),  MLC__CL_ARG(b2),     MLC__CL_ARG(eps),  MLC__CL_ARG(l2),
+            MLC__CL_ARG(shrink),  MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2), MLC__CL_ARG(amsgrad)
         };
-        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 14);
     }
     return !ctx->error;
 }

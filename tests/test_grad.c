@@ -187,6 +187,8 @@ FN(cross_entropy_mean) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C
 FN(cross_entropy_sum) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_SUM, MLC_NO_IGNORE); }
 FN(cross_entropy_none) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_NONE, MLC_NO_IGNORE); }
 FN(cross_entropy_ignore) { (void)u; return mlc_cross_entropy(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_MEAN, 3); }
+FN(cross_entropy_smooth) { (void)u; return mlc_cross_entropy_opts(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), (mlc_ce_opts){ MLC_REDUCE_MEAN, 1, 3, 0.3f }); }
+FN(cross_entropy_smooth_none) { (void)u; return mlc_cross_entropy_opts(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), (mlc_ce_opts){ MLC_REDUCE_NONE, 0, 0, 0.1f }); }
 FN(nll_loss) { (void)u; return mlc_nll_loss(mlc_log_softmax(x[0], 1), mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_MEAN, 0); }
 FN(nll_loss_none) { (void)u; return mlc_nll_loss(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(5), targets5), MLC_REDUCE_NONE, MLC_NO_IGNORE); }
 FN(mse_mean) { (void)u; return mlc_mse_loss(x[0], x[1], MLC_REDUCE_MEAN); }
@@ -201,6 +203,8 @@ GRAD(cross_entropy_mean, ANY, S(2, 5, 4))
 GRAD(cross_entropy_sum, ANY, S(2, 5, 4))
 GRAD(cross_entropy_none, ANY, S(2, 5, 4))
 GRAD(cross_entropy_ignore, ANY, S(2, 5, 4))
+GRAD(cross_entropy_smooth, ANY, S(2, 5, 4))
+GRAD(cross_entropy_smooth_none, ANY, S(2, 5, 4))
 GRAD(nll_loss, ANY, S(2, 5, 4))
 GRAD(nll_loss_none, ANY, S(2, 5, 4))
 GRAD(mse_mean, ANY, S(2, 3, 4), S(2, 3, 4))
@@ -323,7 +327,7 @@ const test_case tests_grad[] = {
     T(matmul_shared_b_ta) T(matmul_shared_a) T(linear)
     T(sum0) T(sum1_keep) T(mean_last) T(max1) T(max_last_keep) T(var_unbiased) T(var_biased_keep) T(sum_all) T(mean_all)
     T(softmax_last) T(softmax_mid) T(log_softmax_last) T(log_softmax_first) T(cross_entropy_mean) T(cross_entropy_sum)
-    T(cross_entropy_none) T(cross_entropy_ignore) T(nll_loss) T(nll_loss_none) T(mse_mean) T(mse_none)
+    T(cross_entropy_none) T(cross_entropy_ignore) T(cross_entropy_smooth) T(cross_entropy_smooth_none) T(nll_loss) T(nll_loss_none) T(mse_mean) T(mse_none)
     T(bce_logits_mean) T(bce_logits_sum)
     T(reshape) T(flatten) T(transpose) T(permute) T(slice) T(concat) T(index_select) T(gather) T(copy) T(embedding)
     T(dropout) T(layer_norm) T(layer_norm_plain) T(layer_norm_dims) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)

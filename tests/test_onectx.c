@@ -122,6 +122,7 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("var", mlc_var(x3, 2, 0, 1)); OUT("sum_all", mlc_sum_all(a)); OUT("mean_all", mlc_mean_all(b));
     OUT("argmax", mlc_argmax(x3, 1));
     OUT("cross_entropy", mlc_cross_entropy(logits, target, MLC_REDUCE_MEAN, 2));
+    OUT("cross_entropy_opts", mlc_cross_entropy_opts(logits, target, (mlc_ce_opts){ MLC_REDUCE_SUM, 1, 2, 0.1f }));
     OUT("nll_loss", mlc_nll_loss(mlc_log_softmax(logits, 1), target, MLC_REDUCE_NONE, MLC_NO_IGNORE));
     OUT("mse_loss", mlc_mse_loss(a, pos, MLC_REDUCE_SUM)); OUT("bce", mlc_bce_with_logits(a, prob, MLC_REDUCE_MEAN));
     OUT("reshape", mlc_reshape(a, 2, (int[]){ 6, 4 })); OUT("flatten", mlc_flatten(img, 1));
@@ -195,9 +196,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
 
 /* Every optimiser, three steps each with clipping, on a small linear model. */
 static int run_optimisers(mlc_ctx *ctx, record *r) {
-    static const char *const names[] = { "sgd", "sgd nesterov", "adam", "adamw", "rmsprop centered" };
+    static const char *const names[] = { "sgd", "sgd nesterov", "adam", "adamw", "rmsprop centered",
+                                         "adam amsgrad", "adamw amsgrad" };
     int k, step;
-    for (k = 0; k < 5; k++) {
+    for (k = 0; k < 7; k++) {
         mlc_tensor *wt = mlc_parameter(ctx, 2, (int[]){ 3, 5 }), *bt = mlc_parameter(ctx, 1, (int[]){ 3 });
         mlc_optim *opt;
         float w0[15], b0[3];
@@ -206,9 +208,11 @@ static int run_optimisers(mlc_ctx *ctx, record *r) {
         CHECK(mlc_write(wt, w0, 15) == MLC_OK && mlc_write(bt, b0, 3) == MLC_OK);
         opt = k == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0.1f, 0.01f, 0 })
             : k == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0, 0, 1 })
-            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f })
-            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f })
-                     : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 });
+            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f, 0 })
+            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f, 0 })
+            : k == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 })
+            : k == 5 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.5f, 1e-6f, 0.01f, 1 })
+                     : mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0.5f, 0, 0.1f, 1 });
         CHECK(mlc_optim_add_param(opt, wt) == MLC_OK && mlc_optim_add_param(opt, bt) == MLC_OK);
         for (step = 0; step < 3; step++) {
             mlc_frame f = mlc_frame_begin(ctx);

@@ -553,6 +553,57 @@ static int cross_entropy_values(void) {
     return 1;
 }
 
+/* label smoothing 0.2 with each reduction, with and without ignore_index 0: the losses and the
+   gradients of their sum, from PyTorch 1.13 (F.cross_entropy(x, t, reduction=..., ignore_index=...,
+   label_smoothing=0.2), float64, /usr/bin/python3) */
+static int cross_entropy_label_smoothing(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float logits[9] = { 1, 2, 3, 1, 2, 3, 0.5f, -1, 2 }, tgt[3] = { 2, 0, 1 };
+    static const float loss[2][3][3] = {   /* [ignore][mean, sum, none] */
+        { { 1.9188410751819729f }, { 5.756523225545918f }, { 0.6076059644443805f, 2.2076059644443804f,
+                                                             2.9413112966571573f } },
+        { { 1.774458630550769f }, { 3.548917261101538f }, { 0.6076059644443805f, 0.0f, 2.9413112966571573f } } };
+    static const float grad_mean[2][9] = {
+        { 0.007787968834571253f, 0.05935393479604365f, -0.06714190363061495f, -0.2588786978320954f,
+          0.05935393479604364f, 0.19952476303605166f, 0.036207908491123326f, -0.2758513644653264f,
+          0.239643455974203f },
+        { 0.011681953251856884f, 0.08903090219406548f, -0.10071285544592246f, 0, 0, 0,
+          0.054311862736685014f, -0.41377704669798965f, 0.3594651839613046f } };
+    static const float grad_sum[2][9] = {   /* sum and none */
+        { 0.02336390650371377f, 0.17806180438813096f, -0.2014257108918449f, -0.7766360934962863f,
+          0.17806180438813096f, 0.5985742891081551f, 0.10862372547337003f, -0.8275540933959793f,
+          0.7189303679226092f },
+        { 0.02336390650371377f, 0.17806180438813096f, -0.2014257108918449f, 0, 0, 0,
+          0.10862372547337003f, -0.8275540933959793f, 0.7189303679226092f } };
+    int ign, red;
+    for (ign = 0; ign < 2; ign++)
+        for (red = 0; red < 3; red++) {
+            mlc_ce_opts o = { (mlc_reduction)red, ign, 0, 0.2f };
+            mlc_tensor *x = mlc_requires_grad(T(ctx, logits, 3, 3), 1), *l;
+            l = mlc_cross_entropy_opts(x, T(ctx, tgt, 3), o);
+            CHECK(l && l->size == (red == MLC_REDUCE_NONE ? 3u : 1u));
+            CHECK_TENSOR(l, loss[ign][red], 1e-5);
+            CHECK(mlc_backward(mlc_sum_all(l)) == MLC_OK);
+            CHECK_TENSOR(mlc_from_data(ctx, MLC_SHAPE(3, 3), mlc_host_grad(x)),
+                         red == MLC_REDUCE_MEAN ? grad_mean[ign] : grad_sum[ign], 1e-6);
+        }
+    {   /* a zeroed opts struct is mlc_cross_entropy(.., MLC_REDUCE_MEAN, MLC_NO_IGNORE), bit for bit */
+        mlc_ce_opts zero = { MLC_REDUCE_MEAN, 0, 0, 0.0f };
+        mlc_tensor *x = T(ctx, logits, 3, 3), *t = T(ctx, tgt, 3);
+        CHECK(mlc_item(mlc_cross_entropy_opts(x, t, zero)) ==
+              mlc_item(mlc_cross_entropy(x, t, MLC_REDUCE_MEAN, MLC_NO_IGNORE)));
+        zero.label_smoothing = 1.5f;                    /* outside [0, 1]: an error naming the op */
+        CHECK(mlc_cross_entropy_opts(x, t, zero) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+        CHECK(strstr(mlc_error_message(ctx), "mlc_cross_entropy_opts: label_smoothing"));
+        mlc_clear_error(ctx);
+        zero.label_smoothing = -0.1f;
+        CHECK(mlc_cross_entropy_opts(x, t, zero) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+        mlc_clear_error(ctx);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 static int nll_mse_bce(void) {
     mlc_ctx *ctx = test_ctx(1);
     const float lp[6] = { -1, -2, -3, -0.5f, -1.5f, -2.5f }, t[2] = { 1, 2 };
@@ -1410,6 +1461,7 @@ const test_case tests_ops[] = {
     TEST(reductions_each_axis)
     TEST(reductions_all)
     TEST(cross_entropy_values)
+    TEST(cross_entropy_label_smoothing)
     TEST(nll_mse_bce)
     TEST(reshape_flatten_transpose_permute)
     TEST(slice_values)

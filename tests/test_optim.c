@@ -193,7 +193,7 @@ static int adam_three_steps(void) {
 static int adam_l2_versus_adamw(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *pa = make_param(ctx), *pw = make_param(ctx);
-    mlc_adam_config cfg = { 0.05f, 0.8f, 0.99f, 1e-6f, 0.3f };
+    mlc_adam_config cfg = { 0.05f, 0.8f, 0.99f, 1e-6f, 0.3f, 0 };
     mlc_optim *adam = mlc_adam(ctx, NULL, cfg), *adamw = mlc_adamw(ctx, NULL, cfg);
     adam_ref c = { 0, 0, 0, 0, 0, 0 };
     double want_a[4][NP], want_w[4][NP];
@@ -216,6 +216,46 @@ static int adam_l2_versus_adamw(void) {
       mlc_step(w);
       CHECK_NEAR(mlc_host_data(q)[2], 2.0 * (1 - 0.1 * 0.01) - 0.1, 1e-6); }
     test_destroy(ctx);
+    return 1;
+}
+
+/* AMSGrad: Adam and AdamW dividing by the largest v so far. The parameter after each of six
+   steps, from PyTorch 1.13 (torch.optim.Adam / AdamW(lr=0.5, betas=(0.8, 0.5), eps=1e-6,
+   weight_decay=0.1, amsgrad=True) on the same objective, float32, /usr/bin/python3). */
+static int adam_amsgrad_against_pytorch(void) {
+    static const float want[2][6][NP] = {
+        { { 2.98023224e-07f, -0.750000238f, 1.50000024f, -0.499999851f },
+          { -0.491653264f, -0.237422109f, 0.989273727f, -1.00914121f },
+          { -0.885364413f, 0.199367225f, 0.522626877f, -1.49178243f },
+          { -1.15874732f, 0.533050776f, 0.128821939f, -1.91938996f },
+          { -1.31729817f, 0.76181066f, -0.18394804f, -2.28153229f },
+          { -1.37871218f, 0.89562428f, -0.417295873f, -2.57640505f } },
+        { { -0.0249996781f, -0.687500298f, 1.40000021f, -0.499999851f },
+          { -0.517049432f, -0.150105417f, 0.817932546f, -0.983434141f },
+          { -0.892929912f, 0.27875334f, 0.324317068f, -1.42509127f },
+          { -1.13980675f, 0.582535207f, -0.0598773062f, -1.80119228f },
+          { -1.27170682f, 0.770538807f, -0.336842775f, -2.10630417f },
+          { -1.31247246f, 0.862161338f, -0.518509805f, -2.34319401f } } };
+    /* without amsgrad PyTorch's Adam is at -1.04519296 after step 3: the test tells them apart */
+    static const float plain_adam_step3 = -1.04519296f;
+    int w, s, j;
+    CHECK(fabsf(want[0][2][0] - plain_adam_step3) > 0.1f);
+    for (w = 0; w < 2; w++) {
+        mlc_ctx *ctx = test_ctx(1);
+        mlc_tensor *p = make_param(ctx);
+        mlc_adam_config cfg = { 0.5f, 0.8f, 0.5f, 1e-6f, 0.1f, 1 };
+        mlc_optim *opt = w ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg);
+        CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
+        for (s = 0; s < 6; s++) {
+            CHECK(compute_grad(opt, p));
+            mlc_step(opt);
+            for (j = 0; j < NP; j++)
+                CHECK_MSG(fabsf(mlc_host_data(p)[j] - want[w][s][j]) <= 2e-6f, "%s step %d, element %d: %.9g, expected %.9g",
+                          w ? "adamw" : "adam", s + 1, j, (double)mlc_host_data(p)[j], (double)want[w][s][j]);
+        }
+        CHECK(mlc_error(ctx) == MLC_OK);
+        test_destroy(ctx);
+    }
     return 1;
 }
 
@@ -289,11 +329,11 @@ static int state_only_what_the_rule_reads(void) {
     enum { N = 4096 };
     const size_t buffer = N * sizeof(float);
     int kind;
-    for (kind = 0; kind < 7; kind++) {
+    for (kind = 0; kind < 8; kind++) {
         mlc_ctx *ctx = test_ctx(3);
         mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(N));
         size_t before = mlc_get_stats(ctx).bytes_current, grew;
-        static const int kept[7] = { 0, 1, 2, 2, 1, 2, 3 };
+        static const int kept[8] = { 0, 1, 2, 2, 1, 2, 3, 3 };
         int want = kept[kind];
         mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 })
                        : kind == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ .momentum = 0.9f })
@@ -301,7 +341,8 @@ static int state_only_what_the_rule_reads(void) {
                        : kind == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0 })
                        : kind == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 })
                        : kind == 5 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f })
-                       : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f, .centered = 1 });
+                       : kind == 6 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f, .centered = 1 })
+                       : mlc_adam(ctx, NULL, (mlc_adam_config){ .amsgrad = 1 });
         CHECK(mlc_optim_add_param(opt, p) == MLC_OK);
         grew = mlc_get_stats(ctx).bytes_current - before;
         CHECK_MSG(grew >= (size_t)want * buffer && grew < (size_t)want * buffer + buffer / 4,
@@ -530,6 +571,7 @@ const test_case tests_optim[] = {
     TEST(sgd_nesterov)
     TEST(adam_three_steps)
     TEST(adam_l2_versus_adamw)
+    TEST(adam_amsgrad_against_pytorch)
     TEST(rmsprop_plain)
     TEST(rmsprop_centered)
     TEST(rmsprop_momentum)

@@ -391,10 +391,12 @@ static int names_and_escapes(void) {
 
 /* ---- Checkpoints -------------------------------------------------------------------------- */
 
-typedef enum { ADAM, SGD_NESTEROV, RMSPROP_CENTERED } optim_kind;
+typedef enum { ADAM, SGD_NESTEROV, RMSPROP_CENTERED, ADAMW_AMSGRAD } optim_kind;
 
 static mlc_optim *make_optim(mlc_ctx *ctx, mlc_module *net, optim_kind kind) {
     if (kind == ADAM) return mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f, .weight_decay = 1e-3f });
+    if (kind == ADAMW_AMSGRAD)   /* beta2 0.5: v falls below its largest, so the max matters */
+        return mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 1e-2f, .beta2 = 0.5f, .amsgrad = 1 });
     if (kind == SGD_NESTEROV) return mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f, .nesterov = 1 });
     return mlc_rmsprop(ctx, net, (mlc_rmsprop_config){ .lr = 1e-2f, .momentum = 0.5f, .centered = 1 });
 }
@@ -460,6 +462,7 @@ static int resume_matches_bit_for_bit(void) {
     if (!resume_case(ADAM, dir)) return 0;
     if (!resume_case(SGD_NESTEROV, dir)) return 0;
     if (!resume_case(RMSPROP_CENTERED, dir)) return 0;
+    if (!resume_case(ADAMW_AMSGRAD, dir)) return 0;
     rmdir(dir);
     return 1;
 }
@@ -483,6 +486,22 @@ static int checkpoint_mismatches(void) {
     CHECK(mlc_checkpoint_load_memory(buf, size, net, sgd, NULL) == MLC_ERR_IO);
     CHECK(contains(mlc_error_message(ctx), "holds optimiser \"adam\", not sgd"));
     mlc_clear_error(ctx);
+    {   /* AMSGrad's max_exp_avg_sq (PyTorch's name) is saved, and a plain Adam's checkpoint lacks it */
+        mlc_optim *ams = mlc_adam(ctx, net, (mlc_adam_config){ .amsgrad = 1 });
+        size_t n = mlc_checkpoint_encode(net, ams, &state, NULL, 0);
+        unsigned char *b = (unsigned char *)malloc(n);
+        CHECK(n && b && mlc_checkpoint_encode(net, ams, &state, b, n) == n);
+        st = mlc_safetensors_from_memory(ctx, b, n, NULL);
+        CHECK(st && mlc_safetensors_get(st, "__mlc__.optim.7.max_exp_avg_sq"));
+        mlc_safetensors_close(st);
+        CHECK(mlc_checkpoint_load_memory(b, n, net, adam, NULL) == MLC_ERR_IO);
+        CHECK(contains(mlc_error_message(ctx), "optimiser entries"));
+        mlc_clear_error(ctx);
+        CHECK(mlc_checkpoint_load_memory(buf, size, net, ams, NULL) == MLC_ERR_IO);
+        CHECK(contains(mlc_error_message(ctx), "max_exp_avg_sq"));
+        mlc_clear_error(ctx);
+        free(b);
+    }
     bigger = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 8), NULL);
     CHECK(mlc_checkpoint_load_memory(buf, size, bigger, NULL, NULL) == MLC_ERR_ARG);   /* unexpected tensors */
     mlc_clear_error(ctx);
