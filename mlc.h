@@ -40,6 +40,8 @@ CONFIGURATION MACROS (define before including)
    MLC_EXPF MLC_LOGF MLC_LOG1PF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
                          maths functions (default: the <math.h> float versions, but tanh is
                          mlc's own polynomial: within 4 ulp, and loops of it vectorise)
+   MLC_FLOAT_ONLY        long sums (reductions, softmax, norms, losses) in float instead of
+                         double, for FPUs without double (Cortex-M4F: no soft-float calls)
    MLC_NO_MALLOC         for bare-metal builds: no reference to malloc, free, getenv, x86
                          intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
                          only from mlc_config.allocator (mlc_create returns NULL without one);
@@ -102,6 +104,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
+   Builds warning-free as C99 (gcc, clang, tcc, arm-none-eabi-gcc) and as C++11/C++20, and
+   passes its tests on x86-64, i686 (x87), s390x (big-endian) and a Cortex-M4F (see README).
 
 ADDING AN OP (the places to touch, in order)
    A map of one tensor without parameters: one line in MLC__UNARY_MAPS (public API, ops): its
