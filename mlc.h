@@ -105,7 +105,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
    Builds warning-free as C99 (gcc, clang, tcc, arm-none-eabi-gcc) and as C++11/C++20, and
-   passes its tests on x86-64, i686 (x87), s390x (big-endian) and a Cortex-M4F (see README).
+   passes its suite on x86-64, i686 (x87) and s390x (big-endian); make embedded runs the digits
+   CNN bare-metal on a Cortex-M4F under qemu (see README).
 
 ADDING AN OP (the places to touch, in order)
    A map of one tensor without parameters: one line in MLC__UNARY_MAPS (public API, ops): its
