@@ -79,7 +79,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
-     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1; the _w fields: the height's
+                         (an int field's explicit 0 is MLC_ZERO_INT, -1: MLC_ZERO would read as 0)
      mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
    Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
    negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
@@ -411,7 +412,15 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                                   mlc_tensor *weight, mlc_tensor *bias, int training,
                                   float momentum, float eps);
 MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index);   /* [V, D], [...] */
-typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv_opts; /* 0: 1,0,1,1 */
+/* Convolution options, zero meaning default: stride 1, padding 0, dilation 1, groups 1. stride,
+   padding and dilation set both axes, or the height's where the width's field is set: stride_w,
+   padding_w, dilation_w (0: as the height's; padding_w = MLC_ZERO_INT: 0), as torch's tuples:
+   stride=(2, 1), padding=(1, 0), dilation=(1, 2) is { 2, 1, 1, 0, 1, MLC_ZERO_INT, 2 }. */
+typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, padding_w, dilation_w; }
+    mlc_conv_opts;
+/* An int option's explicit zero where 0 means default (padding_w of mlc_conv_opts and
+   mlc_pool_opts: 0 is "as the height's"). MLC_ZERO is a float: in an int field it reads as 0. */
+#define MLC_ZERO_INT (-1)
 /* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
@@ -4049,7 +4058,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 /* ============================================================================================
    Convolution and pooling, x [N, C, H, W]
      conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j]
-                                   x[n, c, s·h + d·i - p, s·w + d·j - p]
+                                   x[n, c, sh·h + dh·i - ph, sw·w + dw·j - pw]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
@@ -4058,29 +4067,30 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
               windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
-typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
+/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width */
+typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups; } mlc__conv;
 
 /* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
 static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
-    int s = cv->stride;
+    int s = cv->sw;
     *first = off < 0 ? (-off + s - 1) / s : 0;
     *last = cv->W - off > 0 ? (cv->W - off + s - 1) / s : 0;
     if (*last > cv->OW) *last = cv->OW;
     if (*first > *last) *first = *last;
 }
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside), for the
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·sh + i·dh - ph, ow·sw + j·dw - pw] (0 outside), for the
    channels [c0, c1): each row of col is zeros, a (strided) run of an input row, zeros */
 static void mlc__im2col(const mlc__conv *cv, int c0, int c1, const float *x, float *col) {
-    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->sw, P = cv->OH * cv->OW;
     for (c = c0; c < c1; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
-                int off = j * cv->dil - cv->pad;
+                int off = j * cv->dw - cv->pw;
                 float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
                 mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * s + i * cv->dil - cv->pad;
+                    int ih = oh * cv->sh + i * cv->dh - cv->ph;
                     float *r = row + (size_t)oh * cv->OW;
                     const float *in;
                     if (ih < 0 || ih >= cv->H) { memset(r, 0, (size_t)cv->OW * sizeof(float)); continue; }
@@ -4112,15 +4122,15 @@ static void mlc__im2col_threads(const mlc__conv *cv, int channels, const float *
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */
 static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {
-    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->sw, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
-                int off = j * cv->dil - cv->pad;
+                int off = j * cv->dw - cv->pw;
                 const float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
                 mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * s + i * cv->dil - cv->pad;
+                    int ih = oh * cv->sh + i * cv->dh - cv->ph;
                     const float *r = row + (size_t)oh * cv->OW;
                     float *d;
                     if (ih < 0 || ih >= cv->H) continue;
@@ -4236,21 +4246,27 @@ static void mlc__conv2d_backward(mlc__node *n) {
     }
 }
 
-/* A window of KH x KW with padding and dilation over an H x W input: every size it leads to fits
-   in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would divide by 0). */
-static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int pad, int dil) {
+/* A window of KH x KW with padding ph, pw and dilation dh, dw over an H x W input: every size it
+   leads to fits in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would
+   divide by 0). */
+static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int ph, int pw, int dh,
+                            int dw) {
     const long long most = 2147483647;
     if (KH < 1 || KW < 1) {
         mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW);
         return 0;
     }
-    if (pad < 0 || dil < 1 || (long long)H + 2LL * pad > most || (long long)W + 2LL * pad > most ||
-        (long long)dil * (KH - 1) + 1 > most || (long long)dil * (KW - 1) + 1 > most) {
-        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding %d or dilation %d is too large for an int", op, pad, dil);
+    if (ph < 0 || pw < 0 || dh < 1 || dw < 1 || (long long)H + 2LL * ph > most || (long long)W + 2LL * pw > most
+        || (long long)dh * (KH - 1) + 1 > most || (long long)dw * (KW - 1) + 1 > most) {
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding (%d, %d) or dilation (%d, %d) is too large for an int", op, ph,
+                  pw, dh, dw);
         return 0;
     }
     return 1;
 }
+
+/* An option where 0 takes def (the height's value for a width's field) and MLC_ZERO_INT is 0 */
+static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
@@ -4260,12 +4276,16 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     int shape[4], where;
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
-    cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
-    cv.dil = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
-    if (cv.stride < 1 || cv.pad < 0 || cv.dil < 1 || cv.groups < 1)
-        return (mlc_tensor *)mlc__fail(
-            ctx, MLC_ERR_ARG, "mlc_conv2d: stride %d, padding %d, dilation %d, groups %d are not valid",
-            opts.stride, opts.padding, opts.dilation, opts.groups);
+    cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
+    cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
+    cv.sw = mlc__int_setting(opts.stride_w, cv.sh); cv.pw = mlc__int_setting(opts.padding_w, cv.ph);
+    cv.dw = mlc__int_setting(opts.dilation_w, cv.dh);
+    if (cv.sh < 1 || cv.sw < 1 || cv.ph < 0 || cv.pw < 0 || cv.dh < 1 || cv.dw < 1 || cv.groups < 1
+        || opts.padding_w < MLC_ZERO_INT)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "mlc_conv2d: stride (%d, %d), padding (%d, %d), dilation (%d, %d), "
+                                       "groups %d are not valid", opts.stride, opts.stride_w, opts.padding,
+                                       opts.padding_w, opts.dilation, opts.dilation_w, opts.groups);
     if (x->ndim != 4 || weight->ndim != 4)
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]",
@@ -4278,10 +4298,10 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
                                        cv.groups);
     if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
-    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.pad, cv.dil)) return NULL;
-    cv.OH = (cv.H + 2 * cv.pad - cv.dil * (cv.KH - 1) - 1) / cv.stride + 1;
-    cv.OW = (cv.W + 2 * cv.pad - cv.dil * (cv.KW - 1) - 1) / cv.stride + 1;
-    if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
+    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw)) return NULL;
+    cv.OH = (cv.H + 2 * cv.ph - cv.dh * (cv.KH - 1) - 1) / cv.sh + 1;
+    cv.OW = (cv.W + 2 * cv.pw - cv.dw * (cv.KW - 1) - 1) / cv.sw + 1;
+    if (cv.H + 2 * cv.ph < cv.dh * (cv.KH - 1) + 1 || cv.W + 2 * cv.pw < cv.dw * (cv.KW - 1) + 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
                                        "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
@@ -4496,7 +4516,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     MLC__ENTER(op, x);
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
-    if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
+    if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, Pd, 1, 1)) return NULL;
     if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op,
@@ -5177,10 +5197,11 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
     float bound;
     if (!m) return NULL;
     if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 ||
-        opts.dilation < 0)
+        opts.dilation < 0 || opts.stride_w < 0 || opts.padding_w < MLC_ZERO_INT || opts.dilation_w < 0)
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, "
-                                       "stride %d, padding %d, dilation %d are not valid", in_channels,
-                                       out_channels, kernel, opts.stride, opts.padding, opts.dilation);
+                                       "stride (%d, %d), padding (%d, %d), dilation (%d, %d) are not valid",
+                                       in_channels, out_channels, kernel, opts.stride, opts.stride_w,
+                                       opts.padding, opts.padding_w, opts.dilation, opts.dilation_w);
     if (groups < 1 || in_channels % groups)
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG,
                                        "mlc_nn_conv2d: %d input channels do not split into %d groups",

@@ -597,39 +597,40 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "\n"
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
-"/* q: C H W KH KW OH OW stride; r: pad dilation Cg nb (mlc__conv's fields and the chunk's images);\n"
-"   x_off: the chunk's first image, at the group's first channel; col is [Cg KH KW, nb OH OW] */\n"
-"__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, ulong x_off, __global float *col) {\n"
-"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j,"
-" oh, ow, ih, iw;\n"
+"/* q: C H W KH KW OH OW; r: stride, padding, dilation (height, width) Cg nb (mlc__conv's fields and\n"
+"   the chunk's images); x_off: the chunk's first image, at the group's first channel; col is\n"
+"   [Cg KH KW, nb OH OW] */\n"
+"__kernel void mlc_im2col(int8 q, int8 r, __global const float *x, ulong x_off, __global float *col) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW, at = get_global_id(0),"
+" p, n, k, c, i, j, oh, ow, ih, iw;\n"
 "    if (at >= Cg * KH * KW * nb * P) return;\n"
 "    p = at % P; n = (at / P) % nb; k = at / (P * nb);\n"
 "    j = k % KW; i = (k / KW) % KH; c = k / (KW * KH);\n"
 "    oh = p / OW; ow = p % OW;\n"
-"    ih = oh * s + i * d - pad; iw = ow * s + j * d - pad;\n"
+"    ih = oh * sh + i * dh - ph; iw = ow * sw + j * dw - pw;\n"
 "    x += x_off + (n * C + c) * H * W;\n"
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
 "/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it:\n"
 "   col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
-"__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
-"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i,"
-" j;\n"
+"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW, at = get_global_id(0),"
+" n, c, ih, iw, i, j;\n"
 "    float sum = 0.0f;\n"
 "    if (at >= nb * Cg * H * W) return;\n"
 "    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % Cg; n = at / (W * H * Cg);\n"
 "    for (i = 0; i < KH; i++) {\n"
-"        int th = ih + pad - i * d, oh;\n"
-"        if (th < 0 || th % s) continue;\n"
-"        oh = th / s;\n"
+"        int th = ih + ph - i * dh, oh;\n"
+"        if (th < 0 || th % sh) continue;\n"
+"        oh = th / sh;\n"
 "        if (oh >= OH) continue;\n"
 "        for (j = 0; j < KW; j++) {\n"
-"            int tw = iw + pad - j * d, ow;\n"
-"            if (tw < 0 || tw % s) continue;\n"
-"            ow = tw / s;\n"
+"            int tw = iw + pw - j * dw, ow;\n"
+"            if (tw < 0 || tw % sw) continue;\n"
+"            ow = tw / sw;\n"
 "            if (ow >= OW) continue;\n"
 "            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
@@ -1587,11 +1588,12 @@ static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
 }
 
 /* The convolution's shape as the im2col / col2im kernels take it, for chunks of nb images. */
-static void mlc__cl_conv_args(const mlc__conv *cv, int nb, cl_int8 *q, cl_int4 *r) {
+static void mlc__cl_conv_args(const mlc__conv *cv, int nb, cl_int8 *q, cl_int8 *r) {
     memset(q, 0, sizeof *q); memset(r, 0, sizeof *r);
     q->s[0] = cv->C; q->s[1] = cv->H; q->s[2] = cv->W; q->s[3] = cv->KH; q->s[4] = cv->KW;
-    q->s[5] = cv->OH; q->s[6] = cv->OW; q->s[7] = cv->stride;
-    r->s[0] = cv->pad; r->s[1] = cv->dil; r->s[2] = cv->C / cv->groups; r->s[3] = nb;
+    q->s[5] = cv->OH; q->s[6] = cv->OW;
+    r->s[0] = cv->sh; r->s[1] = cv->sw; r->s[2] = cv->ph; r->s[3] = cv->pw; r->s[4] = cv->dh; r->s[5] = cv->dw;
+    r->s[6] = cv->C / cv->groups; r->s[7] = nb;
 }
 
 #ifndef MLC_OPENCL_CONV_SCRATCH
@@ -1619,7 +1621,7 @@ static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int
 }
 
 /* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
-static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm,
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int8 r, cl_mem xm,
                           cl_ulong x_off, cl_mem col) {
     mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off),
                            MLC__CL_ARG(col) };
@@ -1639,7 +1641,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
     cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * chunk * P) : NULL;
     cl_mem yg = col ? mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P) : NULL;
     cl_int8 q;
-    cl_int4 r;
+    cl_int8 r;
     if (!yg || (bias && !bm)) return 1;                   /* the error is set */
     for (first = 0; first < cv->N; first += chunk) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
@@ -1666,7 +1668,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
            dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
     cl_mem gx = NULL, gw = NULL, gb, col, dyg;
     cl_int8 q;
-    cl_int4 r;
+    cl_int8 r;
     if (!dy) return 0;
     if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
     if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
