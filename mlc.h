@@ -429,8 +429,13 @@ MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int pad
    ceil_mode 0 (floor), exclude_pad 0 (padding counts). ceil_mode 1: output size rounded up (a
    last window may hang over the right or bottom edge; none starts in the padding there), as
    torch's ceil_mode=True. exclude_pad 1 (average pooling): divide by the values inside the
-   input only, torch's count_include_pad=False. */
-typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad; } mlc_pool_opts;
+   input only, torch's count_include_pad=False. The kernel argument, stride and padding are the
+   height's, and the width's too where kernel_w, stride_w, padding_w are 0 (stride_w 0 with
+   stride 0: kernel_w; padding_w MLC_ZERO_INT: 0), as torch's kernel_size=(3, 2), stride=(2, 1),
+   padding=(1, 0): mlc_max_pool2d_opts(x, 3, (mlc_pool_opts){ .stride = 2, .padding = 1,
+   .kernel_w = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT }). */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad, kernel_w, stride_w, padding_w; }
+    mlc_pool_opts;
 MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
@@ -883,7 +888,7 @@ typedef union mlc__args {
     struct { float p; unsigned seed; } dropout;
     struct { float eps; int D; } layer_norm;                /* D: values per row (the last axes) */
     struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
+    struct { int kh, kw, sh, sw, ph, pw, is_max, exclude_pad; } pool;   /* kernel, stride, padding */
     mlc__attention_args attention;
 } mlc__args;
 
@@ -4063,7 +4068,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
-     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
+     avg_pool y = Σ window / KH·KW (padding counts)  dx = g / KH·KW over the window (ceil_mode's last
               windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
@@ -4249,17 +4254,18 @@ static void mlc__conv2d_backward(mlc__node *n) {
 /* A window of KH x KW with padding ph, pw and dilation dh, dw over an H x W input: every size it
    leads to fits in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would
    divide by 0). */
-static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int ph, int pw, int dh,
-                            int dw) {
+static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int ph, int pw,
+                            int dh, int dw) {
     const long long most = 2147483647;
     if (KH < 1 || KW < 1) {
         mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW);
         return 0;
     }
-    if (ph < 0 || pw < 0 || dh < 1 || dw < 1 || (long long)H + 2LL * ph > most || (long long)W + 2LL * pw > most
-        || (long long)dh * (KH - 1) + 1 > most || (long long)dw * (KW - 1) + 1 > most) {
-        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding (%d, %d) or dilation (%d, %d) is too large for an int", op, ph,
-                  pw, dh, dw);
+    if (ph < 0 || pw < 0 || dh < 1 || dw < 1 || (long long)H + 2LL * ph > most
+        || (long long)W + 2LL * pw > most || (long long)dh * (KH - 1) + 1 > most
+        || (long long)dw * (KW - 1) + 1 > most) {
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding (%d, %d) or dilation (%d, %d) is too large for an int", op,
+                  ph, pw, dh, dw);
         return 0;
     }
     return 1;
@@ -4298,7 +4304,8 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
                                        cv.groups);
     if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
-    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw)) return NULL;
+    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw))
+        return NULL;
     cv.OH = (cv.H + 2 * cv.ph - cv.dh * (cv.KH - 1) - 1) / cv.sh + 1;
     cv.OW = (cv.W + 2 * cv.pw - cv.dw * (cv.KW - 1) - 1) / cv.sw + 1;
     if (cv.H + 2 * cv.ph < cv.dh * (cv.KH - 1) + 1 || cv.W + 2 * cv.pw < cv.dw * (cv.KW - 1) + 1)
@@ -4319,30 +4326,39 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     return out;
 }
 
+/* The planes (image, channel) are shared out between threads, forward and backward. Kernel KH x
+   KW, stride SH, SW, padding PH, PW (height, width). */
+typedef struct mlc__pool_job {
+    mlc_tensor *x, *y;
+    float *gx;
+    int KH, KW, SH, SW, PH, PW, is_max, exclude_pad, *argmax;
+} mlc__pool_job;
+
+/* The job of pooling node n (its arguments, input and output), with gx and argmax */
+static void mlc__pool_job_of(mlc__pool_job *job, const mlc__node *n, float *gx, int *argmax) {
+    job->x = n->in[0]; job->y = n->out; job->gx = gx; job->argmax = argmax;
+    job->KH = n->args.pool.kh; job->KW = n->args.pool.kw; job->SH = n->args.pool.sh;
+    job->SW = n->args.pool.sw; job->PH = n->args.pool.ph; job->PW = n->args.pool.pw;
+    job->is_max = n->args.pool.is_max; job->exclude_pad = n->args.pool.exclude_pad;
+}
+
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
-static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0,
-                             int *w1) {
-    *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
+static void mlc__pool_window(const mlc__pool_job *job, int oh, int ow, int *h0, int *h1, int *w0, int *w1) {
+    const int H = job->x->shape[2], W = job->x->shape[3];
+    *h0 = oh * job->SH - job->PH; *h1 = *h0 + job->KH; *w0 = ow * job->SW - job->PW; *w1 = *w0 + job->KW;
     if (*h0 < 0) *h0 = 0;
     if (*h1 > H) *h1 = H;
     if (*w0 < 0) *w0 = 0;
     if (*w1 > W) *w1 = W;
 }
 
-/* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job {
-    mlc_tensor *x, *y;
-    float *gx;
-    int K, S, Pd, is_max, exclude_pad, *argmax;
-} mlc__pool_job;
-
 /* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
-   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows), or with
+   as PyTorch counts with count_include_pad (KH·KW but for ceil_mode's last windows), or with
    exclude_pad cut to the input itself. */
 static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
-    int K = job->K, S = job->S, Pd = job->Pd, H = job->x->shape[2], W = job->x->shape[3];
-    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1, w1;
-    h1 = h0 + K < H + Pd ? h0 + K : H + Pd; w1 = w0 + K < W + Pd ? w0 + K : W + Pd;
+    int H = job->x->shape[2], W = job->x->shape[3], h0 = oh * job->SH - job->PH, w0 = ow * job->SW - job->PW;
+    int h1 = h0 + job->KH < H + job->PH ? h0 + job->KH : H + job->PH;
+    int w1 = w0 + job->KW < W + job->PW ? w0 + job->KW : W + job->PW;
     if (job->exclude_pad) {
         h0 = h0 < 0 ? 0 : h0; w0 = w0 < 0 ? 0 : w0; h1 = h1 > H ? H : h1; w1 = w1 > W ? W : w1;
     }
@@ -4353,25 +4369,25 @@ static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
    last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
 static int mlc__pool_takes(float v, float best) { return (v > best) | mlc__is_nan(v); }
 
-/* NaN when window rows [h0, h1), columns [w0, w0 + K) of plane p (width W) hold a NaN, else
+/* NaN when window rows [h0, h1), columns [w0, w0 + KW) of plane p (width W) hold a NaN, else
    best. The paths without an argmax take the largest by compare-and-select, which passes a NaN
    over, and ask this only where the window's sum is not finite (a NaN, an infinity or an
    overflow: rare), so NaN costs them one add per value. */
-static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int K, float best) {
+static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW, float best) {
     int ih, j;
     for (ih = h0; ih < h1; ih++)
-        for (j = 0; j < K; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
+        for (j = 0; j < KW; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
     return best;
 }
 
 /* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j).
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
    With an argmax each window row and column is one pass over the outputs, visited in the same
    order as one output at a time, so the argmax is the same (first) one; without, each window
    is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
-    const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
+    const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
@@ -4414,7 +4430,7 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
 static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int ow, float *y, int *argmax) {
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
-    mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
+    mlc__pool_window(job, oh, ow, &h0, &h1, &w0, &w1);
     if (job->is_max) {                      /* the first of the largest, or the last NaN */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
@@ -4437,7 +4453,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
 static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
-    const int K = job->K, S = job->S, Pd = job->Pd;
+    const int K = job->KW, S = job->SW, Pd = job->PW;
     /* max pooling goes by rows over the outputs [lo, hi) whose windows need no clipping at the sides */
     int lo = job->is_max ? (Pd + S - 1) / S : 0, hi = job->is_max && W + Pd >= K ? (W + Pd - K) / S + 1 : 0;
     int oh, ow, h0, h1, w0, w1;
@@ -4451,7 +4467,7 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
         int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
         for (oh = 0; oh < OH; oh++) {
             for (ow = 0; ow < lo; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
-            mlc__pool_window(oh, lo, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+            mlc__pool_window(job, oh, lo, &h0, &h1, &w0, &w1);
             if (lo < hi)
                 mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
             for (ow = hi; ow < OW; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
@@ -4476,7 +4492,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     if (argmax[oh * OW + ow] >= 0) gx[argmax[oh * OW + ow]] += g[oh * OW + ow];
                     continue;
                 }
-                mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                mlc__pool_window(job, oh, ow, &h0, &h1, &w0, &w1);
                 share = 1.0f / (float)mlc__pool_count(job, oh, ow);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
@@ -4492,10 +4508,7 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) {
 
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
-    job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding;
-    job.is_max = n->args.pool.is_max; job.exclude_pad = n->args.pool.exclude_pad;
-    job.argmax = (int *)n->saved;
+    mlc__pool_job_of(&job, n, mlc__grad(n->in[0]), (int *)n->saved);
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
                   mlc__pool_planes_backward, &job);
 }
@@ -4509,43 +4522,41 @@ static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
 }
 
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
-    int shape[4], H, W, OH, OW, where, S = opts.stride ? opts.stride : K, Pd = opts.padding;
+    int shape[4], H, W, where, KW = opts.kernel_w ? opts.kernel_w : K, SH = opts.stride ? opts.stride : K;
+    int SW = opts.stride_w ? opts.stride_w : opts.stride ? opts.stride : KW, PH = opts.padding;
+    int PW = mlc__int_setting(opts.padding_w, PH);
     mlc_tensor *out;
     mlc__node call;
     mlc__pool_job job;
     MLC__ENTER(op, x);
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
-    if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, Pd, 1, 1)) return NULL;
-    if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
-        return (mlc_tensor *)mlc__fail(
-            ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op,
-            K, S, Pd);
+    if (K >= 1 && KW >= 1 && (PH > 0 || PW > 0)
+        && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, KW, PH, PW, 1, 1))
+        return NULL;
+    if (K < 1 || KW < 1 || SH < 1 || SW < 1 || PH < 0 || PW < 0 || 2 * PH > K || 2 * PW > KW
+        || opts.padding_w < MLC_ZERO_INT)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "%s: kernel (%d, %d), stride (%d, %d), padding (%d, %d) are not valid "
+                                       "(padding <= kernel/2)", op, K, KW, SH, SW, PH, opts.padding_w);
     H = x->shape[2]; W = x->shape[3];
-    if (H + 2 * Pd < K || W + 2 * Pd < K)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T",
-                                       op, K, x);
-    OH = mlc__pool_size(H, K, S, Pd, opts.ceil_mode); OW = mlc__pool_size(W, K, S, Pd, opts.ceil_mode);
-    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
+    if (H + 2 * PH < K || W + 2 * PW < KW)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "%s: kernel (%d, %d) is larger than the padded input %T", op, K, KW,
+                                       x);
+    shape[0] = x->shape[0]; shape[1] = x->shape[1];
+    shape[2] = mlc__pool_size(H, K, SH, PH, opts.ceil_mode);
+    shape[3] = mlc__pool_size(W, KW, SW, PW, opts.ceil_mode);
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
-    call.args.pool.kernel = K;
-    call.args.pool.stride = S;
-    call.args.pool.padding = Pd;
+    call.args.pool.kh = K; call.args.pool.kw = KW; call.args.pool.sh = SH; call.args.pool.sw = SW;
+    call.args.pool.ph = PH; call.args.pool.pw = PW;
     call.args.pool.is_max = is_max;
     call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    job.x = x;
-    job.y = out;
-    job.gx = NULL;
-    job.K = K;
-    job.S = S;
-    job.Pd = Pd;
-    job.is_max = is_max;
-    job.argmax = NULL;
-    job.exclude_pad = call.args.pool.exclude_pad;
+    mlc__pool_job_of(&job, &call, NULL, NULL);
     if (is_max && mlc__recording(&call)
         && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op)))
         return NULL;
@@ -4562,12 +4573,12 @@ MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts 
     return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    mlc_pool_opts opts = { 0 };
     opts.stride = stride; opts.padding = padding;
     return mlc_max_pool2d_opts(x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    mlc_pool_opts opts = { 0 };
     opts.stride = stride; opts.padding = padding;
     return mlc_avg_pool2d_opts(x, kernel, opts);
 }

@@ -269,6 +269,10 @@ static const mlc_pool_opts no_pad_s2p1 = { .stride = 2, .padding = 1, .ceil_mode
 FN(max_pool2d_ceil) { (void)u; return mlc_max_pool2d_opts(x[0], 3, ceil_s2p1); }
 FN(avg_pool2d_ceil) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, ceil_s2p1); }
 FN(avg_pool2d_exclude_pad) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, no_pad_s2p1); }
+static const mlc_pool_opts pool_hw = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
+                                      .padding_w = MLC_ZERO_INT };   /* (3, 2), (2, 1), (1, 0) */
+FN(max_pool2d_hw) { (void)u; return mlc_max_pool2d_opts(x[0], 3, pool_hw); }
+FN(avg_pool2d_hw) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, pool_hw); }
 GRAD(dropout, ANY, S(2, 4, 5))
 GRAD(layer_norm, ANY, S(3, 2, 3, 5), S(1, 5), S(1, 5))
 GRAD(layer_norm_plain, ANY, S(2, 3, 6))
@@ -289,6 +293,8 @@ GRAD(global_avg_pool2d, ANY, S(4, 2, 3, 2, 3))
 GRAD(max_pool2d_ceil, DISTINCT, S(4, 1, 2, 6, 5))
 GRAD(avg_pool2d_ceil, ANY, S(4, 1, 2, 6, 5))
 GRAD(avg_pool2d_exclude_pad, ANY, S(4, 1, 2, 6, 5))
+GRAD(max_pool2d_hw, DISTINCT, S(4, 1, 2, 5, 6))
+GRAD(avg_pool2d_hw, ANY, S(4, 1, 2, 5, 6))
 
 /* a composition: causal self-attention, one head */
 FN(attention) {
@@ -333,7 +339,7 @@ const test_case tests_grad[] = {
     T(dropout) T(layer_norm) T(layer_norm_plain) T(layer_norm_dims) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
     T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise) T(conv2d_hw)
     T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d) T(max_pool2d_ceil)
-    T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad)
+    T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad) T(max_pool2d_hw) T(avg_pool2d_hw)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };

@@ -105,6 +105,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, (mlc_rnn_opts){ 2, 1, 0 }), 40);
     mlc_tensor *loss, *total = NULL;
     mlc_conv_opts conv = { .stride = 2, .padding = 1, .dilation = 1, .groups = 2 };
+    mlc_pool_opts pool_hw = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
+                              .padding_w = MLC_ZERO_INT };
     mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .groups = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT,
                               .dilation_w = 2 };
     mlc_attention_opts attn = { NULL, 1, 0.0f, 0.0f };
@@ -137,6 +139,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("embedding", mlc_embedding(emb, tok));
     OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("conv2d_hw", mlc_conv2d(img, kern, kb, conv_hw));
     OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
+    OUT("max_pool2d_hw", mlc_max_pool2d_opts(img, 3, pool_hw));
+    OUT("avg_pool2d_hw", mlc_avg_pool2d_opts(img, 3, pool_hw));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
     attn.mask = amask;
     OUT("attention", mlc_attention(aq, ak, av, attn));
