@@ -4573,12 +4573,14 @@ MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts 
     return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0 };
+    mlc_pool_opts opts;
+    memset(&opts, 0, sizeof opts);
     opts.stride = stride; opts.padding = padding;
     return mlc_max_pool2d_opts(x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0 };
+    mlc_pool_opts opts;
+    memset(&opts, 0, sizeof opts);
     opts.stride = stride; opts.padding = padding;
     return mlc_avg_pool2d_opts(x, kernel, opts);
 }
