@@ -300,10 +300,10 @@ static int invalid_arguments(void) {
     CHECK_FAILS(ctx, mlc_dropout(x, 1.5f, 1), MLC_ERR_ARG, "mlc_dropout", "1.5");
     CHECK_FAILS(ctx, mlc_dropout(x, -0.25f, 0), MLC_ERR_ARG, "mlc_dropout", "-0.25");
     CHECK_FAILS(ctx, mlc_clamp(x, 2.0f, 1.0f), MLC_ERR_ARG, "mlc_clamp", "2", "1");
-    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = -1 }), MLC_ERR_ARG, "mlc_conv2d", "stride -1");
-    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = 1, .padding = -2 }), MLC_ERR_ARG, "mlc_conv2d", "padding -2");
-    CHECK_FAILS(ctx, mlc_max_pool2d(x, 0, 0, 0), MLC_ERR_ARG, "mlc_max_pool2d", "kernel 0");
-    CHECK_FAILS(ctx, mlc_avg_pool2d(x, 2, 2, 3), MLC_ERR_ARG, "mlc_avg_pool2d", "padding 3");
+    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = -1 }), MLC_ERR_ARG, "mlc_conv2d", "stride (-1, 0)");
+    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = 1, .padding = -2 }), MLC_ERR_ARG, "mlc_conv2d", "padding (-2, 0)");
+    CHECK_FAILS(ctx, mlc_max_pool2d(x, 0, 0, 0), MLC_ERR_ARG, "mlc_max_pool2d", "kernel (0, 0)");
+    CHECK_FAILS(ctx, mlc_avg_pool2d(x, 2, 2, 3), MLC_ERR_ARG, "mlc_avg_pool2d", "padding (3, 0)");
     CHECK_FAILS(ctx, mlc_arange(ctx, 0, 1, 0), MLC_ERR_ARG, "mlc_arange");
     CHECK_FAILS(ctx, mlc_mse_loss(x, x, (mlc_reduction)7), MLC_ERR_ARG, "mlc_mse_loss", "reduction 7");
     CHECK_FAILS(ctx, mlc_nn_conv2d(ctx, 3, 6, 3, (mlc_conv_opts){ .groups = 2 }), MLC_ERR_ARG, "mlc_nn_conv2d");
