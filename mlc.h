@@ -4531,7 +4531,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     MLC__ENTER(op, x);
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
-    if (K >= 1 && KW >= 1 && (PH > 0 || PW > 0)
+    if (K >= 1 && KW >= 1 && PH >= 0 && PW >= 0 && (PH > 0 || PW > 0)
         && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, KW, PH, PW, 1, 1))
         return NULL;
     if (K < 1 || KW < 1 || SH < 1 || SW < 1 || PH < 0 || PW < 0 || 2 * PH > K || 2 * PW > KW

@@ -258,7 +258,7 @@ FN(conv2d_dilation) { (void)u; return mlc_conv2d(x[0], x[1], NULL, conv_opts(1, 
 FN(conv2d_groups) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(1, 1, 1, 2)); }
 FN(conv2d_depthwise) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(2, 1, 1, 3)); }
 static const mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .dilation = 1, .groups = 2, .stride_w = 1,
-                                      .padding_w = MLC_ZERO_INT, .dilation_w = 2 };   /* (2, 1), (1, 0), (1, 2) */
+                                      .padding_w = MLC_ZERO_INT, .dilation_w = 2 };   /* (2,1) (1,0) (1,2) */
 FN(conv2d_hw) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_hw); }
 FN(max_pool2d) { (void)u; return mlc_max_pool2d(x[0], 2, 2, 0); }
 FN(max_pool2d_overlap) { (void)u; return mlc_max_pool2d(x[0], 3, 2, 1); }

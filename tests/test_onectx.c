@@ -107,8 +107,8 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_conv_opts conv = { .stride = 2, .padding = 1, .dilation = 1, .groups = 2 };
     mlc_pool_opts pool_hw = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
                               .padding_w = MLC_ZERO_INT };
-    mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .groups = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT,
-                              .dilation_w = 2 };
+    mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .groups = 2, .stride_w = 1,
+                              .padding_w = MLC_ZERO_INT, .dilation_w = 2 };
     mlc_attention_opts attn = { NULL, 1, 0.0f, 0.0f };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
     OUT("add", mlc_add(a, b)); OUT("sub", mlc_sub(a, b)); OUT("mul", mlc_mul(a, b)); OUT("div", mlc_div(a, pos));
