@@ -94,7 +94,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
      mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
-     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1
+     mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1; the _w fields: the height's
+                         (an int field's explicit 0 is MLC_ZERO_INT, -1: MLC_ZERO would read as 0)
      mlc_ce_opts         reduction mean, no class ignored, label_smoothing 0
      mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
    Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
@@ -446,7 +447,15 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                                   mlc_tensor *weight, mlc_tensor *bias, int training,
                                   float momentum, float eps);
 MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index);   /* [V, D], [...] */
-typedef struct mlc_conv_opts { int stride, padding, dilation, groups; } mlc_conv_opts; /* 0: 1,0,1,1 */
+/* Convolution options, zero meaning default: stride 1, padding 0, dilation 1, groups 1. stride,
+   padding and dilation set both axes, or the height's where the width's field is set: stride_w,
+   padding_w, dilation_w (0: as the height's; padding_w = MLC_ZERO_INT: 0), as torch's tuples:
+   stride=(2, 1), padding=(1, 0), dilation=(1, 2) is { 2, 1, 1, 0, 1, MLC_ZERO_INT, 2 }. */
+typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, padding_w, dilation_w; }
+    mlc_conv_opts;
+/* An int option's explicit zero where 0 means default (padding_w of mlc_conv_opts and
+   mlc_pool_opts: 0 is "as the height's"). MLC_ZERO is a float: in an int field it reads as 0. */
+#define MLC_ZERO_INT (-1)
 /* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
@@ -455,8 +464,13 @@ MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int pad
    ceil_mode 0 (floor), exclude_pad 0 (padding counts). ceil_mode 1: output size rounded up (a
    last window may hang over the right or bottom edge; none starts in the padding there), as
    torch's ceil_mode=True. exclude_pad 1 (average pooling): divide by the values inside the
-   input only, torch's count_include_pad=False. */
-typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad; } mlc_pool_opts;
+   input only, torch's count_include_pad=False. The kernel argument, stride and padding are the
+   height's, and the width's too where kernel_w, stride_w, padding_w are 0 (stride_w 0 with
+   stride 0: kernel_w; padding_w MLC_ZERO_INT: 0), as torch's kernel_size=(3, 2), stride=(2, 1),
+   padding=(1, 0): mlc_max_pool2d_opts(x, 3, (mlc_pool_opts){ .stride = 2, .padding = 1,
+   .kernel_w = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT }). */
+typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad, kernel_w, stride_w, padding_w; }
+    mlc_pool_opts;
 MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N, C] */
@@ -914,7 +928,7 @@ typedef union mlc__args {
     struct { float p; unsigned seed; } dropout;
     struct { float eps; int D; } layer_norm;                /* D: values per row (the last axes) */
     struct { int training; float momentum, eps; } batch_norm;
-    struct { int kernel, stride, padding, is_max, exclude_pad; } pool;
+    struct { int kh, kw, sh, sw, ph, pw, is_max, exclude_pad; } pool;   /* kernel, stride, padding */
     mlc__attention_args attention;
 } mlc__args;
 
@@ -4176,38 +4190,39 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 /* ============================================================================================
    Convolution and pooling, x [N, C, H, W]
      conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j]
-                                   x[n, c, s·h + d·i - p, s·w + d·j - p]
+                                   x[n, c, sh·h + dh·i - ph, sw·w + dw·j - pw]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
-     avg_pool y = Σ window / K²  (padding counts)  dx = g / K² over the window (ceil_mode's last
+     avg_pool y = Σ window / KH·KW (padding counts)  dx = g / KH·KW over the window (ceil_mode's last
               windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
-typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, stride, pad, dil, groups; } mlc__conv;
+/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width */
+typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups; } mlc__conv;
 
 /* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
 static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
-    int s = cv->stride;
+    int s = cv->sw;
     *first = off < 0 ? (-off + s - 1) / s : 0;
     *last = cv->W - off > 0 ? (cv->W - off + s - 1) / s : 0;
     if (*last > cv->OW) *last = cv->OW;
     if (*first > *last) *first = *last;
 }
 
-/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·s + i·d - p, ow·s + j·d - p] (0 outside), for the
+/* col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·sh + i·dh - ph, ow·sw + j·dw - pw] (0 outside), for the
    channels [c0, c1): each row of col is zeros, a (strided) run of an input row, zeros */
 static void mlc__im2col(const mlc__conv *cv, int c0, int c1, const float *x, float *col) {
-    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->sw, P = cv->OH * cv->OW;
     for (c = c0; c < c1; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
-                int off = j * cv->dil - cv->pad;
+                int off = j * cv->dw - cv->pw;
                 float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
                 mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * s + i * cv->dil - cv->pad;
+                    int ih = oh * cv->sh + i * cv->dh - cv->ph;
                     float *r = row + (size_t)oh * cv->OW;
                     const float *in;
                     if (ih < 0 || ih >= cv->H) { memset(r, 0, (size_t)cv->OW * sizeof(float)); continue; }
@@ -4239,15 +4254,15 @@ static void mlc__im2col_threads(const mlc__conv *cv, int channels, const float *
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */
 static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {
-    int c, i, j, oh, ow, first, last, s = cv->stride, P = cv->OH * cv->OW;
+    int c, i, j, oh, ow, first, last, s = cv->sw, P = cv->OH * cv->OW;
     for (c = 0; c < channels; c++)
         for (i = 0; i < cv->KH; i++)
             for (j = 0; j < cv->KW; j++) {
-                int off = j * cv->dil - cv->pad;
+                int off = j * cv->dw - cv->pw;
                 const float *row = col + ((size_t)(c * cv->KH + i) * cv->KW + j) * P;
                 mlc__conv_span(cv, off, &first, &last);
                 for (oh = 0; oh < cv->OH; oh++) {
-                    int ih = oh * s + i * cv->dil - cv->pad;
+                    int ih = oh * cv->sh + i * cv->dh - cv->ph;
                     const float *r = row + (size_t)oh * cv->OW;
                     float *d;
                     if (ih < 0 || ih >= cv->H) continue;
@@ -4363,21 +4378,28 @@ static void mlc__conv2d_backward(mlc__node *n) {
     }
 }
 
-/* A window of KH x KW with padding and dilation over an H x W input: every size it leads to fits
-   in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would divide by 0). */
-static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int pad, int dil) {
+/* A window of KH x KW with padding ph, pw and dilation dh, dw over an H x W input: every size it
+   leads to fits in int (else MLC_ERR_ARG), and the window is not empty (else MLC_ERR_SHAPE: it would
+   divide by 0). */
+static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, int KW, int ph, int pw,
+                            int dh, int dw) {
     const long long most = 2147483647;
     if (KH < 1 || KW < 1) {
         mlc__fail(ctx, MLC_ERR_SHAPE, "%s: the kernel %d x %d has a zero dimension", op, KH, KW);
         return 0;
     }
-    if (pad < 0 || dil < 1 || (long long)H + 2LL * pad > most || (long long)W + 2LL * pad > most ||
-        (long long)dil * (KH - 1) + 1 > most || (long long)dil * (KW - 1) + 1 > most) {
-        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding %d or dilation %d is too large for an int", op, pad, dil);
+    if (ph < 0 || pw < 0 || dh < 1 || dw < 1 || (long long)H + 2LL * ph > most
+        || (long long)W + 2LL * pw > most || (long long)dh * (KH - 1) + 1 > most
+        || (long long)dw * (KW - 1) + 1 > most) {
+        mlc__fail(ctx, MLC_ERR_ARG, "%s: padding (%d, %d) or dilation (%d, %d) is too large for an int", op,
+                  ph, pw, dh, dw);
         return 0;
     }
     return 1;
 }
+
+/* An option where 0 takes def (the height's value for a width's field) and MLC_ZERO_INT is 0 */
+static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     mlc__conv cv;
@@ -4387,12 +4409,16 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     int shape[4], where;
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
-    cv.stride = opts.stride ? opts.stride : 1; cv.pad = opts.padding;
-    cv.dil = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
-    if (cv.stride < 1 || cv.pad < 0 || cv.dil < 1 || cv.groups < 1)
-        return (mlc_tensor *)mlc__fail(
-            ctx, MLC_ERR_ARG, "mlc_conv2d: stride %d, padding %d, dilation %d, groups %d are not valid",
-            opts.stride, opts.padding, opts.dilation, opts.groups);
+    cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
+    cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
+    cv.sw = mlc__int_setting(opts.stride_w, cv.sh); cv.pw = mlc__int_setting(opts.padding_w, cv.ph);
+    cv.dw = mlc__int_setting(opts.dilation_w, cv.dh);
+    if (cv.sh < 1 || cv.sw < 1 || cv.ph < 0 || cv.pw < 0 || cv.dh < 1 || cv.dw < 1 || cv.groups < 1
+        || opts.padding_w < MLC_ZERO_INT)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "mlc_conv2d: stride (%d, %d), padding (%d, %d), dilation (%d, %d), "
+                                       "groups %d are not valid", opts.stride, opts.stride_w, opts.padding,
+                                       opts.padding_w, opts.dilation, opts.dilation_w, opts.groups);
     if (x->ndim != 4 || weight->ndim != 4)
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]",
@@ -4405,10 +4431,11 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
                                        cv.groups);
     if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
-    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.pad, cv.dil)) return NULL;
-    cv.OH = (cv.H + 2 * cv.pad - cv.dil * (cv.KH - 1) - 1) / cv.stride + 1;
-    cv.OW = (cv.W + 2 * cv.pad - cv.dil * (cv.KW - 1) - 1) / cv.stride + 1;
-    if (cv.H + 2 * cv.pad < cv.dil * (cv.KH - 1) + 1 || cv.W + 2 * cv.pad < cv.dil * (cv.KW - 1) + 1)
+    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw))
+        return NULL;
+    cv.OH = (cv.H + 2 * cv.ph - cv.dh * (cv.KH - 1) - 1) / cv.sh + 1;
+    cv.OW = (cv.W + 2 * cv.pw - cv.dw * (cv.KW - 1) - 1) / cv.sw + 1;
+    if (cv.H + 2 * cv.ph < cv.dh * (cv.KH - 1) + 1 || cv.W + 2 * cv.pw < cv.dw * (cv.KW - 1) + 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
                                        "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
@@ -4425,30 +4452,39 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     return out;
 }
 
+/* The planes (image, channel) are shared out between threads, forward and backward. Kernel KH x
+   KW, stride SH, SW, padding PH, PW (height, width). */
+typedef struct mlc__pool_job {
+    mlc_tensor *x, *y;
+    float *gx;
+    int KH, KW, SH, SW, PH, PW, is_max, exclude_pad, *argmax;
+} mlc__pool_job;
+
+/* The job of pooling node n (its arguments, input and output), with gx and argmax */
+static void mlc__pool_job_of(mlc__pool_job *job, const mlc__node *n, float *gx, int *argmax) {
+    job->x = n->in[0]; job->y = n->out; job->gx = gx; job->argmax = argmax;
+    job->KH = n->args.pool.kh; job->KW = n->args.pool.kw; job->SH = n->args.pool.sh;
+    job->SW = n->args.pool.sw; job->PH = n->args.pool.ph; job->PW = n->args.pool.pw;
+    job->is_max = n->args.pool.is_max; job->exclude_pad = n->args.pool.exclude_pad;
+}
+
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
-static void mlc__pool_window(int oh, int ow, int K, int S, int Pd, int H, int W, int *h0, int *h1, int *w0,
-                             int *w1) {
-    *h0 = oh * S - Pd; *h1 = *h0 + K; *w0 = ow * S - Pd; *w1 = *w0 + K;
+static void mlc__pool_window(const mlc__pool_job *job, int oh, int ow, int *h0, int *h1, int *w0, int *w1) {
+    const int H = job->x->shape[2], W = job->x->shape[3];
+    *h0 = oh * job->SH - job->PH; *h1 = *h0 + job->KH; *w0 = ow * job->SW - job->PW; *w1 = *w0 + job->KW;
     if (*h0 < 0) *h0 = 0;
     if (*h1 > H) *h1 = H;
     if (*w0 < 0) *w0 = 0;
     if (*w1 > W) *w1 = W;
 }
 
-/* The planes (image, channel) are shared out between threads, forward and backward. */
-typedef struct mlc__pool_job {
-    mlc_tensor *x, *y;
-    float *gx;
-    int K, S, Pd, is_max, exclude_pad, *argmax;
-} mlc__pool_job;
-
 /* Average pooling's divisor for output (oh, ow): its window cut at the padded input's far edge,
-   as PyTorch counts with count_include_pad (K² but for ceil_mode's last windows), or with
+   as PyTorch counts with count_include_pad (KH·KW but for ceil_mode's last windows), or with
    exclude_pad cut to the input itself. */
 static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
-    int K = job->K, S = job->S, Pd = job->Pd, H = job->x->shape[2], W = job->x->shape[3];
-    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1, w1;
-    h1 = h0 + K < H + Pd ? h0 + K : H + Pd; w1 = w0 + K < W + Pd ? w0 + K : W + Pd;
+    int H = job->x->shape[2], W = job->x->shape[3], h0 = oh * job->SH - job->PH, w0 = ow * job->SW - job->PW;
+    int h1 = h0 + job->KH < H + job->PH ? h0 + job->KH : H + job->PH;
+    int w1 = w0 + job->KW < W + job->PW ? w0 + job->KW : W + job->PW;
     if (job->exclude_pad) {
         h0 = h0 < 0 ? 0 : h0; w0 = w0 < 0 ? 0 : w0; h1 = h1 > H ? H : h1; w1 = w1 > W ? W : w1;
     }
@@ -4459,25 +4495,25 @@ static int mlc__pool_count(const mlc__pool_job *job, int oh, int ow) {
    last NaN wins and the output is NaN); the NaN test reads bits, which -ffast-math keeps. */
 static int mlc__pool_takes(float v, float best) { return (v > best) | mlc__is_nan(v); }
 
-/* NaN when window rows [h0, h1), columns [w0, w0 + K) of plane p (width W) hold a NaN, else
+/* NaN when window rows [h0, h1), columns [w0, w0 + KW) of plane p (width W) hold a NaN, else
    best. The paths without an argmax take the largest by compare-and-select, which passes a NaN
    over, and ask this only where the window's sum is not finite (a NaN, an infinity or an
    overflow: rare), so NaN costs them one add per value. */
-static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int K, float best) {
+static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW, float best) {
     int ih, j;
     for (ih = h0; ih < h1; ih++)
-        for (j = 0; j < K; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
+        for (j = 0; j < KW; j++) if (mlc__is_nan(p[ih * W + w0 + j])) return NAN;
     return best;
 }
 
 /* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·S - Pd + j).
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
    With an argmax each window row and column is one pass over the outputs, visited in the same
    order as one output at a time, so the argmax is the same (first) one; without, each window
    is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
-    const int W = job->x->shape[3], K = job->K, S = job->S, left = -job->Pd;
+    const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
@@ -4520,7 +4556,7 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
 static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int ow, float *y, int *argmax) {
     const int W = job->x->shape[3], OW = job->y->shape[3];
     int ih, iw, h0, h1, w0, w1;
-    mlc__pool_window(oh, ow, job->K, job->S, job->Pd, job->x->shape[2], W, &h0, &h1, &w0, &w1);
+    mlc__pool_window(job, oh, ow, &h0, &h1, &w0, &w1);
     if (job->is_max) {                      /* the first of the largest, or the last NaN */
         int at = h0 < h1 && w0 < w1 ? h0 * W + w0 : -1;
         float best = at < 0 ? -INFINITY : p[at];
@@ -4543,7 +4579,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
 static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
-    const int K = job->K, S = job->S, Pd = job->Pd;
+    const int K = job->KW, S = job->SW, Pd = job->PW;
     /* max pooling goes by rows over the outputs [lo, hi) whose windows need no clipping at the sides */
     int lo = job->is_max ? (Pd + S - 1) / S : 0, hi = job->is_max && W + Pd >= K ? (W + Pd - K) / S + 1 : 0;
     int oh, ow, h0, h1, w0, w1;
@@ -4557,7 +4593,7 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
         int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
         for (oh = 0; oh < OH; oh++) {
             for (ow = 0; ow < lo; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
-            mlc__pool_window(oh, lo, K, S, Pd, H, W, &h0, &h1, &w0, &w1);
+            mlc__pool_window(job, oh, lo, &h0, &h1, &w0, &w1);
             if (lo < hi)
                 mlc__pool_max_row(job, p, h0, h1, lo, hi, y + oh * OW, argmax ? argmax + oh * OW : NULL);
             for (ow = hi; ow < OW; ow++) mlc__pool_one(job, p, oh, ow, y, argmax);
@@ -4582,7 +4618,7 @@ static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t
                     if (argmax[oh * OW + ow] >= 0) gx[argmax[oh * OW + ow]] += g[oh * OW + ow];
                     continue;
                 }
-                mlc__pool_window(oh, ow, job->K, job->S, job->Pd, H, W, &h0, &h1, &w0, &w1);
+                mlc__pool_window(job, oh, ow, &h0, &h1, &w0, &w1);
                 share = 1.0f / (float)mlc__pool_count(job, oh, ow);
                 for (ih = h0; ih < h1; ih++)
                     for (iw = w0; iw < w1; iw++) gx[ih * W + iw] += g[oh * OW + ow] * share;
@@ -4598,10 +4634,7 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) {
 
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
-    job.x = n->in[0]; job.y = n->out; job.gx = mlc__grad(n->in[0]);
-    job.K = n->args.pool.kernel; job.S = n->args.pool.stride; job.Pd = n->args.pool.padding;
-    job.is_max = n->args.pool.is_max; job.exclude_pad = n->args.pool.exclude_pad;
-    job.argmax = (int *)n->saved;
+    mlc__pool_job_of(&job, n, mlc__grad(n->in[0]), (int *)n->saved);
     mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
                   mlc__pool_planes_backward, &job);
 }
@@ -4615,43 +4648,41 @@ static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
 }
 
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
-    int shape[4], H, W, OH, OW, where, S = opts.stride ? opts.stride : K, Pd = opts.padding;
+    int shape[4], H, W, where, KW = opts.kernel_w ? opts.kernel_w : K, SH = opts.stride ? opts.stride : K;
+    int SW = opts.stride_w ? opts.stride_w : opts.stride ? opts.stride : KW, PH = opts.padding;
+    int PW = mlc__int_setting(opts.padding_w, PH);
     mlc_tensor *out;
     mlc__node call;
     mlc__pool_job job;
     MLC__ENTER(op, x);
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
-    if (K >= 1 && Pd > 0 && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, K, Pd, 1)) return NULL;
-    if (K < 1 || S < 1 || Pd < 0 || 2 * Pd > K)
-        return (mlc_tensor *)mlc__fail(
-            ctx, MLC_ERR_ARG, "%s: kernel %d, stride %d, padding %d are not valid (padding <= kernel/2)", op,
-            K, S, Pd);
+    if (K >= 1 && KW >= 1 && PH >= 0 && PW >= 0 && (PH > 0 || PW > 0)
+        && !mlc__window_fits(ctx, op, x->shape[2], x->shape[3], K, KW, PH, PW, 1, 1))
+        return NULL;
+    if (K < 1 || KW < 1 || SH < 1 || SW < 1 || PH < 0 || PW < 0 || 2 * PH > K || 2 * PW > KW
+        || opts.padding_w < MLC_ZERO_INT)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "%s: kernel (%d, %d), stride (%d, %d), padding (%d, %d) are not valid "
+                                       "(padding <= kernel/2)", op, K, KW, SH, SW, PH, opts.padding_w);
     H = x->shape[2]; W = x->shape[3];
-    if (H + 2 * Pd < K || W + 2 * Pd < K)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %d is larger than the padded input %T",
-                                       op, K, x);
-    OH = mlc__pool_size(H, K, S, Pd, opts.ceil_mode); OW = mlc__pool_size(W, K, S, Pd, opts.ceil_mode);
-    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = OH; shape[3] = OW;
+    if (H + 2 * PH < K || W + 2 * PW < KW)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "%s: kernel (%d, %d) is larger than the padded input %T", op, K, KW,
+                                       x);
+    shape[0] = x->shape[0]; shape[1] = x->shape[1];
+    shape[2] = mlc__pool_size(H, K, SH, PH, opts.ceil_mode);
+    shape[3] = mlc__pool_size(W, KW, SW, PW, opts.ceil_mode);
     out = mlc__make(ctx, op, 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_POOL, op, out, x, NULL, NULL, NULL);
-    call.args.pool.kernel = K;
-    call.args.pool.stride = S;
-    call.args.pool.padding = Pd;
+    call.args.pool.kh = K; call.args.pool.kw = KW; call.args.pool.sh = SH; call.args.pool.sw = SW;
+    call.args.pool.ph = PH; call.args.pool.pw = PW;
     call.args.pool.is_max = is_max;
     call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    job.x = x;
-    job.y = out;
-    job.gx = NULL;
-    job.K = K;
-    job.S = S;
-    job.Pd = Pd;
-    job.is_max = is_max;
-    job.argmax = NULL;
-    job.exclude_pad = call.args.pool.exclude_pad;
+    mlc__pool_job_of(&job, &call, NULL, NULL);
     if (is_max && mlc__recording(&call)
         && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op)))
         return NULL;
@@ -4668,12 +4699,14 @@ MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts 
     return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    mlc_pool_opts opts;
+    memset(&opts, 0, sizeof opts);
     opts.stride = stride; opts.padding = padding;
     return mlc_max_pool2d_opts(x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
-    mlc_pool_opts opts = { 0, 0, 0, 0 };
+    mlc_pool_opts opts;
+    memset(&opts, 0, sizeof opts);
     opts.stride = stride; opts.padding = padding;
     return mlc_avg_pool2d_opts(x, kernel, opts);
 }
@@ -5306,10 +5339,11 @@ MLCDEF mlc_module *mlc_nn_conv2d(mlc_ctx *ctx, int in_channels, int out_channels
     float bound;
     if (!m) return NULL;
     if (in_channels < 1 || out_channels < 1 || kernel < 1 || opts.stride < 0 || opts.padding < 0 ||
-        opts.dilation < 0)
+        opts.dilation < 0 || opts.stride_w < 0 || opts.padding_w < MLC_ZERO_INT || opts.dilation_w < 0)
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_conv2d: in %d, out %d, kernel %d, "
-                                       "stride %d, padding %d, dilation %d are not valid", in_channels,
-                                       out_channels, kernel, opts.stride, opts.padding, opts.dilation);
+                                       "stride (%d, %d), padding (%d, %d), dilation (%d, %d) are not valid",
+                                       in_channels, out_channels, kernel, opts.stride, opts.stride_w,
+                                       opts.padding, opts.padding_w, opts.dilation, opts.dilation_w);
     if (groups < 1 || in_channels % groups)
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG,
                                        "mlc_nn_conv2d: %d input channels do not split into %d groups",

@@ -601,39 +601,40 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "\n"
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
-"/* q: C H W KH KW OH OW stride; r: pad dilation Cg nb (mlc__conv's fields and the chunk's images);\n"
-"   x_off: the chunk's first image, at the group's first channel; col is [Cg KH KW, nb OH OW] */\n"
-"__kernel void mlc_im2col(int8 q, int4 r, __global const float *x, ulong x_off, __global float *col) {\n"
-"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), p, n, k, c, i, j,"
-" oh, ow, ih, iw;\n"
+"/* q: C H W KH KW OH OW; r: stride, padding, dilation (height, width) Cg nb (mlc__conv's fields and\n"
+"   the chunk's images); x_off: the chunk's first image, at the group's first channel; col is\n"
+"   [Cg KH KW, nb OH OW] */\n"
+"__kernel void mlc_im2col(int8 q, int8 r, __global const float *x, ulong x_off, __global float *col) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW;\n"
+"    int at = get_global_id(0), p, n, k, c, i, j, oh, ow, ih, iw;\n"
 "    if (at >= Cg * KH * KW * nb * P) return;\n"
 "    p = at % P; n = (at / P) % nb; k = at / (P * nb);\n"
 "    j = k % KW; i = (k / KW) % KH; c = k / (KW * KH);\n"
 "    oh = p / OW; ow = p % OW;\n"
-"    ih = oh * s + i * d - pad; iw = ow * s + j * d - pad;\n"
+"    ih = oh * sh + i * dh - ph; iw = ow * sw + j * dw - pw;\n"
 "    x += x_off + (n * C + c) * H * W;\n"
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
 "/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it:\n"
 "   col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
-"__kernel void mlc_col2im(int8 q, int4 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
-"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, s = q.s7;\n"
-"    int pad = r.s0, d = r.s1, Cg = r.s2, nb = r.s3, P = OH * OW, at = get_global_id(0), n, c, ih, iw, i,"
-" j;\n"
+"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW;\n"
+"    int at = get_global_id(0), n, c, ih, iw, i, j;\n"
 "    float sum = 0.0f;\n"
 "    if (at >= nb * Cg * H * W) return;\n"
 "    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % Cg; n = at / (W * H * Cg);\n"
 "    for (i = 0; i < KH; i++) {\n"
-"        int th = ih + pad - i * d, oh;\n"
-"        if (th < 0 || th % s) continue;\n"
-"        oh = th / s;\n"
+"        int th = ih + ph - i * dh, oh;\n"
+"        if (th < 0 || th % sh) continue;\n"
+"        oh = th / sh;\n"
 "        if (oh >= OH) continue;\n"
 "        for (j = 0; j < KW; j++) {\n"
-"            int tw = iw + pad - j * d, ow;\n"
-"            if (tw < 0 || tw % s) continue;\n"
-"            ow = tw / s;\n"
+"            int tw = iw + pw - j * dw, ow;\n"
+"            if (tw < 0 || tw % sw) continue;\n"
+"            ow = tw / sw;\n"
 "            if (ow >= OW) continue;\n"
 "            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
@@ -662,12 +663,13 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "\n"
 "/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
-"int mlc_pool_argmax(__global const float *x, int H, int W, int K, int S, int Pd, int oh, int ow) {\n"
+"/* v: kernel KH KW, stride SH SW, padding PH PW, is_max, exclude_pad (mlc__pool_job's fields) */\n"
+"int mlc_pool_argmax(__global const float *x, int H, int W, int8 v, int oh, int ow) {\n"
 "    int i, j, at = -1;\n"
 "    float best = 0.0f;\n"
-"    for (i = 0; i < K; i++)\n"
-"        for (j = 0; j < K; j++) {\n"
-"            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
+"    for (i = 0; i < v.s0; i++)\n"
+"        for (j = 0; j < v.s1; j++) {\n"
+"            int ih = oh * v.s2 - v.s4 + i, iw = ow * v.s3 - v.s5 + j;\n"
 "            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;\n"
 "            if (at < 0 || x[ih * W + iw] > best || isnan(x[ih * W + iw])) {   /* a NaN: the last */\n"
 "                best = x[ih * W + iw]; at = ih * W + iw;\n"
@@ -678,48 +680,45 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "\n"
 "/* average pooling's divisor: the window cut at the padded input's far edge, or with exclude_pad\n"
 "   at the input's (mlc__pool_count) */\n"
-"int mlc_pool_count(int H, int W, int K, int S, int Pd, int exclude_pad, int oh, int ow) {\n"
-"    int h0 = oh * S - Pd, w0 = ow * S - Pd, h1 = min(h0 + K, H + Pd), w1 = min(w0 + K, W + Pd);\n"
-"    if (exclude_pad) { h0 = max(h0, 0); w0 = max(w0, 0); h1 = min(h1, H); w1 = min(w1, W); }\n"
+"int mlc_pool_count(int H, int W, int8 v, int oh, int ow) {\n"
+"    int h0 = oh * v.s2 - v.s4, w0 = ow * v.s3 - v.s5;\n"
+"    int h1 = min(h0 + v.s0, H + v.s4), w1 = min(w0 + v.s1, W + v.s5);\n"
+"    if (v.s7) { h0 = max(h0, 0); w0 = max(w0, 0); h1 = min(h1, H); w1 = min(w1, W); }\n"
 "    return (h1 - h0) * (w1 - w0);\n"
 "}\n"
 "\n"
-"__kernel void mlc_pool(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
-"                       int exclude_pad,\n"
-"                       __global const float *x, __global float *y) {\n"
+"__kernel void mlc_pool(int planes, int H, int W, int OH, int OW, int8 v, __global const float *x,\n"
+"                       __global float *y) {\n"
 "    int at = get_global_id(0), pl, oh, ow, i, j;\n"
 "    float s = 0.0f;\n"
 "    if (at >= planes * OH * OW) return;\n"
 "    ow = at % OW; oh = (at / OW) % OH; pl = at / (OW * OH);\n"
 "    x += pl * H * W;\n"
-"    if (is_max) { int a = mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow); y[at] = a < 0 ? -INFINITY : x[a];"
-" return; }\n"
-"    for (i = 0; i < K; i++)\n"
-"        for (j = 0; j < K; j++) {\n"
-"            int ih = oh * S - Pd + i, iw = ow * S - Pd + j;\n"
+"    if (v.s6) { int a = mlc_pool_argmax(x, H, W, v, oh, ow); y[at] = a < 0 ? -INFINITY : x[a]; return; }\n"
+"    for (i = 0; i < v.s0; i++)\n"
+"        for (j = 0; j < v.s1; j++) {\n"
+"            int ih = oh * v.s2 - v.s4 + i, iw = ow * v.s3 - v.s5 + j;\n"
 "            if (ih >= 0 && ih < H && iw >= 0 && iw < W) s += x[ih * W + iw];\n"
 "        }\n"
-"    y[at] = s / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh, ow);\n"
+"    y[at] = s / (float)mlc_pool_count(H, W, v, oh, ow);\n"
 "}\n"
 "\n"
-"/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / K² (avg) */\n"
-"__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int K, int S, int Pd, int is_max,\n"
-"                            int exclude_pad,\n"
-"                            __global const float *x, __global const float *g, __global float *dx) {\n"
+"/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / count (avg) */\n"
+"__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int8 v, __global const float *x,\n"
+"                            __global const float *g, __global float *dx) {\n"
 "    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
 "    float s = 0.0f;\n"
 "    if (at >= planes * H * W) return;\n"
 "    iw = at % W; ih = (at / W) % H; pl = at / (W * H);\n"
 "    x += pl * H * W; g += pl * OH * OW;\n"
 "    for (oh = 0; oh < OH; oh++) {\n"
-"        int i = ih + Pd - oh * S;\n"
-"        if (i < 0 || i >= K) continue;\n"
+"        int i = ih + v.s4 - oh * v.s2;\n"
+"        if (i < 0 || i >= v.s0) continue;\n"
 "        for (ow = 0; ow < OW; ow++) {\n"
-"            int j = iw + Pd - ow * S;\n"
-"            if (j < 0 || j >= K) continue;\n"
-"            if (!is_max) s += g[oh * OW + ow] / (float)mlc_pool_count(H, W, K, S, Pd, exclude_pad, oh,\n"
-"                                                                      ow);\n"
-"            else if (mlc_pool_argmax(x, H, W, K, S, Pd, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
+"            int j = iw + v.s5 - ow * v.s3;\n"
+"            if (j < 0 || j >= v.s1) continue;\n"
+"            if (!v.s6) s += g[oh * OW + ow] / (float)mlc_pool_count(H, W, v, oh, ow);\n"
+"            else if (mlc_pool_argmax(x, H, W, v, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
 "        }\n"
 "    }\n"
 "    dx[pl * H * W + ih * W + iw] += s;\n"
@@ -1593,11 +1592,12 @@ static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
 }
 
 /* The convolution's shape as the im2col / col2im kernels take it, for chunks of nb images. */
-static void mlc__cl_conv_args(const mlc__conv *cv, int nb, cl_int8 *q, cl_int4 *r) {
+static void mlc__cl_conv_args(const mlc__conv *cv, int nb, cl_int8 *q, cl_int8 *r) {
     memset(q, 0, sizeof *q); memset(r, 0, sizeof *r);
     q->s[0] = cv->C; q->s[1] = cv->H; q->s[2] = cv->W; q->s[3] = cv->KH; q->s[4] = cv->KW;
-    q->s[5] = cv->OH; q->s[6] = cv->OW; q->s[7] = cv->stride;
-    r->s[0] = cv->pad; r->s[1] = cv->dil; r->s[2] = cv->C / cv->groups; r->s[3] = nb;
+    q->s[5] = cv->OH; q->s[6] = cv->OW;
+    r->s[0] = cv->sh; r->s[1] = cv->sw; r->s[2] = cv->ph; r->s[3] = cv->pw;
+    r->s[4] = cv->dh; r->s[5] = cv->dw; r->s[6] = cv->C / cv->groups; r->s[7] = nb;
 }
 
 #ifndef MLC_OPENCL_CONV_SCRATCH
@@ -1625,7 +1625,7 @@ static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int
 }
 
 /* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
-static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int4 r, cl_mem xm,
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int8 r, cl_mem xm,
                           cl_ulong x_off, cl_mem col) {
     mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off),
                            MLC__CL_ARG(col) };
@@ -1645,7 +1645,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
     cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * chunk * P) : NULL;
     cl_mem yg = col ? mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P) : NULL;
     cl_int8 q;
-    cl_int4 r;
+    cl_int8 r;
     if (!yg || (bias && !bm)) return 1;                   /* the error is set */
     for (first = 0; first < cv->N; first += chunk) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
@@ -1672,7 +1672,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
            dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
     cl_mem gx = NULL, gw = NULL, gb, col, dyg;
     cl_int8 q;
-    cl_int4 r;
+    cl_int8 r;
     if (!dy) return 0;
     if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
     if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
@@ -1716,29 +1716,23 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2],
            OW = y->shape[3];
-    cl_int K = call->args.pool.kernel, S = call->args.pool.stride, Pd = call->args.pool.padding;
-    cl_int is_max = call->args.pool.is_max, exclude_pad = call->args.pool.exclude_pad;
+    cl_int8 v;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
+    mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H),  MLC__CL_ARG(W),  MLC__CL_ARG(OH),
+                           MLC__CL_ARG(OW),     MLC__CL_ARG(v),  MLC__CL_ARG(xm), MLC__CL_ARG(ym),
+                           MLC__CL_ARG(gx) };
+    v.s[0] = call->args.pool.kh; v.s[1] = call->args.pool.kw; v.s[2] = call->args.pool.sh;
+    v.s[3] = call->args.pool.sw; v.s[4] = call->args.pool.ph; v.s[5] = call->args.pool.pw;
+    v.s[6] = call->args.pool.is_max; v.s[7] = call->args.pool.exclude_pad;
     if (!xm) return backward ? 0 : 1;
     if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(planes),      MLC__CL_ARG(H),  MLC__CL_ARG(W),
-                               MLC__CL_ARG(OH),          MLC__CL_ARG(OW), MLC__CL_ARG(K),
-                               MLC__CL_ARG(S),           MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
-                               MLC__CL_ARG(exclude_pad), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, y))) return 1;
-        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 12);
+        mlc__cl_run(ctx, MLC__CL_K_pool, y->size, args, 8);
         return 1;
     }
     if (!x->requires_grad) return 1;
-    {
-        mlc__cl_arg args[] = { MLC__CL_ARG(planes),      MLC__CL_ARG(H),  MLC__CL_ARG(W),
-                               MLC__CL_ARG(OH),          MLC__CL_ARG(OW), MLC__CL_ARG(K),
-                               MLC__CL_ARG(S),           MLC__CL_ARG(Pd), MLC__CL_ARG(is_max),
-                               MLC__CL_ARG(exclude_pad), MLC__CL_ARG(xm), MLC__CL_ARG(ym),
-                               MLC__CL_ARG(gx) };
-        if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 13);
-    }
+    if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
+    return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 9);
 }
 
 static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {

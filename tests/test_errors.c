@@ -56,20 +56,20 @@ static int shape_mismatch_conv2d(void) {
     mlc_tensor *x3 = mlc_ones(ctx, MLC_SHAPE(1, 3, 5, 5)), *w = mlc_ones(ctx, MLC_SHAPE(4, 2, 3, 3));
     mlc_tensor *x4 = mlc_ones(ctx, MLC_SHAPE(1, 4, 5, 5)), *w6 = mlc_ones(ctx, MLC_SHAPE(6, 2, 3, 3));
     mlc_tensor *bias = mlc_ones(ctx, MLC_SHAPE(5)), *big = mlc_ones(ctx, MLC_SHAPE(4, 3, 7, 7));
-    mlc_conv_opts g3 = { 0, 0, 0, 3 };
+    mlc_conv_opts g3 = { .groups = 3 };
     CHECK(x3 && w && x4 && w6 && bias && big);
     /* 3 input channels against a weight made for 2 */
-    CHECK_FAILS(ctx, mlc_conv2d(x3, w, NULL, (mlc_conv_opts){ 0, 0, 0, 0 }), MLC_ERR_SHAPE,
+    CHECK_FAILS(ctx, mlc_conv2d(x3, w, NULL, (mlc_conv_opts){ 0 }), MLC_ERR_SHAPE,
                 "mlc_conv2d", "[1, 3, 5, 5]", "[4, 2, 3, 3]");
     /* 4 channels do not split into 3 groups */
     CHECK_FAILS(ctx, mlc_conv2d(x4, w6, NULL, g3), MLC_ERR_SHAPE, "mlc_conv2d", "[1, 4, 5, 5]", "groups = 3");
     /* the bias has the wrong length */
-    CHECK_FAILS(ctx, mlc_conv2d(x4, w6, bias, (mlc_conv_opts){ 0, 0, 0, 2 }), MLC_ERR_SHAPE, "mlc_conv2d", "[5]");
+    CHECK_FAILS(ctx, mlc_conv2d(x4, w6, bias, (mlc_conv_opts){ .groups = 2 }), MLC_ERR_SHAPE, "mlc_conv2d", "[5]");
     /* a 7x7 kernel on a 5x5 image */
-    CHECK_FAILS(ctx, mlc_conv2d(x3, big, NULL, (mlc_conv_opts){ 0, 0, 0, 0 }), MLC_ERR_SHAPE,
+    CHECK_FAILS(ctx, mlc_conv2d(x3, big, NULL, (mlc_conv_opts){ 0 }), MLC_ERR_SHAPE,
                 "mlc_conv2d", "[4, 3, 7, 7]", "[1, 3, 5, 5]");
     /* the same x and weight fit with 2 groups */
-    CHECK(mlc_conv2d(x4, w6, NULL, (mlc_conv_opts){ 0, 0, 0, 2 }) != NULL);
+    CHECK(mlc_conv2d(x4, w6, NULL, (mlc_conv_opts){ .groups = 2 }) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -125,7 +125,7 @@ static int wrong_rank(void) {
     mlc_tensor *x2 = mlc_ones(ctx, MLC_SHAPE(2, 3)), *w = mlc_ones(ctx, MLC_SHAPE(4, 3, 1, 1));
     mlc_tensor *v = mlc_ones(ctx, MLC_SHAPE(3)), *m = mlc_ones(ctx, MLC_SHAPE(3, 2));
     CHECK(x2 && w && v && m);
-    CHECK_FAILS(ctx, mlc_conv2d(x2, w, NULL, (mlc_conv_opts){ 0, 0, 0, 0 }), MLC_ERR_SHAPE, "mlc_conv2d", "[2, 3]");
+    CHECK_FAILS(ctx, mlc_conv2d(x2, w, NULL, (mlc_conv_opts){ 0 }), MLC_ERR_SHAPE, "mlc_conv2d", "[2, 3]");
     CHECK_FAILS(ctx, mlc_matmul(v, m), MLC_ERR_SHAPE, "mlc_matmul", "[3]", "[3, 2]");
     CHECK_FAILS(ctx, mlc_matmul(m, v), MLC_ERR_SHAPE, "mlc_matmul", "[3, 2]", "[3]");
     CHECK_FAILS(ctx, mlc_max_pool2d(x2, 2, 0, 0), MLC_ERR_SHAPE, "mlc_max_pool2d", "[2, 3]");
@@ -300,18 +300,18 @@ static int invalid_arguments(void) {
     CHECK_FAILS(ctx, mlc_dropout(x, 1.5f, 1), MLC_ERR_ARG, "mlc_dropout", "1.5");
     CHECK_FAILS(ctx, mlc_dropout(x, -0.25f, 0), MLC_ERR_ARG, "mlc_dropout", "-0.25");
     CHECK_FAILS(ctx, mlc_clamp(x, 2.0f, 1.0f), MLC_ERR_ARG, "mlc_clamp", "2", "1");
-    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ -1, 0, 0, 0 }), MLC_ERR_ARG, "mlc_conv2d", "stride -1");
-    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ 1, -2, 0, 0 }), MLC_ERR_ARG, "mlc_conv2d", "padding -2");
-    CHECK_FAILS(ctx, mlc_max_pool2d(x, 0, 0, 0), MLC_ERR_ARG, "mlc_max_pool2d", "kernel 0");
-    CHECK_FAILS(ctx, mlc_avg_pool2d(x, 2, 2, 3), MLC_ERR_ARG, "mlc_avg_pool2d", "padding 3");
+    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = -1 }), MLC_ERR_ARG, "mlc_conv2d", "stride (-1, 0)");
+    CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = 1, .padding = -2 }), MLC_ERR_ARG, "mlc_conv2d", "padding (-2, 0)");
+    CHECK_FAILS(ctx, mlc_max_pool2d(x, 0, 0, 0), MLC_ERR_ARG, "mlc_max_pool2d", "kernel (0, 0)");
+    CHECK_FAILS(ctx, mlc_avg_pool2d(x, 2, 2, 3), MLC_ERR_ARG, "mlc_avg_pool2d", "padding (3, 0)");
     CHECK_FAILS(ctx, mlc_arange(ctx, 0, 1, 0), MLC_ERR_ARG, "mlc_arange");
     CHECK_FAILS(ctx, mlc_mse_loss(x, x, (mlc_reduction)7), MLC_ERR_ARG, "mlc_mse_loss", "reduction 7");
-    CHECK_FAILS(ctx, mlc_nn_conv2d(ctx, 3, 6, 3, (mlc_conv_opts){ 0, 0, 0, 2 }), MLC_ERR_ARG, "mlc_nn_conv2d");
+    CHECK_FAILS(ctx, mlc_nn_conv2d(ctx, 3, 6, 3, (mlc_conv_opts){ .groups = 2 }), MLC_ERR_ARG, "mlc_nn_conv2d");
     CHECK_FAILS(ctx, mlc_empty(ctx, MLC_SHAPE(2, -3)), MLC_ERR_SHAPE, "mlc_empty", "-3");
     /* valid edge values are accepted */
     CHECK(mlc_dropout(x, 1.0f, 1) != NULL);
     CHECK(mlc_clamp(x, 1.0f, 1.0f) != NULL);
-    CHECK(mlc_conv2d(x, w, NULL, (mlc_conv_opts){ 2, 1, 0, 0 }) != NULL);
+    CHECK(mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .stride = 2, .padding = 1 }) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -599,7 +599,7 @@ static int no_leak_in_normal_use(void) {
     a.fail_at = -1;
     ctx = counting_ctx(&a, 0);
     CHECK(ctx);
-    net = mlc_nn_sequential(ctx, mlc_nn_conv2d(ctx, 1, 2, 3, (mlc_conv_opts){ 0, 1, 0, 0 }), mlc_nn_batch_norm(ctx, 2),
+    net = mlc_nn_sequential(ctx, mlc_nn_conv2d(ctx, 1, 2, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 2),
                             mlc_nn_relu(ctx), mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 32, 3), NULL);
     opt = mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.1f, .momentum = 0.9f });
     x = mlc_randn(ctx, MLC_SHAPE(4, 1, 4, 4));

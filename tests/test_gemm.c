@@ -64,7 +64,7 @@ static void counting_gemm(int ta, int tb, int M, int N, int K, const float *A, c
 /* Loss and gradients of a conv + linear model, for comparing two contexts' products. */
 static float conv_linear_loss(mlc_ctx *ctx, float *grads, size_t *count) {
     mlc_tensor *x, *w, *b, *fc, *loss;
-    mlc_conv_opts o = { 1, 1, 1, 1 };
+    mlc_conv_opts o = { .stride = 1, .padding = 1, .dilation = 1, .groups = 1 };
     size_t i;
     x = mlc_randn(ctx, MLC_SHAPE(2, 3, 6, 6));
     w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(4, 3, 3, 3)), 1);

@@ -252,7 +252,7 @@ FN(batch_norm_eval) {
     return mlc_batch_norm(x[0], mlc_from_data(C(x[0]), MLC_SHAPE(3), rm), mlc_from_data(C(x[0]), MLC_SHAPE(3), rv), x[1], x[2], 0, 0.1f, 1e-5f);
 }
 static mlc_conv_opts conv_opts(int stride, int padding, int dilation, int groups) {
-    mlc_conv_opts o;
+    mlc_conv_opts o = { 0 };
     o.stride = stride; o.padding = padding; o.dilation = dilation; o.groups = groups;
     return o;
 }
@@ -261,6 +261,9 @@ FN(conv2d_stride_pad) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(2
 FN(conv2d_dilation) { (void)u; return mlc_conv2d(x[0], x[1], NULL, conv_opts(1, 2, 2, 1)); }
 FN(conv2d_groups) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(1, 1, 1, 2)); }
 FN(conv2d_depthwise) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_opts(2, 1, 1, 3)); }
+static const mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .dilation = 1, .groups = 2, .stride_w = 1,
+                                      .padding_w = MLC_ZERO_INT, .dilation_w = 2 };   /* (2,1) (1,0) (1,2) */
+FN(conv2d_hw) { (void)u; return mlc_conv2d(x[0], x[1], x[2], conv_hw); }
 FN(max_pool2d) { (void)u; return mlc_max_pool2d(x[0], 2, 2, 0); }
 FN(max_pool2d_overlap) { (void)u; return mlc_max_pool2d(x[0], 3, 2, 1); }
 FN(avg_pool2d) { (void)u; return mlc_avg_pool2d(x[0], 3, 2, 1); }
@@ -270,6 +273,10 @@ static const mlc_pool_opts no_pad_s2p1 = { .stride = 2, .padding = 1, .ceil_mode
 FN(max_pool2d_ceil) { (void)u; return mlc_max_pool2d_opts(x[0], 3, ceil_s2p1); }
 FN(avg_pool2d_ceil) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, ceil_s2p1); }
 FN(avg_pool2d_exclude_pad) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, no_pad_s2p1); }
+static const mlc_pool_opts pool_hw = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
+                                      .padding_w = MLC_ZERO_INT };   /* (3, 2), (2, 1), (1, 0) */
+FN(max_pool2d_hw) { (void)u; return mlc_max_pool2d_opts(x[0], 3, pool_hw); }
+FN(avg_pool2d_hw) { (void)u; return mlc_avg_pool2d_opts(x[0], 3, pool_hw); }
 GRAD(dropout, ANY, S(2, 4, 5))
 GRAD(layer_norm, ANY, S(3, 2, 3, 5), S(1, 5), S(1, 5))
 GRAD(layer_norm_plain, ANY, S(2, 3, 6))
@@ -282,6 +289,7 @@ GRAD(conv2d_stride_pad, ANY, S(4, 1, 2, 6, 5), S(4, 3, 2, 3, 3), S(1, 3))
 GRAD(conv2d_dilation, ANY, S(4, 1, 2, 5, 5), S(4, 2, 2, 2, 3))
 GRAD(conv2d_groups, ANY, S(4, 1, 4, 4, 4), S(4, 6, 2, 3, 3), S(1, 6))
 GRAD(conv2d_depthwise, ANY, S(4, 2, 3, 5, 5), S(4, 3, 1, 3, 3), S(1, 3))
+GRAD(conv2d_hw, ANY, S(4, 1, 4, 5, 6), S(4, 4, 2, 3, 2), S(1, 4))
 GRAD(max_pool2d, DISTINCT, S(4, 2, 2, 4, 4))
 GRAD(max_pool2d_overlap, DISTINCT, S(4, 1, 2, 5, 5))
 GRAD(avg_pool2d, ANY, S(4, 1, 2, 5, 5))
@@ -289,6 +297,8 @@ GRAD(global_avg_pool2d, ANY, S(4, 2, 3, 2, 3))
 GRAD(max_pool2d_ceil, DISTINCT, S(4, 1, 2, 6, 5))
 GRAD(avg_pool2d_ceil, ANY, S(4, 1, 2, 6, 5))
 GRAD(avg_pool2d_exclude_pad, ANY, S(4, 1, 2, 6, 5))
+GRAD(max_pool2d_hw, DISTINCT, S(4, 1, 2, 5, 6))
+GRAD(avg_pool2d_hw, ANY, S(4, 1, 2, 5, 6))
 
 /* a composition: causal self-attention, one head */
 FN(attention) {
@@ -331,9 +341,9 @@ const test_case tests_grad[] = {
     T(bce_logits_mean) T(bce_logits_sum)
     T(reshape) T(flatten) T(transpose) T(permute) T(slice) T(concat) T(index_select) T(gather) T(copy) T(embedding)
     T(dropout) T(layer_norm) T(layer_norm_plain) T(layer_norm_dims) T(batch_norm_2d) T(batch_norm_4d) T(batch_norm_eval)
-    T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise)
+    T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise) T(conv2d_hw)
     T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d) T(max_pool2d_ceil)
-    T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad)
+    T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad) T(max_pool2d_hw) T(avg_pool2d_hw)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };

@@ -120,7 +120,8 @@ static int conv_pool_windows(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *x = mlc_ones(ctx, MLC_SHAPE(1, 1, 4, 4)), *w = mlc_ones(ctx, MLC_SHAPE(2, 1, 3, 3));
     mlc_tensor *w0 = mlc_ones(ctx, MLC_SHAPE(2, 1, 0, 3));
-    mlc_conv_opts pad = { 1, INT_MAX / 2 + 1, 1, 1 }, dil = { 1, 0, INT_MAX / 2 + 2, 1 };
+    mlc_conv_opts pad = { .stride = 1, .padding = INT_MAX / 2 + 1, .dilation = 1, .groups = 1 },
+                  dil = { .stride = 1, .dilation = INT_MAX / 2 + 2, .groups = 1 };
     CHECK(x && w && w0);
     CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, pad), MLC_ERR_ARG, "mlc_conv2d", "padding");
     CHECK_FAILS(ctx, mlc_conv2d(x, w, NULL, dil), MLC_ERR_ARG, "mlc_conv2d", "dilation");

@@ -35,7 +35,7 @@ static int names_like_pytorch(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_module *seq = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 3, 4), mlc_nn_relu(ctx), mlc_nn_batch_norm(ctx, 4),
         mlc_nn_sequential(ctx, mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 4, 5), NULL),
-        mlc_nn_conv2d(ctx, 2, 6, 3, (mlc_conv_opts){ 0, 0, 0, 0 }), make_affine(ctx), NULL);
+        mlc_nn_conv2d(ctx, 2, 6, 3, (mlc_conv_opts){ 0 }), make_affine(ctx), NULL);
     mlc_named_tensor out[32];
     int n, i, d;
     CHECK(seq != NULL && mlc_error(ctx) == MLC_OK);
@@ -80,7 +80,7 @@ static int count_when_max_is_smaller(void) {
     CHECK(mlc_module_parameters(NULL, out, 8) == 0);
     /* scalars: 3*4+4 + 4+4 + 4*2+2 (buffers are not parameters) */
     CHECK(mlc_module_param_count(seq) == (size_t)(3 * 4 + 4 + 4 + 4 + 4 * 2 + 2));
-    CHECK(mlc_module_param_count(mlc_nn_conv2d(ctx, 4, 6, 3, (mlc_conv_opts){ 0, 0, 0, 2 })) == (size_t)(6 * 2 * 3 * 3 + 6));
+    CHECK(mlc_module_param_count(mlc_nn_conv2d(ctx, 4, 6, 3, (mlc_conv_opts){ .groups = 2 })) == (size_t)(6 * 2 * 3 * 3 + 6));
     CHECK(mlc_module_param_count(mlc_nn_linear_nobias(ctx, 7, 5)) == 35);
     CHECK(mlc_module_param_count(mlc_nn_relu(ctx)) == 0);
     test_destroy(ctx);
@@ -149,7 +149,7 @@ static int linear_default_init(void) {
 static int conv_default_init(void) {
     mlc_ctx *ctx = test_ctx(12);
     /* fan_in = C/groups * k * k = 32/4 * 3 * 3 = 72 */
-    mlc_module *conv = mlc_nn_conv2d(ctx, 32, 64, 3, (mlc_conv_opts){ 0, 0, 0, 4 });
+    mlc_module *conv = mlc_nn_conv2d(ctx, 32, 64, 3, (mlc_conv_opts){ .groups = 4 });
     double bound = 1.0 / sqrt(32.0 / 4 * 3 * 3);
     CHECK(conv);
     CHECK(conv->params[0]->shape[0] == 64 && conv->params[0]->shape[1] == 8);
@@ -208,7 +208,7 @@ static int same_seed_same_weights(void) {
     const unsigned long long seeds[3] = { 99, 99, 100 };
     for (k = 0; k < 3; k++) {
         ctx[k] = test_ctx(seeds[k]);
-        net[k] = mlc_nn_sequential(ctx[k], mlc_nn_linear(ctx[k], 5, 7), mlc_nn_conv2d(ctx[k], 2, 3, 3, (mlc_conv_opts){ 0, 0, 0, 0 }),
+        net[k] = mlc_nn_sequential(ctx[k], mlc_nn_linear(ctx[k], 5, 7), mlc_nn_conv2d(ctx[k], 2, 3, 3, (mlc_conv_opts){ 0 }),
                                    mlc_nn_embedding(ctx[k], 4, 3), mlc_nn_batch_norm(ctx[k], 3), NULL);
         CHECK(net[k]);
     }
@@ -398,7 +398,7 @@ static int linear_forward(void) {
 static int conv2d_forward(void) {
     mlc_ctx *ctx = test_ctx(3);
     /* 4 -> 6 channels, 3x3, stride 2, padding 1, 2 groups: OH = (9 + 2 - 3) / 2 + 1 = 5 */
-    mlc_module *conv = mlc_nn_conv2d(ctx, 4, 6, 3, (mlc_conv_opts){ 2, 1, 0, 2 });
+    mlc_module *conv = mlc_nn_conv2d(ctx, 4, 6, 3, (mlc_conv_opts){ .stride = 2, .padding = 1, .groups = 2 });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 4, 9, 9)), *y;
     const float *W, *B;
     int n, o, oh, ow, c, i, j;
@@ -423,7 +423,7 @@ static int conv2d_forward(void) {
                     CHECK_NEAR(mlc_host_data(y)[((n * 6 + o) * 5 + oh) * 5 + ow], s, 1e-4);
                 }
     /* defaults: stride 1, no padding */
-    { mlc_module *plain = mlc_nn_conv2d(ctx, 4, 2, 3, (mlc_conv_opts){ 0, 0, 0, 0 });
+    { mlc_module *plain = mlc_nn_conv2d(ctx, 4, 2, 3, (mlc_conv_opts){ 0 });
       CHECK_SHAPE(mlc_forward(plain, x), 2, 2, 7, 7); }
     test_destroy(ctx);
     return 1;

@@ -104,7 +104,11 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     mlc_module *lstm = fixed(mlc_nn_lstm(ctx, 4, 3, 2), 30);
     mlc_module *gru = fixed(mlc_nn_recurrent(ctx, MLC_CELL_GRU, 4, 3, (mlc_rnn_opts){ 2, 1, 0 }), 40);
     mlc_tensor *loss, *total = NULL;
-    mlc_conv_opts conv = { 2, 1, 1, 2 };
+    mlc_conv_opts conv = { .stride = 2, .padding = 1, .dilation = 1, .groups = 2 };
+    mlc_pool_opts pool_hw = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
+                              .padding_w = MLC_ZERO_INT };
+    mlc_conv_opts conv_hw = { .stride = 2, .padding = 1, .groups = 2, .stride_w = 1,
+                              .padding_w = MLC_ZERO_INT, .dilation_w = 2 };
     mlc_attention_opts attn = { NULL, 1, 0.0f, 0.0f };
     CHECK_MSG(mlc_error(ctx) == MLC_OK, "inputs: %s", mlc_error_message(ctx));
     OUT("add", mlc_add(a, b)); OUT("sub", mlc_sub(a, b)); OUT("mul", mlc_mul(a, b)); OUT("div", mlc_div(a, pos));
@@ -134,7 +138,10 @@ static int run_ops(mlc_ctx *ctx, record *r) {
     OUT("batch_norm_eval", mlc_batch_norm(img, rm, rv, bw, bb, 0, 0.1f, 1e-5f));
     OUT("running_mean", rm); OUT("running_var", rv);
     OUT("embedding", mlc_embedding(emb, tok));
-    OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
+    OUT("conv2d", mlc_conv2d(img, kern, kb, conv)); OUT("conv2d_hw", mlc_conv2d(img, kern, kb, conv_hw));
+    OUT("max_pool2d", mlc_max_pool2d(img, 3, 2, 1));
+    OUT("max_pool2d_hw", mlc_max_pool2d_opts(img, 3, pool_hw));
+    OUT("avg_pool2d_hw", mlc_avg_pool2d_opts(img, 3, pool_hw));
     OUT("avg_pool2d", mlc_avg_pool2d(img, 2, 0, 0)); OUT("global_avg_pool2d", mlc_global_avg_pool2d(img));
     attn.mask = amask;
     OUT("attention", mlc_attention(aq, ak, av, attn));

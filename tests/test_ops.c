@@ -970,7 +970,7 @@ static int embedding_values(void) {
 /* ---- convolution and pooling ------------------------------------------------------------- */
 
 static mlc_conv_opts conv_opts(int stride, int padding, int dilation, int groups) {
-    mlc_conv_opts o;
+    mlc_conv_opts o = { 0 };
     o.stride = stride; o.padding = padding; o.dilation = dilation; o.groups = groups;
     return o;
 }
@@ -1034,6 +1034,64 @@ static int conv2d_groups_bias(void) {
     CHECK(mlc_error(ctx) == MLC_OK);
     CHECK(mlc_conv2d(T(ctx, x, 1, 4, 3, 3), T(ctx, wg, 2, 2, 2, 2), NULL, conv_opts(1, 0, 1, 3)) == NULL);
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);            /* 4 channels do not split into 3 groups */
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Separate height and width options: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 0),
+   dilation=(1, 2), groups=2) and the gradients of sum(y * g), g = 1, 2, ..., computed by
+   PyTorch 1.13 (python3-torch) and pasted here. x [1, 4, 5, 6] (i·7 mod 11) - 5, w [4, 2, 3, 2]
+   (i·5 mod 7) - 3, b = 0.5, -1, 1.5, 0. */
+static int conv2d_height_width(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    static const float want[48] = {
+        -14.5f, 9.5f, -10.5f, -19.5f, -6.5f, -17.5f, -6.5f, -6.5f, -10.5f, 9.5f, -14.5f, -5.5f, 35, 11, -2, 7,
+        31, 2, -5, -1, 6, -23, 3, 7, 11.5f, 37.5f, 8.5f, -20.5f, 43.5f, 29.5f, -17.5f, -9.5f, 26.5f, -7.5f,
+        2.5f, 1.5f, -12, -13, -3, -4, -13, -18, -1, 16, -14, 8, 8, 8 };
+    static const float want_gx[120] = {
+        -39, -42, -21, -24, 24, 24, 5, 6, -25, -24, -32, -32, -51, -54, -33, -36, 24, 24, 9, 10, -21, -20,
+        -32, -32, -63, -66, -45, -48, 24, 24, -11, -10, -48, -50, -45, -48, 70, 72, 79, 82, 7, 8, -7, -6,
+        -56, -58, -57, -60, 78, 80, 91, 94, 11, 12, -3, -2, -64, -66, -69, -72, -49, -50, 35, 36, 90, 92,
+        -14, -16, 82, 84, 108, 112, -53, -54, 39, 40, 98, 100, -22, -24, 90, 92, 124, 128, -57, -58, 43, 44,
+        106, 108, 75, 78, 32, 34, -51, -52, -37, -38, -53, -56, -18, -20, 87, 90, 40, 42, -55, -56, -41,
+        -42, -65, -68, -26, -28, 99, 102, 48, 50, -59, -60 };
+    static const float want_gw[48] = {
+        -3, -63, 61, 64, -7, -31, 65, 5, -92, 65, 29, 5, 9, -159, 145, 184, 5, -127, 173, 5, -260, 65, 137,
+        5, 222, 265, -62, -306, 198, 233, -255, -168, 304, 60, -223, -144, 294, 361, -86, -426, 270, 329,
+        -351, -240, 424, 84, -319, -216 };
+    static const float want_gb[4] = { 78, 222, 366, 510 };
+    const mlc_conv_opts opts = { .stride = 2, .padding = 1, .groups = 2, .stride_w = 1,
+                                 .padding_w = MLC_ZERO_INT, .dilation_w = 2 };
+    const float bias[4] = { 0.5f, -1, 1.5f, 0 };
+    float xs[120], ws[48], gs[48];
+    mlc_tensor *x, *w, *b, *y;
+    int i;
+    for (i = 0; i < 120; i++) xs[i] = (float)((i * 7) % 11 - 5);
+    for (i = 0; i < 48; i++) { ws[i] = (float)((i * 5) % 7 - 3); gs[i] = (float)(i + 1); }
+    x = mlc_requires_grad(T(ctx, xs, 1, 4, 5, 6), 1);
+    w = mlc_requires_grad(T(ctx, ws, 4, 2, 3, 2), 1);
+    b = mlc_requires_grad(T(ctx, bias, 4), 1);
+    y = mlc_conv2d(x, w, b, opts);
+    CHECK_SHAPE(y, 1, 4, 3, 4);
+    CHECK_TENSOR(y, want, 0);
+    CHECK(mlc_backward_with(y, T(ctx, gs, 1, 4, 3, 4)) == MLC_OK);
+    CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_gx, 0);
+    CHECK_TENSOR(mlc_from_data(ctx, 4, w->shape, mlc_host_grad(w)), want_gw, 0);
+    CHECK_TENSOR(mlc_from_data(ctx, 1, b->shape, mlc_host_grad(b)), want_gb, 0);
+    {   /* the width's fields left 0 take the height's; a module keeps its options */
+        const mlc_conv_opts same = { .stride = 2, .padding = 1, .dilation = 2, .groups = 2, .stride_w = 2,
+                                     .padding_w = 1, .dilation_w = 2 },
+                            old = { .stride = 2, .padding = 1, .dilation = 2, .groups = 2 };
+        mlc_module *m = mlc_nn_conv2d(ctx, 4, 4, 3, opts);
+        mlc_tensor *a = mlc_conv2d(x, w, NULL, same), *c = mlc_conv2d(x, w, NULL, old);
+        CHECK_MSG(a && c && m, "%s", mlc_error_message(ctx));
+        CHECK_TENSOR(c, mlc_host_data(a), 0);
+        CHECK_SHAPE(mlc_forward(m, x), 1, 4, 3, 2);
+        CHECK(mlc_conv2d(x, w, NULL, (mlc_conv_opts){ .padding_w = -2 }) == NULL);   /* -1 is MLC_ZERO_INT */
+        CHECK(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "padding (0, -2)"));
+        mlc_clear_error(ctx);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
 }
@@ -1387,6 +1445,69 @@ static int pooling_exclude_pad(void) {
     return 1;
 }
 
+/* Separate height and width windows: F.max_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 0)) and
+   F.avg_pool2d with the same, values and gradients of sum(y * w), w = 1, 2, ..., computed by
+   PyTorch 1.13 (python3-torch) and pasted here, for x [1, 2, 5, 6] (the plane below and its
+   negative). */
+static int pooling_height_width(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    const float plane[30] = { 8, 1, 2, 7, 3, 4, 0, 5, 6, 15, 9, 1, 2, 3, 14, 4, 11, -3, 10, 12, 5, -6, 13, -1,
+                              16, 7, -2, 0, 6, 3 };
+    static const float want[2][30] = {
+        { 8, 6, 15, 15, 9, 12, 14, 15, 15, 13, 16, 12, 5, 13, 13, 0, -1, -2, -3, -1, 0, -3, 6, 6, 3, -7, 2, 6,
+          6, 1 },
+        { 2.3333333f, 2.3333333f, 5, 5.6666665f, 2.8333333f, 5.3333335f, 7.5f, 6.3333335f, 7.6666665f, 5,
+          7.5f, 3.6666667f, -0.5f, 2.1666667f, 3.5f, -2.3333333f, -2.3333333f, -5, -5.6666665f, -2.8333333f,
+          -5.3333335f, -7.5f, -6.3333335f, -7.6666665f, -5, -7.5f, -3.6666667f, 0.5f, -2.1666667f, -3.5f } };
+    static const float want_grad[2][60] = {
+        { 1, 0, 0, 0, 0, 0, 0, 0, 2, 24, 5, 0, 0, 0, 7, 0, 0, 0, 0, 18, 13, 0, 39, 0, 11, 0, 0, 0, 0, 0, 0,
+          17, 18, 0, 19, 0, 37, 0, 0, 0, 0, 20, 0, 22, 0, 0, 0, 25, 0, 0, 0, 104, 0, 30, 0, 26, 27, 0, 0, 0 },
+        { 0.16666667f, 0.5f, 0.83333337f, 1.1666667f, 1.5f, 0.83333331f, 1.1666666f, 2.6666665f, 3.3333335f,
+          4, 4.6666665f, 2.5f, 1, 2.1666665f, 2.5f, 2.8333335f, 3.1666665f, 1.6666666f, 2.8333335f, 6,
+          6.666667f, 7.333333f, 8, 4.1666665f, 1.8333334f, 3.8333335f, 4.166667f, 4.5f, 4.833333f, 2.5f,
+          2.6666667f, 5.5f, 5.833333f, 6.166667f, 6.5f, 3.3333333f, 6.166667f, 12.666667f, 13.333333f, 14,
+          14.666666f, 7.5f, 3.5f, 7.166667f, 7.5f, 7.833333f, 8.166666f, 4.1666665f, 7.8333335f, 16,
+          16.666666f, 17.333334f, 18, 9.166666f, 4.3333335f, 8.833334f, 9.166666f, 9.5f, 9.833334f, 5 } };
+    const mlc_pool_opts opts = { .stride = 2, .padding = 1, .kernel_w = 2, .stride_w = 1,
+                                 .padding_w = MLC_ZERO_INT };
+    float xs[60], ws[30];
+    int k, i, tape;
+    for (i = 0; i < 30; i++) { xs[i] = plane[i]; xs[30 + i] = -plane[i]; ws[i] = (float)(i + 1); }
+    for (k = 0; k < 2; k++)
+        for (tape = 0; tape < 2; tape++) {
+            mlc_tensor *x = mlc_requires_grad(T(ctx, xs, 1, 2, 5, 6), tape);
+            mlc_tensor *y = k ? mlc_avg_pool2d_opts(x, 3, opts) : mlc_max_pool2d_opts(x, 3, opts);
+            CHECK_MSG(y && y->shape[2] == 3 && y->shape[3] == 5, "case %d: %s", k, mlc_error_message(ctx));
+            CHECK_TENSOR(y, want[k], 1e-6);
+            if (!tape) continue;
+            CHECK(mlc_backward_with(y, T(ctx, ws, 1, 2, 3, 5)) == MLC_OK);
+            CHECK_TENSOR(mlc_from_data(ctx, 4, x->shape, mlc_host_grad(x)), want_grad[k], 2e-6);
+        }
+    {   /* the width's fields left 0 take the height's (stride: the kernel's); the modules keep them */
+        const mlc_pool_opts same = { .stride = 2, .padding = 1, .kernel_w = 3, .stride_w = 2,
+                                     .padding_w = 1 },
+                            old = { .stride = 2, .padding = 1 }, wide = { .kernel_w = 3 };
+        mlc_tensor *x = T(ctx, xs, 1, 2, 5, 6), *a = mlc_avg_pool2d_opts(x, 3, same);
+        mlc_tensor *b = mlc_avg_pool2d_opts(x, 3, old), *c = mlc_max_pool2d_opts(x, 2, wide);
+        mlc_module *m = mlc_nn_max_pool2d(ctx, 3, 2), *v = mlc_nn_avg_pool2d(ctx, 3, 2);
+        CHECK(a && b && m && v);
+        CHECK_TENSOR(b, mlc_host_data(a), 0);
+        CHECK_SHAPE(c, 1, 2, 2, 2);                                      /* stride (2, 3) */
+        m->pool.padding = v->pool.padding = 1;
+        m->pool.kernel_w = v->pool.kernel_w = 2;
+        m->pool.stride_w = v->pool.stride_w = 1;
+        m->pool.padding_w = v->pool.padding_w = MLC_ZERO_INT;
+        CHECK_TENSOR(mlc_forward(m, x), want[0], 0);
+        CHECK_TENSOR(mlc_forward(v, x), want[1], 1e-6);
+        CHECK(mlc_max_pool2d_opts(x, 3, (mlc_pool_opts){ .kernel_w = 2, .padding_w = 2 }) == NULL);
+        CHECK(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "padding (0, 2)"));
+        mlc_clear_error(ctx);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
 /* Every element of t equals want (NaN where want is NaN) */
 static int same_with_nan(mlc_tensor *t, const float *want) {
     const float *d = t ? mlc_host_data(t) : NULL;
@@ -1452,6 +1573,7 @@ const test_case tests_ops[] = {
     TEST(nan_in_max_argmax_and_max_pool)
     TEST(pooling_ceil_mode)
     TEST(pooling_exclude_pad)
+    TEST(pooling_height_width)
     TEST(cumsum_values_and_gradient)
     TEST(tanh_within_4_ulp)
     TEST(softmax_axes)
@@ -1475,6 +1597,7 @@ const test_case tests_ops[] = {
     TEST(embedding_values)
     TEST(conv2d_hand_values)
     TEST(conv2d_groups_bias)
+    TEST(conv2d_height_width)
     TEST(conv2d_against_direct_loop)
     TEST(conv2d_one_image_against_direct_loop)
     TEST(conv2d_images_in_threads_match_one_by_one)

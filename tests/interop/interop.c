@@ -47,7 +47,7 @@ static void compare(const char *model, const char *what, mlc_tensor *got, mlc_te
 }
 
 static mlc_module *build(mlc_ctx *ctx, const char *name) {
-    mlc_conv_opts pad = { 0, 1, 0, 0 };
+    mlc_conv_opts pad = { .padding = 1 };
     if (strcmp(name, "mlp") == 0)
         return mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 20, 32), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 32, 16),
                                  mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 16, 4), NULL);
