@@ -167,7 +167,7 @@ test-examples: $(BUILD)/fashion_mnist
 
 # Other CPUs and compilers: the suite on i686 (x87 floating point) and s390x (big-endian) under
 # qemu-user, and examples/mlp.c giving identical losses with gcc, clang and tcc (needs Debian's
-# gcc-i686-linux-gnu, gcc-s390x-linux-gnu, qemu-user, clang, tcc). About 2 minutes.
+# gcc-i686-linux-gnu, gcc-s390x-linux-gnu, qemu-user, clang, tcc). About 45 s on a quiet machine.
 portability:
 	sh tests/portability.sh
 
