@@ -259,6 +259,43 @@ static int adam_amsgrad_against_pytorch(void) {
     return 1;
 }
 
+/* Adam's loop runs 8 floats at a time where the CPU has AVX, one at a time for the rest: a
+   parameter of 43 elements (5 blocks and a tail of 3) must step as 43 one-element parameters
+   do (always the scalar loop), for Adam, AdamW and AMSGrad, over several steps with gradients
+   of either sign and magnitudes from 1e-3 to 10. */
+static int adam_blocks_equal_the_loop(void) {
+    enum { N = 43 };
+    int kind, s, j;
+    for (kind = 0; kind < 3; kind++) {
+        mlc_ctx *ctx = test_ctx(1);
+        mlc_adam_config cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, kind == 2 };
+        mlc_optim *whole = kind == 1 ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg),
+                  *single = kind == 1 ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg);
+        mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(N)), *q[N];
+        CHECK(p && whole && single && mlc_optim_add_param(whole, p) == MLC_OK);
+        for (j = 0; j < N; j++) {
+            q[j] = mlc_parameter(ctx, MLC_SHAPE(1));
+            CHECK(q[j] && mlc_optim_add_param(single, q[j]) == MLC_OK);
+            mlc_host_data(p)[j] = mlc_host_data(q[j])[0] = 0.1f * (float)(j % 7) - 0.3f;
+        }
+        for (s = 0; s < 5; s++) {
+            for (j = 0; j < N; j++) {       /* g = ±10^(j % 5 - 3), its sign turning with the step */
+                float g = powf(10.0f, (float)(j % 5 - 3)) * ((j + s) % 3 ? 1.0f : -1.0f);
+                mlc_host_grad(p)[j] = mlc_host_grad(q[j])[0] = g;
+            }
+            mlc_step(whole);
+            mlc_step(single);
+            for (j = 0; j < N; j++)
+                CHECK_MSG(fabsf(mlc_host_data(p)[j] - mlc_host_data(q[j])[0]) <= 1e-6f * fabsf(mlc_host_data(q[j])[0]),
+                          "kind %d step %d element %d: %.9g in blocks, %.9g alone", kind, s + 1, j,
+                          (double)mlc_host_data(p)[j], (double)mlc_host_data(q[j])[0]);
+        }
+        CHECK(mlc_error(ctx) == MLC_OK);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 /* ---------- RMSprop ---------- */
 
 typedef struct rms_ref { double lr, alpha, eps, wd, mu; int centered; } rms_ref;
@@ -572,6 +609,7 @@ const test_case tests_optim[] = {
     TEST(adam_three_steps)
     TEST(adam_l2_versus_adamw)
     TEST(adam_amsgrad_against_pytorch)
+    TEST(adam_blocks_equal_the_loop)
     TEST(rmsprop_plain)
     TEST(rmsprop_centered)
     TEST(rmsprop_momentum)
