@@ -220,6 +220,7 @@ typedef struct mlc_config {             /* zero means default for every field */
     size_t arena_bytes;                 /*   grown (full: MLC_ERR_MEMORY); see MEMORY        */
     mlc_gemm_fn gemm;                   /* every matrix product goes here when set (BLAS)    */
     void *gemm_user;
+    int threads;                        /* threads for ops; 0: see mlc_set_threads           */
 } mlc_config;
 
 typedef struct mlc_stats {
@@ -239,6 +240,12 @@ MLCDEF mlc_result mlc_error(const mlc_ctx *ctx);
 MLCDEF const char *mlc_error_message(const mlc_ctx *ctx);
 MLCDEF void mlc_clear_error(mlc_ctx *ctx);
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
+/* Threads the ops share their work with (the caller's and workers mlc starts on first use):
+   n >= 1, or 0 for the default: $OMP_NUM_THREADS when set (under -fopenmp, OpenMP's own
+   setting, omp_set_num_threads included), else every online CPU. Builds without POSIX threads
+   (or with MLC_NO_THREADS) run on the caller only; mlc_threads says what a context uses. */
+MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n);
+MLCDEF int mlc_threads(const mlc_ctx *ctx);
 
 /* Per-context random numbers (PCG32): reproducible across platforms and runs. */
 MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed);
@@ -869,6 +876,20 @@ typedef double mlc__sum_t;
 #else
 #define MLC__OMP(x)
 #endif
+
+/* Threads of mlc's own (see "Threads"): POSIX threads where the C library has them without
+   -pthread (glibc 2.34 on, Apple, and an OpenMP build, which links them anyway); MLC_THREADS
+   asks for them elsewhere (link with -pthread), MLC_NO_THREADS keeps every op on the caller. */
+#if !defined(MLC_NO_THREADS) && !defined(MLC_NO_MALLOC) && (defined(__GNUC__) || defined(__clang__)) \
+    && !defined(__TINYC__) && (defined(__unix__) || defined(__APPLE__)) \
+    && (defined(MLC_THREADS) || defined(_OPENMP) || defined(__APPLE__) \
+        || (defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)))
+#define MLC__THREADS 1
+#include <pthread.h>
+#include <unistd.h>
+#else
+#define MLC__THREADS 0
+#endif
 #ifdef __cplusplus
 #define MLC__RESTRICT __restrict
 #else
@@ -1019,7 +1040,12 @@ struct mlc_ctx {
     uint64_t frame_ids[MLC__MAX_FRAMES]; /* the id of each open frame, outermost first */
     uint64_t frames_made;              /* frame ids handed out */
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
+    int threads;                       /* threads for ops (mlc_set_threads), at least 1 */
+    struct mlc__workers *workers;      /* the worker threads, started on first use (see Threads) */
 };
+#if MLC__THREADS
+static void mlc__workers_stop(mlc_ctx *ctx);
+#endif
 
 /* A float's bits: the one way mlc tests for NaN, infinity, zero and MLC_ZERO, since -ffast-math
    (-ffinite-math-only, -fno-signed-zeros, subnormals flushed) may fold x != x and isnan(x), or
@@ -1442,6 +1468,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
     ctx->buffers.refuse_from = -1;
     mlc_seed(ctx, cfg.seed);
+    mlc_set_threads(ctx, cfg.threads);
     if (cfg.arena) mlc__arena_fixed(ctx);
     device = cfg.device;
 #if !defined(MLC_NO_STDIO) && !defined(MLC_NO_MALLOC)
@@ -1466,6 +1493,9 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     mlc_allocator a;
     if (!ctx) return;
     if (ctx->backend) mlc__device_close(ctx);
+#if MLC__THREADS
+    mlc__workers_stop(ctx);
+#endif
     while (ctx->owned.next != &ctx->owned)
         mlc__owned_free(ctx, (unsigned char *)ctx->owned.next + sizeof(mlc__owned) + 16);
     for (b = ctx->config.arena ? NULL : ctx->first_block; b; b = next) {   /* a fixed arena is the caller's */
@@ -2139,29 +2169,199 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
     return (int)v;
 }
 
-/* Threads (OpenMP when built with -fopenmp). Starting a parallel region costs about 0.4 µs,
-   more than a small op's whole work, so work below a size runs on the calling thread and no
-   region starts at all. mlc__parallel calls fn(arg, piece, begin, end) on `pieces` even
-   slices of [0, n) (one per thread; piece numbers each slice, for per-slice scratch), or once
-   on all of [0, n) when n < parallel_from or there is one thread. */
-#ifdef _OPENMP
-/* a share stays on its thread */
-static int mlc__threads(void) { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
-#else
-static int mlc__threads(void) { return 1; }
-#endif
+/* ============================================================================================
+   Threads
+   Ops share their work out through mlc__parallel: fn(arg, piece, begin, end) on `pieces` even
+   slices of [0, n), one per thread (piece numbers each slice, for per-slice scratch), or once
+   on all of [0, n) when n < parallel_from or there is one thread (work below a size runs on
+   the caller: handing it out costs more than it saves).
+   The threads are the caller and a pool of workers the context starts on first use (POSIX
+   threads). The pieces of a job are claimed through one atomic counter, by the workers and by
+   the caller alike, so a worker the system has not run yet (more threads than free cores)
+   leaves its piece to the caller instead of stalling it; only a piece already begun is
+   waited for. Between jobs the workers spin a moment (ops follow each other within
+   microseconds), then sleep until the next. A piece's own products and maps stay on its
+   thread. Without threads (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or
+   under OpenMP where that is what the build has.
+   ============================================================================================ */
+enum { MLC__MAX_THREADS = 64, MLC__SPINS = 20000 };
 
 typedef void (*mlc__range_fn)(void *arg, int piece, size_t begin, size_t end);
 
-static int mlc__pieces(size_t n, size_t parallel_from) {
-    int threads = n >= parallel_from ? mlc__threads() : 1;
+#if MLC__THREADS
+/* A job's counter packs its number, its piece count and the next piece to claim:
+   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS < 1024) */
+typedef struct mlc__workers mlc__workers;
+struct mlc__workers {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, finished;      /* a job for sleeping workers; the caller's last piece */
+    pthread_t worker[MLC__MAX_THREADS - 1];
+    int started, sleeping, caller_waiting, quit; /* under lock */
+    int busy;                           /* a job is running: what its pieces start stays on their thread */
+    mlc__range_fn fn;                   /* the job: fn(arg, piece, begin, end) over slices of [0, n) */
+    void *arg;
+    size_t n;
+    uint64_t claim;                     /* job << 20 | pieces << 10 | next piece */
+    int done;                           /* pieces finished */
+};
+
+static void mlc__pause(void) {
+#if MLC__X86
+    _mm_pause();
+#endif
+}
+
+/* Claim and run pieces of the job until none is left (is_caller: the caller does not signal
+   itself); returns the number of the job it saw. */
+static uint64_t mlc__claim_pieces(mlc__workers *pool, int is_caller) {
+    uint64_t c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+    for (;;) {
+        int pieces = (int)(c >> 10 & 1023), p = (int)(c & 1023);
+        if (p >= pieces) return c >> 20;
+        if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            size_t n = pool->n;            /* the job stays as it is until its last piece is done */
+            pool->fn(pool->arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+            if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && !is_caller) {
+                pthread_mutex_lock(&pool->lock);
+                if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
+                pthread_mutex_unlock(&pool->lock);
+            }
+            c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+        }
+    }
+}
+
+static void *mlc__worker_main(void *arg) {
+    mlc__workers *pool = (mlc__workers *)arg;
+    uint64_t seen = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20;
+    for (;;) {
+        int spins = 0;
+        while ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen && spins++ < MLC__SPINS)
+            mlc__pause();
+        if ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen) {
+            int quit;
+            pthread_mutex_lock(&pool->lock);
+            pool->sleeping++;
+            while ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen && !pool->quit)
+                pthread_cond_wait(&pool->wake, &pool->lock);
+            pool->sleeping--;
+            quit = pool->quit;
+            pthread_mutex_unlock(&pool->lock);
+            if (quit) return NULL;
+        }
+        seen = mlc__claim_pieces(pool, 0);
+    }
+}
+
+/* The context's pool with at least `workers` workers (as many as could start); 0 when none */
+static int mlc__workers_start(mlc_ctx *ctx, int workers) {
+    mlc__workers *pool = ctx->workers;
+    if (!pool) {
+        pool = (mlc__workers *)mlc__heap_alloc(ctx, sizeof *pool);
+        if (!pool) return 0;
+        memset(pool, 0, sizeof *pool);
+        if (pthread_mutex_init(&pool->lock, NULL) != 0) { mlc__heap_free(ctx, pool); return 0; }
+        if (pthread_cond_init(&pool->wake, NULL) != 0) {
+            pthread_mutex_destroy(&pool->lock);
+            mlc__heap_free(ctx, pool);
+            return 0;
+        }
+        if (pthread_cond_init(&pool->finished, NULL) != 0) {
+            pthread_cond_destroy(&pool->wake);
+            pthread_mutex_destroy(&pool->lock);
+            mlc__heap_free(ctx, pool);
+            return 0;
+        }
+        ctx->workers = pool;
+    }
+    while (pool->started < workers
+           && pthread_create(&pool->worker[pool->started], NULL, mlc__worker_main, pool) == 0)
+        pool->started++;
+    return pool->started;
+}
+
+static void mlc__workers_stop(mlc_ctx *ctx) {
+    mlc__workers *pool = ctx->workers;
+    int i;
+    if (!pool) return;
+    pthread_mutex_lock(&pool->lock);
+    pool->quit = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (i = 0; i < pool->started; i++) pthread_join(pool->worker[i], NULL);
+    pthread_cond_destroy(&pool->finished);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->lock);
+    mlc__heap_free(ctx, pool);
+    ctx->workers = NULL;
+}
+
+/* One job on the pool: publish it, wake sleeping workers, take pieces, wait for the rest. */
+static void mlc__workers_run(mlc__workers *pool, size_t n, int pieces, mlc__range_fn fn, void *arg) {
+    uint64_t job = (__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1;
+    int spins = 0;
+    pool->fn = fn; pool->arg = arg; pool->n = n;
+    __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool->busy, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&pool->lock);
+    __atomic_store_n(&pool->claim, job << 20 | (uint64_t)pieces << 10, __ATOMIC_RELEASE);
+    if (pool->sleeping) pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    mlc__claim_pieces(pool, 1);
+    while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pieces) {
+        if (spins++ < MLC__SPINS) { mlc__pause(); continue; }
+        pthread_mutex_lock(&pool->lock);    /* a worker was preempted inside its piece: sleep */
+        pool->caller_waiting = 1;
+        while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pieces)
+            pthread_cond_wait(&pool->finished, &pool->lock);
+        pool->caller_waiting = 0;
+        pthread_mutex_unlock(&pool->lock);
+    }
+    __atomic_store_n(&pool->busy, 0, __ATOMIC_RELAXED);
+}
+#endif
+
+MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n) {
+    if (!ctx) return;
+    if (n < 0) { mlc__fail(ctx, MLC_ERR_ARG, "mlc_set_threads: %d threads is not valid", n); return; }
+    ctx->threads = n;
+#if MLC__THREADS && !defined(_OPENMP) && !defined(MLC_NO_STDIO)
+    if (n == 0) {                       /* the default, read once (OpenMP's is read at each op) */
+        const char *env = getenv("OMP_NUM_THREADS");
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        ctx->threads = env && atoi(env) > 0 ? atoi(env) : cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+    }
+#endif
+}
+
+/* The threads an op may use now: 1 inside a piece of a job */
+static int mlc__threads(const mlc_ctx *ctx) {
+    int n = ctx->threads;
+#if MLC__THREADS
+    if (ctx->workers && __atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED)) return 1;
+#endif
+#ifdef _OPENMP
+    if (n == 0) n = omp_get_max_threads();
+#elif !MLC__THREADS
+    n = 1;
+#endif
+    return n < 1 ? 1 : n > MLC__MAX_THREADS ? MLC__MAX_THREADS : n;
+}
+
+MLCDEF int mlc_threads(const mlc_ctx *ctx) { return ctx ? mlc__threads(ctx) : 0; }
+
+static int mlc__pieces(const mlc_ctx *ctx, size_t n, size_t parallel_from) {
+    int threads = n >= parallel_from ? mlc__threads(ctx) : 1;
     return n < (size_t)threads ? (int)(n ? n : 1) : threads;
 }
 
-static void mlc__parallel(size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
-    int pieces = mlc__pieces(n, parallel_from), p;
+static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
+    int pieces = mlc__pieces(ctx, n, parallel_from), p;
     if (pieces == 1) { if (n) fn(arg, 0, 0, n); return; }
-    MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))
+#if MLC__THREADS
+    if (mlc__workers_start(ctx, pieces - 1)) { mlc__workers_run(ctx->workers, n, pieces, fn, arg); return; }
+#endif
+    MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))   /* no pool: OpenMP or in turn */
     for (p = 0; p < pieces; p++)
         fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
@@ -2536,7 +2736,7 @@ static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t en
 }
 
 static void mlc__unary_backward(mlc__node *n) {
-    if (mlc__grad(n->in[0])) mlc__parallel(n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
+    if (mlc__grad(n->in[0])) mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
 }
 
 static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, float q) {
@@ -2550,7 +2750,7 @@ static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, floa
     mlc__call(&call, MLC__OP_UNARY, op, out, x, NULL, NULL, NULL);
     call.args.unary.kind = kind; call.args.unary.p = p; call.args.unary.q = q;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__parallel(x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
+    if (where == 0) mlc__parallel(ctx, x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
     mlc__record(&call);
     return out;
 }
@@ -2730,39 +2930,28 @@ static const mlc__gemm_arch *mlc__gemm_pick(void) {
     return &mlc__gemm_generic;
 }
 
-/* this thread's number in the product's parallel region, and how many threads it got */
-#ifdef _OPENMP
-static int mlc__gemm_thread(void) { return omp_get_thread_num(); }
-static int mlc__gemm_team(void) { return omp_get_num_threads(); }
-#else
-static int mlc__gemm_thread(void) { return 0; }
-static int mlc__gemm_team(void) { return 1; }
-#endif
-
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* How a product (M, K >= 1) is cut for kernel g on `threads` threads: K into equal slices of
-   kc <= g->kc, M into A blocks of equal height mc (a multiple of MR, <= g->mc), as many blocks
-   as threads at least, so the threads share the work evenly */
-static void mlc__gemm_cut(const mlc__gemm_arch *g, int M, int K, int threads, int *kc, int *mc) {
+/* How a product (M, K >= 1) is cut for kernel g: K into equal slices of kc <= g->kc, M into A
+   blocks of equal height mc (a multiple of MR, <= g->mc) */
+static void mlc__gemm_cut(const mlc__gemm_arch *g, int M, int K, int *kc, int *mc) {
     int kblocks = (K + g->kc - 1) / g->kc, mblocks = (M + g->mc - 1) / g->mc;
     *kc = (K + kblocks - 1) / kblocks;
-    if (mblocks < threads) mblocks = threads < (M + g->mr - 1) / g->mr ? threads : (M + g->mr - 1) / g->mr;
-    else mblocks = mlc__gemm_round_up(mblocks, threads);
     *mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, g->mr);
 }
 
-/* `work` for kernel g holds one packed B panel, then one packed A block per thread, each as
-   large as the product's cut needs and rounded to a multiple of 16 floats so all start 64-byte aligned */
+/* `work` for kernel g holds one packed B panel, then one packed A block, rounded to a multiple
+   of 16 floats so both start 64-byte aligned; the block is sized for any M up to the given one
+   (a thread's share of rows has its own cut) */
 static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int kc) {
     return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * kc + 15) / 16 * 16;
 }
-static size_t mlc__gemm_a_floats(int mc, int kc) { return ((size_t)mc * kc + 15) / 16 * 16; }
-static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K, int threads) {
+static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K) {
     int kc, mc;
     if (M < 1 || N < 1 || K < 1) return 0;              /* an empty product packs nothing */
-    mlc__gemm_cut(g, M, K, threads, &kc, &mc);
-    return mlc__gemm_b_floats(g, N, kc) + (size_t)threads * mlc__gemm_a_floats(mc, kc);
+    mlc__gemm_cut(g, M, K, &kc, &mc);
+    mc = mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr);
+    return mlc__gemm_b_floats(g, N, kc) + ((size_t)mc * kc + 15) / 16 * 16;
 }
 
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
@@ -2775,79 +2964,87 @@ static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, i
     }
 }
 
-typedef struct mlc__gemm_job {          /* one packed product, shared by the threads that run it */
+typedef struct mlc__gemm_job {          /* one packed product (or a block of columns or rows of one) */
     const mlc__gemm_arch *g;
-    int M, N, K, kc, mc;
+    int M, N, K;
     const float *A, *B;
-    /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx] */
-    size_t a_sx, a_sk, b_sx, b_sk;
+    /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx], C[i, j] = C[i*ldc + j] */
+    size_t a_sx, a_sk, b_sx, b_sk, ldc;
     float beta, *C, *work;
+    int split_rows;                     /* threads share: 1 rows of C (MR at a time), 0 columns (NR) */
+    size_t work_floats;                 /* each thread's share of work */
 } mlc__gemm_job;
 
-/* The loops over blocks, run by each of the product's threads (thread of threads): each packs
-   its share of the B slivers, all wait, each computes its share of the A blocks, all wait.
-   The shares are worked out here rather than with `omp for`, which would bind to a region
-   the caller may be in (conv2d's threads each run a product of their own). */
-static void mlc__gemm_blocks(const mlc__gemm_job *p, int thread, int threads) {
+/* The loops over blocks: for each panel of B (packed), each block of A (packed), the kernel
+   over the tiles of C. */
+static void mlc__gemm_blocks(const mlc__gemm_job *p) {
     const mlc__gemm_arch *g = p->g;
-    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, blocks = (M + p->mc - 1) / p->mc;
-    float *bp = p->work,
-          *ap = p->work + mlc__gemm_b_floats(g, N, p->kc) + (size_t)thread * mlc__gemm_a_floats(p->mc, p->kc);
-    int jc, pc;
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
+    int jc, pc, kc, mc;
+    float *bp = p->work, *ap;
+    mlc__gemm_cut(g, M, K, &kc, &mc);
+    ap = p->work + mlc__gemm_b_floats(g, N, kc);
     for (jc = 0; jc < N; jc += g->nc) {
-        int nc = N - jc < g->nc ? N - jc : g->nc, slivers = (nc + nr - 1) / nr;
-        for (pc = 0; pc < K; pc += p->kc) {
-            int kk = K - pc < p->kc ? K - pc : p->kc, add = pc > 0 || p->beta != 0.0f, jr, ic, at;
-            for (at = slivers * thread / threads; at < slivers * (thread + 1) / threads; at++) {
-                jr = at * nr;
+        int nc = N - jc < g->nc ? N - jc : g->nc;
+        for (pc = 0; pc < K; pc += kc) {
+            int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || p->beta != 0.0f, jr, ic;
+            for (jr = 0; jr < nc; jr += nr)
                 mlc__gemm_pack(bp + (size_t)jr * kk,
                                p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
                                nc - jr < nr ? nc - jr : nr, kk, nr);
-            }
-            if (threads > 1) { MLC__OMP(omp barrier) }   /* B's panel is packed */
-            for (at = blocks * thread / threads; at < blocks * (thread + 1) / threads; at++) {
-                int m, ir;
-                ic = at * p->mc;
-                m = M - ic < p->mc ? M - ic : p->mc;
+            for (ic = 0; ic < M; ic += mc) {
+                int m = M - ic < mc ? M - ic : mc, ir;
                 for (ir = 0; ir < m; ir += mr)
                     mlc__gemm_pack(ap + (size_t)ir * kk,
                                    p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx,
                                    p->a_sk, m - ir < mr ? m - ir : mr, kk, mr);
                 for (jr = 0; jr < nc; jr += nr) {
                     for (ir = 0; ir < m; ir += mr) {
-                        float *c = p->C + (size_t)(ic + ir) * N + jc + jr,
+                        float *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
                               tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
                         int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
                         if (mm == mr && nn == nr) {
-                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, N, add);
+                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, (int)p->ldc, add);
                             continue;
                         }
                         /* edge: full tile aside */
                         g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);
                         for (i = 0; i < mm; i++)
                             for (j = 0; j < nn; j++)
-                                c[(size_t)i * N + j] = add ? c[(size_t)i * N + j] + tile[i * nr + j]
-                                                           : tile[i * nr + j];
+                                c[(size_t)i * p->ldc + j] = add ? c[(size_t)i * p->ldc + j] + tile[i * nr + j]
+                                                                : tile[i * nr + j];
                     }
                 }
             }
-            if (threads > 1) { MLC__OMP(omp barrier) }   /* done with the panel */
         }
     }
 }
 
-/* the packed product with kernel g on `threads` threads (1: no parallel region), for K >= 1;
-   work holds mlc__gemm_work_floats(g, M, N, K, threads) floats */
-static void mlc__gemm_packed(const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K, const float *A,
-                             const float *B, float beta, float *C, float *work, int threads) {
-    mlc__gemm_job p;
+/* The product with kernel g, its operands' layout set up in p (all but the split) */
+static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, int tb, int M, int N, int K,
+                             const float *A, const float *B, float beta, float *C) {
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
-    p.g = g; p.M = M; p.N = N; p.K = K; p.A = A; p.B = B; p.beta = beta; p.C = C; p.work = work;
-    p.a_sx = ta ? 1 : lda; p.a_sk = ta ? lda : 1; p.b_sx = tb ? ldb : 1; p.b_sk = tb ? 1 : ldb;
-    mlc__gemm_cut(g, M, K, threads, &p.kc, &p.mc);
-    if (threads == 1) { mlc__gemm_blocks(&p, 0, 1); return; }
-    MLC__OMP(omp parallel num_threads(threads))
-    mlc__gemm_blocks(&p, mlc__gemm_thread(), mlc__gemm_team());
+    p->g = g; p->M = M; p->N = N; p->K = K; p->A = A; p->B = B; p->beta = beta; p->C = C; p->ldc = (size_t)N;
+    p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
+    p->split_rows = 0; p->work = NULL; p->work_floats = 0;
+}
+
+/* Units [begin, end) of a product's rows (MR each) or columns (NR each), as a product of its
+   own on this thread with the thread's share of the work, for mlc__parallel. Each thread packs
+   what its part needs, so the threads never wait for each other inside a product. */
+static void mlc__gemm_part(void *arg, int piece, size_t begin, size_t end) {
+    mlc__gemm_job part = *(const mlc__gemm_job *)arg;
+    int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit,
+        to = (int)end * unit;
+    part.work += (size_t)piece * part.work_floats;
+    if (part.split_rows) {
+        if (to > part.M) to = part.M;
+        part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
+    } else {
+        if (to > part.N) to = part.N;
+        part.B += (size_t)from * part.b_sx; part.C += from; part.N = to - from;
+    }
+    mlc__gemm_blocks(&part);
 }
 
 /* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
@@ -2967,16 +3164,16 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
         }
 }
 
-static void mlc__gemm_direct(int ta, int tb, int M, int N, int K, const float *A, const float *B, float beta,
-                             float *C) {
+static void mlc__gemm_direct(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                             float beta, float *C) {
     mlc__gemm_direct_job d;
     if (N == 1 && M > 1) {                 /* C [M, 1] is also Cᵀ [1, M] = op(B)ᵀ op(A)ᵀ: one row */
-        mlc__gemm_direct(!tb, !ta, 1, M, K, B, A, beta, C);
+        mlc__gemm_direct(ctx, !tb, !ta, 1, M, K, B, A, beta, C);
         return;
     }
     if (beta == 0.0f) memset(C, 0, (size_t)M * N * sizeof(float));
     d.ta = ta; d.tb = tb; d.M = M; d.N = N; d.K = K; d.A = A; d.B = B; d.C = C;
-    mlc__parallel((size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1,
+    mlc__parallel(ctx, (size_t)N, (size_t)(MLC__GEMM_PARALLEL / ((long long)M * K + 1)) + 1,
                   mlc__gemm_direct_slice, &d);
 }
 
@@ -3004,18 +3201,29 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
         return;
     }
     if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS || (!work && ctx->config.arena)) {
-        mlc__gemm_direct(ta, tb, M, N, K, A, B, beta, C);   /* (a fixed arena: no packing workspace) */
+        mlc__gemm_direct(ctx, ta, tb, M, N, K, A, B, beta, C);   /* (a fixed arena: no packing workspace) */
         return;
     }
-    if (work) { mlc__gemm_packed(mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C, work, 1); return; }
-    {   /* the packing workspace: arena scratch, released at once (the arena keeps the block) */
-        const mlc__gemm_arch *g = mlc__gemm_pick();
-        int threads = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? 1 : mlc__threads();
-        mlc_frame scratch = mlc_frame_begin(ctx);
-        work = mlc__floats(ctx, mlc__gemm_work_floats(g, M, N, K, threads), "mlc_gemm");
-        if (work) mlc__gemm_packed(g, ta, tb, M, N, K, A, B, beta, C, work, threads);
-        else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
-        mlc_frame_end(scratch);
+    {
+        mlc__gemm_job job;
+        mlc__gemm_layout(&job, mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C);
+        if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
+        {   /* the threads share the longer side of C; the packing workspace is arena scratch,
+               released at once (the arena keeps the block) */
+            const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
+            size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
+            int pieces;
+            mlc_frame scratch = mlc_frame_begin(ctx);
+            job.split_rows = rows > cols;
+            units = (size_t)(job.split_rows ? rows : cols);
+            pieces = mlc__pieces(ctx, units, from);
+            job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? (int)(units + pieces - 1) / pieces * mr : M,
+                                                    job.split_rows ? N : (int)(units + pieces - 1) / pieces * nr, K);
+            job.work = mlc__floats(ctx, job.work_floats * (size_t)pieces, "mlc_gemm");
+            if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
+            else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
+            mlc_frame_end(scratch);
+        }
     }
 #endif
 }
@@ -3048,7 +3256,7 @@ static size_t mlc__gemm_work(int M, int N, int K) {
     (void)M; (void)N; (void)K;
     return 0;
 #else
-    return mlc__gemm_work_floats(mlc__gemm_pick(), M, N, K, 1);
+    return mlc__gemm_work_floats(mlc__gemm_pick(), M, N, K);
 #endif
 }
 
@@ -4252,11 +4460,11 @@ static void mlc__im2col_channels(void *arg, int piece, size_t begin, size_t end)
     mlc__im2col(job->cv, (int)begin, (int)end, job->x, job->col);
 }
 
-static void mlc__im2col_threads(const mlc__conv *cv, int channels, const float *x, float *col) {
+static void mlc__im2col_threads(mlc_ctx *ctx, const mlc__conv *cv, int channels, const float *x, float *col) {
     mlc__im2col_job job;
     size_t per_channel = (size_t)cv->KH * cv->KW * cv->OH * cv->OW;
     job.cv = cv; job.x = x; job.col = col;
-    mlc__parallel((size_t)channels, MLC__IM2COL_PARALLEL / per_channel + 1, mlc__im2col_channels, &job);
+    mlc__parallel(ctx, (size_t)channels, MLC__IM2COL_PARALLEL / per_channel + 1, mlc__im2col_channels, &job);
 }
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */
@@ -4303,7 +4511,7 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     memset(job, 0, sizeof *job);
     job->ctx = ctx; job->cv = cv;
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
-    job->pieces = mlc__pieces((size_t)cv->N, job->parallel_from);
+    job->pieces = mlc__pieces(ctx, (size_t)cv->N, job->parallel_from);
     job->col_floats = ((size_t)rows * P + 15) / 16 * 16;
     job->work_floats = job->pieces > 1 ? (w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3)) : 0;
     job->piece_floats = job->col_floats + job->work_floats
@@ -4330,7 +4538,7 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
                 MLC__OMP(omp simd)
                 for (q = 0; q < P; q++) row[q] = b;
             }
-            mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+            mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
             mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col,
                       job->bias ? 1.0f : 0.0f, y, work);
         }
@@ -4353,7 +4561,7 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
         for (g = 0; g < cv->groups; g++) {
             const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
             if (job->gw) {
-                mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
                 mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
             }
             if (job->gx) {
@@ -4377,7 +4585,7 @@ static void mlc__conv2d_backward(mlc__node *n) {
     if (!mlc__conv_plan(&job, x->ctx, cv, 1, "mlc_conv2d backward")) return;
     job.x = x->data; job.w = w->data; job.dy = n->out->grad;
     job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
-    mlc__parallel((size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
+    mlc__parallel(x->ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
     for (p = 0; job.pieces > 1 && p < job.pieces; p++) {     /* the pieces' partial sums */
         const float *part = job.scratch + (size_t)p * job.piece_floats + job.col_floats + job.work_floats;
         if (job.gw) mlc__axpy((size_t)cv->O * rows, 1.0f, part, job.gw);
@@ -4454,7 +4662,7 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     if (where == 1) { mlc__record(&call); return out; }
     if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;
     job.x = x->data; job.w = weight->data; job.bias = bias ? bias->data : NULL; job.y = out->data;
-    mlc__parallel((size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
+    mlc__parallel(ctx, (size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
     mlc__record(&call);
     return out;
 }
@@ -4642,7 +4850,7 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) {
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
     mlc__pool_job_of(&job, n, mlc__grad(n->in[0]), (int *)n->saved);
-    mlc__parallel((size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
+    mlc__parallel(n->out->ctx, (size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
                   mlc__pool_planes_backward, &job);
 }
 
@@ -4693,7 +4901,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     if (is_max && mlc__recording(&call)
         && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op)))
         return NULL;
-    mlc__parallel((size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
+    mlc__parallel(ctx, (size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
     call.saved = job.argmax;
     mlc__record(&call);
     return out;
@@ -4851,7 +5059,7 @@ static int mlc__attention_plan(mlc__attention_job *job, size_t *parallel_from, c
     job->q = n->in[0]->data; job->k = n->in[1]->data; job->v = n->in[2]->data;
     job->mask = n->in[3] ? n->in[3]->data : NULL;
     *parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
-    pieces = mlc__pieces((size_t)a->B * (size_t)a->H, *parallel_from);
+    pieces = mlc__pieces(ctx, (size_t)a->B * (size_t)a->H, *parallel_from);
     products[0] = mlc__gemm_work(a->T, a->S, a->D); products[1] = mlc__gemm_work(a->T, a->Dv, a->S);
     products[2] = mlc__gemm_work(a->T, a->S, a->Dv); products[3] = mlc__gemm_work(a->S, a->Dv, a->T);
     products[4] = mlc__gemm_work(a->T, a->D, a->S); products[5] = mlc__gemm_work(a->S, a->D, a->T);
@@ -4869,7 +5077,7 @@ static void mlc__attention_backward(mlc__node *n) {
     if (!mlc__attention_plan(&job, &parallel_from, n, 2, "mlc_attention backward")) return;
     job.lse = (const float *)n->saved; job.g = n->out->grad;
     job.gq = mlc__grad(n->in[0]); job.gk = mlc__grad(n->in[1]); job.gv = mlc__grad(n->in[2]);
-    mlc__parallel(heads, parallel_from, mlc__attention_backward_heads, &job);
+    mlc__parallel(job.ctx, heads, parallel_from, mlc__attention_backward_heads, &job);
 }
 
 /* The mask's strides along b, h, i, j of the scores [B, H, T, S] (0 where it broadcasts); 0
@@ -4931,7 +5139,7 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
         job.save_lse = mlc__floats(ctx, (size_t)a->B * (size_t)a->H * (size_t)a->T + 1, "mlc_attention");
         call.saved = job.save_lse;
         if (!job.save_lse) return NULL;
-        mlc__parallel((size_t)a->B * (size_t)a->H, parallel_from, mlc__attention_heads, &job);
+        mlc__parallel(ctx, (size_t)a->B * (size_t)a->H, parallel_from, mlc__attention_heads, &job);
     }
     mlc__record(&call);
     return out;
@@ -6093,7 +6301,7 @@ MLCDEF void mlc_step(mlc_optim *opt) {
         for (k = 0; k < 3; k++) if (st[k]) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
         mlc__host_wrote(p);
         job.opt = opt; job.i = i;
-        mlc__parallel(p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);
+        mlc__parallel(opt->ctx, p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);
     }
 }
 
