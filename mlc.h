@@ -2954,14 +2954,57 @@ static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K
     return mlc__gemm_b_floats(g, N, kc) + ((size_t)mc * kc + 15) / 16 * 16;
 }
 
+#if MLC__X86
+/* The sliver of a transposed operand (sk = 1: each of its m rows runs along k) in 8 x 8
+   blocks: eight rows of eight floats loaded, transposed in registers, stored as eight runs
+   along x. Does rows [0, m - m % 8) over k in [0, kc - kc % 8); the loop below does the rest. */
+__attribute__((target("avx")))
+static void mlc__gemm_pack_rows_avx(float *dst, const float *src, size_t sx, int m, int kc, int w) {
+    int x, k;
+    for (x = 0; x + 8 <= m; x += 8)
+        for (k = 0; k + 8 <= kc; k += 8) {
+            const float *s = src + (size_t)x * sx + k;
+            float *d = dst + (size_t)k * w + x;
+            __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sx), r2 = _mm256_loadu_ps(s + 2 * sx),
+                   r3 = _mm256_loadu_ps(s + 3 * sx), r4 = _mm256_loadu_ps(s + 4 * sx),
+                   r5 = _mm256_loadu_ps(s + 5 * sx), r6 = _mm256_loadu_ps(s + 6 * sx),
+                   r7 = _mm256_loadu_ps(s + 7 * sx);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                   t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+                   t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                   t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee),
+                   u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee),
+                   u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee),
+                   u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+            _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(d + w, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(d + 2 * w, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(d + 3 * w, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(d + 4 * w, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(d + 5 * w, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(d + 6 * w, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(d + 7 * w, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+}
+#endif
+
 /* Packs one sliver: dst[k*w + x] = src[x*sx + k*sk] for x < m, zero for m <= x < w. */
 static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, int m, int kc, int w) {
-    int k, x;
+    int k, x, blocked_x = 0, blocked_k = 0;
     if (m < w) memset(dst, 0, (size_t)kc * w * sizeof(float));   /* an edge sliver */
-    for (k = 0; k < kc; k++, dst += w, src += sk) {
-        if (sx == 1) memcpy(dst, src, (size_t)m * sizeof(float));
-        else for (x = 0; x < m; x++) dst[x] = src[x * sx];
+    if (sx == 1) {
+        for (k = 0; k < kc; k++) memcpy(dst + (size_t)k * w, src + (size_t)k * sk, (size_t)m * sizeof(float));
+        return;
     }
+#if MLC__X86
+    if (sk == 1 && __builtin_cpu_supports("avx")) {
+        mlc__gemm_pack_rows_avx(dst, src, sx, m, kc, w);
+        blocked_x = m - m % 8; blocked_k = kc - kc % 8;
+    }
+#endif
+    for (k = 0; k < kc; k++)
+        for (x = k < blocked_k ? blocked_x : 0; x < m; x++) dst[(size_t)k * w + x] = src[x * sx + k * sk];
 }
 
 typedef struct mlc__gemm_job {          /* one packed product (or a block of columns or rows of one) */
