@@ -27,7 +27,7 @@ QUICK START
 WHAT MLC DOES NOT DO
    No graph compiler, no double backward (gradients of gradients), no dtypes other than float32
    yet, no views with strides (every tensor is contiguous; reshape shares storage, the other
-   shape ops copy), no threads of its own.
+   shape ops copy).
 
 CONFIGURATION MACROS (define before including)
    MLC_IMPLEMENTATION    emit the implementation in this translation unit
@@ -42,6 +42,9 @@ CONFIGURATION MACROS (define before including)
                          mlc's own polynomial: within 4 ulp, and loops of it vectorise)
    MLC_FLOAT_ONLY        long sums (reductions, softmax, norms, losses) in float instead of
                          double, for FPUs without double (Cortex-M4F: no soft-float calls)
+   MLC_NO_THREADS        every op on the caller's thread (default: a pool of POSIX threads
+                         where the C library has them without -pthread, see mlc_set_threads)
+   MLC_THREADS           the pool on other POSIX systems too (link with -pthread)
    MLC_NO_MALLOC         for bare-metal builds: no reference to malloc, free, getenv, x86
                          intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
                          only from mlc_config.allocator (mlc_create returns NULL without one);

@@ -1,0 +1,119 @@
+/* mlc's own threads: the setting, the same numbers on any thread count, more threads than
+   cores, and contexts that start and stop their workers many times. */
+#include "test.h"
+
+/* Whether this build has mlc's threads (mlc.h: POSIX threads without -pthread from glibc 2.34) */
+#if !defined(MLC_NO_THREADS) && defined(__linux__) && defined(__GLIBC__) && !defined(__TINYC__) \
+    && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+#define HAS_THREADS 1
+#else
+#define HAS_THREADS 0
+#endif
+
+static int threads_setting(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    mlc_ctx *two = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
+    CHECK(ctx && two && mlc_threads(ctx) >= 1);
+    CHECK(mlc_threads(two) == (HAS_THREADS ? 2 : 1));
+    mlc_set_threads(ctx, 3);
+    CHECK(mlc_threads(ctx) == (HAS_THREADS ? 3 : 1));
+    mlc_set_threads(ctx, 1000);                  /* capped at 64 */
+    CHECK(mlc_threads(ctx) == (HAS_THREADS ? 64 : 1));
+    mlc_set_threads(ctx, 0);                     /* the default again */
+    CHECK(mlc_threads(ctx) >= 1 && mlc_error(ctx) == MLC_OK);
+    mlc_set_threads(ctx, -1);
+    CHECK(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "mlc_set_threads"));
+    mlc_set_threads(NULL, 2);
+    CHECK(mlc_threads(NULL) == 0);
+    mlc_destroy(two);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Five Adam steps of a net big enough that every product, map and update is shared out
+   (300-256-10 MLP, batch 64; a conv 3 -> 8 on 8 images of 16 x 16), on `threads` threads. */
+static int train(int threads, float *mlp_out, float *conv_out) {
+    mlc_ctx *ctx = test_ctx(7);
+    mlc_module *l1, *l2, *conv, *net;
+    mlc_optim *opt, *conv_opt;
+    mlc_tensor *x, *y, *images, *w;
+    int s;
+    CHECK(ctx);
+    mlc_set_threads(ctx, threads);
+    l1 = mlc_nn_linear(ctx, 300, 256);
+    l2 = mlc_nn_linear(ctx, 256, 10);
+    net = mlc_nn_sequential(ctx, l1, mlc_nn_relu(ctx), l2, NULL);
+    conv = mlc_nn_conv2d(ctx, 3, 8, 3, (mlc_conv_opts){ .padding = 1 });
+    opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    conv_opt = mlc_adam(ctx, conv, (mlc_adam_config){ .lr = 1e-2f });
+    x = mlc_randn(ctx, MLC_SHAPE(64, 300));
+    y = mlc_randn(ctx, MLC_SHAPE(64, 10));
+    images = mlc_randn(ctx, MLC_SHAPE(8, 3, 16, 16));
+    CHECK(net && conv && opt && conv_opt && x && y && images);
+    for (s = 0; s < 5; s++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
+        mlc_tensor *conv_loss = mlc_sum_all(mlc_mul(mlc_forward(conv, images), mlc_forward(conv, images)));
+        mlc_zero_grad(opt); mlc_zero_grad(conv_opt);
+        CHECK(mlc_backward(loss) == MLC_OK && mlc_backward(conv_loss) == MLC_OK);
+        mlc_step(opt); mlc_step(conv_opt);
+        mlc_frame_end(f);
+    }
+    {
+        mlc_named_tensor p[2];
+        CHECK(mlc_module_parameters(l1, p, 2) == 2 && (w = p[0].tensor) != NULL);   /* weight, bias */
+        memcpy(mlp_out, mlc_host_data(w), 256 * 300 * sizeof(float));
+        CHECK(mlc_module_parameters(conv, p, 2) == 2);
+        memcpy(conv_out, mlc_host_data(p[0].tensor), 8 * 3 * 9 * sizeof(float));
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* Products give equal bits on any thread count (each value of C is the same sum in the same
+   order, whichever thread computes its block); conv2d's weight gradient adds per-thread
+   partial sums, so it agrees to rounding. 3 and 8 threads are more than most test machines
+   have cores: the pieces of a worker that does not get a core go to the caller. */
+static int threads_give_the_same_training(void) {
+    static float mlp1[256 * 300], mlpn[256 * 300], conv1[8 * 27], convn[8 * 27];
+    static const int counts[] = { 2, 3, 8 };
+    int c, i;
+    if (!train(1, mlp1, conv1)) return 0;
+    for (c = 0; c < 3; c++) {
+        if (!train(counts[c], mlpn, convn)) return 0;
+        for (i = 0; i < 256 * 300; i++)
+            CHECK_MSG(test_bits(mlp1[i]) == test_bits(mlpn[i]), "%d threads, weight %d: %.9g, 1 thread %.9g",
+                      counts[c], i, (double)mlpn[i], (double)mlp1[i]);
+        for (i = 0; i < 8 * 27; i++) CHECK_NEAR(convn[i], conv1[i], 1e-5 * (fabs(conv1[i]) + 1e-2));
+    }
+    return 1;
+}
+
+/* Contexts that start workers, run a shared product, and stop them, again and again; and
+   one that changes its thread count between products. */
+static int threads_start_and_stop(void) {
+    enum { N = 160 };
+    static float A[N * N], B[N * N], C[N * N], R[N * N];
+    int round, i;
+    for (i = 0; i < N * N; i++) { A[i] = (float)(i % 13) - 6.0f; B[i] = (float)(i % 7) * 0.5f; }
+    mlc_gemm_reference(0, 1, N, N, N, A, B, 0.0f, R);
+    for (round = 0; round < 40; round++) {
+        mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2 + round % 3, .quiet = 1 });
+        CHECK(ctx);
+        mlc_gemm(ctx, 0, 1, N, N, N, A, B, 0.0f, C);
+        if (round % 2) { mlc_set_threads(ctx, 1 + round % 5); mlc_gemm(ctx, 0, 1, N, N, N, A, B, 0.0f, C); }
+        for (i = 0; i < N * N; i++) CHECK_MSG(test_bits(C[i]) == test_bits(R[i]) || fabsf(C[i] - R[i]) <= 1e-3f,
+                                              "round %d, C[%d] %.9g, expected %.9g", round, i, (double)C[i], (double)R[i]);
+        CHECK(mlc_error(ctx) == MLC_OK);
+        mlc_destroy(ctx);
+    }
+    return 1;
+}
+
+const test_case tests_threads[] = {
+    TEST(threads_setting)
+    TEST(threads_give_the_same_training)
+    TEST(threads_start_and_stop)
+    { NULL, NULL }
+};
