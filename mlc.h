@@ -272,7 +272,9 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int shape[MLC_MAX_DIMS];
     size_t size;                        /* number of elements */
     float *data;                        /* host copy (on a device: current after mlc_host_data) */
-    float *grad;                        /* gradient after mlc_backward, or NULL (likewise)  */
+    float *grad;                        /* gradient after mlc_backward, or NULL; read it    */
+                                        /* with mlc_host_grad: after mlc_zero_grad it counts */
+                                        /* as zeros, written by the next reader or product  */
     int requires_grad;
     int persistent;                     /* 1: heap-owned (parameters), 0: in the frame arena */
     struct mlc__node *node;             /* the op that produced it (NULL for leaves) */
@@ -1010,7 +1012,11 @@ typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_d
     struct mlc__owned *prev, *next;
 } mlc__owned;
 
-enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8 };
+/* What is out of date: the host or device copy of the data or gradient; GRAD_ZERO: the host
+   gradient counts as zeros whatever its buffer holds (mlc_zero_grad leaves the writing of the
+   zeros to the first reader, or to a product that overwrites the buffer: mlc__grad_to_overwrite) */
+enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8,
+       MLC__GRAD_ZERO = 16 };
 
 typedef struct mlc__device_buffer { void *buffer; size_t bytes; int level; } mlc__device_buffer;
 #define MLC__MAX_FRAMES 64              /* frames open at once */
@@ -1653,6 +1659,13 @@ MLCDEF int mlc_devices(mlc_device_info *out, int max) {
 
 MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
 
+/* A gradient that counts as zeros becomes zeros. */
+static void mlc__settle_grad(mlc_tensor *t) {
+    if (!(t->stale & MLC__GRAD_ZERO)) return;
+    t->stale &= ~(unsigned)MLC__GRAD_ZERO;
+    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+}
+
 /* The host copy of t's data (or gradient), brought up to date. */
 static float *mlc__host(mlc_tensor *t) {
     if ((t->stale & MLC__HOST_STALE) && !t->ctx->error) {
@@ -1672,6 +1685,7 @@ static float *mlc__host_grad(mlc_tensor *t) {
         if (!t->ctx->backend->download(t, 1)) return t->grad;
         t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
     }
+    mlc__settle_grad(t);
     return t->grad;
 }
 /* The CPU wrote t's host data (or gradient): the device copy is out of date. */
@@ -1704,6 +1718,7 @@ MLC__FOR_BACKENDS void *mlc__device_in(mlc_tensor *t) {
 MLC__FOR_BACKENDS void *mlc__device_out(mlc_tensor *t, const char *op) { return mlc__buffer_of(t, 0, op); }
 MLC__FOR_BACKENDS void *mlc__device_grad(mlc_tensor *t, int writes, const char *op) {
     int fresh = t->device_grad == NULL;
+    mlc__settle_grad(t);
     if (!mlc__buffer_of(t, 1, op)) return NULL;
     if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
         if (!t->ctx->backend->upload(t, 1)) return NULL;
@@ -1714,14 +1729,15 @@ MLC__FOR_BACKENDS void *mlc__device_grad(mlc_tensor *t, int writes, const char *
 }
 
 /* Zero t's gradient: on the device when it has one there (the host copy is then out of
-   date, and only a read brings the zeros home), else on the host. */
+   date, and only a read brings the zeros home), else on the host, where it only counts as
+   zeros until a reader or an overwriting product comes (MLC__GRAD_ZERO). */
 static void mlc__clear_grad(mlc_tensor *t) {
-    t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+    t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO);
     if (t->device_grad) {
         if (t->ctx->backend->fill(t, 1, 0.0f) && t->grad) t->stale |= MLC__GRAD_HOST_STALE;
         return;
     }
-    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+    if (t->grad) t->stale |= MLC__GRAD_ZERO;
     mlc__host_wrote_grad(t);
 }
 
@@ -1760,6 +1776,7 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
         t->stale = 0;
         t->on_device = 0;
     } else {
+        mlc__settle_grad(t);
         t->on_device = 1;
         t->stale = MLC__DEVICE_STALE | MLC__GRAD_DEVICE_STALE;
         if (!mlc__buffer_of(t, 0, "mlc_to") || (t->grad && !mlc__buffer_of(t, 1, "mlc_to"))) return NULL;
@@ -2136,6 +2153,22 @@ static float *mlc__grad(mlc_tensor *t) {
         if (!(t->stale & MLC__GRAD_HOST_STALE)) mlc__host_wrote_grad(t);   /* else the device holds it */
     }
     return mlc__host_grad(t);
+}
+
+/* Whether t's gradient exists (made, zeros, when missing): one that counts as zeros stays so,
+   for the op's backward to read (mlc__grad) or overwrite (mlc__grad_to_overwrite) */
+static int mlc__grad_made(mlc_tensor *t) {
+    return (t->grad && (t->stale & MLC__GRAD_ZERO)) || mlc__grad(t) != NULL;
+}
+
+/* t's gradient for a product that adds into it with *beta: 0 when the gradient counts as zeros
+   (the product overwrites it, and no zeros are written first), else 1 */
+static float *mlc__grad_to_overwrite(mlc_tensor *t, float *beta) {
+    *beta = 1.0f;
+    if (!t || !t->requires_grad || !t->grad || !(t->stale & MLC__GRAD_ZERO)) return mlc__grad(t);
+    t->stale &= ~(unsigned)MLC__GRAD_ZERO;
+    *beta = 0.0f;
+    return t->grad;
 }
 
 static int mlc__axis(mlc_ctx *ctx, const char *op, const mlc_tensor *x, int *axis) {
@@ -3312,27 +3345,27 @@ static void mlc__gemm_batched(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, i
                               const float *A, size_t sa, const float *B, size_t sb, float beta, float *C,
                               size_t sc) {
     int i;
-    for (i = 0; i < mm->batches; i++)
-        mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, beta, C + i * sc);
+    for (i = 0; i < mm->batches; i++)   /* into one C (sc 0): the later products add to the first */
+        mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, i && !sc ? 1.0f : beta, C + i * sc);
 }
 
 static void mlc__matmul_backward(mlc__node *n) {
     const mlc__mm *mm = (const mlc__mm *)n->saved;
     mlc_tensor *a = n->in[0], *b = n->in[1];
-    float *ga = mlc__grad(a), *gb = mlc__grad(b);
+    float beta_a, beta_b, *ga = mlc__grad_to_overwrite(a, &beta_a), *gb = mlc__grad_to_overwrite(b, &beta_b);
     const float *gc = n->out->grad;
     if (ga && !mm->ta)
         mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b,
-                          1.0f, ga, mm->step_a);
+                          beta_a, ga, mm->step_a);
     if (ga && mm->ta)
         mlc__gemm_batched(a->ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b->data, mm->step_b, gc, mm->step_c,
-                          1.0f, ga, mm->step_a);
+                          beta_a, ga, mm->step_a);
     if (gb && !mm->tb)
         mlc__gemm_batched(a->ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a->data, mm->step_a, gc, mm->step_c,
-                          1.0f, gb, mm->step_b);
+                          beta_b, gb, mm->step_b);
     if (gb && mm->tb)
         mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a,
-                          1.0f, gb, mm->step_b);
+                          beta_b, gb, mm->step_b);
     if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
         float *gbias = n->in[2]->grad;
         size_t rows = n->out->size / (size_t)mm->N, r;
@@ -5265,7 +5298,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         for (k = 0; k < n->n_in; k++) {
             if (!n->in[k]) continue;
             mlc__host(n->in[k]);
-            if (n->in[k]->requires_grad && !mlc__grad(n->in[k])) break;
+            if (n->in[k]->requires_grad && !mlc__grad_made(n->in[k])) break;
         }
         if (ctx->error) break;
         mlc__backward_of[n->op](n);

@@ -393,6 +393,44 @@ static int state_only_what_the_rule_reads(void) {
 
 /* ---------- gradient utilities ---------- */
 
+/* mlc_zero_grad leaves the zeros to the first reader or to a product that overwrites the
+   gradient: a second backward equals the first bit for bit, a parameter the second graph does
+   not reach reads as zeros, and a 2-D operand shared by batched products gets every batch. */
+static int zero_grad_then_overwrite(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *w1 = mlc_parameter(ctx, MLC_SHAPE(6, 5)), *w2 = mlc_parameter(ctx, MLC_SHAPE(2, 6));
+    mlc_tensor *a = mlc_parameter(ctx, MLC_SHAPE(3, 4)), *x = mlc_randn(ctx, MLC_SHAPE(7, 5));
+    mlc_tensor *b = mlc_randn(ctx, MLC_SHAPE(2, 4, 5));
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.1f });
+    float first[30];
+    int i, k, j, round;
+    CHECK(w1 && w2 && a && x && b && opt);
+    mlc_init_normal(w1, 0.0f, 1.0f); mlc_init_normal(w2, 0.0f, 1.0f);
+    CHECK(mlc_optim_add_param(opt, w1) == MLC_OK && mlc_optim_add_param(opt, w2) == MLC_OK
+          && mlc_optim_add_param(opt, a) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(mlc_linear(mlc_tanh(mlc_linear(x, w1, NULL)), w2, NULL))) == MLC_OK);
+    memcpy(first, mlc_host_grad(w1), sizeof first);
+    mlc_zero_grad(opt);
+    CHECK(mlc_backward(mlc_sum_all(mlc_linear(mlc_tanh(mlc_linear(x, w1, NULL)), w2, NULL))) == MLC_OK);
+    for (i = 0; i < 30; i++) CHECK(test_bits(mlc_host_grad(w1)[i]) == test_bits(first[i]));
+    mlc_zero_grad(opt);                                   /* w2 is not in this graph */
+    CHECK(mlc_backward(mlc_sum_all(mlc_linear(x, w1, NULL))) == MLC_OK);
+    for (i = 0; i < 12; i++) CHECK(test_same_float(mlc_host_grad(w2)[i], 0.0f));
+    for (i = 0; i < 30; i++) CHECK(!test_same_float(mlc_host_grad(w1)[i], first[i]));
+    for (round = 0; round < 2; round++) {                 /* before and after a zero_grad */
+        mlc_zero_grad(opt);
+        CHECK(mlc_backward(mlc_sum_all(mlc_matmul(a, b))) == MLC_OK);   /* da[i, k] = Σ_batch Σ_j b */
+        for (i = 0; i < 3; i++)
+            for (k = 0; k < 4; k++) {
+                double want = 0;
+                for (j = 0; j < 10; j++) want += mlc_host_data(b)[(j / 5) * 20 + k * 5 + j % 5];
+                CHECK_NEAR(mlc_host_grad(a)[i * 4 + k], want, 1e-5);
+            }
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 static int zero_grad_zeroes(void) {
     mlc_ctx *ctx = test_ctx(2);
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 3, 4), mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 4, 2), NULL);
@@ -617,6 +655,7 @@ const test_case tests_optim[] = {
     TEST(rmsprop_momentum)
     TEST(state_only_what_the_rule_reads)
     TEST(zero_grad_zeroes)
+    TEST(zero_grad_then_overwrite)
     TEST(clip_grad_norm)
     TEST(lr_step_schedule)
     TEST(lr_cosine_schedule)
