@@ -580,7 +580,7 @@ static void shuffle(mlc_ctx *ctx, int *order, int n) {
    loss_first, loss_last: the mean loss of the first and of the last min(100, steps / 2) steps. */
 static epoch_run epoch_once(const bench_model *m, const dataset *d, int threads, long samples, int run) {
     epoch_run r = { NAN, NAN, NAN };
-    long steps = samples / BATCH, window = steps / 2 < 100 ? (steps > 1 ? steps / 2 : 1) : 100;
+    long steps = samples / BATCH, window = steps < 200 ? (steps > 1 ? steps / 2 : 1) : 100;
     int pos = d->count, *order = malloc((size_t)d->count * sizeof(int));
     float *losses = malloc((size_t)(steps > 0 ? steps : 1) * sizeof(float));
     double timed = 0;
@@ -1044,8 +1044,9 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, const
             if (target > 0) verdict_of(verdict, ratio, target);
             if (!loss_ok) snprintf(verdict, sizeof verdict, "bad loss");
             printf(EPOCH_ROW, what, num(col[3], e->median, 0), isnan(e->min) ? "-" : col[0],
-                   isnan(et->peak[s]) ? "-" : col[1], col[2], num(col[4], t1, 0), num(col[5], tall, 0),
-                   times(col[6], e->median / same), times(col[7], e->median / best), goal, verdict);
+                   isnan(et->peak[s]) || isnan(e->median) ? "-" : col[1], col[2], num(col[4], t1, 0),
+                   num(col[5], tall, 0), times(col[6], e->median / same), times(col[7], e->median / best),
+                   goal, verdict);
         }
         if (one >= 0 && all >= 0 && all_threads > 1) {
             snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
@@ -1070,7 +1071,9 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, const
     printf("loss 1st>last: the mean training loss of the first and of the last 100 steps of a run (of\n"
            "half the steps when a run has fewer than 200), averaged over the runs; it must fall (else\n"
            "\"bad loss\").\n"
-           "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting.\n");
+           "PyTorch 1, PyTorch %d: its samples/s on 1 and on %d threads (the same loop, the median run);\n"
+           "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting.\n",
+           torch_all, torch_all);
     if (plain->found) {
         printf("plain cc -O2 build (no -fopenmp, no -fno-math-errno, no -march), 1 thread:");
         for (int m = 0; m < BENCH_MODELS; m++)
