@@ -1137,8 +1137,8 @@ int main(int argc, char **argv) {
     }
     for (int m = 0; m < BENCH_MODELS; m++)
         et.model_on[m] = !model || strcmp(model, bench_models[m].name) == 0;
-    if ((model && strcmp(model, "mlp") && strcmp(model, "cnn")) || threads < 0 || (samples && samples < BATCH) ||
-        samples < 0 || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only))
+    if ((model && strcmp(model, "mlp") && strcmp(model, "cnn")) || threads < 0 || samples < 0 ||
+        (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only))
         return usage(argv[0]);
     if (threads > all_threads && all_threads == 1) {
         fprintf(stderr, "bench: built without OpenMP, so 1 thread only\n");

@@ -368,7 +368,8 @@ if __name__ == "__main__":
     parser.add_argument("--minilm", nargs=3, metavar=("MODEL_DIR", "IDS_FILE", "RUNS"))
     options = parser.parse_args()
     if 0 < options.samples < BATCH or options.samples < 0 or options.runs < 0 or options.threads < 0:
-        parser.error("--samples: 0 (one epoch) or at least %d; --runs, --threads: 0 (default) or more" % BATCH)
+        parser.error("--samples: 0 (one epoch) or at least %d; --runs, --threads: 0 (the default) or more"
+                     % BATCH)
     if options.minilm:
         minilm_main(options.minilm[0], options.minilm[1], int(options.minilm[2]))
     else:
