@@ -544,7 +544,8 @@ typedef struct bench_model {
 } bench_model;
 
 static const bench_model bench_models[] = {
-    { "mlp", "MLP 784-256-128-10", "MLP", fashion_mlp, 1, mlp_input, (MLP_MACS), BENCH_TEXT(MLP_MACS), 1.3, 1.5 },
+    { "mlp", "MLP 784-256-128-10", "MLP", fashion_mlp, 1, mlp_input, (MLP_MACS), BENCH_TEXT(MLP_MACS),
+      1.3, 1.5 },
     { "cnn", "CNN conv16-pool-conv32-pool-fc128-fc10", "CNN", fashion_cnn, 3, cnn_input, (CNN_MACS),
       BENCH_TEXT(CNN_MACS), 1.5, 2 },
 };
