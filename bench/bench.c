@@ -1,8 +1,18 @@
 /* bench/bench.c - mlc's benchmark suite (run it with `make bench`, which calls bench/run.sh).
 
-   What it measures, all in one run, printed as one markdown table:
+   What it measures, all in one run, printed as two markdown tables:
+     0. epoch training, as a user's loop runs it (the first table): the MLP 784-256-128-10 and
+        the CNN of 3. below, batch 64, Adam lr 1e-3, cross entropy, over whole Fisher-Yates
+        shuffled Fashion-MNIST epochs (60000 samples, 937 full batches, the partial one
+        dropped), a fresh context and model per run; the batch gather is not timed, the step
+        is (frame begin, forward, loss, zero_grad, backward, step, frame end); samples/s =
+        samples / summed step time, median (min-max) of 3 runs, on 1 thread and on all the
+        CPUs online; the share of the machine's FMA peak it reaches (FLOPs per sample from the
+        shapes); PyTorch's same loop on 1 and on all threads, the plain `cc -O2` build's
+        figures (--plain) and the targets of issue 14.
+   Then the micro-benchmarks (the second table: best of short chunks of one repeated step):
      1. sgemm GFLOP/s for square n: mlc's own mlc_gemm, mlc through the BLAS hook
-        (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and 2 threads.
+        (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and all threads.
      2. the tiny MLP 10-100(tanh)-1: one Adam step on a batch of 64 (MSE), in µs.
      3. training samples/s, batch 64, Adam, cross entropy, on Fashion-MNIST (28x28, 10 classes):
         an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10);
@@ -11,21 +21,32 @@
      4. batch-1 inference latency of the same MLP and CNN (eval mode, no gradients), in µs.
      5. the peak RSS of MLP training in a process of its own, against the bytes it must hold.
      6. tokens/s of a training step of the tiny GPT of examples/gpt.c (examples/gpt_model.h:
-        4 layers, 64 dims, 4 heads, block 64, batch 16, AdamW, clipping) on its text, 1 and 2
-        threads, against the same model in PyTorch (nn.MultiheadAttention) on 1 and 2 threads.
+        4 layers, 64 dims, 4 heads, block 64, batch 16, AdamW, clipping) on its text, 1 and all
+        threads, against the same model in PyTorch (nn.MultiheadAttention) on 1 and all threads.
    PyTorch's numbers come from bench/torch_bench.py (same models, same data), read from a file.
 
    Usage:
-     bench [--quick] [--torch FILE] [--rss FILE]   measure everything, print the table
-                                                   (FILE: "key value" lines from the other runs)
-     bench --rss-child                             train the MLP only; print its peak RSS
+     bench [--quick] [--torch FILE] [--rss FILE] [--plain FILE]
+                              measure everything, print both tables (FILE: "key value" lines
+                              from the other runs; --plain: `bench --epochs-only --kv` of the
+                              plain `cc -O2` build)
+     bench --rss-child        train the MLP only; print its peak RSS
+   Options for quick iteration on the epoch rows:
+     --epochs-only            only the epoch rows (and the FMA peak), not the micro-benchmarks
+     --model mlp|cnn          one model only
+     --threads N              N threads only (default: 1 and all the CPUs online)
+     --samples N              samples per run (default: one epoch, 60000; --quick: a tenth)
+     --runs N                 runs per row, 1 to 100 (default 3; --quick: 1)
+     --kv                     with --epochs-only: print "key value" lines, not the table
+     --quick                  short runs (1 run of a tenth of an epoch; short micro chunks)
    Build (run.sh does this): cc -O2 -fopenmp -std=c99 -Ibench/.. bench/bench.c -lm
      -DBENCH_OPENBLAS -lopenblas   adds the hook and OpenBLAS columns
      -DBENCH_ZLIB -lz              reads the gzipped dataset with zlib (else `gzip -dc`)
+   Without -fopenmp it runs on 1 thread only (run.sh's build/bench-plain, `cc -O2 -std=c99 -I.`).
 
-   Timing: every number is the best of several chunks of repeated calls, after a warm-up. The
-   best is the least disturbed by the rest of the machine; short chunks give more chances of
-   an undisturbed one on a shared machine. */
+   Timing: the epoch rows sum the time of every step of whole runs (what a user waits for). The
+   micro-benchmarks are the best of several chunks of repeated calls, after a warm-up: the
+   least disturbed by the rest of the machine, and never what a user's epoch gets. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -43,15 +64,19 @@
 #ifdef BENCH_ZLIB
 #include <zlib.h>
 #endif
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define BENCH_X86 1                      /* the FMA peak loop: AVX-512, AVX2+FMA or scalar */
+#endif
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "examples/gpt_model.h"
 
 #define BATCH 64
-#define THREADS 2                        /* the "2 threads" setting, for mlc and the references */
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
 static int quick;                        /* --quick: shorter runs, for trying the suite out */
+static int all_threads;                  /* the "all threads" setting: the CPUs online */
 static int disturbed;                    /* other processes were busy: verdicts get a "?" */
 
 /* ============================================================================================
@@ -92,7 +117,11 @@ static double seconds_per_call(bench_fn fn, void *arg, double chunk_s, int chunk
     return best;
 }
 
+static int threads_now;                  /* set_threads's setting, for the contexts make_ctx makes */
+
+/* n threads for mlc (the contexts made from now on), OpenMP and OpenBLAS */
 static void set_threads(int n) {
+    threads_now = n;
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
@@ -148,6 +177,7 @@ static void openblas_gemm(int ta, int tb, int M, int N, int K, const float *A, c
 
 static mlc_ctx *make_ctx(int with_hook) {
     mlc_config cfg = { .seed = 42 };
+    cfg.threads = threads_now;
 #ifdef BENCH_OPENBLAS
     if (with_hook) cfg.gemm = openblas_gemm;
 #endif
@@ -203,7 +233,9 @@ static void bench_gemm(gemm_results *r) {
         B[i] = mlc_rand_uniform(own) - 0.5f;
     }
     for (int t = 0; t < 2; t++) {
-        set_threads(t ? THREADS : 1);
+        set_threads(t ? all_threads : 1);
+        mlc_set_threads(own, threads_now);
+        mlc_set_threads(hooked, threads_now);
         for (int kind = 0; kind < GEMM_KINDS; kind++) {
             double last_s = 0;                  /* one call at the previous size */
 #ifndef BENCH_OPENBLAS
@@ -221,7 +253,7 @@ static void bench_gemm(gemm_results *r) {
             }
         }
     }
-    set_threads(THREADS);
+    set_threads(all_threads);
 #ifdef BENCH_OPENBLAS
     for (int s = 0; s < GEMM_SIZES && gemm_sizes[s] <= 256; s++) {   /* do they agree? */
         int n = gemm_sizes[s];
@@ -384,10 +416,9 @@ static void next_batch(trainer *t) {
     t->next += BATCH;
 }
 
-/* One training step; the frame gives back every temporary and the tape at its end. */
-static void train_step(void *arg) {
-    trainer *t = (trainer *)arg;
-    if (t->data) next_batch(t);
+/* One training step on x and y as they are; the frame gives back every temporary and the tape
+   at its end. loss_out (NULL: not read): the step's loss. */
+static void step_on_batch(trainer *t, float *loss_out) {
     mlc_frame f = mlc_frame_begin(t->ctx);
     mlc_tensor *out = mlc_forward(t->model, t->x);
     mlc_tensor *loss = t->classify ? mlc_cross_entropy(out, t->y, MLC_REDUCE_MEAN, MLC_NO_IGNORE)
@@ -395,7 +426,15 @@ static void train_step(void *arg) {
     mlc_zero_grad(t->opt);
     mlc_backward(loss);
     mlc_step(t->opt);
+    if (loss_out) *loss_out = mlc_item(loss);
     mlc_frame_end(f);
+}
+
+/* The micro-benchmarks' step: the next batch in file order (the tiny MLP: its fixed batch) */
+static void train_step(void *arg) {
+    trainer *t = (trainer *)arg;
+    if (t->data) next_batch(t);
+    step_on_batch(t, NULL);
 }
 
 /* x_shape: the model's input for one image ({784} or {1, 28, 28}); the batch dimension is added. */
@@ -488,6 +527,216 @@ static double train_samples_per_s(int with_hook, mlc_module *(*build)(mlc_ctx *)
 static const int mlp_input[] = { 784 }, cnn_input[] = { 1, 28, 28 };
 
 /* ============================================================================================
+   0. Epoch training, as a user's loop runs it
+   ============================================================================================ */
+
+/* Multiply-adds of one sample's forward pass through the convs (output height x width x output
+   channels x kernel area x input channels) and the linears (inputs x outputs); the same sums as
+   text for the report */
+#define MLP_MACS 784 * 256 + 256 * 128 + 128 * 10
+#define CNN_MACS 28 * 28 * 16 * 9 * 1 + 14 * 14 * 32 * 9 * 16 + 32 * 7 * 7 * 128 + 128 * 10
+#define BENCH_TEXT_(x) #x
+#define BENCH_TEXT(x) BENCH_TEXT_(x)
+
+typedef struct bench_model {
+    const char *name;                   /* for --model and the key lines: "mlp", "cnn" */
+    const char *label, *short_label;    /* for the table */
+    mlc_module *(*build)(mlc_ctx *);
+    int x_ndim;
+    const int *x_shape;                 /* one image as the model takes it */
+    double macs;                        /* multiply-adds of one sample's forward */
+    const char *macs_sum;               /* the same as the sum of the layers' shapes */
+    double target_one, target_all;      /* issue 14: mlc / PyTorch 1 thread on 1 thread, and
+                                           mlc / PyTorch's best setting on all threads */
+} bench_model;
+
+static const bench_model bench_models[] = {
+    { "mlp", "MLP 784-256-128-10", "MLP", fashion_mlp, 1, mlp_input, (MLP_MACS), BENCH_TEXT(MLP_MACS),
+      1.3, 1.5 },
+    { "cnn", "CNN conv16-pool-conv32-pool-fc128-fc10", "CNN", fashion_cnn, 3, cnn_input, (CNN_MACS),
+      BENCH_TEXT(CNN_MACS), 1.5, 2 },
+};
+#define BENCH_MODELS (int)(sizeof bench_models / sizeof bench_models[0])
+#define MAX_RUNS 100
+
+/* FLOPs of one training sample: the forward, the input gradient and the weight gradient, each
+   2 FLOPs per multiply-add (the first conv's input gradient is counted though not computed) */
+static double flops_per_sample(const bench_model *m) { return 3 * 2 * m->macs; }
+
+typedef struct epoch_run { double sps, loss_first, loss_last; } epoch_run;
+
+static double mean_of(const float *v, long n) {
+    double sum = 0;
+    for (long i = 0; i < n; i++) sum += v[i];
+    return sum / (double)n;
+}
+
+/* Shuffle order[0..n) into a new Fisher-Yates order, drawing from ctx's generator. */
+static void shuffle(mlc_ctx *ctx, int *order, int n) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(mlc_rand_u32(ctx) % (uint32_t)(i + 1)), k = order[i];
+        order[i] = order[j];
+        order[j] = k;
+    }
+}
+
+/* One run on `threads` threads: a fresh context and model (seed 42, PyTorch's default init),
+   Adam lr 1e-3, cross entropy, samples / BATCH steps over the data in a new shuffled order each
+   epoch (seed 1000 + run; an epoch's last partial batch is dropped). Gathering and scaling a
+   batch is not timed; the step is, frame begin to frame end. sps: samples / summed step time;
+   loss_first, loss_last: the mean loss of the first and of the last min(100, steps / 2) steps. */
+static epoch_run epoch_once(const bench_model *m, const dataset *d, int threads, long samples, int run) {
+    epoch_run r = { NAN, NAN, NAN };
+    long steps = samples / BATCH, window = steps < 200 ? (steps > 1 ? steps / 2 : 1) : 100;
+    int pos = d->count, *order = malloc((size_t)d->count * sizeof(int));
+    float *losses = malloc((size_t)(steps > 0 ? steps : 1) * sizeof(float));
+    double timed = 0;
+    trainer t;
+    set_threads(threads);
+    if (steps < 1 || d->count < BATCH || !order || !losses ||
+        !trainer_init(&t, 0, m->build, d, m->x_ndim, m->x_shape)) {
+        free(order);
+        free(losses);
+        return r;
+    }
+    mlc_seed(t.ctx, 1000 + (uint64_t)run);
+    for (long s = 0; s < steps; s++) {
+        if (pos + BATCH > d->count) { shuffle(t.ctx, order, d->count); pos = 0; }
+        for (int b = 0; b < BATCH; b++) {        /* the gather, as a user's loader does it */
+            const unsigned char *pixels = d->images + (size_t)order[pos + b] * 784;
+            float *x = t.x->data + (size_t)b * 784;
+            for (int i = 0; i < 784; i++) x[i] = pixels[i] * (1.0f / 255.0f);
+            t.y->data[b] = d->labels[order[pos + b]];
+        }
+        pos += BATCH;
+        double start = now();
+        step_on_batch(&t, &losses[s]);
+        timed += now() - start;
+    }
+    if (check(&t, timed) > 0) {
+        r.sps = (double)(steps * BATCH) / timed;
+        r.loss_first = mean_of(losses, window);
+        r.loss_last = mean_of(losses + steps - window, window);
+    }
+    mlc_destroy(t.ctx);
+    free(order);
+    free(losses);
+    return r;
+}
+
+typedef struct epoch_row {
+    double median, min, max;            /* samples/s over the runs; NAN: not measured */
+    double loss_first, loss_last;       /* epoch_run's, averaged over the runs */
+} epoch_row;
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* `runs` runs (1..MAX_RUNS) of epoch_once; a line per run on stderr as it ends */
+static epoch_row epoch_rows(const bench_model *m, const dataset *d, int threads, long samples, int runs) {
+    epoch_row e = { NAN, NAN, NAN, 0, 0 };
+    double sps[MAX_RUNS];
+    for (int r = 0; r < runs; r++) {
+        epoch_run one = epoch_once(m, d, threads, samples, r);
+        fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f (first steps) -> %.3f "
+                "(last)\n", m->label, threads, threads > 1 ? "s" : "", r + 1, runs, one.sps, one.loss_first,
+                one.loss_last);
+        if (isnan(one.sps)) return (epoch_row){ NAN, NAN, NAN, NAN, NAN };
+        sps[r] = one.sps;
+        e.loss_first += one.loss_first / runs;
+        e.loss_last += one.loss_last / runs;
+    }
+    qsort(sps, (size_t)runs, sizeof sps[0], by_value);
+    e.min = sps[0];
+    e.max = sps[runs - 1];
+    e.median = runs % 2 ? sps[runs / 2] : (sps[runs / 2 - 1] + sps[runs / 2]) / 2;
+    return e;
+}
+
+/* ============================================================================================
+   The machine's FMA peak: chains of multiply-adds in registers, no memory traffic
+   ============================================================================================ */
+
+#define FMA_CHAINS 12                   /* independent chains in the peak loop */
+#ifdef BENCH_X86
+/* FMA_CHAINS independent chains a = a * m + c (m just below 1, so they settle and never
+   overflow), enough to cover two FMA units' latency; then one sum, so that the work is kept */
+#define FMA_LOOP(vec, lanes, splat, madd, store)                                                  \
+    vec m = splat(0.999f), c = splat(0.001f), a0 = splat(0.0f), a1 = splat(0.1f), a2 = splat(0.2f), \
+        a3 = splat(0.3f), a4 = splat(0.4f), a5 = splat(0.5f), a6 = splat(0.6f), a7 = splat(0.7f),    \
+        a8 = splat(0.8f), a9 = splat(0.9f), a10 = splat(1.0f), a11 = splat(1.1f);                  \
+    float out[lanes];                                                                              \
+    double sum = 0;                                                                                \
+    for (long i = 0; i < iters; i++) {                                                            \
+        a0 = madd(a0, m, c); a1 = madd(a1, m, c); a2 = madd(a2, m, c); a3 = madd(a3, m, c);         \
+        a4 = madd(a4, m, c); a5 = madd(a5, m, c); a6 = madd(a6, m, c); a7 = madd(a7, m, c);         \
+        a8 = madd(a8, m, c); a9 = madd(a9, m, c); a10 = madd(a10, m, c); a11 = madd(a11, m, c);     \
+    }                                                                                              \
+    a0 = madd(a1, m, a0); a0 = madd(a2, m, a0); a0 = madd(a3, m, a0); a0 = madd(a4, m, a0);         \
+    a0 = madd(a5, m, a0); a0 = madd(a6, m, a0); a0 = madd(a7, m, a0); a0 = madd(a8, m, a0);         \
+    a0 = madd(a9, m, a0); a0 = madd(a10, m, a0); a0 = madd(a11, m, a0);                            \
+    store(out, a0);                                                                                \
+    for (int l = 0; l < lanes; l++) sum += out[l];                                                 \
+    return sum
+
+__attribute__((target("avx512f"))) static double fma_avx512(long iters) {
+    FMA_LOOP(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps);
+}
+
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
+    FMA_LOOP(__m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps);
+}
+
+#define SCALAR_SPLAT(x) (x)
+#define SCALAR_MADD(a, b, c) ((a) * (b) + (c))
+#define SCALAR_STORE(p, x) ((p)[0] = (x))
+static double fma_scalar(long iters) {             /* a multiply and an add: 2 FLOPs too */
+    FMA_LOOP(float, 1, SCALAR_SPLAT, SCALAR_MADD, SCALAR_STORE);
+}
+#endif
+
+/* The machine's peak GFLOP/s on `threads` threads (one copy of the loop each, OpenMP), the best
+   of 3 passes of about 0.1 s; NAN off x86. isa: the instructions it used. */
+static double fma_peak_gflops(int threads, const char **isa) {
+    *isa = "-";
+#ifdef BENCH_X86
+    double (*loop)(long) = fma_scalar, t = 0, best = 0;
+    int lanes = 1;
+    long iters = 1000;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) loop = fma_avx512, lanes = 16, *isa = "AVX-512";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) loop = fma_avx2, lanes = 8,
+        *isa = "AVX2+FMA";
+    else *isa = "scalar (no AVX2+FMA)";
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    for (; iters < (1L << 40); iters *= 2) {            /* calibrate on one thread: 10 ms at least */
+        t = now();
+        if (loop(iters) < 0) fprintf(stderr, "bench: the FMA loop went negative\n");
+        if ((t = now() - t) >= 0.01) break;
+    }
+    iters = (long)((double)iters * (quick ? 0.05 : 0.1) / t) + 1;
+    for (int pass = 0; pass < 3; pass++) {
+        t = now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+        if (loop(iters) < 0) fprintf(stderr, "bench: the FMA loop went negative\n");
+        double gflops = (double)threads * (double)iters * FMA_CHAINS * lanes * 2 / (now() - t) * 1e-9;
+        if (gflops > best) best = gflops;
+    }
+    return best;
+#else
+    (void)threads;
+    return NAN;
+#endif
+}
+
+/* ============================================================================================
    6. The tiny GPT of examples/gpt.c: one training step on 16 random windows of 64 characters
    ============================================================================================ */
 
@@ -547,7 +796,7 @@ static double gpt_tokens_per_s(int threads) {
         if (b.opt) sec = seconds_per_call(gpt_step, &b, 0.5, 5);
         if (mlc_error(b.ctx)) { fprintf(stderr, "bench: GPT: %s\n", mlc_error_message(b.ctx)); sec = NAN; }
         mlc_destroy(b.ctx);
-        set_threads(THREADS);
+        set_threads(all_threads);
     }
     fclose(f);
     free(b.ids);
@@ -593,7 +842,8 @@ static int rss_child(void) {
    ============================================================================================ */
 
 typedef struct kv { char key[64], value[192]; } kv;
-typedef struct kv_file { int count, found; kv items[64]; } kv_file;
+enum { KV_MAX = 128 };
+typedef struct kv_file { int count, found; kv items[KV_MAX]; } kv_file;
 
 static void kv_read(kv_file *f, const char *path) {
     char line[300];
@@ -601,7 +851,7 @@ static void kv_read(kv_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     if (!in) return;
     f->found = 1;
-    while (f->count < 64 && fgets(line, sizeof line, in)) {
+    while (f->count < KV_MAX && fgets(line, sizeof line, in)) {
         kv *e = &f->items[f->count];
         char *space = strchr(line, ' ');
         if (!space || space - line >= (long)sizeof e->key) continue;
@@ -654,63 +904,17 @@ static const char *times(char *buf, double r) {                /* a ratio, "-" w
     return buf;
 }
 
-/* One row of the table. mlc, hook and ref are in `unit`; faster_when_higher says which way the
-   ratio goes so that "vs ref" is always how many times faster mlc is (above 1: mlc wins).
-   target: the least ratio wanted for mlc, 0 for none. */
-static void row(const char *what, const char *unit, double mlc, double hook, double ref, const char *ref_is,
-                int faster_when_higher, double target) {
-    char m[32], h[32], r[32], r1[32], r2[32], goal[32] = "", verdict[16] = "";
-    int decimals = strcmp(unit, "GFLOP/s") == 0 ? 2 : strcmp(unit, "samples/s") && strcmp(unit, "tokens/s") ? 1 : 0;
-    double vs = faster_when_higher ? mlc / ref : ref / mlc;
-    double hook_vs = faster_when_higher ? hook / ref : ref / hook;
-    if (target > 0) {
-        snprintf(goal, sizeof goal, ">= %gx", target);
-        snprintf(verdict, sizeof verdict, "%s%s", isnan(vs) || vs <= 0 ? "skipped" : vs >= target ? "met" : "not met",
-                 disturbed && !isnan(vs) && vs > 0 ? "?" : "");
-    }
-    printf("| %-44s | %-9s | %9s | %9s | %9s | %-8s | %7s | %7s | %-7s | %-7s |\n", what, unit,
-           num(m, mlc, decimals), num(h, hook, decimals), num(r, ref, decimals), ref_is,
-           times(r1, vs), times(r2, hook_vs), goal, verdict);
+/* A ratio's verdict against its target: "met", "not met", "skipped" (unknown), with a "?" when
+   other processes were busy; buf holds 32 bytes */
+static const char *verdict_of(char *buf, double ratio, double target) {
+    int known = !isnan(ratio) && ratio > 0;
+    snprintf(buf, 32, "%s%s", !known ? "skipped" : ratio >= target ? "met" : "not met",
+             disturbed && known ? "?" : "");
+    return buf;
 }
 
-int main(int argc, char **argv) {
-    const char *torch_path = NULL, *rss_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--rss-child") == 0) return rss_child();
-        else if (strcmp(argv[i], "--quick") == 0) quick = 1;
-        else if (strcmp(argv[i], "--torch") == 0 && i + 1 < argc) torch_path = argv[++i];
-        else if (strcmp(argv[i], "--rss") == 0 && i + 1 < argc) rss_path = argv[++i];
-        else { fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--rss FILE] | --rss-child\n", argv[0]); return 2; }
-    }
-    kv_file torch, rss;
-    kv_read(&torch, torch_path);
-    kv_read(&rss, rss_path);
-    int have_torch = kv_str(&torch, "torch_version") != NULL;
-    double t0 = now();
-    cpu_mark start_mark = cpu_now();
-
-    /* ---- measure ---- */
-    dataset data = { 0 };
-    if (!load_fashion(&data)) random_data(&data, 60000, FASHION_DIR " not found or unreadable");
-    gemm_results g;
-    bench_gemm(&g);
-    set_threads(THREADS);
-    double tiny = tiny_step_us();
-    double mlp_sps = train_samples_per_s(0, fashion_mlp, &data, 1, mlp_input);
-    double cnn_sps = train_samples_per_s(0, fashion_cnn, &data, 3, cnn_input);
-    double mlp_hook_sps = NAN, cnn_hook_sps = NAN;
-#ifdef BENCH_OPENBLAS
-    mlp_hook_sps = train_samples_per_s(1, fashion_mlp, &data, 1, mlp_input);
-    cnn_hook_sps = train_samples_per_s(1, fashion_cnn, &data, 3, cnn_input);
-#endif
-    double lstm = lstm_step_ms();
-    double mlp_inf = infer_us(fashion_mlp, &data, 1, mlp_input);
-    double cnn_inf = infer_us(fashion_cnn, &data, 3, cnn_input);
-    double gpt_1 = gpt_tokens_per_s(1), gpt_2 = gpt_tokens_per_s(THREADS);
-    double others_mlc = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
-    disturbed = others_mlc > 10 || others_torch > 10;
-
-    /* ---- report: the machine ---- */
+/* The report's first lines: the machine, the build, the data, the load */
+static void print_header(const kv_file *torch, const dataset *data, double others_mlc, double others_torch) {
     char cpu[160];
     cpu_model(cpu, sizeof cpu);
     printf("\n# mlc %s benchmark%s\n\n", MLC_VERSION_STRING, quick ? " (--quick: short runs)" : "");
@@ -725,28 +929,290 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     printf(" -fopenmp (OpenMP %d)\n", _OPENMP);
 #else
-    printf(" (no OpenMP)\n");
+    printf(" (no OpenMP: 1 thread)\n");
 #endif
 #ifdef BENCH_OPENBLAS
     printf("- OpenBLAS: %s (core %s)\n", openblas_get_config(), openblas_get_corename());
 #else
     printf("- OpenBLAS: not found, its columns are skipped\n");
 #endif
-    if (have_torch)
-        printf("- PyTorch: %s, %s thread(s); its data: %s\n", kv_str(&torch, "torch_version"),
-               kv_str(&torch, "torch_threads") ? kv_str(&torch, "torch_threads") : "?",
-               kv_str(&torch, "torch_data") ? kv_str(&torch, "torch_data") : "?");
+    if (kv_str(torch, "torch_version"))
+        printf("- PyTorch: %s, all threads = %s; its data: %s\n", kv_str(torch, "torch_version"),
+               kv_str(torch, "torch_threads") ? kv_str(torch, "torch_threads") : "?",
+               kv_str(torch, "torch_data") ? kv_str(torch, "torch_data") : "?");
     else
-        printf("- PyTorch: not available (python3 -c 'import torch' failed), its column is skipped\n");
-    printf("- data: %s\n", data.source);
-    printf("- threads: %d for the models (OpenMP for mlc, torch.set_num_threads for PyTorch); the GPT rows: 1 and %d\n",
-           THREADS, THREADS);
+        printf("- PyTorch: not available (python3 -c 'import torch' failed), its columns are skipped\n");
+    printf("- data: %s\n", data->source);
+    printf("- threads: 1 and all (%d) for the epoch rows and the GPT rows, all for the other\n"
+           "  micro-benchmarks (OpenMP for mlc, torch.set_num_threads for PyTorch)\n", all_threads);
     printf("- other processes used %.0f%% of the CPUs during the mlc measurements", others_mlc);
     if (!isnan(others_torch)) printf(", %.0f%% during PyTorch's", others_torch);
     printf("%s\n", disturbed ? ": the numbers are disturbed, a \"?\" marks the verdicts that depend on them"
                              : " (quiet enough)");
+}
 
-    /* ---- report: one table ---- */
+/* ============================================================================================
+   The epoch rows: measure, print as key lines or as the first table
+   ============================================================================================ */
+
+typedef struct epoch_table {
+    int settings, threads[2];           /* the thread settings: 1 and all, or --threads N */
+    double peak[2];                     /* FMA peak GFLOP/s on each setting's threads */
+    const char *isa;                    /* the peak loop's instructions */
+    int model_on[BENCH_MODELS];         /* measured (all, or --model's) */
+    epoch_row rows[BENCH_MODELS][2];
+} epoch_table;
+
+static void measure_epochs(epoch_table *et, const dataset *d, long samples, int runs) {
+    for (int s = 0; s < et->settings; s++) et->peak[s] = fma_peak_gflops(et->threads[s], &et->isa);
+    for (int m = 0; m < BENCH_MODELS; m++)
+        for (int s = 0; s < et->settings; s++)
+            if (et->model_on[m])
+                et->rows[m][s] = epoch_rows(&bench_models[m], d, et->threads[s], samples, runs);
+    set_threads(all_threads);
+}
+
+/* The key of a figure of an epoch row: "epoch_mlp_t1_median" (bench_torch.py writes the same) */
+static const char *epoch_key(char *buf, const bench_model *m, int threads, const char *what) {
+    snprintf(buf, 64, "epoch_%s_t%d_%s", m->name, threads, what);
+    return buf;
+}
+
+static void print_epoch_kv(const epoch_table *et) {
+    char key[64];
+    printf("fma_isa %s\n", et->isa);
+    for (int s = 0; s < et->settings; s++) printf("fma_peak_t%d %.2f\n", et->threads[s], et->peak[s]);
+    for (int m = 0; m < BENCH_MODELS; m++)
+        for (int s = 0; s < et->settings; s++) {
+            const epoch_row *e = &et->rows[m][s];
+            const bench_model *bm = &bench_models[m];
+            if (!et->model_on[m]) continue;
+            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "median"), e->median);
+            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "min"), e->min);
+            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "max"), e->max);
+            printf("%s %.4f\n", epoch_key(key, bm, et->threads[s], "loss_first"), e->loss_first);
+            printf("%s %.4f\n", epoch_key(key, bm, et->threads[s], "loss_last"), e->loss_last);
+        }
+}
+
+#define EPOCH_ROW "| %-49s | %9s | %-13s | %6s | %-13s | %9s | %9s | %7s | %7s | %-27s | %-8s |\n"
+
+/* A ratio row (scaling, build): the ratio in the mlc column */
+static void epoch_ratio_row(const char *what, double ratio, double target) {
+    char r[32], goal[64], verdict[32];
+    snprintf(goal, sizeof goal, ">= %gx", target);
+    printf(EPOCH_ROW, what, times(r, ratio), "", "", "", "", "", "", "", goal,
+           verdict_of(verdict, ratio, target));
+}
+
+static void print_epoch_table(const epoch_table *et, const kv_file *torch, const kv_file *plain, long samples,
+                              int runs) {
+    char key[64], head[2][32], col[10][32], what[96], goal[64], verdict[32];
+    int one = -1, all = -1;             /* the settings of 1 thread and of all threads, if measured */
+    int torch_all = kv_num(torch, "torch_threads") > 0 ? (int)kv_num(torch, "torch_threads") : all_threads;
+    for (int s = 0; s < et->settings; s++) {
+        if (et->threads[s] == 1) one = s;
+        if (et->threads[s] == all_threads) all = s;
+    }
+    snprintf(head[0], sizeof head[0], "PyTorch 1");
+    snprintf(head[1], sizeof head[1], "PyTorch %d", torch_all);
+    printf("\n## Epoch training: what a user's loop gets\n\n");
+    printf("%ld samples a run (%ld steps of %d), %s%d run%s, shuffled data, Adam lr 1e-3, cross entropy;\n"
+           "samples/s = samples / summed step time (the batch gather not timed).\n\n",
+           samples / BATCH * BATCH, samples / BATCH, BATCH, runs > 1 ? "median (min-max) of " : "", runs,
+           runs > 1 ? "s" : "");
+    printf(EPOCH_ROW, "epoch training (threads)", "samples/s", "min-max", "% peak", "loss 1st>last", head[0],
+           head[1], "vs same", "vs best", "target", "result");
+    printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "---------------------------------------------------",
+           "----------:", "---------------", "-------:", "---------------", "----------:", "----------:",
+           "--------:", "--------:", "-----------------------------", "----------");
+    for (int m = 0; m < BENCH_MODELS; m++) {
+        const bench_model *bm = &bench_models[m];
+        double t1 = kv_num(torch, epoch_key(key, bm, 1, "median"));
+        double tall = kv_num(torch, epoch_key(key, bm, torch_all, "median"));
+        double best = isnan(t1) || tall > t1 ? tall : t1;
+        if (!et->model_on[m]) continue;
+        for (int s = 0; s < et->settings; s++) {
+            const epoch_row *e = &et->rows[m][s];
+            int n = et->threads[s];
+            double same = kv_num(torch, epoch_key(key, bm, n, "median")), target = 0, ratio = NAN;
+            int loss_ok = isfinite(e->loss_last) && e->loss_last < e->loss_first;
+            snprintf(what, sizeof what, "%s, %d thread%s", bm->label, n, n > 1 ? "s" : "");
+            snprintf(col[0], 32, "%.0f-%.0f", e->min, e->max);
+            snprintf(col[1], 32, "%.1f%%", 100 * e->median * flops_per_sample(bm) / (et->peak[s] * 1e9));
+            snprintf(col[2], 32, "%.3f>%.3f", e->loss_first, e->loss_last);
+            goal[0] = verdict[0] = '\0';
+            if (n == 1) {
+                target = bm->target_one, ratio = e->median / same;
+                snprintf(goal, sizeof goal, ">= %gx PyTorch 1 thread", target);
+            } else if (n == all_threads) {
+                target = bm->target_all, ratio = e->median / best;
+                snprintf(goal, sizeof goal, ">= %gx PyTorch best", target);
+            }
+            if (target > 0) verdict_of(verdict, ratio, target);
+            if (!loss_ok) snprintf(verdict, sizeof verdict, "bad loss");
+            printf(EPOCH_ROW, what, num(col[3], e->median, 0), isnan(e->min) ? "-" : col[0],
+                   isnan(et->peak[s]) || isnan(e->median) ? "-" : col[1], col[2], num(col[4], t1, 0),
+                   num(col[5], tall, 0), times(col[6], e->median / same), times(col[7], e->median / best),
+                   goal, verdict);
+        }
+        if (one >= 0 && all >= 0 && all_threads > 1) {
+            snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
+            epoch_ratio_row(what, et->rows[m][all].median / et->rows[m][one].median, 1.7);
+        }
+        if (one >= 0 && plain->found) {
+            snprintf(what, sizeof what, "%s: plain cc -O2 / bench flags, 1 thread", bm->short_label);
+            double plain_sps = kv_num(plain, epoch_key(key, bm, 1, "median"));
+            epoch_ratio_row(what, plain_sps / et->rows[m][one].median, 0.9);
+        }
+    }
+    printf("\nFMA peak (%s, %d chains of multiply-adds in registers, best of 3 passes):", et->isa,
+           FMA_CHAINS);
+    for (int s = 0; s < et->settings; s++)
+        printf(" %s GFLOP/s on %d thread%s%s", num(col[8], et->peak[s], 1), et->threads[s],
+               et->threads[s] > 1 ? "s" : "", s + 1 < et->settings ? "," : ".\n");
+    printf("FLOPs per sample = 3 x 2 x multiply-adds of the convs and linears (forward, input gradient,\n"
+           "weight gradient); %% peak = samples/s x FLOPs per sample / the peak on the row's threads:\n");
+    for (int m = 0; m < BENCH_MODELS; m++)
+        printf("  %s: 3 x 2 x (%s) = %.3f MFLOP\n", bench_models[m].short_label, bench_models[m].macs_sum,
+               flops_per_sample(&bench_models[m]) * 1e-6);
+    printf("loss 1st>last: the mean training loss of the first and of the last 100 steps of a run (of\n"
+           "half the steps when a run has fewer than 200), averaged over the runs; it must fall (else\n"
+           "\"bad loss\").\n"
+           "PyTorch 1, PyTorch %d: its samples/s on 1 and on %d threads (the same loop, the median run);\n"
+           "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting.\n",
+           torch_all, torch_all);
+    if (plain->found) {
+        printf("plain cc -O2 build (no -fopenmp, no -fno-math-errno, no -march), 1 thread:");
+        for (int m = 0; m < BENCH_MODELS; m++)
+            if (et->model_on[m])
+                printf(" %s %s (%s-%s)", bench_models[m].short_label,
+                       num(col[0], kv_num(plain, epoch_key(key, &bench_models[m], 1, "median")), 0),
+                       num(col[1], kv_num(plain, epoch_key(key, &bench_models[m], 1, "min")), 0),
+                       num(col[2], kv_num(plain, epoch_key(key, &bench_models[m], 1, "max")), 0));
+        printf(" samples/s.\n");
+    }
+}
+
+/* One row of the table. mlc, hook and ref are in `unit`; faster_when_higher says which way the
+   ratio goes so that "vs ref" is always how many times faster mlc is (above 1: mlc wins).
+   target: the least ratio wanted for mlc, 0 for none. */
+static void row(const char *what, const char *unit, double mlc, double hook, double ref, const char *ref_is,
+                int faster_when_higher, double target) {
+    char m[32], h[32], r[32], r1[32], r2[32], goal[32] = "", verdict[32] = "";
+    int decimals = strcmp(unit, "GFLOP/s") == 0 ? 2 : strcmp(unit, "samples/s") && strcmp(unit, "tokens/s") ? 1 : 0;
+    double vs = faster_when_higher ? mlc / ref : ref / mlc;
+    double hook_vs = faster_when_higher ? hook / ref : ref / hook;
+    if (target > 0) {
+        snprintf(goal, sizeof goal, ">= %gx", target);
+        verdict_of(verdict, vs, target);
+    }
+    printf("| %-44s | %-9s | %9s | %9s | %9s | %-8s | %7s | %7s | %-7s | %-7s |\n", what, unit,
+           num(m, mlc, decimals), num(h, hook, decimals), num(r, ref, decimals), ref_is,
+           times(r1, vs), times(r2, hook_vs), goal, verdict);
+}
+
+static int usage(const char *name) {
+    fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--rss FILE] [--plain FILE] [--epochs-only [--kv]]\n"
+            "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N]  |  --rss-child\n", name);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    const char *torch_path = NULL, *rss_path = NULL, *plain_path = NULL, *model = NULL;
+    int epochs_only = 0, as_kv = 0, threads = 0, runs = 0;
+    long samples = 0;
+    epoch_table et = { 0 };
+#ifdef _OPENMP
+    all_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    if (all_threads < 1) all_threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int valued = i + 1 < argc;      /* an option that takes a value has one */
+        if (strcmp(a, "--rss-child") == 0) return rss_child();
+        else if (strcmp(a, "--quick") == 0) quick = 1;
+        else if (strcmp(a, "--epochs-only") == 0) epochs_only = 1;
+        else if (strcmp(a, "--kv") == 0) as_kv = 1;
+        else if (strcmp(a, "--torch") == 0 && valued) torch_path = argv[++i];
+        else if (strcmp(a, "--rss") == 0 && valued) rss_path = argv[++i];
+        else if (strcmp(a, "--plain") == 0 && valued) plain_path = argv[++i];
+        else if (strcmp(a, "--model") == 0 && valued) model = argv[++i];
+        else if (strcmp(a, "--threads") == 0 && valued) threads = atoi(argv[++i]);
+        else if (strcmp(a, "--samples") == 0 && valued) samples = atol(argv[++i]);
+        else if (strcmp(a, "--runs") == 0 && valued) runs = atoi(argv[++i]);
+        else return usage(argv[0]);
+    }
+    for (int m = 0; m < BENCH_MODELS; m++)
+        et.model_on[m] = !model || strcmp(model, bench_models[m].name) == 0;
+    if ((model && strcmp(model, "mlp") && strcmp(model, "cnn")) || threads < 0 || samples < 0 ||
+        (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only))
+        return usage(argv[0]);
+    if (threads > all_threads && all_threads == 1) {
+        fprintf(stderr, "bench: built without OpenMP, so 1 thread only\n");
+        return 2;
+    }
+    if (threads) et.threads[et.settings++] = threads;
+    else {
+        et.threads[et.settings++] = 1;
+        if (all_threads > 1) et.threads[et.settings++] = all_threads;
+    }
+    if (!runs) runs = quick ? 1 : 3;
+    kv_file torch, rss, plain;
+    kv_read(&torch, torch_path);
+    kv_read(&rss, rss_path);
+    kv_read(&plain, plain_path);
+    int have_torch = kv_str(&torch, "torch_version") != NULL;
+    double t0 = now();
+    cpu_mark start_mark = cpu_now();
+
+    /* ---- measure: the epoch rows ---- */
+    dataset data = { 0 };
+    if (!load_fashion(&data)) random_data(&data, 60000, FASHION_DIR " not found or unreadable");
+    if (!samples) samples = quick ? data.count / 10 : data.count;
+    measure_epochs(&et, &data, samples, runs);
+    if (epochs_only) {
+        double others = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
+        if (as_kv) {
+            print_epoch_kv(&et);
+            printf("others_percent %.1f\n", others);
+        } else {
+            disturbed = others > 10 || others_torch > 10;
+            print_header(&torch, &data, others, others_torch);
+            print_epoch_table(&et, &torch, &plain, samples, runs);
+            printf("\nmlc measurements took %.0f s.\n", now() - t0);
+        }
+        free_data(&data);
+        return 0;
+    }
+
+    /* ---- measure: the micro-benchmarks ---- */
+    gemm_results g;
+    bench_gemm(&g);
+    set_threads(all_threads);
+    double tiny = tiny_step_us();
+    double mlp_sps = train_samples_per_s(0, fashion_mlp, &data, 1, mlp_input);
+    double cnn_sps = train_samples_per_s(0, fashion_cnn, &data, 3, cnn_input);
+    double mlp_hook_sps = NAN, cnn_hook_sps = NAN;
+#ifdef BENCH_OPENBLAS
+    mlp_hook_sps = train_samples_per_s(1, fashion_mlp, &data, 1, mlp_input);
+    cnn_hook_sps = train_samples_per_s(1, fashion_cnn, &data, 3, cnn_input);
+#endif
+    double lstm = lstm_step_ms();
+    double mlp_inf = infer_us(fashion_mlp, &data, 1, mlp_input);
+    double cnn_inf = infer_us(fashion_cnn, &data, 3, cnn_input);
+    double gpt_1 = gpt_tokens_per_s(1), gpt_2 = gpt_tokens_per_s(all_threads);
+    char gpt_what[64];
+    double others_mlc = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
+    disturbed = others_mlc > 10 || others_torch > 10;
+
+    /* ---- report ---- */
+    print_header(&torch, &data, others_mlc, others_torch);
+    print_epoch_table(&et, &torch, &plain, samples, runs);
+    printf("\n## Micro-benchmarks (best of short chunks of one repeated step; not what a user's epoch "
+           "gets)\n");
+
+    /* the micro-benchmark table */
     const char *torch_ref = have_torch ? "PyTorch" : "-";
     printf("\n| %-44s | %-9s | %9s | %9s | %9s | %-8s | %7s | %7s | %-7s | %-7s |\n", "benchmark", "unit",
            "mlc", "mlc+hook", "reference", "ref is", "mlc vs", "hook vs", "target", "result");
@@ -757,7 +1223,8 @@ int main(int argc, char **argv) {
         for (int s = 0; s < GEMM_SIZES; s++) {
             double *v = g.gflops[t][s], skipped = g.skipped_est_s[t][s][GEMM_MLC];
             char what[64];
-            snprintf(what, sizeof what, "sgemm n=%d, %d thread%s", gemm_sizes[s], t ? THREADS : 1, t ? "s" : "");
+            snprintf(what, sizeof what, "sgemm n=%d, %d thread%s", gemm_sizes[s], t ? all_threads : 1,
+                     t ? "s" : "");
             if (skipped > 0)
                 snprintf(what + strlen(what), sizeof what - strlen(what), " (mlc skipped, ~%.0f s/call)", skipped);
             row(what, "GFLOP/s", v[GEMM_MLC], v[GEMM_HOOK], v[GEMM_OPENBLAS], v[GEMM_OPENBLAS] > 0 ? "OpenBLAS" : "-", 1, 0);
@@ -771,7 +1238,8 @@ int main(int argc, char **argv) {
     row("CNN inference, batch 1", "us", cnn_inf, NAN, kv_num(&torch, "cnn_infer_us"), torch_ref, 0, 5);
     row("tiny GPT 4x64 training step, 1 thread", "tokens/s", gpt_1, NAN, kv_num(&torch, "gpt_tokens_s_1"),
         torch_ref, 1, 0);
-    row("tiny GPT 4x64 training step, 2 threads", "tokens/s", gpt_2, NAN, kv_num(&torch, "gpt_tokens_s_2"),
+    snprintf(gpt_what, sizeof gpt_what, "tiny GPT 4x64 training step, %d threads", all_threads);
+    row(gpt_what, "tokens/s", gpt_2, NAN, kv_num(&torch, "gpt_tokens_s_all"),
         torch_ref, 1, 0);
     double peak = kv_num(&rss, "rss_peak_kib") * 1024, start = kv_num(&rss, "rss_start_kib") * 1024;
     double need = kv_num(&rss, "rss_need_bytes");

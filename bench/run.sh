@@ -1,9 +1,11 @@
 #!/bin/sh
 # bench/run.sh - build and run mlc's benchmark suite and print one table (`make bench` runs it).
 #   sh bench/run.sh [--quick]      --quick: short runs, to try the suite out (numbers are rough)
-# Steps: build build/bench (-O2 -fopenmp -fno-math-errno, with OpenBLAS and zlib when they are found), run the
-# memory child, run bench/torch_bench.py when a python3 with torch is found, then run
-# build/bench, which measures mlc and prints the table with the other runs' numbers.
+# Steps: build build/bench (-O2 -fopenmp -fno-math-errno, with OpenBLAS and zlib when they are found)
+# and build/bench-plain (the default build a user makes of a header: cc -O2 -std=c99, nothing
+# else), run the memory child, the plain build's epoch rows on 1 thread, bench/torch_bench.py
+# when a python3 with torch is found, then build/bench, which measures mlc and prints the
+# tables with the other runs' numbers.
 set -e
 cd "$(dirname "$0")/.."
 CC=${CC:-cc}
@@ -40,6 +42,8 @@ fi
 rm -f "$BUILD"/probe "$BUILD"/probe_*.c
 echo "bench: $CC $CFLAGS -o $BUILD/bench bench/bench.c $LIBS"
 $CC $CFLAGS -o "$BUILD/bench" bench/bench.c $LIBS
+echo "bench: $CC -O2 -std=c99 -I. -o $BUILD/bench-plain bench/bench.c -lm"
+$CC -O2 -std=c99 -I. -o "$BUILD/bench-plain" bench/bench.c -lm
 
 # Other processes lower every number, the 2-thread ones most (a thread that waits for its
 # partner at a barrier can lose a whole scheduler time slice), so we say how busy they were:
@@ -60,6 +64,15 @@ run_start=$(cpu_ticks)
 # 5. memory, in a process of its own
 "$BUILD/bench" --rss-child > "$BUILD/bench_rss.txt"
 
+# 0. the plain build's epoch rows, 1 thread (it has no OpenMP), as key lines for build/bench
+PLAIN_ARGS=
+echo "bench: the plain build's epoch rows ..."
+if "$BUILD/bench-plain" --epochs-only --threads 1 --kv $QUICK > "$BUILD/bench_plain.txt"; then
+    PLAIN_ARGS="--plain $BUILD/bench_plain.txt"
+else
+    echo "bench: build/bench-plain failed: the plain build's rows are skipped"
+fi
+
 # 6. PyTorch: the first python3 on PATH that can import torch, else Debian's own
 TORCH_ARGS=
 TORCH_PY=
@@ -79,7 +92,7 @@ done
 
 # 1-4. mlc (and OpenBLAS), then the table
 echo "bench: measuring mlc ..."
-"$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $TORCH_ARGS
+"$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $TORCH_ARGS $PLAIN_ARGS
 # CPU time of other processes during the run: all busy ticks minus our own CPU time (`times`:
 # the second line is the children's user and system time, as 1m2.5s).
 set -- $run_start $(cpu_ticks)

@@ -3,12 +3,27 @@
 The same models, data, batch size, optimiser and timing method as bench/bench.c, so the two
 can be compared line by line. Prints "key value" lines that bench.c reads (--torch FILE):
 
-    torch_version, torch_threads, torch_data,
+    torch_version, torch_threads (the "all threads" setting: the CPUs online), torch_data,
+    epoch_{mlp,cnn}_t{1,ALL}_{median,min,max,loss_first,loss_last} (the epoch rows),
     tiny_step_us, mlp_train_sps, cnn_train_sps, lstm_step_ms, mlp_infer_us, cnn_infer_us,
-    gpt_tokens_s_1, gpt_tokens_s_2 (the tiny GPT of examples/gpt.c, 1 and 2 threads),
+    gpt_tokens_s_1, gpt_tokens_s_all (the tiny GPT of examples/gpt.c, 1 and all threads),
     others_percent (how much of the CPUs other processes used meanwhile)
 
-Usage: python3 bench/torch_bench.py [--quick]
+The epoch rows are bench.c's: a user's loop over whole shuffled Fashion-MNIST epochs (a new
+torch.randperm order each epoch from a generator seeded 1000 + run, the last partial batch
+dropped), a fresh model (torch.manual_seed(42)) and Adam (lr 1e-3) each run; the gather and
+scaling of a batch is not timed, forward to opt.step() is; samples/s = samples / summed step
+time; median, min and max of the runs; the mean loss of the first and of the last 100 steps
+(of half the steps when a run has fewer than 200).
+
+Usage: python3 bench/torch_bench.py [--quick] [--epochs-only] [--model mlp|cnn] [--threads N]
+                                    [--samples N] [--runs N]
+    --quick         short runs: 1 run of a tenth of an epoch, short micro-benchmark chunks
+    --epochs-only   only the epoch rows
+    --model         one model's epoch rows only
+    --threads N     the epoch rows on N threads only (default: 1 and all the CPUs online)
+    --samples N     samples per run (default: one epoch, 60000; --quick: a tenth)
+    --runs N        runs per epoch row (default 3; --quick: 1)
 
 With --minilm MODEL_DIR IDS_FILE RUNS it measures all-MiniLM-L6-v2 instead (bench/run.sh's
 sentence-embedding row): the token ids of `build/minilm --ids` (IDS_FILE), embedded as
@@ -17,6 +32,7 @@ forward as tests/models/test_minilm.py writes it, mean pooling, L2 norm), one wa
 RUNS passes, on 1 thread and on 2; prints "minilm_torch_sps_1 X", "minilm_torch_sps_2 Y"
 (the median pass) and others_percent.
 """
+import argparse
 import gzip
 import os
 import struct
@@ -29,7 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH = 64
-THREADS = 2
+ALL_THREADS = max(1, os.sysconf("SC_NPROCESSORS_ONLN"))
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 GPT_TEXT = "data/kjv_pentateuch.txt"
 GPT_BATCH, GPT_BLOCK, GPT_LAYERS, GPT_EMBD, GPT_HEADS = 16, 64, 4, 64, 4
@@ -216,8 +232,54 @@ def gpt_tokens_per_s(threads):
         opt.step()
 
     tokens_s = GPT_BATCH * GPT_BLOCK / seconds_per_call(step, 0.5, 5)
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(ALL_THREADS)
     return tokens_s
+
+
+def epoch_once(build, shape, images, labels, threads, samples, run):
+    """One run of the epoch rows on `threads` threads: (samples/s, mean loss of the first
+    steps, mean loss of the last steps)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(42)
+    model = build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1000 + run)
+    count, steps = images.shape[0], samples // BATCH
+    window = min(100, max(1, steps // 2))
+    pos, order, timed, losses = count, None, 0.0, []
+    for _ in range(steps):
+        if pos + BATCH > count:                     # a new epoch: a new order
+            order, pos = torch.randperm(count, generator=g), 0
+        idx = order[pos:pos + BATCH]
+        pos += BATCH
+        x = images[idx].float().div_(255.0).view(BATCH, *shape)
+        y = labels[idx]
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        timed += time.perf_counter() - start
+        losses.append(loss.item())
+    return steps * BATCH / timed, sum(losses[:window]) / window, sum(losses[-window:]) / window
+
+
+def epoch_rows(name, build, shape, images, labels, threads, samples, runs):
+    """Print one epoch row's key lines (as bench.c's --kv); a line per run on stderr."""
+    sps, first, last = [], 0.0, 0.0
+    for run in range(runs):
+        one = epoch_once(build, shape, images, labels, threads, samples, run)
+        print("torch_bench: %s, %d thread(s), run %d/%d: %.0f samples/s, loss %.3f (first steps) -> %.3f "
+              "(last)" % (name, threads, run + 1, runs, *one), file=sys.stderr)
+        sps.append(one[0])
+        first += one[1] / runs
+        last += one[2] / runs
+    sps.sort()
+    median = sps[runs // 2] if runs % 2 else (sps[runs // 2 - 1] + sps[runs // 2]) / 2
+    key = "epoch_%s_t%d_" % (name, threads)
+    print("%smedian %.1f\n%smin %.1f\n%smax %.1f\n%sloss_first %.4f\n%sloss_last %.4f"
+          % (key, median, key, sps[0], key, sps[-1], key, first, key, last))
+    sys.stdout.flush()
 
 
 def infer_us(model, image):
@@ -226,16 +288,32 @@ def infer_us(model, image):
         return seconds_per_call(lambda: model(image), 0.2, 7) * 1e6
 
 
-def main():
-    torch.set_num_threads(THREADS)
+def main(args):
     torch.manual_seed(42)
     images, labels, source = load_fashion()
     print("torch_version", torch.__version__)
-    print("torch_threads", torch.get_num_threads())
+    print("torch_threads", ALL_THREADS)
     print("torch_data", source)
     sys.stdout.flush()
 
     start = cpu_mark()
+    samples = args.samples or (images.shape[0] // 10 if QUICK else images.shape[0])
+    runs = args.runs or (1 if QUICK else 3)
+    settings = [args.threads] if args.threads else sorted({1, ALL_THREADS})
+    for name, build, shape in (("mlp", fashion_mlp, (784,)), ("cnn", fashion_cnn, (1, 28, 28))):
+        if args.model in (None, name):
+            for threads in settings:
+                epoch_rows(name, build, shape, images, labels, threads, samples, runs)
+    torch.set_num_threads(ALL_THREADS)
+    torch.manual_seed(42)
+    if not args.epochs_only:
+        micro(images, labels)
+    print("others_percent %.1f" % others_percent(start))
+
+
+def micro(images, labels):
+    """The micro-benchmarks: best of short chunks of one repeated step, on all threads (the GPT
+    on 1 and all)."""
     tiny = Trainer(tiny_mlp(), x=torch.randn(BATCH, 10), y=torch.randn(BATCH, 1))
     print("tiny_step_us %.3f" % (seconds_per_call(tiny.step, 0.2, 7) * 1e6))
     mlp = Trainer(fashion_mlp(), images, labels, (784,))
@@ -248,8 +326,7 @@ def main():
     print("mlp_infer_us %.3f" % infer_us(fashion_mlp(), first))
     print("cnn_infer_us %.3f" % infer_us(fashion_cnn(), first.view(1, 1, 28, 28)))
     print("gpt_tokens_s_1 %.1f" % gpt_tokens_per_s(1))
-    print("gpt_tokens_s_2 %.1f" % gpt_tokens_per_s(THREADS))
-    print("others_percent %.1f" % others_percent(start))
+    print("gpt_tokens_s_all %.1f" % gpt_tokens_per_s(ALL_THREADS))
 
 
 def minilm_main(model, ids_file, runs):
@@ -281,8 +358,19 @@ def minilm_main(model, ids_file, runs):
 
 
 if __name__ == "__main__":
-    if "--minilm" in sys.argv:
-        at = sys.argv.index("--minilm")
-        minilm_main(sys.argv[at + 1], sys.argv[at + 2], int(sys.argv[at + 3]))
+    parser = argparse.ArgumentParser(description="the PyTorch side of mlc's benchmark")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--epochs-only", action="store_true")
+    parser.add_argument("--model", choices=("mlp", "cnn"))
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=0)
+    parser.add_argument("--minilm", nargs=3, metavar=("MODEL_DIR", "IDS_FILE", "RUNS"))
+    options = parser.parse_args()
+    if 0 < options.samples < BATCH or options.samples < 0 or options.runs < 0 or options.threads < 0:
+        parser.error("--samples: 0 (one epoch) or at least %d; --runs, --threads: 0 (the default) or more"
+                     % BATCH)
+    if options.minilm:
+        minilm_main(options.minilm[0], options.minilm[1], int(options.minilm[2]))
     else:
-        main()
+        main(options)
