@@ -3287,13 +3287,17 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
         mlc__gemm_job job;
         mlc__gemm_layout(&job, mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C);
         if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
-        {   /* the threads share the longer side of C; the packing workspace is arena scratch,
-               released at once (the arena keeps the block) */
+        {   /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
+               so that each thread keeps to one part of the largest (and of a weight: the rows of
+               W in x Wᵀ, and of its gradient dYᵀ X, which the optimiser then shares out the same
+               way); the packing workspace is arena scratch, released at once (the arena keeps
+               the block) */
             const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
+            const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
             int pieces;
             mlc_frame scratch = mlc_frame_begin(ctx);
-            job.split_rows = rows > cols;
+            job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
             pieces = mlc__pieces(ctx, units, from);
             job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? (int)(units + pieces - 1) / pieces * mr : M,
