@@ -177,7 +177,9 @@ static void openblas_gemm(int ta, int tb, int M, int N, int K, const float *A, c
 
 static mlc_ctx *make_ctx(int with_hook) {
     mlc_config cfg = { .seed = 42 };
+#ifndef BENCH_BEFORE_THREADS            /* -DBENCH_BEFORE_THREADS: a header from before mlc_set_threads */
     cfg.threads = threads_now;
+#endif
 #ifdef BENCH_OPENBLAS
     if (with_hook) cfg.gemm = openblas_gemm;
 #endif
@@ -234,8 +236,10 @@ static void bench_gemm(gemm_results *r) {
     }
     for (int t = 0; t < 2; t++) {
         set_threads(t ? all_threads : 1);
+#ifndef BENCH_BEFORE_THREADS
         mlc_set_threads(own, threads_now);
         mlc_set_threads(hooked, threads_now);
+#endif
         for (int kind = 0; kind < GEMM_KINDS; kind++) {
             double last_s = 0;                  /* one call at the previous size */
 #ifndef BENCH_OPENBLAS
