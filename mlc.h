@@ -2402,20 +2402,22 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
         fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
 
-/* for (i = 0; i < n; i++) body, as blocks of 16 and then the last n % 16: a loop of a count
-   the compiler knows vectorises at plain -O2 (GCC 12 vectorises no loop of unknown count
-   there), and under -fopenmp as well */
-#define MLC__VECTOR_LOOP(i, n, ...) do { \
-        size_t mlc__block_ = 0; \
-        for (; mlc__block_ + 16 <= (n); mlc__block_ += 16) \
-            MLC__OMP(omp simd) for (i = mlc__block_; i < mlc__block_ + 16; i++) __VA_ARGS__ \
-        for (i = mlc__block_; i < (n); i++) __VA_ARGS__ \
+/* for (i = from; i < to; i++) body, as blocks of 16 and then the rest: a loop of a count the
+   compiler knows vectorises at plain -O2 (GCC 12 vectorises no loop of unknown count there),
+   with or without -fopenmp; i is any integer type, to >= from */
+#define MLC__VECTOR_LOOP(i, from, to, ...) do { \
+        i = (from); \
+        while ((to) - i >= 16) { \
+            int mlc__lane_; \
+            for (mlc__lane_ = 0; mlc__lane_ < 16; mlc__lane_++, i++) __VA_ARGS__ \
+        } \
+        for (; i < (to); i++) __VA_ARGS__ \
     } while (0)
 
 /* c += v b over n floats (a row of a product, a bias): c and b apart, so it vectorises */
 static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
     size_t j;
-    MLC__VECTOR_LOOP(j, n, { c[j] += v * b[j]; });
+    MLC__VECTOR_LOOP(j, 0, n, { c[j] += v * b[j]; });
 }
 
 /* ============================================================================================
@@ -2709,8 +2711,8 @@ static float mlc__gelu_tanh_slope(float x) {
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
    gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. */
-#define MLC__MAP(expr) MLC__VECTOR_LOOP(i, n, { const float x = xs[i]; ys[i] = (expr); }); break
-#define MLC__MAP_GRAD(expr) MLC__VECTOR_LOOP(i, n, { \
+#define MLC__MAP(expr) MLC__VECTOR_LOOP(i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
+#define MLC__MAP_GRAD(expr) MLC__VECTOR_LOOP(i, 0, n, { \
         const float x = xs[i], y = ys[i], slope = (expr); \
         gx[i] += g[i] * slope; (void)x; (void)y; \
     }); break
