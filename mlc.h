@@ -3968,15 +3968,18 @@ MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
 /* permute: y[i_0..i_n] = x[i_order^-1...]; walks the output in order, the input by strides. */
 static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float *src, float *dst,
                               int backward) {
-    size_t xstride[MLC_MAX_DIMS], ostride[MLC_MAX_DIMS], s = 1, i;
+    size_t xstride[MLC_MAX_DIMS], ostride[MLC_MAX_DIMS], s = 1, i, j, step;
     int idx[MLC_MAX_DIMS] = {0}, d, nd = x->ndim;
+    const size_t inner = nd ? (size_t)x->shape[order[nd - 1]] : 1;   /* the output's last axis */
     for (d = nd - 1; d >= 0; d--) { xstride[d] = s; s *= (size_t)x->shape[d]; }
     for (d = 0; d < nd; d++) ostride[d] = xstride[order[d]];
-    for (i = 0; i < x->size; i++) {
+    step = nd ? ostride[nd - 1] : 1;
+    for (i = 0; i < x->size; i += inner) {      /* row by row of the output */
         size_t off = 0;
-        for (d = 0; d < nd; d++) off += (size_t)idx[d] * ostride[d];
-        if (backward) dst[off] += src[i]; else dst[i] = src[off];
-        for (d = nd - 1; d >= 0; d--) { if (++idx[d] < x->shape[order[d]]) break; idx[d] = 0; }
+        for (d = 0; d < nd - 1; d++) off += (size_t)idx[d] * ostride[d];
+        if (backward) for (j = 0; j < inner; j++) dst[off + j * step] += src[i + j];
+        else for (j = 0; j < inner; j++) dst[i + j] = src[off + j * step];
+        for (d = nd - 2; d >= 0; d--) { if (++idx[d] < x->shape[order[d]]) break; idx[d] = 0; }
     }
 }
 
