@@ -2225,8 +2225,11 @@ enum { MLC__MAX_THREADS = 64, MLC__SPINS = 20000 };
 typedef void (*mlc__range_fn)(void *arg, int piece, size_t begin, size_t end);
 
 #if MLC__THREADS
-/* A job's counter packs its number, its piece count and the next piece to claim:
-   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS < 1024) */
+/* A job's counter packs its number (mod 4096), its piece count and the next piece to claim:
+   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS < 1024), in 32 bits, which every
+   CPU with threads can swap atomically (a 64-bit one on i386 sits at a 4-byte offset in the
+   struct, and qemu-i386 hung on it). A claim swaps one exact value for the next, so a value
+   seen again 4096 jobs later can only be claimed as a piece of the job that holds it. */
 typedef struct mlc__workers mlc__workers;
 struct mlc__workers {
     pthread_mutex_t lock;
@@ -2237,7 +2240,7 @@ struct mlc__workers {
     mlc__range_fn fn;                   /* the job: fn(arg, piece, begin, end) over slices of [0, n) */
     void *arg;
     size_t n;
-    uint64_t claim;                     /* job << 20 | pieces << 10 | next piece */
+    unsigned claim;                     /* job << 20 | pieces << 10 | next piece */
     int done;                           /* pieces finished */
 };
 
@@ -2249,8 +2252,8 @@ static void mlc__pause(void) {
 
 /* Claim and run pieces of the job until none is left (is_caller: the caller does not signal
    itself); returns the number of the job it saw. */
-static uint64_t mlc__claim_pieces(mlc__workers *pool, int is_caller) {
-    uint64_t c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+static unsigned mlc__claim_pieces(mlc__workers *pool, int is_caller) {
+    unsigned c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
     for (;;) {
         int pieces = (int)(c >> 10 & 1023), p = (int)(c & 1023);
         if (p >= pieces) return c >> 20;
@@ -2269,7 +2272,7 @@ static uint64_t mlc__claim_pieces(mlc__workers *pool, int is_caller) {
 
 static void *mlc__worker_main(void *arg) {
     mlc__workers *pool = (mlc__workers *)arg;
-    uint64_t seen = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20;
+    unsigned seen = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20;
     for (;;) {
         int spins = 0;
         while ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen && spins++ < MLC__SPINS)
@@ -2334,13 +2337,13 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
 
 /* One job on the pool: publish it, wake sleeping workers, take pieces, wait for the rest. */
 static void mlc__workers_run(mlc__workers *pool, size_t n, int pieces, mlc__range_fn fn, void *arg) {
-    uint64_t job = (__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1;
+    unsigned job = ((__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
     int spins = 0;
     pool->fn = fn; pool->arg = arg; pool->n = n;
     __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->busy, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->lock);
-    __atomic_store_n(&pool->claim, job << 20 | (uint64_t)pieces << 10, __ATOMIC_RELEASE);
+    __atomic_store_n(&pool->claim, job << 20 | (unsigned)pieces << 10, __ATOMIC_RELEASE);
     if (pool->sleeping) pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     mlc__claim_pieces(pool, 1);
