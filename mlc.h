@@ -4267,7 +4267,8 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
                     float *d;
                     if (ih < 0 || ih >= cv->H) continue;
                     d = dx + ((size_t)c * cv->H + ih) * cv->W;
-                    for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
+                    if (s == 1) mlc__axpy((size_t)(last - first), 1.0f, r + first, d + first + off);
+                    else for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
                 }
             }
 }
@@ -4510,11 +4511,27 @@ static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW
    input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
    With an argmax each window row and column is one pass over the outputs, visited in the same
    order as one output at a time, so the argmax is the same (first) one; without, each window
-   is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
+   is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
+   an argmax its four values are visited in window order, as above). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
+    if (argmax && K == 2 && S == 2 && h1 - h0 == 2) {
+        const float *r0 = p + h0 * W + left, *r1 = r0 + W;
+        const int at0 = h0 * W + left;
+        MLC__OMP(omp simd)
+        for (ow = lo; ow < hi; ow++) {
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+            int at = at0 + 2 * ow, take = mlc__pool_takes(b, best);
+            best = take ? b : best; at = take ? at0 + 2 * ow + 1 : at;
+            take = mlc__pool_takes(c, best);
+            best = take ? c : best; at = take ? at0 + W + 2 * ow : at;
+            take = mlc__pool_takes(d, best);
+            y[ow] = take ? d : best; argmax[ow] = take ? at0 + W + 2 * ow + 1 : at;
+        }
+        return;
+    }
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         for (ow = lo; ow < hi; ow++) {     /* in window order, as below */
