@@ -4330,6 +4330,21 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
         }
 }
 
+/* dW_g += dY_g colᵀ (Og x rows, over P pixels). With few rows of col (a first layer's C·KH·KW:
+   9 for one channel) mlc's own product takes dot products of rows, which read both where they
+   lie; packing would gather colᵀ and pad its few columns to a kernel's 16 or 32. */
+#define MLC__CONV_DOT_ROWS 16
+static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col, float *gw,
+                             float *work) {
+#ifndef MLC_USE_CBLAS
+    if (!ctx->config.gemm && rows <= MLC__CONV_DOT_ROWS) {
+        mlc__gemm_direct(0, 1, Og, rows, P, dy, col, 1.0f, gw);
+        return;
+    }
+#endif
+    mlc__gemm(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw, work);
+}
+
 /* backward over images [begin, end); dW and db go to the piece's partial sums when there are
    several pieces */
 static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
@@ -4348,7 +4363,7 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
             const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
             if (job->gw) {
                 mlc__im2col_threads(cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-                mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
+                mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
             }
             if (job->gx) {
                 mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);

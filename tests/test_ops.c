@@ -1175,11 +1175,12 @@ static void reference_gemm(int ta, int tb, int M, int N, int K, const float *A, 
 
 /* conv2d's output and gradients, its images shared out between threads (with OpenMP) and with
    mlc's GEMM, against the same on a context whose products go to a hook, one image at a time:
-   5 images (an uneven split), several strides, paddings, dilations and groups. */
+   5 images (an uneven split), several strides, paddings, dilations and groups; depthwise (one
+   channel per group: 9 rows of col) takes dW's dot-product path. */
 static int conv2d_images_in_threads_match_one_by_one(void) {
-    const struct { int s, p, d, g; } cfg[3] = { { 1, 1, 1, 1 }, { 2, 1, 1, 2 }, { 1, 2, 2, 3 } };
+    const struct { int s, p, d, g; } cfg[4] = { { 1, 1, 1, 1 }, { 2, 1, 1, 2 }, { 1, 2, 2, 3 }, { 1, 1, 1, 6 } };
     int k, c;
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 4; k++) {
         mlc_ctx *ctx[2];
         float y[2][5 * 6 * 9 * 9], gx[2][5 * 6 * 9 * 8], gw[2][6 * 6 * 3 * 3], gb[2][6];
         size_t ny = 0, i;
