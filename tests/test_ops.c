@@ -1212,6 +1212,56 @@ static int conv2d_images_in_threads_match_one_by_one(void) {
     return 1;
 }
 
+/* The stride-1 path (padded planes, weights packed once, dx as a convolution of dy with the
+   flipped weights, dW through channels-last rows) against the general one (im2col, col2im) on a
+   context whose products go to a hook: outputs, dx, dW, db for 3 images. Settings: 32 channels
+   of 3x3 (288 rows of col, two slices of the product's depth) with 5 outputs (fewer than a
+   kernel's rows); a 2x3 kernel with separate paddings; dilation 2; a 1x1 kernel with padding 1
+   (dx's padding would be -1: dx falls back to col2im); a 5x5 kernel, padding 2, one channel (dW
+   by dot products); and stride 2 (the general path both ways, as a check of the check). */
+static int conv2d_stride1_path_matches_general(void) {
+    const struct { int C, O, KH, KW, ph, pw, d, s; } cfg[6] = {
+        { 32, 5, 3, 3, 1, 1, 1, 1 }, { 3, 13, 2, 3, 0, 2, 1, 1 }, { 4, 6, 3, 3, 1, 1, 2, 1 },
+        { 6, 4, 1, 1, 1, 1, 1, 1 },  { 1, 7, 5, 5, 2, 2, 1, 1 },  { 4, 6, 3, 3, 1, 1, 1, 2 } };
+    static float out[2][4][3 * 32 * 9 * 8];
+    const char *const names[4] = { "y", "dx", "dW", "db" };
+    size_t len[4] = { 0 }, i;
+    int k, c, t;
+    for (k = 0; k < 6; k++) {
+        for (c = 0; c < 2; c++) {
+            mlc_config cf;
+            mlc_conv_opts o = { 0 };
+            mlc_ctx *ctx;
+            mlc_tensor *x, *w, *b, *r, *got[4];
+            memset(&cf, 0, sizeof cf);
+            cf.seed = 7; cf.quiet = 1; cf.device = "cpu";
+            if (c == 1) cf.gemm = reference_gemm;
+            ctx = mlc_create(&cf);
+            o.stride = cfg[k].s; o.dilation = cfg[k].d;
+            o.padding = cfg[k].ph; o.padding_w = cfg[k].pw ? cfg[k].pw : MLC_ZERO_INT;
+            x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, cfg[k].C, 9, 8)), 1);
+            w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(cfg[k].O, cfg[k].C, cfg[k].KH, cfg[k].KW)), 1);
+            b = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(cfg[k].O)), 1);
+            r = mlc_conv2d(x, w, b, o);
+            CHECK_MSG(r && mlc_backward_with(r, mlc_randn(ctx, r->ndim, r->shape)) == MLC_OK, "config %d: %s",
+                      k, mlc_error_message(ctx));
+            got[0] = r; got[1] = x; got[2] = w; got[3] = b;
+            for (t = 0; t < 4; t++) {
+                len[t] = got[t]->size;
+                CHECK(len[t] <= sizeof out[0][0] / sizeof(float));
+                memcpy(out[c][t], t ? got[t]->grad : got[t]->data, len[t] * sizeof(float));
+            }
+            mlc_destroy(ctx);
+        }
+        for (t = 0; t < 4; t++)
+            for (i = 0; i < len[t]; i++)
+                CHECK_MSG(fabs(out[0][t][i] - out[1][t][i]) <= 1e-4 * (1 + fabs(out[1][t][i])),
+                          "config %d, %s[%zu]: %g, general path %g", k, names[t], i, (double)out[0][t][i],
+                          (double)out[1][t][i]);
+    }
+    return 1;
+}
+
 static int pooling_values(void) {
     mlc_ctx *ctx = test_ctx(1);
     /* [1,2,4,4]: a plane and its negative */
@@ -1602,6 +1652,7 @@ const test_case tests_ops[] = {
     TEST(conv2d_against_direct_loop)
     TEST(conv2d_one_image_against_direct_loop)
     TEST(conv2d_images_in_threads_match_one_by_one)
+    TEST(conv2d_stride1_path_matches_general)
     TEST(pooling_values)
     TEST(pooling_against_window_loop)
     { NULL, NULL }
