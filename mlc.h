@@ -4422,7 +4422,8 @@ static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__c
     f->ph = dx ? cv->dh * (cv->KH - 1) - cv->ph : cv->ph;
     f->pw = dx ? cv->dw * (cv->KW - 1) - cv->pw : cv->pw;
     return f->ph >= 0 && f->pw >= 0
-           && ((double)f->H + 2.0 * f->ph + 1) * ((double)f->W + 2.0 * f->pw + 64) * f->C < 2147483647.0;
+           && ((long long)f->H + 2LL * f->ph + 1) * ((long long)f->W + 2LL * f->pw + 64)
+                  <= 2147483647LL / (f->C > 0 ? f->C : 1);
 }
 
 /* image i through the fast path: forward y = its output + b, backward dx += its output */
