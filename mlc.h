@@ -4411,9 +4411,11 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
 #ifndef MLC_USE_CBLAS
 /* Whether the fast path takes this convolution (dx: its backward to dx), with f's shapes set:
    mlc's own products, groups 1, stride 1, more than one image or one thread (one image is
-   left to the general path, whose products use the threads), offsets within an int. */
+   left to the general path, whose products use the threads), offsets within an int, and no
+   fixed arena (its scratch, a whole output per image in flight, can outgrow col where input
+   channels are few: a fixed arena keeps to im2col's). */
 static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
-    if (ctx->config.gemm || cv->groups != 1 || cv->sh != 1 || cv->sw != 1
+    if (ctx->config.gemm || ctx->config.arena || cv->groups != 1 || cv->sh != 1 || cv->sw != 1
         || (cv->N < 2 && mlc__threads() > 1))
         return 0;
     f->KH = cv->KH; f->KW = cv->KW; f->dh = cv->dh; f->dw = cv->dw;
@@ -4573,7 +4575,8 @@ static void mlc__conv2d_backward(mlc__node *n) {
         if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
         fast_floats = (fast.piece_floats + 15) / 16 * 16;
     }
-    by_rows = mlc__grad(w) && !x->ctx->config.gemm && cv->groups == 1 && rows > MLC__CONV_DOT_ROWS;
+    by_rows = mlc__grad(w) && !x->ctx->config.gemm && !x->ctx->config.arena && cv->groups == 1
+              && rows > MLC__CONV_DOT_ROWS;             /* (its scratch: x channels last, dW) */
 #endif
     if (!mlc__conv_plan(&job, x->ctx, cv, 1,
                         fast_floats + (by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0),
