@@ -4195,6 +4195,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                                    x[n, c, sh·h + dh·i - ph, sw·w + dw·j - pw]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
+              (stride 1, groups 1, mlc's own products: y and dx without col, mlc__conv_fast)
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
      avg_pool y = Σ window / KH·KW (padding counts)  dx = g / KH·KW over the window (ceil_mode's last
