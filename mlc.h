@@ -4412,9 +4412,10 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
 #ifndef MLC_USE_CBLAS
 /* Whether the fast path takes this convolution (dx: its backward to dx), with f's shapes set:
    mlc's own products, groups 1, stride 1, more than one image or one thread (one image is
-   left to the general path, whose products use the threads), offsets within an int, and no
-   fixed arena (its scratch, a whole output per image in flight, can outgrow col where input
-   channels are few: a fixed arena keeps to im2col's). */
+   left to the general path, whose products use the threads), channels in and out (an empty
+   product is the general path's), offsets within an int, and no fixed arena (its scratch, a
+   whole output per image in flight, can outgrow col where input channels are few: a fixed
+   arena keeps to im2col's). */
 static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
     if (ctx->config.gemm || ctx->config.arena || cv->groups != 1 || cv->sh != 1 || cv->sw != 1
         || (cv->N < 2 && mlc__threads() > 1))
@@ -4424,9 +4425,9 @@ static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__c
     f->M = dx ? cv->C : cv->O;
     f->ph = dx ? cv->dh * (cv->KH - 1) - cv->ph : cv->ph;
     f->pw = dx ? cv->dw * (cv->KW - 1) - cv->pw : cv->pw;
-    return f->ph >= 0 && f->pw >= 0
+    return f->ph >= 0 && f->pw >= 0 && f->C > 0 && f->M > 0
            && ((long long)f->H + 2LL * f->ph + 1) * ((long long)f->W + 2LL * f->pw + 64)
-                  <= 2147483647LL / (f->C > 0 ? f->C : 1);
+                  <= 2147483647LL / f->C;
 }
 
 /* image i through the fast path: forward y = its output + b, backward dx += its output */

@@ -1262,6 +1262,29 @@ static int conv2d_stride1_path_matches_general(void) {
     return 1;
 }
 
+/* No input channels (y is the bias, or 0) and no output channels (dx is 0), forward and
+   backward, on the stride-1 settings (whose path leaves empty products to the general one). */
+static int conv2d_zero_channels(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 0, 5, 5)), 1);
+    mlc_tensor *w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, 0, 3, 3)), 1);
+    mlc_tensor *b = mlc_requires_grad(mlc_full(ctx, MLC_SHAPE(3), 0.5f), 1);
+    mlc_tensor *x2 = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 3, 5, 5)), 1);
+    mlc_tensor *w2 = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(0, 3, 3, 3)), 1);
+    mlc_tensor *y = mlc_conv2d(x, w, b, (mlc_conv_opts){ .padding = 1 }), *y2;
+    size_t i;
+    CHECK(y && shape_is(y, 4, (const int[]){ 2, 3, 5, 5 }));
+    for (i = 0; i < y->size; i++) CHECK(mlc_host_data(y)[i] == 0.5f);
+    CHECK(mlc_backward_with(y, mlc_ones(ctx, y->ndim, y->shape)) == MLC_OK);
+    CHECK(mlc_host_grad(b)[0] == 50.0f && mlc_host_grad(b)[2] == 50.0f);
+    y2 = mlc_conv2d(x2, w2, NULL, (mlc_conv_opts){ .padding = 1 });
+    CHECK(y2 && shape_is(y2, 4, (const int[]){ 2, 0, 5, 5 }));
+    CHECK(mlc_backward_with(y2, mlc_ones(ctx, y2->ndim, y2->shape)) == MLC_OK && mlc_host_grad(x2));
+    for (i = 0; i < x2->size; i++) CHECK(mlc_host_grad(x2)[i] == 0.0f);
+    test_destroy(ctx);
+    return 1;
+}
+
 static int pooling_values(void) {
     mlc_ctx *ctx = test_ctx(1);
     /* [1,2,4,4]: a plane and its negative */
@@ -1653,6 +1676,7 @@ const test_case tests_ops[] = {
     TEST(conv2d_one_image_against_direct_loop)
     TEST(conv2d_images_in_threads_match_one_by_one)
     TEST(conv2d_stride1_path_matches_general)
+    TEST(conv2d_zero_channels)
     TEST(pooling_values)
     TEST(pooling_against_window_loop)
     { NULL, NULL }
