@@ -2713,7 +2713,9 @@ static float mlc__gelu_tanh_slope(float x) {
 }
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
-   gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. */
+   gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. f'(x)
+   goes through a variable: GCC 12 keeps g·(x > 0 ? 1 : 0) written inline as a branch (relu's
+   backward ran scalar, mispredicting on every sign change), and vectorises it this way. */
 #define MLC__MAP(expr) MLC__VECTOR_LOOP(i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
 #define MLC__MAP_GRAD(expr) MLC__VECTOR_LOOP(i, 0, n, { \
         const float x = xs[i], y = ys[i], slope = (expr); \
@@ -4499,6 +4501,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
                                    x[n, c, sh·h + dh·i - ph, sw·w + dw·j - pw]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
               (im2col), so  dW_g += dY_g colᵀ,  dcol = W_gᵀ dY_g  then col2im into dx,  db = Σ dY
+              (stride 1, groups 1, mlc's own products: y and dx without col, mlc__conv_fast)
      max_pool y = max of the window               dx = g at the window's (first) argmax, or at its
                                                    last NaN (y NaN), as PyTorch's CPU kernel does
      avg_pool y = Σ window / KH·KW (padding counts)  dx = g / KH·KW over the window (ceil_mode's last
@@ -4558,6 +4561,17 @@ static void mlc__im2col_threads(mlc_ctx *ctx, const mlc__conv *cv, int channels,
     mlc__parallel(ctx, (size_t)channels, MLC__IM2COL_PARALLEL / per_channel + 1, mlc__im2col_channels, &job);
 }
 
+/* The sum of n floats in eight running sums (bias gradients): no chain of dependent adds, and
+   the eight are one vector add even where loops are not vectorised (plain -O2). */
+static float mlc__sum8(const float *v, int n) {
+    float s[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, sum = 0.0f;
+    int q, k;
+    for (q = 0; q + 8 <= n; q += 8)
+        for (k = 0; k < 8; k++) s[k] += v[q + k];
+    for (; q < n; q++) sum += v[q];
+    return sum + (((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])));
+}
+
 /* dx[c, ih, iw] += every value of col that im2col took from there */
 static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, float *dx) {
     int c, i, j, oh, ow, first, last, s = cv->sw, P = cv->OH * cv->OW;
@@ -4573,10 +4587,92 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
                     float *d;
                     if (ih < 0 || ih >= cv->H) continue;
                     d = dx + ((size_t)c * cv->H + ih) * cv->W;
-                    for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
+                    if (s == 1) mlc__axpy((size_t)(last - first), 1.0f, r + first, d + first + off);
+                    else for (ow = first; ow < last; ow++) d[ow * s + off] += r[ow];
                 }
             }
 }
+
+#ifndef MLC_USE_CBLAS
+/* Stride 1 without im2col (mlc's own products, groups 1): the input's planes are copied once
+   into zero-padded planes Hp x Wp, and the output is computed at every column of the padded
+   width, OH x Wp "extended" columns of which the last Wp - OW of each row are thrown away. Then
+   row r = (c, i, j) of col, at extended column q = oh·Wp + ow, is plane c at q + i·dh·Wp + j·dw:
+   contiguous in q, so each NR-wide sliver of the product's B is NR floats copied per row, and
+   the weights are packed once per op for all the images. The product writes a scratch C
+   [O rounded to MR, columns rounded to NR] (no edge tiles), copied out with the bias added.
+   The same serves dx: stride 1 makes dx = conv(dy, w flipped, its channels swapped) with
+   padding dh·(KH-1) - ph (when not negative), dx += its output. */
+typedef struct mlc__conv_fast {
+    const mlc__gemm_arch *g;
+    int C, H, W, M, KH, KW, ph, pw, dh, dw;   /* input planes C x H x W, M output planes */
+    int Hp, Wp, OH, Pn, R, kc, Mr;            /* padded plane, output rows, columns, col rows, slice, M */
+    size_t plane, piece_floats;               /* floats per padded plane, and per image in flight */
+    float *wp;                                /* packed weights: per k slice, per MR rows */
+    int *off;                                 /* per row of col: its offset in the planes */
+} mlc__conv_fast;
+
+/* Plan it and pack the weights: w [M, C, KH, KW] as stored, or (flip) w [C, M, KH, KW] read
+   as dx needs it: A[m, (c, i, j)] = w[c, m, KH-1-i, KW-1-j]. 0 when out of memory. */
+static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, int flip, const char *op) {
+    const mlc__gemm_arch *g = mlc__gemm_pick();
+    int kblocks, r, m, k, pc, T = f->KH * f->KW;
+    float *dst;
+    f->g = g;
+    f->Hp = f->H + 2 * f->ph; f->Wp = f->W + 2 * f->pw;
+    f->OH = f->Hp - f->dh * (f->KH - 1);
+    f->Pn = mlc__gemm_round_up(f->OH * f->Wp, g->nr);
+    f->R = f->C * T; f->Mr = mlc__gemm_round_up(f->M, g->mr);
+    kblocks = (f->R + g->kc - 1) / g->kc;
+    f->kc = (f->R + kblocks - 1) / kblocks;
+    f->plane = (size_t)f->Hp * f->Wp + (size_t)(f->Pn - f->OH * f->Wp) + (size_t)f->dw * (f->KW - 1);
+    f->plane = (f->plane + 15) / 16 * 16;
+    f->piece_floats = (size_t)f->C * f->plane + (size_t)f->kc * g->nr + (size_t)f->Mr * f->Pn;
+    f->wp = mlc__floats(ctx, (size_t)f->Mr * f->R + ((size_t)f->R * sizeof(int) + 3) / 4, op);
+    if (!f->wp) return 0;
+    f->off = (int *)(f->wp + (size_t)f->Mr * f->R);
+    for (r = 0; r < f->R; r++)
+        f->off[r] = (int)((size_t)(r / T) * f->plane) + (r % T / f->KW) * f->dh * f->Wp + r % f->KW * f->dw;
+    for (pc = 0, dst = f->wp; pc < f->R; pc += f->kc) {
+        int kk = f->R - pc < f->kc ? f->R - pc : f->kc;
+        for (m = 0; m < f->Mr; m += g->mr)
+            for (k = pc; k < pc + kk; k++)
+                for (r = m; r < m + g->mr; r++, dst++)
+                    *dst = r >= f->M ? 0.0f
+                         : flip      ? w[((size_t)(k / T) * f->M + r) * T + T - 1 - k % T]
+                                     : w[(size_t)r * f->R + k];
+    }
+    return 1;
+}
+
+/* One image: x [C, H, W] -> the scratch C of plan f, [Mr, Pn] at the returned address (row
+   stride Pn; output (m, oh, ow) at m·Pn + oh·Wp + ow); scratch holds f->piece_floats. */
+static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x, float *scratch) {
+    const mlc__gemm_arch *g = f->g;
+    const int nr = g->nr;
+    float *planes = scratch, *bs = planes + (size_t)f->C * f->plane, *cs = bs + (size_t)f->kc * nr;
+    int c, h, q, pc, r, m;
+    memset(planes, 0, (size_t)f->C * f->plane * sizeof(float));
+    for (c = 0; c < f->C; c++)
+        for (h = 0; h < f->H; h++)
+            memcpy(planes + c * f->plane + (size_t)(h + f->ph) * f->Wp + f->pw,
+                   x + ((size_t)c * f->H + h) * f->W, (size_t)f->W * sizeof(float));
+    for (q = 0; q < f->Pn; q += nr)
+        for (pc = 0; pc < f->R; pc += f->kc) {
+            const int kk = f->R - pc < f->kc ? f->R - pc : f->kc;
+            for (r = 0; r < kk; r++) {               /* constant sizes: copied in registers */
+                const float *src = planes + f->off[pc + r] + q;
+                if (nr == 32) memcpy(bs + r * 32, src, 32 * sizeof(float));
+                else if (nr == 16) memcpy(bs + r * 16, src, 16 * sizeof(float));
+                else memcpy(bs + r * nr, src, (size_t)nr * sizeof(float));
+            }
+            for (m = 0; m < f->Mr; m += g->mr)
+                g->kernel(kk, f->wp + (size_t)pc * f->Mr + (size_t)m * kk, bs, cs + (size_t)m * f->Pn + q,
+                          f->Pn, pc > 0);
+        }
+    return cs;
+}
+#endif
 
 /* The images are shared out between threads: each piece of images has scratch of its own (col,
    packing space, and backward its partial dW and db, summed at the end) and runs its products
@@ -4589,13 +4685,19 @@ typedef struct mlc__conv_job {
     int pieces;
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
     float *y, *gx, *gw, *gb;
-    float *scratch;                     /* per piece: col, packing space, partial dW and db */
-    size_t col_floats, work_floats, piece_floats;
+    float *scratch;                     /* per piece: col, packing space, partial dW and db, fast's */
+    size_t col_floats, work_floats, piece_floats, fast_at, rows_at;
+#ifndef MLC_USE_CBLAS
+    const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
+#endif
+    int by_rows;                        /* backward: dW through mlc__im2row */
 } mlc__conv_job;
 
-/* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db). */
+/* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db;
+   fast_floats for the fast path's and mlc__im2row's, which forward needs no col or packing
+   space beside). */
 static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
-                          const char *op) {
+                          size_t fast_floats, const char *op) {
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
     size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P),
            w3 = mlc__gemm_work(rows, P, Og);
@@ -4603,13 +4705,57 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     job->ctx = ctx; job->cv = cv;
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
     job->pieces = mlc__pieces(ctx, (size_t)cv->N, job->parallel_from);
-    job->col_floats = ((size_t)rows * P + 15) / 16 * 16;
-    job->work_floats = job->pieces > 1 ? (w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3)) : 0;
-    job->piece_floats = job->col_floats + job->work_floats
-                        + (with_grads && job->pieces > 1 ? (size_t)cv->O * rows + cv->O : 0);
+    job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
+    job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
+    if (job->pieces < 2 || !job->col_floats) job->work_floats = 0;
+    job->fast_at = job->col_floats + job->work_floats
+                   + (with_grads && job->pieces > 1 ? ((size_t)cv->O * rows + cv->O + 15) / 16 * 16 : 0);
+    job->piece_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
     job->scratch = mlc__floats(ctx, (size_t)job->pieces * job->piece_floats, op);
     return job->scratch != NULL;
 }
+
+#ifndef MLC_USE_CBLAS
+/* Whether the fast path takes this convolution (dx: its backward to dx), with f's shapes set:
+   mlc's own products, groups 1, stride 1, more than one image or one thread (one image is
+   left to the general path, whose products use the threads), channels in and out (an empty
+   product is the general path's), offsets within an int, and no fixed arena (its scratch, a
+   whole output per image in flight, can outgrow col where input channels are few: a fixed
+   arena keeps to im2col's). */
+static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
+    if (ctx->config.gemm || ctx->config.arena || cv->groups != 1 || cv->sh != 1 || cv->sw != 1
+        || (cv->N < 2 && mlc__threads(ctx) > 1))
+        return 0;
+    f->KH = cv->KH; f->KW = cv->KW; f->dh = cv->dh; f->dw = cv->dw;
+    f->C = dx ? cv->O : cv->C; f->H = dx ? cv->OH : cv->H; f->W = dx ? cv->OW : cv->W;
+    f->M = dx ? cv->C : cv->O;
+    f->ph = dx ? cv->dh * (cv->KH - 1) - cv->ph : cv->ph;
+    f->pw = dx ? cv->dw * (cv->KW - 1) - cv->pw : cv->pw;
+    return f->ph >= 0 && f->pw >= 0 && f->C > 0 && f->M > 0
+           && ((long long)f->H + 2LL * f->ph + 1) * ((long long)f->W + 2LL * f->pw + 64)
+                  <= 2147483647LL / f->C;
+}
+
+/* image i through the fast path: forward y = its output + b, backward dx += its output */
+static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, size_t i, int dx) {
+    const mlc__conv_fast *f = job->fast;
+    const float *cs = mlc__conv_fast_image(f, (dx ? job->dy : job->x) + i * f->C * f->H * f->W, scratch);
+    const int OW = dx ? job->cv->W : job->cv->OW;
+    int m, oh, ow;
+    for (m = 0; m < f->M; m++)
+        for (oh = 0; oh < f->OH; oh++) {
+            const float *src = cs + (size_t)m * f->Pn + (size_t)oh * f->Wp;
+            float *dst = (dx ? job->gx : job->y) + ((i * f->M + m) * f->OH + oh) * OW;
+            if (dx) mlc__axpy((size_t)OW, 1.0f, src, dst);
+            else if (!job->bias) memcpy(dst, src, (size_t)OW * sizeof(float));
+            else {
+                const float b = job->bias[m];
+                MLC__OMP(omp simd)
+                for (ow = 0; ow < OW; ow++) dst[ow] = src[ow] + b;
+            }
+        }
+}
+#endif
 
 /* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
 static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
@@ -4620,7 +4766,10 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
     float *col = job->scratch + (size_t)piece * job->piece_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
     size_t i;
-    for (i = begin; i < end; i++)
+    for (i = begin; i < end; i++) {
+#ifndef MLC_USE_CBLAS
+        if (job->fast) { mlc__conv_fast_out(job, col + job->fast_at, i, 0); continue; }
+#endif
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
             for (o = 0; job->bias && o < Og; o++) {
@@ -4633,6 +4782,50 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
             mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col,
                       job->bias ? 1.0f : 0.0f, y, work);
         }
+    }
+}
+
+/* colᵀ with its rows in the order (i, j, c), for groups 1: colT[oh·OW + ow, (i·KW + j)·C + c] =
+   x[c, oh·sh + i·dh - ph, ow·sw + j·dw - pw] (0 outside), through xt, x with its channels last
+   ([H, W, C]), so each window position is C floats copied. Then dW = dY colT takes both
+   operands of the product as they lie (packing col's transpose gathers every value), with dW's
+   columns in (i, j, c) order, put back in (c, i, j) order once per piece. */
+static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *colT) {
+    const int C = cv->C, T = cv->KH * cv->KW;
+    int c, q, oh, ow, i, j, k;
+    for (c = 0; c < C; c++)
+        for (q = 0; q < cv->H * cv->W; q++) xt[(size_t)q * C + c] = x[(size_t)c * cv->H * cv->W + q];
+    for (oh = 0; oh < cv->OH; oh++)
+        for (ow = 0; ow < cv->OW; ow++) {
+            float *row = colT + ((size_t)oh * cv->OW + ow) * C * T;
+            for (i = 0; i < cv->KH; i++)
+                for (j = 0; j < cv->KW; j++) {
+                    int ih = oh * cv->sh + i * cv->dh - cv->ph, iw = ow * cv->sw + j * cv->dw - cv->pw;
+                    float *dst = row + (size_t)(i * cv->KW + j) * C;
+                    const float *src = xt + ((size_t)ih * cv->W + iw) * C;
+                    if (ih < 0 || ih >= cv->H || iw < 0 || iw >= cv->W) {
+                        memset(dst, 0, (size_t)C * sizeof(float));
+                        continue;
+                    }
+                    MLC__OMP(omp simd)
+                    for (k = 0; k < C; k++) dst[k] = src[k];
+                }
+        }
+}
+
+/* dW_g += dY_g colᵀ (Og x rows, over P pixels). With few rows of col (a first layer's C·KH·KW:
+   9 for one channel) mlc's own product takes dot products of rows, which read both where they
+   lie; packing would gather colᵀ and pad its few columns to a kernel's 16 or 32. */
+#define MLC__CONV_DOT_ROWS 16
+static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col, float *gw,
+                             float *work) {
+#ifndef MLC_USE_CBLAS
+    if (!ctx->config.gemm && rows <= MLC__CONV_DOT_ROWS) {
+        mlc__gemm_direct(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw);
+        return;
+    }
+#endif
+    mlc__gemm(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw, work);
 }
 
 /* backward over images [begin, end); dW and db go to the piece's partial sums when there are
@@ -4641,31 +4834,40 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
-        o, q;
+        o;
     float *col = job->scratch + (size_t)piece * job->piece_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
-    float *gw = job->pieces > 1 ? work + job->work_floats : job->gw,
+    float *gw = job->pieces > 1 ? col + job->col_floats + job->work_floats : job->gw,
           *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
+    float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
     size_t i;
+    int c, t, T = cv->KH * cv->KW;
     if (job->pieces > 1) memset(gw, 0, ((size_t)cv->O * rows + cv->O) * sizeof(float));
+    if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
     for (i = begin; i < end; i++)
         for (g = 0; g < cv->groups; g++) {
             const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
-            if (job->gw) {
+            if (job->by_rows) {
+                mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
+                mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
+            } else if (job->gw) {
                 mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-                mlc__gemm(job->ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw + (size_t)g * Og * rows, work);
+                mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
             }
+#ifndef MLC_USE_CBLAS
+            if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, i, 1);
+            else
+#endif
             if (job->gx) {
                 mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);
                 mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
             }
-            for (o = 0; job->gb && o < Og; o++) {
-                float sum = 0.0f;
-                MLC__OMP(omp simd reduction(+:sum))
-                for (q = 0; q < P; q++) sum += dy[(size_t)o * P + q];
-                gb[g * Og + o] += sum;
-            }
+            for (o = 0; job->gb && o < Og; o++) gb[g * Og + o] += mlc__sum8(dy + (size_t)o * P, P);
         }
+    for (o = 0; job->by_rows && o < cv->O; o++)            /* (i, j, c) back to (c, i, j) */
+        for (c = 0; c < cv->C; c++)
+            for (t = 0; t < T; t++)
+                gw[((size_t)o * cv->C + c) * T + t] += gw_rows[((size_t)o * T + t) * cv->C + c];
 }
 
 static void mlc__conv2d_backward(mlc__node *n) {
@@ -4673,7 +4875,25 @@ static void mlc__conv2d_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0], *w = n->in[1];
     int rows = cv->C / cv->groups * cv->KH * cv->KW, p;
     mlc__conv_job job;
-    if (!mlc__conv_plan(&job, x->ctx, cv, 1, "mlc_conv2d backward")) return;
+    size_t fast_floats = 0;
+    int by_rows = 0;
+#ifndef MLC_USE_CBLAS
+    mlc__conv_fast fast;
+    if (mlc__grad(x) && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
+        if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
+        fast_floats = (fast.piece_floats + 15) / 16 * 16;
+    }
+    by_rows = mlc__grad(w) && !x->ctx->config.gemm && !x->ctx->config.arena && cv->groups == 1
+              && rows > MLC__CONV_DOT_ROWS;             /* (its scratch: x channels last, dW) */
+#endif
+    if (!mlc__conv_plan(&job, x->ctx, cv, 1,
+                        fast_floats + (by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0),
+                        "mlc_conv2d backward"))
+        return;
+#ifndef MLC_USE_CBLAS
+    job.fast = fast_floats ? &fast : NULL;
+#endif
+    job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats;
     job.x = x->data; job.w = w->data; job.dy = n->out->grad;
     job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
     mlc__parallel(x->ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
@@ -4713,6 +4933,10 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     mlc__node call;
     mlc__conv_job job;
     int shape[4], where;
+    size_t fast_floats = 0;
+#ifndef MLC_USE_CBLAS
+    mlc__conv_fast fast;
+#endif
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
@@ -4751,7 +4975,16 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     if (!mlc__save(&call, &cv, sizeof cv)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
     if (where == 1) { mlc__record(&call); return out; }
-    if (!mlc__conv_plan(&job, ctx, &cv, 0, "mlc_conv2d")) return NULL;
+#ifndef MLC_USE_CBLAS
+    if (mlc__conv_fast_fits(ctx, &cv, 0, &fast)) {
+        if (!mlc__conv_fast_plan(&fast, ctx, weight->data, 0, "mlc_conv2d")) return NULL;
+        fast_floats = fast.piece_floats;
+    }
+#endif
+    if (!mlc__conv_plan(&job, ctx, &cv, 0, fast_floats, "mlc_conv2d")) return NULL;
+#ifndef MLC_USE_CBLAS
+    job.fast = fast_floats ? &fast : NULL;
+#endif
     job.x = x->data; job.w = weight->data; job.bias = bias ? bias->data : NULL; job.y = out->data;
     mlc__parallel(ctx, (size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
     mlc__record(&call);
@@ -4816,11 +5049,27 @@ static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW
    input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
    With an argmax each window row and column is one pass over the outputs, visited in the same
    order as one output at a time, so the argmax is the same (first) one; without, each window
-   is taken whole in registers (2x2 with stride 2, the common case, unrolled). */
+   is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
+   an argmax its four values are visited in window order, as above). */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
+    if (argmax && K == 2 && S == 2 && h1 - h0 == 2) {
+        const float *r0 = p + h0 * W + left, *r1 = r0 + W;
+        const int at0 = h0 * W + left;
+        MLC__OMP(omp simd)
+        for (ow = lo; ow < hi; ow++) {
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+            int at = at0 + 2 * ow, take = mlc__pool_takes(b, best);
+            best = take ? b : best; at = take ? at0 + 2 * ow + 1 : at;
+            take = mlc__pool_takes(c, best);
+            best = take ? c : best; at = take ? at0 + W + 2 * ow : at;
+            take = mlc__pool_takes(d, best);
+            y[ow] = take ? d : best; argmax[ow] = take ? at0 + W + 2 * ow + 1 : at;
+        }
+        return;
+    }
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         for (ow = lo; ow < hi; ow++) {     /* in window order, as below */

@@ -1175,11 +1175,12 @@ static void reference_gemm(int ta, int tb, int M, int N, int K, const float *A, 
 
 /* conv2d's output and gradients, its images shared out between threads (with OpenMP) and with
    mlc's GEMM, against the same on a context whose products go to a hook, one image at a time:
-   5 images (an uneven split), several strides, paddings, dilations and groups. */
+   5 images (an uneven split), several strides, paddings, dilations and groups; depthwise (one
+   channel per group: 9 rows of col) takes dW's dot-product path. */
 static int conv2d_images_in_threads_match_one_by_one(void) {
-    const struct { int s, p, d, g; } cfg[3] = { { 1, 1, 1, 1 }, { 2, 1, 1, 2 }, { 1, 2, 2, 3 } };
+    const struct { int s, p, d, g; } cfg[4] = { { 1, 1, 1, 1 }, { 2, 1, 1, 2 }, { 1, 2, 2, 3 }, { 1, 1, 1, 6 } };
     int k, c;
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 4; k++) {
         mlc_ctx *ctx[2];
         float y[2][5 * 6 * 9 * 9], gx[2][5 * 6 * 9 * 8], gw[2][6 * 6 * 3 * 3], gb[2][6];
         size_t ny = 0, i;
@@ -1208,6 +1209,79 @@ static int conv2d_images_in_threads_match_one_by_one(void) {
         for (i = 0; i < (size_t)6 * 6 / cfg[k].g * 9; i++) CHECK_MSG(fabs(gw[0][i] - gw[1][i]) <= 1e-4 * (1 + fabs(gw[1][i])), "config %d dW[%zu]", k, i);
         for (i = 0; i < 6; i++) CHECK_MSG(fabs(gb[0][i] - gb[1][i]) <= 1e-4 * (1 + fabs(gb[1][i])), "config %d db[%zu]", k, i);
     }
+    return 1;
+}
+
+/* The stride-1 path (padded planes, weights packed once, dx as a convolution of dy with the
+   flipped weights, dW through channels-last rows) against the general one (im2col, col2im) on a
+   context whose products go to a hook: outputs, dx, dW, db for 3 images. Settings: 32 channels
+   of 3x3 (288 rows of col, two slices of the product's depth) with 5 outputs (fewer than a
+   kernel's rows); a 2x3 kernel with separate paddings; dilation 2; a 1x1 kernel with padding 1
+   (dx's padding would be -1: dx falls back to col2im); a 5x5 kernel, padding 2, one channel (dW
+   by dot products); and stride 2 (the general path both ways, as a check of the check). */
+static int conv2d_stride1_path_matches_general(void) {
+    const struct { int C, O, KH, KW, ph, pw, d, s; } cfg[6] = {
+        { 32, 5, 3, 3, 1, 1, 1, 1 }, { 3, 13, 2, 3, 0, 2, 1, 1 }, { 4, 6, 3, 3, 1, 1, 2, 1 },
+        { 6, 4, 1, 1, 1, 1, 1, 1 },  { 1, 7, 5, 5, 2, 2, 1, 1 },  { 4, 6, 3, 3, 1, 1, 1, 2 } };
+    static float out[2][4][3 * 32 * 9 * 8];
+    const char *const names[4] = { "y", "dx", "dW", "db" };
+    size_t len[4] = { 0 }, i;
+    int k, c, t;
+    for (k = 0; k < 6; k++) {
+        for (c = 0; c < 2; c++) {
+            mlc_config cf;
+            mlc_conv_opts o = { 0 };
+            mlc_ctx *ctx;
+            mlc_tensor *x, *w, *b, *r, *got[4];
+            memset(&cf, 0, sizeof cf);
+            cf.seed = 7; cf.quiet = 1; cf.device = "cpu";
+            if (c == 1) cf.gemm = reference_gemm;
+            ctx = mlc_create(&cf);
+            o.stride = cfg[k].s; o.dilation = cfg[k].d;
+            o.padding = cfg[k].ph; o.padding_w = cfg[k].pw ? cfg[k].pw : MLC_ZERO_INT;
+            x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, cfg[k].C, 9, 8)), 1);
+            w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(cfg[k].O, cfg[k].C, cfg[k].KH, cfg[k].KW)), 1);
+            b = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(cfg[k].O)), 1);
+            r = mlc_conv2d(x, w, b, o);
+            CHECK_MSG(r && mlc_backward_with(r, mlc_randn(ctx, r->ndim, r->shape)) == MLC_OK, "config %d: %s",
+                      k, mlc_error_message(ctx));
+            got[0] = r; got[1] = x; got[2] = w; got[3] = b;
+            for (t = 0; t < 4; t++) {
+                len[t] = got[t]->size;
+                CHECK(len[t] <= sizeof out[0][0] / sizeof(float));
+                memcpy(out[c][t], t ? got[t]->grad : got[t]->data, len[t] * sizeof(float));
+            }
+            mlc_destroy(ctx);
+        }
+        for (t = 0; t < 4; t++)
+            for (i = 0; i < len[t]; i++)
+                CHECK_MSG(fabs(out[0][t][i] - out[1][t][i]) <= 1e-4 * (1 + fabs(out[1][t][i])),
+                          "config %d, %s[%zu]: %g, general path %g", k, names[t], i, (double)out[0][t][i],
+                          (double)out[1][t][i]);
+    }
+    return 1;
+}
+
+/* No input channels (y is the bias, or 0) and no output channels (dx is 0), forward and
+   backward, on the stride-1 settings (whose path leaves empty products to the general one). */
+static int conv2d_zero_channels(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 0, 5, 5)), 1);
+    mlc_tensor *w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, 0, 3, 3)), 1);
+    mlc_tensor *b = mlc_requires_grad(mlc_full(ctx, MLC_SHAPE(3), 0.5f), 1);
+    mlc_tensor *x2 = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(2, 3, 5, 5)), 1);
+    mlc_tensor *w2 = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(0, 3, 3, 3)), 1);
+    mlc_tensor *y = mlc_conv2d(x, w, b, (mlc_conv_opts){ .padding = 1 }), *y2;
+    size_t i;
+    CHECK(y && shape_is(y, 4, (const int[]){ 2, 3, 5, 5 }));
+    for (i = 0; i < y->size; i++) CHECK(mlc_host_data(y)[i] == 0.5f);
+    CHECK(mlc_backward_with(y, mlc_ones(ctx, y->ndim, y->shape)) == MLC_OK);
+    CHECK(mlc_host_grad(b)[0] == 50.0f && mlc_host_grad(b)[2] == 50.0f);
+    y2 = mlc_conv2d(x2, w2, NULL, (mlc_conv_opts){ .padding = 1 });
+    CHECK(y2 && shape_is(y2, 4, (const int[]){ 2, 0, 5, 5 }));
+    CHECK(mlc_backward_with(y2, mlc_ones(ctx, y2->ndim, y2->shape)) == MLC_OK && mlc_host_grad(x2));
+    for (i = 0; i < x2->size; i++) CHECK(mlc_host_grad(x2)[i] == 0.0f);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -1601,6 +1675,8 @@ const test_case tests_ops[] = {
     TEST(conv2d_against_direct_loop)
     TEST(conv2d_one_image_against_direct_loop)
     TEST(conv2d_images_in_threads_match_one_by_one)
+    TEST(conv2d_stride1_path_matches_general)
+    TEST(conv2d_zero_channels)
     TEST(pooling_values)
     TEST(pooling_against_window_loop)
     { NULL, NULL }
