@@ -2410,9 +2410,9 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
    with or without -fopenmp; i is any integer type, to >= from */
 #define MLC__VECTOR_LOOP(i, from, to, ...) do { \
         i = (from); \
-        while ((to) - i >= 16) { \
+        while ((to) - i >= 4) { \
             int mlc__lane_; \
-            for (mlc__lane_ = 0; mlc__lane_ < 16; mlc__lane_++, i++) __VA_ARGS__ \
+            for (mlc__lane_ = 0; mlc__lane_ < 4; mlc__lane_++, i++) __VA_ARGS__ \
         } \
         for (; i < (to); i++) __VA_ARGS__ \
     } while (0)
@@ -3194,9 +3194,29 @@ static void mlc__gemm_dot4(int K, const float *MLC__RESTRICT a, const float *MLC
     c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
 }
 
+#if MLC__X86
+/* mlc__gemm_dot with 8-float FMAs, the lanes added at the end */
+__attribute__((target("avx2,fma")))
+static float mlc__gemm_dot_avx2(int K, const float *a, const float *b) {
+    __m256 s = _mm256_setzero_ps();
+    __m128 h;
+    float sum;
+    int k;
+    for (k = 0; k + 8 <= K; k += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s);
+    h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+    for (; k < K; k++) sum += a[k] * b[k];
+    return sum;
+}
+#endif
+
 static float mlc__gemm_dot(int K, const float *MLC__RESTRICT a, const float *MLC__RESTRICT b) {
     float s = 0.0f;
     int k;
+#if MLC__X86
+    if (mlc__cpu_avx2()) return mlc__gemm_dot_avx2(K, a, b);
+#endif
     MLC__OMP(omp simd reduction(+:s))
     for (k = 0; k < K; k++) s += a[k] * b[k];
     return s;
@@ -4792,7 +4812,7 @@ static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
    columns in (i, j, c) order, put back in (c, i, j) order once per piece. */
 static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *colT) {
     const int C = cv->C, T = cv->KH * cv->KW;
-    int c, q, oh, ow, i, j, k;
+    int c, q, oh, ow, i, j;
     for (c = 0; c < C; c++)
         for (q = 0; q < cv->H * cv->W; q++) xt[(size_t)q * C + c] = x[(size_t)c * cv->H * cv->W + q];
     for (oh = 0; oh < cv->OH; oh++)
@@ -4807,8 +4827,7 @@ static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *c
                         memset(dst, 0, (size_t)C * sizeof(float));
                         continue;
                     }
-                    MLC__OMP(omp simd)
-                    for (k = 0; k < C; k++) dst[k] = src[k];
+                    memcpy(dst, src, (size_t)C * sizeof(float));
                 }
         }
 }
@@ -5058,8 +5077,7 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
     if (argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         const int at0 = h0 * W + left;
-        MLC__OMP(omp simd)
-        for (ow = lo; ow < hi; ow++) {
+        MLC__VECTOR_LOOP(ow, lo, hi, {
             float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
             int at = at0 + 2 * ow, take = mlc__pool_takes(b, best);
             best = take ? b : best; at = take ? at0 + 2 * ow + 1 : at;
@@ -5067,7 +5085,7 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
             best = take ? c : best; at = take ? at0 + W + 2 * ow : at;
             take = mlc__pool_takes(d, best);
             y[ow] = take ? d : best; argmax[ow] = take ? at0 + W + 2 * ow + 1 : at;
-        }
+        });
         return;
     }
     if (!argmax && K == 2 && S == 2 && h1 - h0 == 2) {
