@@ -2405,7 +2405,7 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
         fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 }
 
-/* for (i = from; i < to; i++) body, as blocks of 16 and then the rest: a loop of a count the
+/* for (i = from; i < to; i++) body, as blocks of 4 and then the rest: a loop of a count the
    compiler knows vectorises at plain -O2 (GCC 12 vectorises no loop of unknown count there),
    with or without -fopenmp; i is any integer type, to >= from */
 #define MLC__VECTOR_LOOP(i, from, to, ...) do { \
