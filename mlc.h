@@ -2779,7 +2779,8 @@ static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t en
 }
 
 static void mlc__unary_backward(mlc__node *n) {
-    if (mlc__grad(n->in[0])) mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
+    if (mlc__grad(n->in[0]))
+        mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
 }
 
 static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, float q) {
@@ -3270,8 +3271,8 @@ static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t en
         }
 }
 
-static void mlc__gemm_direct(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                             float beta, float *C) {
+static void mlc__gemm_direct(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A,
+                             const float *B, float beta, float *C) {
     mlc__gemm_direct_job d;
     if (N == 1 && M > 1) {                 /* C [M, 1] is also Cᵀ [1, M] = op(B)ᵀ op(A)ᵀ: one row */
         mlc__gemm_direct(ctx, !tb, !ta, 1, M, K, B, A, beta, C);
@@ -3322,13 +3323,14 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
             const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
             const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
-            int pieces;
+            int pieces, per;
             mlc_frame scratch = mlc_frame_begin(ctx);
             job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
             pieces = mlc__pieces(ctx, units, from);
-            job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? (int)(units + pieces - 1) / pieces * mr : M,
-                                                    job.split_rows ? N : (int)(units + pieces - 1) / pieces * nr, K);
+            per = (int)((units + (size_t)pieces - 1) / (size_t)pieces);    /* units a piece, at most */
+            job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? per * mr : M,
+                                                    job.split_rows ? N : per * nr, K);
             job.work = mlc__floats(ctx, job.work_floats * (size_t)pieces, "mlc_gemm");
             if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
@@ -4836,8 +4838,8 @@ static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *c
    9 for one channel) mlc's own product takes dot products of rows, which read both where they
    lie; packing would gather colᵀ and pad its few columns to a kernel's 16 or 32. */
 #define MLC__CONV_DOT_ROWS 16
-static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col, float *gw,
-                             float *work) {
+static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col,
+                             float *gw, float *work) {
 #ifndef MLC_USE_CBLAS
     if (!ctx->config.gemm && rows <= MLC__CONV_DOT_ROWS) {
         mlc__gemm_direct(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw);
@@ -4870,7 +4872,8 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
                 mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
                 mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
             } else if (job->gw) {
-                mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W,
+                                    col);
                 mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
             }
 #ifndef MLC_USE_CBLAS
