@@ -4697,27 +4697,30 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
 #endif
 
 /* The images are shared out between threads: each piece of images has scratch of its own (col,
-   packing space, and backward its partial dW and db, summed at the end) and runs its products
-   on its thread. With one image, or products through a hook or BLAS (one at a time), the
-   images go in turn and each product may use the threads itself. */
+   packing space) and runs its products on its thread. With one image, or products through a
+   hook or BLAS (one at a time), the images go in turn and each product may use the threads
+   itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
+   most MLC__CONV_SUMS, each its own partial sum, added in order at the end), and the threads
+   share out groups, so any thread count gives the same sums (a fixed arena: one group). */
+#define MLC__CONV_SUMS 8
 typedef struct mlc__conv_job {
     mlc_ctx *ctx;
     const mlc__conv *cv;
-    size_t parallel_from;               /* mlc__parallel's: 2 images, or never */
-    int pieces;
+    size_t parallel_from;               /* mlc__parallel's: 2 images (groups), or never */
+    int pieces, sums;                   /* pieces of images (groups); backward: groups of images */
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
     float *y, *gx, *gw, *gb;
-    float *scratch;                     /* per piece: col, packing space, partial dW and db, fast's */
-    size_t col_floats, work_floats, piece_floats, fast_at, rows_at;
+    float *scratch;                     /* per piece: col, packing space, fast's; then each group's dW, db */
+    size_t col_floats, work_floats, piece_floats, fast_at, rows_at, sums_at;
 #ifndef MLC_USE_CBLAS
     const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
 #endif
     int by_rows;                        /* backward: dW through mlc__im2row */
 } mlc__conv_job;
 
-/* Plan the job: how many pieces, and their scratch (with_grads: room for partial dW and db;
-   fast_floats for the fast path's and mlc__im2row's, which forward needs no col or packing
-   space beside). */
+/* Plan the job: how many pieces, and their scratch (with_grads: the groups and their partial dW
+   and db; fast_floats for the fast path's and mlc__im2row's, which forward needs no col or
+   packing space beside). */
 static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
                           size_t fast_floats, const char *op) {
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
@@ -4726,14 +4729,16 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     memset(job, 0, sizeof *job);
     job->ctx = ctx; job->cv = cv;
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
-    job->pieces = mlc__pieces(ctx, (size_t)cv->N, job->parallel_from);
+    job->sums = !with_grads || ctx->config.arena ? 1 : cv->N < MLC__CONV_SUMS ? cv->N : MLC__CONV_SUMS;
+    job->pieces = mlc__pieces(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
     job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
     job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
     if (job->pieces < 2 || !job->col_floats) job->work_floats = 0;
-    job->fast_at = job->col_floats + job->work_floats
-                   + (with_grads && job->pieces > 1 ? ((size_t)cv->O * rows + cv->O + 15) / 16 * 16 : 0);
+    job->fast_at = job->col_floats + job->work_floats;
     job->piece_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
-    job->scratch = mlc__floats(ctx, (size_t)job->pieces * job->piece_floats, op);
+    job->sums_at = (size_t)job->pieces * job->piece_floats;
+    job->scratch = mlc__floats(ctx, job->sums_at + (job->sums > 1 ? (size_t)job->sums * (cv->O * (size_t)rows
+                                                                                     + cv->O) : 0), op);
     return job->scratch != NULL;
 }
 
@@ -4849,8 +4854,8 @@ static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float 
     mlc__gemm(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw, work);
 }
 
-/* backward over images [begin, end); dW and db go to the piece's partial sums when there are
-   several pieces */
+/* backward over the groups of images [begin, end); each group's dW and db go to its partial sums
+   when there are several groups */
 static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
@@ -4858,44 +4863,48 @@ static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size
         o;
     float *col = job->scratch + (size_t)piece * job->piece_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
-    float *gw = job->pieces > 1 ? col + job->col_floats + job->work_floats : job->gw,
-          *gb = job->pieces > 1 ? gw + (size_t)cv->O * rows : job->gb;
     float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
-    size_t i;
+    const size_t sum_floats = (size_t)cv->O * rows + cv->O;
+    size_t i, s;
     int c, t, T = cv->KH * cv->KW;
-    if (job->pieces > 1) memset(gw, 0, ((size_t)cv->O * rows + cv->O) * sizeof(float));
-    if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
-    for (i = begin; i < end; i++)
-        for (g = 0; g < cv->groups; g++) {
-            const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
-            if (job->by_rows) {
-                mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
-                mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
-            } else if (job->gw) {
-                mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W,
-                                    col);
-                mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
-            }
+    for (s = begin; s < end; s++) {
+        float *gw = job->sums > 1 ? job->scratch + job->sums_at + s * sum_floats : job->gw,
+              *gb = job->sums > 1 ? gw + (size_t)cv->O * rows : job->gb;
+        if (job->sums > 1) memset(gw, 0, sum_floats * sizeof(float));
+        if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
+        for (i = (size_t)cv->N * s / (size_t)job->sums; i < (size_t)cv->N * (s + 1) / (size_t)job->sums; i++)
+            for (g = 0; g < cv->groups; g++) {
+                const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
+                if (job->by_rows) {
+                    mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
+                    mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
+                } else if (job->gw) {
+                    mlc__im2col_threads(job->ctx, cv, Cg,
+                                        job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
+                    mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
+                }
 #ifndef MLC_USE_CBLAS
-            if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, i, 1);
-            else
+                if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, i, 1);
+                else
 #endif
-            if (job->gx) {
-                mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col, work);
-                mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+                if (job->gx) {
+                    mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col,
+                              work);
+                    mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+                }
+                for (o = 0; job->gb && o < Og; o++) gb[g * Og + o] += mlc__sum8(dy + (size_t)o * P, P);
             }
-            for (o = 0; job->gb && o < Og; o++) gb[g * Og + o] += mlc__sum8(dy + (size_t)o * P, P);
-        }
-    for (o = 0; job->by_rows && o < cv->O; o++)            /* (i, j, c) back to (c, i, j) */
-        for (c = 0; c < cv->C; c++)
-            for (t = 0; t < T; t++)
-                gw[((size_t)o * cv->C + c) * T + t] += gw_rows[((size_t)o * T + t) * cv->C + c];
+        for (o = 0; job->by_rows && o < cv->O; o++)        /* (i, j, c) back to (c, i, j) */
+            for (c = 0; c < cv->C; c++)
+                for (t = 0; t < T; t++)
+                    gw[((size_t)o * cv->C + c) * T + t] += gw_rows[((size_t)o * T + t) * cv->C + c];
+    }
 }
 
 static void mlc__conv2d_backward(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
     mlc_tensor *x = n->in[0], *w = n->in[1];
-    int rows = cv->C / cv->groups * cv->KH * cv->KW, p;
+    int rows = cv->C / cv->groups * cv->KH * cv->KW, s;
     mlc__conv_job job;
     size_t fast_floats = 0;
     int by_rows = 0;
@@ -4918,9 +4927,9 @@ static void mlc__conv2d_backward(mlc__node *n) {
     job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats;
     job.x = x->data; job.w = w->data; job.dy = n->out->grad;
     job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
-    mlc__parallel(x->ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_backward_images, &job);
-    for (p = 0; job.pieces > 1 && p < job.pieces; p++) {     /* the pieces' partial sums */
-        const float *part = job.scratch + (size_t)p * job.piece_floats + job.col_floats + job.work_floats;
+    mlc__parallel(x->ctx, (size_t)job.sums, job.parallel_from, mlc__conv2d_backward_images, &job);
+    for (s = 0; job.sums > 1 && s < job.sums; s++) {   /* the groups' partial sums, in order */
+        const float *part = job.scratch + job.sums_at + (size_t)s * ((size_t)cv->O * rows + cv->O);
         if (job.gw) mlc__axpy((size_t)cv->O * rows, 1.0f, part, job.gw);
         if (job.gb) mlc__axpy((size_t)cv->O, 1.0f, part + (size_t)cv->O * rows, job.gb);
     }
