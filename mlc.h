@@ -867,9 +867,10 @@ typedef double mlc__sum_t;
 #define MLC__X86 0
 #endif
 
-/* OpenMP speeds the hot loops when built with -fopenmp; without it the pragmas vanish. An
-   `omp simd` is a hint: Clang warns (-Wpass-failed) where a map with branches or libm calls
-   stays scalar, so that warning is off inside the implementation (popped at its end). */
+/* With -fopenmp, OpenMP gives `omp simd` hints and the default thread count (the threads are
+   mlc's own, see "Threads"); without it the pragmas vanish. An `omp simd` is a hint: Clang
+   warns (-Wpass-failed) where a map with branches or libm calls stays scalar, so that warning
+   is off inside the implementation (popped at its end). */
 #ifdef _OPENMP
 #include <omp.h>
 #define MLC__OMP(x) _Pragma(#x)
@@ -2991,11 +2992,10 @@ static size_t mlc__gemm_b_floats(const mlc__gemm_arch *g, int N, int kc) {
     return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * kc + 15) / 16 * 16;
 }
 static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K) {
-    int kc, mc;
+    int kc, mc, tallest = mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr);   /* any share's block */
     if (M < 1 || N < 1 || K < 1) return 0;              /* an empty product packs nothing */
-    mlc__gemm_cut(g, M, K, &kc, &mc);
-    mc = mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr);
-    return mlc__gemm_b_floats(g, N, kc) + ((size_t)mc * kc + 15) / 16 * 16;
+    mlc__gemm_cut(g, M, K, &kc, &mc);                   /* kc: the same for every share of M */
+    return mlc__gemm_b_floats(g, N, kc) + ((size_t)tallest * kc + 15) / 16 * 16;
 }
 
 #if MLC__X86
