@@ -7,7 +7,7 @@ BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
-        test-models embedded
+        test-models embedded bench-gpu bench-gpu-build
 
 all: examples
 examples: $(EXAMPLES)
@@ -128,6 +128,18 @@ test-sanitize: | $(BUILD)
 # mlc when installed; one table (bench/RESULTS.md has a run). BENCH_FLAGS=--quick: short runs.
 bench: | $(BUILD)
 	CC="$(CC)" sh bench/run.sh $(BENCH_FLAGS)
+
+# mlc on a GPU through OpenCL against PyTorch's CUDA on the same GPU (bench/gpu.sh): the suite
+# on the GPU, sgemm and one training step. bench-gpu-build makes the two binaries (no OpenBLAS,
+# no OpenMP: they run on another machine too) and puts Debian's libOpenCL.so.1 beside them.
+bench-gpu-build: | $(BUILD)
+	$(CC) -O2 -std=c99 $(NO_PSABI) -I. -DMLC_OPENCL -o $(BUILD)/bench-gpu bench/gpu.c $(LDLIBS) $(LDL)
+	$(CC) -O2 -g -std=c99 $(NO_PSABI) -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 \
+	    -o $(BUILD)/test-opencl-gpu tests/*.c $(LDLIBS) $(LDL)
+	mkdir -p $(BUILD)/ocl && cp -L "$$($(CC) -print-file-name=libOpenCL.so.1)" $(BUILD)/ocl/ 2>/dev/null || \
+	    cp -L /usr/lib/*/libOpenCL.so.1 $(BUILD)/ocl/
+bench-gpu: bench-gpu-build
+	sh bench/gpu.sh
 
 clean:
 	rm -rf $(BUILD)

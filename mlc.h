@@ -234,6 +234,7 @@ typedef struct mlc_stats {
     size_t device_bytes_current, device_bytes_peak;   /* device buffers, now and at most   */
     size_t uploads, downloads;          /* copies host -> device and device -> host          */
     size_t fallbacks;                   /* device ops that ran on the CPU (no kernel)        */
+    size_t launches;                    /* kernels the device was given to run               */
 } mlc_stats;
 
 MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
@@ -335,6 +336,7 @@ typedef struct mlc_device_info {
    OpenCL library or platform is found; one binary runs either way). */
 MLCDEF int mlc_devices(mlc_device_info *out, int max);
 MLCDEF int mlc_has_device(const mlc_ctx *ctx);          /* 1 when the context runs on a device */
+MLCDEF void mlc_sync(mlc_ctx *ctx);     /* waits until the device has run every op given so far */
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device); /* moves t (and its gradient); returns t */
 MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every parameter and buffer */
 MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up to date (write: mlc_write) */
@@ -990,7 +992,7 @@ typedef struct mlc__backend {
     int (*download)(mlc_tensor *t, int grad);             /* device -> host copy (waits) */
     void *(*create)(mlc_ctx *ctx, size_t bytes);          /* a buffer; NULL: out of memory, or */
     void (*release)(mlc_ctx *ctx, void *buffer);          /*   an error it set (mlc__device_alloc) */
-    void (*wait)(mlc_ctx *ctx);                           /* a frame ends: finish reading its host memory */
+    void (*wait)(mlc_ctx *ctx, int all);                  /* finish reading host memory; all: every op */
     void (*destroy)(mlc_ctx *ctx);
 } mlc__backend;
 
@@ -1398,7 +1400,7 @@ static void *mlc__buffer_of(mlc_tensor *t, int grad, const char *op) {
 static void mlc__device_release_frames(mlc_ctx *ctx, int level) {
     mlc__device_buffers *books = &ctx->buffers;
     if (!books->n_frame || books->frame[books->n_frame - 1].level <= level) return;
-    ctx->backend->wait(ctx);
+    ctx->backend->wait(ctx, 0);
     while (books->n_frame && books->frame[books->n_frame - 1].level > level)
         books->spare[books->n_spare++] = books->frame[--books->n_frame];
 }
@@ -1418,7 +1420,7 @@ static void mlc__device_release(mlc_tensor *t) {
 /* The context ends: every buffer goes, then the backend. */
 static void mlc__device_close(mlc_ctx *ctx) {
     mlc__device_buffers *books = &ctx->buffers;
-    ctx->backend->wait(ctx);
+    ctx->backend->wait(ctx, 0);
     while (books->n_frame) mlc__device_free(ctx, &books->frame[--books->n_frame]);
     while (books->n_spare) mlc__device_free(ctx, &books->spare[--books->n_spare]);
     while (books->n_kept) mlc__device_free(ctx, &books->kept[--books->n_kept]);
@@ -1659,6 +1661,7 @@ MLCDEF int mlc_devices(mlc_device_info *out, int max) {
 }
 
 MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
+MLCDEF void mlc_sync(mlc_ctx *ctx) { if (ctx && ctx->backend) ctx->backend->wait(ctx, 1); }
 
 /* A gradient that counts as zeros becomes zeros. */
 static void mlc__settle_grad(mlc_tensor *t) {
@@ -2019,7 +2022,7 @@ MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
         return t->ctx->error;
     }
     if (!mlc__writable(t, "mlc_write")) return t->ctx->error;
-    if (t->device_data) t->ctx->backend->wait(t->ctx);   /* an upload may still read t->data */
+    if (t->device_data) t->ctx->backend->wait(t->ctx, 0);   /* an upload may still read t->data */
     memcpy(t->data, src, count * sizeof(float));
     mlc__host_wrote(t);
     return MLC_OK;
@@ -8194,7 +8197,7 @@ static int mlc__st_reserved(const char *name) {
 
 /* A tensor's host copy is about to be overwritten: wait for an upload that may read it. */
 static float *mlc__st_host_for_write(mlc_tensor *t) {
-    if (t->device_data) t->ctx->backend->wait(t->ctx);
+    if (t->device_data) t->ctx->backend->wait(t->ctx, 0);
     return t->data;
 }
 

@@ -1296,6 +1296,7 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
                            "clSetKernelArg"))
             return 0;
     global = (n + local - 1) / local * local;
+    ctx->stats.launches++;
     return mlc__cl_check(ctx,
                          mlc__cl.EnqueueNDRangeKernel(st->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
                          "clEnqueueNDRangeKernel");
@@ -1503,6 +1504,7 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
         if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
                            "clSetKernelArg"))
             return 0;
+    ctx->stats.launches++;
     return mlc__cl_check(ctx,
                          mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
                          "clEnqueueNDRangeKernel");
@@ -2313,10 +2315,11 @@ static int mlc__cl_download(mlc_tensor *t, int grad) {
     return 1;
 }
 
-/* A frame ends: the device finishes reading the host memory of its uploads. */
-static void mlc__cl_wait(mlc_ctx *ctx) {
+/* A frame ends: the device finishes reading the host memory of its uploads; all (mlc_sync): the
+   device finishes everything queued. */
+static void mlc__cl_wait(mlc_ctx *ctx, int all) {
     mlc__cl_state *st = mlc__cl_st(ctx);
-    if (st->pending) { mlc__cl.Finish(st->queue); st->pending = 0; }
+    if (st->pending || all) { mlc__cl.Finish(st->queue); st->pending = 0; }
 }
 
 static void mlc__cl_destroy(mlc_ctx *ctx) {

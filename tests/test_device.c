@@ -42,7 +42,7 @@ static void *fake_create(mlc_ctx *ctx, size_t bytes) {
     return malloc(bytes);
 }
 static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
-static void fake_wait(mlc_ctx *ctx) { (void)ctx; }
+static void fake_wait(mlc_ctx *ctx, int all) { (void)ctx; (void)all; }
 
 static int fake_upload(mlc_tensor *t, int grad) {
     float *dst = fake_buffer(t, grad);
@@ -525,6 +525,13 @@ static int opencl_bad_device_names(void) {
     return 1;
 }
 
+/* The OpenCL device the suite runs on ($MLC_DEVICE: "opencl:1", "best", a piece of a name),
+   else the first one, for the tests below that make their own contexts */
+static const char *opencl_spec(void) {
+    const char *spec = getenv("MLC_DEVICE");
+    return spec && *spec && strcmp(spec, "cpu") != 0 ? spec : "opencl";
+}
+
 /* mlc_device_name says which device: "opencl:N <the driver's device name>" */
 static int opencl_device_named(void) {
     mlc_device_info rows[4];
@@ -556,7 +563,7 @@ static int opencl_write_after_upload(void) {
     float first[1000], second[1000];
     int i, round;
     memset(&c, 0, sizeof c);
-    c.device = "opencl";
+    c.device = opencl_spec();
     ctx = test_adopt(mlc_create(&c));
     CHECK(ctx && mlc_has_device(ctx));
     for (i = 0; i < 1000; i++) { first[i] = (float)i; second[i] = (float)-i; }
@@ -582,7 +589,7 @@ static int opencl_gemm_kernels_agree(void) {
     mlc_ctx *ctx;
     int vector, s, t, i;
     memset(&c, 0, sizeof c);
-    c.device = "opencl";
+    c.device = opencl_spec();
     ctx = test_adopt(mlc_create(&c));
     CHECK(ctx && mlc_has_device(ctx));
     for (vector = 0; vector <= 1; vector++) {
@@ -644,7 +651,7 @@ static int opencl_build_failure(void) {
     mlc_tensor *x;
     float values[3] = { 1, 2, 3 }, back[3];
     memset(&c, 0, sizeof c);
-    c.device = "opencl";
+    c.device = opencl_spec();
     c.quiet = 1;
     CHECK(setenv("MLC_OPENCL_OPTIONS", "-Dmlc_where_grad=(", 1) == 0);
     ctx = mlc_create(&c);
@@ -671,6 +678,31 @@ static int opencl_build_failure(void) {
 }
 #endif
 
+/* mlc_stats.launches counts the kernels a device ran (none on the CPU, or the fake device,
+   which has none); mlc_sync waits for them, and is harmless on the CPU and on NULL */
+static int launches_counted(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    mlc_frame f;
+    mlc_tensor *x, *y;
+    size_t before;
+    int real = ctx && ctx->backend && !fake_of(ctx);
+    CHECK(ctx);
+    f = mlc_frame_begin(ctx);
+    before = mlc_get_stats(ctx).launches;
+    x = mlc_randn(ctx, MLC_SHAPE(40, 30));
+    y = mlc_matmul_t(x, x, 0, 1);
+    mlc_sync(ctx);
+    mlc_sync(NULL);
+    CHECK(y && mlc_error(ctx) == MLC_OK);
+    CHECK_MSG(real ? mlc_get_stats(ctx).launches > before : mlc_get_stats(ctx).launches == before,
+              "%zu launches on %s", mlc_get_stats(ctx).launches - before, mlc_device_name(ctx));
+    CHECK_NEAR(mlc_host_data(y)[0], mlc_item(mlc_sum_all(mlc_mul(mlc_slice(x, 0, 0, 1), mlc_slice(x, 0, 0, 1)))),
+               1e-4);
+    mlc_frame_end(f);
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_device[] = {
     TEST(op_falls_back)
     TEST(training_matches_cpu)
@@ -681,6 +713,7 @@ const test_case tests_device[] = {
     TEST(frames_release_device_temporaries)
     TEST(verify_catches_unannounced_writes)
     TEST(device_out_of_memory)
+    TEST(launches_counted)
 #ifdef MLC_OPENCL
     TEST(opencl_bad_device_names)
     TEST(opencl_device_named)

@@ -1,0 +1,29 @@
+#!/bin/sh
+# bench/gpu.sh - mlc's OpenCL backend on a GPU, with PyTorch's CUDA on the same GPU as the peer.
+# Runs the whole test suite on the GPU (MLC_DEVICE=opencl), then bench/gpu.c and
+# bench/torch_gpu.py; logs go to $OUT (default build/gpu-out). Expects the binaries built here
+# by `make bench-gpu-build` (build/test-opencl-gpu, build/bench-gpu) and, where the machine has
+# no OpenCL loader, Debian's libOpenCL.so.1 in build/ocl. NVIDIA's OpenCL driver is found and
+# registered (OCL_ICD_VENDORS) when /etc/OpenCL/vendors has no entry.
+set -u
+out=${OUT:-build/gpu-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1 | tee "$out/smi.txt"
+if ! ldconfig -p | grep -q 'libOpenCL.so.1'; then
+    export LD_LIBRARY_PATH="$PWD/build/ocl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "OpenCL loader: build/ocl (carried)"
+fi
+if ! ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1; then
+    lib=$(find /usr /lib /lib64 /opt -name 'libnvidia-opencl.so.1' 2>/dev/null | head -1)
+    [ -n "$lib" ] || lib=$(find /usr /lib /lib64 /opt -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
+    echo "OpenCL driver: ${lib:-none found}"
+    mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+fi
+./build/test-opencl-gpu --devices 2>&1 | tee "$out/devices.txt"
+start=$(date +%s)
+MLC_DEVICE=${MLC_DEVICE:-best} timeout 240 ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
+echo "suite on the GPU: rc $? in $(( $(date +%s) - start )) s: $(tail -1 "$out/test-opencl.log")"
+grep -E "^FAIL|fail" "$out/test-opencl.log" | head -20
+MLC_DEVICE=${MLC_DEVICE:-best} timeout 200 ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1; echo "bench-gpu rc $?"
+timeout 200 python3 bench/torch_gpu.py data/digits.bin > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
+cat "$out/gpu.txt" "$out/torch.txt"
