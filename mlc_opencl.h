@@ -227,13 +227,14 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
 /* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
    a slot for each kernel and no limit to outgrow. */
 #define MLC__CL_KERNELS(X) \
-    X(gemm) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) X(binary_grad) \
-    X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) X(conv_layout) \
-    X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) X(softmax_grad) X(cumsum) \
-    X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) X(loss_total) X(layer_norm) \
-    X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) X(batch_norm_grad) X(dropout) \
-    X(dropout_grad) X(copy_rows) X(permute) X(index_select) X(index_select_grad) X(gather) X(gather_grad) \
-    X(where) X(where_grad) X(attention) X(attention_grad_q) X(attention_grad_kv)
+    X(fill) X(gemm_64x64) X(gemm_128x64) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) \
+    X(binary_grad) X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) \
+    X(conv_layout) X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
+    X(softmax_grad) X(cumsum) X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) \
+    X(loss_total) X(layer_norm) X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) \
+    X(batch_norm_grad) X(dropout) X(dropout_grad) X(copy_rows) X(permute) X(index_select) \
+    X(index_select_grad) X(gather) X(gather_grad) X(where) X(where_grad) X(attention) X(attention_grad_q) \
+    X(attention_grad_kv)
 #define MLC__CL_KERNEL_ID(name) MLC__CL_K_##name,
 enum { MLC__CL_KERNELS(MLC__CL_KERNEL_ID) MLC__CL_KERNEL_COUNT };
 #undef MLC__CL_KERNEL_ID
@@ -251,6 +252,8 @@ typedef struct mlc__cl_state {
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     int exact_divide;                   /* the device can round / and sqrt correctly */
     int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else mlc_gemm */
+    int gemm_force;                     /* tests, bench: this GPU product kernel (0, fill: mlc's choice) */
+    size_t compute_units;               /* CL_DEVICE_MAX_COMPUTE_UNITS */
     int pending;                        /* uploads not waited for since the last wait */
     const char *op;                     /* the op being run, for messages */
     char name[128];
@@ -516,42 +519,74 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    else p[j] -= lr * gj / avg;\n"
 "}\n",
 "/* ---- matrix products: C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias[j]) ---- */\n"
-"/* GPUs: a 16 x 16 work-group computes a 64 x 64 tile of C, each work-item 4 x 4 elements\n"
-"   (rows lr + 16 i, columns lc + 16 j), from 16-deep slices of op(A) and op(B) in local memory */\n"
-"__kernel __attribute__((reqd_work_group_size(16, 16, 1)))\n"
-"void mlc_gemm(int M, int N, int K, int ta, int tb,\n"
-"              __global const float *A, ulong offA, ulong stepA,\n"
-"              __global const float *B, ulong offB, ulong stepB,\n"
-"              __global float *C, ulong offC, ulong stepC, float beta,\n"
-"              __global const float *bias, int has_bias) {\n"
-"    __local float As[16][65], Bs[16][65];               /* As[k][m] = op(A)[row0 + m, k0 + k] */\n"
-"    int lc = get_local_id(0), lr = get_local_id(1), batch = get_global_id(2);\n"
-"    int row0 = get_group_id(1) * 64, col0 = get_group_id(0) * 64, k0, k, i, j, t;\n"
-"    float acc[4][4], a[4], b[4];\n"
-"    for (i = 0; i < 4; i++) for (j = 0; j < 4; j++) acc[i][j] = 0.0f;\n"
-"    A += offA + batch * stepA; B += offB + batch * stepB; C += offC + batch * stepC;\n"
+"/* GPUs: a 16 x 16 work-group computes a (16 WM) x (16 WN) tile of C, each work-item WM x WN\n"
+"   elements (rows lr + 16 i, columns lc + 16 j), from 16-deep slices of op(A) and op(B) in local\n"
+"   memory. Each work-item loads its share of the next slice into registers (ra, rb) while the\n"
+"   group multiplies the current one; loads run along whichever index is contiguous in memory\n"
+"   (k for A untransposed, the row for A transposed; the column for B, k for B transposed).\n"
+"   Tiles of 64 x 64 (WM = WN = 4) and 128 x 64 (WM = 8); on an H100 these ran at half of cuBLAS\n"
+"   or better from n = 512 up, where 128 x 128 tiles (8 x 8 each) ran slower (bench/RESULTS.md). */\n"
+"float mlc_gemm_a(__global const float *A, int ta, int M, int K, int row, int k) {\n"
+"    return row < M && k < K ? (ta ? A[k * M + row] : A[row * K + k]) : 0.0f;\n"
+"}\n"
+"float mlc_gemm_b(__global const float *B, int tb, int N, int K, int col, int k) {\n"
+"    return col < N && k < K ? (tb ? B[col * K + k] : B[k * N + col]) : 0.0f;\n"
+"}\n"
+"\n",
+"void mlc_gemm_tile(const int WM, const int WN, int M, int N, int K, int ta, int tb,\n"
+"                   __global const float *A, __global const float *B, __global float *C, float beta,\n"
+"                   __global const float *bias, int has_bias, __local float *As, __local float *Bs) {\n"
+"    const int TM = 16 * WM, TN = 16 * WN;      /* As[k (TM + 1) + m] = op(A)[row0 + m, k0 + k] */\n"
+"    int lc = get_local_id(0), lr = get_local_id(1), id = lr * 16 + lc;\n"
+"    int row0 = get_group_id(1) * TM, col0 = get_group_id(0) * TN, k0, k, i, j, t;\n"
+"    int am[8], ak[8], bn[8], bk[8];              /* where this work-item's loads go in a slice */\n"
+"    float acc[8][8], a[8], b[8], ra[8], rb[8];\n"
+"    for (t = 0; t < WM; t++) {\n"
+"        int e = t * 256 + id;\n"
+"        am[t] = ta ? e % TM : e / 16; ak[t] = ta ? e / TM : e % 16;\n"
+"        ra[t] = mlc_gemm_a(A, ta, M, K, row0 + am[t], ak[t]);\n"
+"    }\n"
+"    for (t = 0; t < WN; t++) {\n"
+"        int e = t * 256 + id;\n"
+"        bn[t] = tb ? e / 16 : e % TN; bk[t] = tb ? e % 16 : e / TN;\n"
+"        rb[t] = mlc_gemm_b(B, tb, N, K, col0 + bn[t], bk[t]);\n"
+"    }\n"
+"    for (i = 0; i < WM; i++) for (j = 0; j < WN; j++) acc[i][j] = 0.0f;\n"
 "    for (k0 = 0; k0 < K; k0 += 16) {\n"
-"        for (t = 0; t < 4; t++) {\n"
-"            int e = t * 256 + lr * 16 + lc, m = e / 16, ka = k0 + e % 16, kb = k0 + e / 64, n = e % 64;\n"
-"            int row = row0 + m, col = col0 + n;\n"
-"            As[e % 16][m] = row < M && ka < K ? (ta ? A[ka * M + row] : A[row * K + ka]) : 0.0f;\n"
-"            Bs[e / 64][n] = col < N && kb < K ? (tb ? B[col * K + kb] : B[kb * N + col]) : 0.0f;\n"
-"        }\n"
+"        for (t = 0; t < WM; t++) As[ak[t] * (TM + 1) + am[t]] = ra[t];\n"
+"        for (t = 0; t < WN; t++) Bs[bk[t] * (TN + 1) + bn[t]] = rb[t];\n"
 "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+"        for (t = 0; t < WM; t++) ra[t] = mlc_gemm_a(A, ta, M, K, row0 + am[t], k0 + 16 + ak[t]);\n"
+"        for (t = 0; t < WN; t++) rb[t] = mlc_gemm_b(B, tb, N, K, col0 + bn[t], k0 + 16 + bk[t]);\n"
 "        for (k = 0; k < 16; k++) {\n"
-"            for (i = 0; i < 4; i++) { a[i] = As[k][lr + 16 * i]; b[i] = Bs[k][lc + 16 * i]; }\n"
-"            for (i = 0; i < 4; i++) for (j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];\n"
+"            for (i = 0; i < WM; i++) a[i] = As[k * (TM + 1) + lr + 16 * i];\n"
+"            for (j = 0; j < WN; j++) b[j] = Bs[k * (TN + 1) + lc + 16 * j];\n"
+"            for (i = 0; i < WM; i++) for (j = 0; j < WN; j++) acc[i][j] = fma(a[i], b[j], acc[i][j]);\n"
 "        }\n"
 "        barrier(CLK_LOCAL_MEM_FENCE);\n"
 "    }\n"
-"    for (i = 0; i < 4; i++)\n"
-"        for (j = 0; j < 4; j++) {\n"
+"    for (i = 0; i < WM; i++)\n"
+"        for (j = 0; j < WN; j++) {\n"
 "            int row = row0 + lr + 16 * i, col = col0 + lc + 16 * j;\n"
 "            if (row < M && col < N) {\n"
 "                float c = acc[i][j] + (has_bias ? bias[col] : 0.0f);\n"
 "                C[row * N + col] = beta != 0.0f ? c + beta * C[row * N + col] : c;\n"
 "            }\n"
 "        }\n"
+"}\n"
+"#define MLC_GEMM_ARGS int M, int N, int K, int ta, int tb, __global const float *A, ulong offA, \\\n"
+"    ulong stepA, __global const float *B, ulong offB, ulong stepB, __global float *C, ulong offC, \\\n"
+"    ulong stepC, float beta, __global const float *bias, int has_bias\n"
+"#define MLC_GEMM_TILE(WM, WN) mlc_gemm_tile(WM, WN, M, N, K, ta, tb, A + offA + get_global_id(2) * \\\n"
+"    stepA, B + offB + get_global_id(2) * stepB, C + offC + get_global_id(2) * stepC, beta, bias, \\\n"
+"    has_bias, As, Bs)\n"
+"__kernel __attribute__((reqd_work_group_size(16, 16, 1))) void mlc_gemm_64x64(MLC_GEMM_ARGS) {\n"
+"    __local float As[16 * 65], Bs[16 * 65];\n"
+"    MLC_GEMM_TILE(4, 4);\n"
+"}\n"
+"__kernel __attribute__((reqd_work_group_size(16, 16, 1))) void mlc_gemm_128x64(MLC_GEMM_ARGS) {\n"
+"    __local float As[16 * 129], Bs[16 * 65];\n"
+"    MLC_GEMM_TILE(8, 4);\n"
 "}\n"
 "\n",
 "/* The same product for CPU devices: each work-item keeps a 4 x 8 block of C in four float8\n"
@@ -1517,12 +1552,18 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
 static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_mem A, size_t oa, size_t sa,
                         cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc,
                         int batches, cl_mem bias) {
-    const int vector = mlc__cl_st(ctx)->gemm_vector;
-    size_t local[3] = { 16, 16, 1 }, global[3];
-    int b, rounds = sc == 0 && batches > 1 ? batches : 1;
-    /* a 4 x 8 block each */
-    if (vector) { global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4; }
-    else { global[0] = ((size_t)N + 63) / 64 * 16; global[1] = ((size_t)M + 63) / 64 * 16; }   /* 64 x 64 */
+    const mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t local[3] = { 16, 16, 1 }, global[3], tile_m;
+    int b, rounds = sc == 0 && batches > 1 ? batches : 1, kernel = MLC__CL_K_gemm_64x64;
+    size_t tall_tiles = ((size_t)M + 127) / 128 * (((size_t)N + 63) / 64);   /* tiles of 128 x 64 */
+    if (rounds == 1) tall_tiles *= (size_t)batches;
+    if (tall_tiles >= st->compute_units) kernel = MLC__CL_K_gemm_128x64;   /* enough for every unit */
+    if (st->gemm_force) kernel = st->gemm_force;
+    tile_m = kernel == MLC__CL_K_gemm_128x64 ? 128 : 64;
+    if (st->gemm_vector) {                                                     /* a 4 x 8 block each */
+        kernel = MLC__CL_K_gemm_vector;
+        global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4;
+    } else { global[0] = ((size_t)N + 63) / 64 * 16; global[1] = ((size_t)M + tile_m - 1) / tile_m * 16; }
     global[2] = (size_t)(rounds > 1 ? 1 : batches);
     if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
@@ -1537,8 +1578,7 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
                                MLC__CL_ARG(offb), MLC__CL_ARG(stepb),   MLC__CL_ARG(C),
                                MLC__CL_ARG(offc), MLC__CL_ARG(stepc),   MLC__CL_ARG(be),
                                MLC__CL_ARG(bm),   MLC__CL_ARG(has_bias) };
-        if (!mlc__cl_run3(ctx, vector ? MLC__CL_K_gemm_vector : MLC__CL_K_gemm, global, vector ? NULL : local,
-                          args, 17))
+        if (!mlc__cl_run3(ctx, kernel, global, st->gemm_vector ? NULL : local, args, 17))
             return 0;
     }
     return 1;
@@ -2394,6 +2434,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     st->max_alloc = !max_alloc || max_alloc > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)max_alloc;
     st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     st->gemm_vector = strcmp(info.type, "cpu") == 0;
+    st->compute_units = info.compute_units > 0 ? (size_t)info.compute_units : 1;
     st->op = "mlc_create";
     memcpy(st->name, info.name, sizeof st->name);
     mlc__format(ctx->device_name, sizeof ctx->device_name, "opencl:%d %s", index, info.name);

@@ -12,11 +12,14 @@
         (mlc_stats.launches).
    Output: "key value" lines.
    Build: cc -O2 -std=c99 -I. -DMLC_OPENCL bench/gpu.c -lm (-ldl before glibc 2.34)
-   Usage: gpu [--gemm-only | --steps-only] [--sizes n,n,...] [--data data/digits.bin] */
+   Usage: gpu [--gemm-only | --steps-only] [--sizes n,n,...] [--data data/digits.bin]
+              [--gemm-kernels]   each size also with each GPU product kernel forced
+              [--program FILE]   the device's build of the kernels (PTX on NVIDIA) into FILE */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <time.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
@@ -55,10 +58,59 @@ static double relative_error(const float *c, const float *ref, size_t n) {
     return scale > 0 ? worst / scale : worst;
 }
 
-static int bench_gemm(mlc_ctx *ctx, mlc_ctx *cpu, int n) {
+/* On an OpenCL GPU: "" the product kernel mlc picks, else the one named (see mlc_opencl.h) */
+static void force_gemm_kernel(mlc_ctx *ctx, const char *variant) {
+#ifdef MLC_OPENCL
+    if (ctx->backend != &mlc__opencl_backend) return;
+    mlc__cl_st(ctx)->gemm_force = 0;
+    for (int k = 0; *variant && k < MLC__CL_KERNEL_COUNT; k++)
+        if (strcmp(mlc__cl_kernel_names[k], variant + 1) == 0) mlc__cl_st(ctx)->gemm_force = k;
+#else
+    (void)ctx; (void)variant;
+#endif
+}
+
+/* The device's build of mlc's kernels (PTX on NVIDIA), for reading registers and spills. */
+static void save_program(mlc_ctx *ctx, const char *path) {
+#ifdef MLC_OPENCL
+    cl_int (*info)(cl_program, cl_program_info, size_t, void *, size_t *);
+    size_t size = 0;
+    unsigned char *binary;
+    FILE *out;
+    if (ctx->backend != &mlc__opencl_backend || !mlc__cl_st(ctx)->program) return;
+    void *library = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);   /* mlc's, opened again */
+    void *symbol = library ? dlsym(library, "clGetProgramInfo") : NULL;
+    memcpy(&info, &symbol, sizeof symbol);
+    if (!info || info(mlc__cl_st(ctx)->program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) || !size) return;
+    if (!(binary = malloc(size))) return;
+    if (!info(mlc__cl_st(ctx)->program, CL_PROGRAM_BINARIES, sizeof binary, &binary, NULL) && (out = fopen(path, "wb"))) {
+        fwrite(binary, 1, size, out);
+        fclose(out);
+    }
+    free(binary);
+    {   /* and the build log beside it (with MLC_OPENCL_OPTIONS=-cl-nv-verbose: registers, spills) */
+        char log_path[512], *log;
+        snprintf(log_path, sizeof log_path, "%s.log", path);
+        if (!mlc__cl.GetProgramBuildInfo(mlc__cl_st(ctx)->program, mlc__cl_st(ctx)->device, CL_PROGRAM_BUILD_LOG, 0,
+                                         NULL, &size) && (log = malloc(size + 1))) {
+            if (!mlc__cl.GetProgramBuildInfo(mlc__cl_st(ctx)->program, mlc__cl_st(ctx)->device, CL_PROGRAM_BUILD_LOG,
+                                             size, log, NULL) && (out = fopen(log_path, "w"))) {
+                fwrite(log, 1, strlen(log), out);
+                fclose(out);
+            }
+            free(log);
+        }
+    }
+#else
+    (void)ctx; (void)path;
+#endif
+}
+
+static int bench_gemm(mlc_ctx *ctx, mlc_ctx *cpu, int n, const char *variant) {
     int reps = n <= 1024 ? 50 : n <= 2048 ? 20 : 10;
     double times[50];
     mlc_frame outer = mlc_frame_begin(ctx);         /* a and b live until its end */
+    force_gemm_kernel(ctx, variant);
     mlc_set_grad_enabled(ctx, 0);
     mlc_seed(ctx, (uint64_t)n);
     mlc_tensor *a = mlc_randn(ctx, MLC_SHAPE(n, n)), *b = mlc_randn(ctx, MLC_SHAPE(n, n));
@@ -81,7 +133,7 @@ static int bench_gemm(mlc_ctx *ctx, mlc_ctx *cpu, int n) {
             mlc_tensor *ca = mlc_from_data(cpu, MLC_SHAPE(n, n), a_host);
             mlc_tensor *cb = mlc_from_data(cpu, MLC_SHAPE(n, n), b_host);
             mlc_tensor *ref = mlc_matmul(ca, cb);
-            if (ref) printf("gemm_%d_relerr %.3g\n", n, relative_error(mlc_host_data(c), ref->data, (size_t)n * n));
+            if (ref) printf("gemm_%d%s_relerr %.3g\n", n, variant, relative_error(mlc_host_data(c), ref->data, (size_t)n * n));
             mlc_frame_end(g);
         }
         mlc_frame_end(f);
@@ -89,10 +141,11 @@ static int bench_gemm(mlc_ctx *ctx, mlc_ctx *cpu, int n) {
     free(a_host); free(b_host);
     mlc_set_grad_enabled(ctx, 1);
     mlc_frame_end(outer);
+    force_gemm_kernel(ctx, "");
     if (mlc_error(ctx)) { fprintf(stderr, "gemm %d: %s\n", n, mlc_error_message(ctx)); return 1; }
     double t = median(times, reps);
-    printf("gemm_%d_tflops %.2f\n", n, 2.0 * n * n * (double)n / t * 1e-12);
-    printf("gemm_%d_ms %.3f\n", n, t * 1e3);
+    printf("gemm_%d%s_tflops %.2f\n", n, variant, 2.0 * n * n * (double)n / t * 1e-12);
+    printf("gemm_%d%s_ms %.3f\n", n, variant, t * 1e3);
     return 0;
 }
 
@@ -166,14 +219,20 @@ static int bench_step(mlc_ctx *ctx, const digits_set *ds, int cnn, const char *w
 }
 
 int main(int argc, char **argv) {
-    int gemm = 1, steps = 1, status = 0;
-    const char *sizes = "256,512,1024,2048,4096", *path = "data/digits.bin";
+    int gemm = 1, steps = 1, kernels = 0, status = 0;
+    const char *sizes = "256,512,1024,2048,4096", *path = "data/digits.bin", *program = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--gemm-only") == 0) steps = 0;
         else if (strcmp(argv[i], "--steps-only") == 0) gemm = 0;
         else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) sizes = argv[++i];
         else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) path = argv[++i];
-        else { fprintf(stderr, "usage: %s [--gemm-only | --steps-only] [--sizes n,n,...] [--data FILE]\n", argv[0]); return 2; }
+        else if (strcmp(argv[i], "--gemm-kernels") == 0) kernels = 1;
+        else if (strcmp(argv[i], "--program") == 0 && i + 1 < argc) program = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--gemm-only | --steps-only] [--sizes n,n,...] [--data FILE] [--gemm-kernels] "
+                    "[--program FILE]\n", argv[0]);
+            return 2;
+        }
     }
     const char *device = getenv("MLC_DEVICE") ? getenv("MLC_DEVICE") : "opencl";
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .device = device, .seed = 1 });
@@ -182,7 +241,9 @@ int main(int argc, char **argv) {
     printf("device %s\n", mlc_device_name(ctx));
     for (const char *p = sizes; gemm && *p; ) {
         int n = atoi(p);
-        if (n > 0) status |= bench_gemm(ctx, cpu, n);
+        if (n > 0) status |= bench_gemm(ctx, cpu, n, "");
+        if (n > 0 && kernels)
+            status |= bench_gemm(ctx, cpu, n, "_mlc_gemm_64x64") | bench_gemm(ctx, cpu, n, "_mlc_gemm_128x64");
         while (*p && *p != ',') p++;
         if (*p == ',') p++;
     }
@@ -195,6 +256,7 @@ int main(int argc, char **argv) {
         status |= bench_step(cpu, &ds, 0, "cpu_");                /* the CPU's own step, for scale */
         digits_free(&ds);
     }
+    if (program) save_program(ctx, program);
     mlc_destroy(ctx);
     mlc_destroy(cpu);
     return status;

@@ -4,7 +4,8 @@
 # bench/torch_gpu.py; logs go to $OUT (default build/gpu-out). Expects the binaries built here
 # by `make bench-gpu-build` (build/test-opencl-gpu, build/bench-gpu) and, where the machine has
 # no OpenCL loader, Debian's libOpenCL.so.1 in build/ocl. NVIDIA's OpenCL driver is found and
-# registered (OCL_ICD_VENDORS) when /etc/OpenCL/vendors has no entry.
+# registered (OCL_ICD_VENDORS) when /etc/OpenCL/vendors has no entry. Arguments go to bench-gpu;
+# with --gemm-only the suite and the training steps are left out.
 set -u
 out=${OUT:-build/gpu-out}
 mkdir -p "$out"
@@ -20,10 +21,13 @@ if ! ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1; then
     mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
 fi
 ./build/test-opencl-gpu --devices 2>&1 | tee "$out/devices.txt"
-start=$(date +%s)
-MLC_DEVICE=${MLC_DEVICE:-best} timeout 240 ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
-echo "suite on the GPU: rc $? in $(( $(date +%s) - start )) s: $(tail -1 "$out/test-opencl.log")"
-grep -E "^FAIL|fail" "$out/test-opencl.log" | head -20
+gemm_only=; case " $* " in *" --gemm-only "*) gemm_only=--gemm-only;; esac
+if [ -z "$gemm_only" ]; then
+    start=$(date +%s)
+    MLC_DEVICE=${MLC_DEVICE:-best} timeout 240 ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
+    echo "suite on the GPU: rc $? in $(( $(date +%s) - start )) s: $(tail -1 "$out/test-opencl.log")"
+    grep -E "^FAIL|fail" "$out/test-opencl.log" | head -20
+fi
 MLC_DEVICE=${MLC_DEVICE:-best} timeout 200 ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1; echo "bench-gpu rc $?"
-timeout 200 python3 bench/torch_gpu.py data/digits.bin > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
+timeout 200 python3 bench/torch_gpu.py data/digits.bin 256,512,1024,2048,4096 $gemm_only > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
 cat "$out/gpu.txt" "$out/torch.txt"

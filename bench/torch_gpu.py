@@ -8,7 +8,7 @@
    loss.item(). Median µs of 300 steps after 30 warm-up steps; CUDA kernels per step counted
    by torch.profiler over one step.
 Output: "key value" lines, keys prefixed "torch_".
-Usage: python3 bench/torch_gpu.py [data/digits.bin] [sizes, e.g. 256,512,1024]"""
+Usage: python3 bench/torch_gpu.py [data/digits.bin] [sizes, e.g. 256,512,1024] [--gemm-only]"""
 import statistics
 import sys
 import time
@@ -99,6 +99,8 @@ def main():
     print(f"torch_device {torch.cuda.get_device_name(0)} torch {torch.__version__}")
     for n in sizes:
         gemm(n)
+    if "--gemm-only" in sys.argv:
+        return
     x, y = load_digits(path)
     for kind in ("mlp", "cnn"):
         step_bench(kind, x, y)

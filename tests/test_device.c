@@ -19,6 +19,7 @@
 #define MLC_EXTRA_BACKEND test_fake_backend   /* the registry offers "fake" to mlc_create */
 #include <stdlib.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <unistd.h>
 #include "test.h"
 
@@ -580,21 +581,26 @@ static int opencl_write_after_upload(void) {
     return 1;
 }
 
-/* Both OpenCL products (the 16x16 local-memory tiles GPUs get, and the float8 register blocks
-   CPU devices get) against the plain loop, for every transpose, edge sizes, a batch and a bias;
-   and the gradients, which add into C (beta 1). Tolerance: 1e-5 of the sum of |terms|. */
+/* The three OpenCL products (the 64 x 64 and 128 x 64 local-memory tiles GPUs get, and the
+   float8 register blocks CPU devices get) against the plain loop, for every transpose, edge
+   sizes, a batch and a bias; and the gradients, which add into C (beta 1). Tolerance: 1e-5 of
+   the sum of |terms|. */
 static int opencl_gemm_kernels_agree(void) {
-    static const int sizes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 4, 8, 16 }, { 17, 33, 9 }, { 37, 130, 70 }, { 64, 64, 64 }, { 100, 70, 33 } };
+    static const int sizes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 4, 8, 16 }, { 17, 33, 9 }, { 37, 130, 70 },
+                                    { 64, 64, 64 }, { 100, 70, 33 }, { 130, 257, 47 } };
+    static const char *const names[] = { "64 x 64 tiles", "128 x 64 tiles", "vector" };
+    static const int kernels[] = { MLC__CL_K_gemm_64x64, MLC__CL_K_gemm_128x64, 0 };
     mlc_config c;
     mlc_ctx *ctx;
-    int vector, s, t, i;
+    int kernel, s, t, i;
     memset(&c, 0, sizeof c);
     c.device = opencl_spec();
     ctx = test_adopt(mlc_create(&c));
     CHECK(ctx && mlc_has_device(ctx));
-    for (vector = 0; vector <= 1; vector++) {
-        mlc__cl_st(ctx)->gemm_vector = vector;
-        for (s = 0; s < 7; s++)
+    for (kernel = 0; kernel < 3; kernel++) {
+        mlc__cl_st(ctx)->gemm_vector = kernels[kernel] == 0;
+        mlc__cl_st(ctx)->gemm_force = kernels[kernel];
+        for (s = 0; s < 8; s++)
             for (t = 0; t < 4; t++) {
                 int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2], ta = t & 1, tb = t >> 1, batch = 3, b;
                 mlc_frame f = mlc_frame_begin(ctx);
@@ -614,7 +620,7 @@ static int opencl_gemm_kernels_agree(void) {
                     free(absA); free(absB);
                     for (i = 0; i < M * N; i++)
                         CHECK_MSG(fabsf(mlc_host_data(out)[(size_t)b * M * N + i] - want[i]) <= 1e-5f * mag[i] + 1e-30f,
-                                  "%s kernel, %dx%dx%d, ta %d tb %d, batch %d, element %d: %g vs %g", vector ? "vector" : "tiled",
+                                  "%s, %dx%dx%d, ta %d tb %d, batch %d, element %d: %g vs %g", names[kernel],
                                   M, N, K, ta, tb, b, i, mlc_host_data(out)[(size_t)b * M * N + i], want[i]);
                 }
                 free(want); free(mag);
