@@ -3,7 +3,8 @@
 1. sgemm TFLOP/s of torch.mm on square float32 matrices (cuBLAS, TF32 off), median of timed
    calls each followed by torch.cuda.synchronize() (what gpu.c does with mlc_sync).
 2. one training step of the digits MLP 64-128-128-10 and of the digits CNN, batch 32, AdamW
-   (lr 3e-3, weight decay 1e-2; PyTorch's default implementation on CUDA), cross entropy, on
+   (lr 3e-3, weight decay 1e-2; PyTorch's default implementation on CUDA, "foreach", and its
+   fused=True one, keys "_fused"), cross entropy, on
    data/digits.bin: gather the batch on the GPU, forward, loss, zero_grad, backward, step,
    loss.item(). Median µs of 300 steps after 30 warm-up steps; CUDA kernels per step counted
    by torch.profiler over one step.
@@ -12,8 +13,11 @@ Usage: python3 bench/torch_gpu.py [data/digits.bin] [sizes, e.g. 256,512,1024] [
 import statistics
 import sys
 import time
+import warnings
 
 import torch
+
+warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
 
 BATCH, WARMUP, TIMED = 32, 30, 300
 
@@ -57,10 +61,10 @@ def model_of(kind):
                          nn.Flatten(), nn.Dropout(0.3), nn.Linear(128, 10))
 
 
-def step_bench(kind, x, y):
+def step_bench(kind, x, y, fused):
     torch.manual_seed(1)
     model = model_of(kind).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2, fused=fused)
     n = 1500
     x, y = x[:n].cuda(), y[:n].cuda()
     order = torch.randperm(n, device="cuda")
@@ -86,9 +90,10 @@ def step_bench(kind, x, y):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step(0)
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"torch_step_{kind}_us {1e6 * statistics.median(times):.1f}")
-    print(f"torch_step_{kind}_kernels {kernels}")
-    print(f"torch_step_{kind}_loss {first:.4f} -> {value:.4f}")
+    name = kind + ("_fused" if fused else "")
+    print(f"torch_step_{name}_us {1e6 * statistics.median(times):.1f}")
+    print(f"torch_step_{name}_kernels {kernels}")
+    print(f"torch_step_{name}_loss {first:.4f} -> {value:.4f}")
 
 
 def main():
@@ -103,7 +108,8 @@ def main():
         return
     x, y = load_digits(path)
     for kind in ("mlp", "cnn"):
-        step_bench(kind, x, y)
+        for fused in (False, True):
+            step_bench(kind, x, y, fused)
 
 
 if __name__ == "__main__":
