@@ -31,3 +31,26 @@ fi
 MLC_DEVICE=${MLC_DEVICE:-best} timeout 200 ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1; echo "bench-gpu rc $?"
 timeout 200 python3 bench/torch_gpu.py data/digits.bin 256,512,1024,2048,4096 $gemm_only > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
 cat "$out/gpu.txt" "$out/torch.txt"
+# the summary: mlc against the peer's best, as ratios (a GEMM over cuBLAS; a step: the peer's
+# time over mlc's, so above 1 is mlc faster)
+cat "$out/gpu.txt" "$out/torch.txt" | awk '
+    { v[$1] = $2 }
+    END {
+        print "| sgemm n | mlc TFLOP/s | cuBLAS TFLOP/s | mlc / cuBLAS |"; print "|---:|---:|---:|---:|"
+        for (n = 256; n <= 4096; n *= 2)
+            if (v["gemm_" n "_tflops"] && v["torch_gemm_" n "_tflops"])
+                printf "| %d | %.2f | %.2f | %.2f |\n", n, v["gemm_" n "_tflops"], v["torch_gemm_" n "_tflops"],
+                       v["gemm_" n "_tflops"] / v["torch_gemm_" n "_tflops"]
+        print ""; print "| step | mlc µs (kernels) | PyTorch µs (kernels), best of foreach / fused AdamW | PyTorch / mlc |"
+        print "|---|---:|---:|---:|"
+        split("mlp cnn", models, " ")
+        for (i = 1; i <= 2; i++) {
+            m = models[i]; t = v["torch_step_" m "_us"]; k = v["torch_step_" m "_kernels"]
+            if (v["torch_step_" m "_fused_us"] && (!t || v["torch_step_" m "_fused_us"] < t)) {
+                t = v["torch_step_" m "_fused_us"]; k = v["torch_step_" m "_fused_kernels"]
+            }
+            if (v["step_" m "_us"] && t)
+                printf "| digits %s | %.1f (%d) | %.1f (%d) | %.2f |\n", m, v["step_" m "_us"], v["step_" m "_launches"],
+                       t, k, t / v["step_" m "_us"]
+        }
+    }' | tee "$out/summary.md"
