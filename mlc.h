@@ -986,7 +986,9 @@ typedef struct mlc__backend {
     int (*devices)(mlc_device_info *out, int max);        /* its rows of mlc_devices */
     const unsigned char *kernels;                         /* [MLC__OP_COUNT]: 1: run has the op */
     int (*run)(mlc_ctx *ctx, struct mlc__node *n, int backward);  /* 1: ran here; 0: declined */
-    int (*step)(mlc_optim *opt, int i);                   /* parameter i's update; 0: no kernel */
+    /* the update of `count` parameters from `first`, all on the device: how many of them from the
+       first it updated (one launch may take several); 0: none, and the CPU updates `first` */
+    int (*step)(mlc_optim *opt, int first, int count);
     int (*fill)(mlc_tensor *t, int grad, float value);    /* data or gradient = value */
     int (*upload)(mlc_tensor *t, int grad);               /* host copy -> device (mlc__buffer_of) */
     int (*download)(mlc_tensor *t, int grad);             /* device -> host copy (waits) */
@@ -6627,6 +6629,15 @@ static void mlc__rmsprop_update(const mlc_optim *o, size_t n, float *MLC__RESTRI
     }
 }
 
+/* The rule's update of n elements: parameter p, gradient g and the state buffers s0, s1, s2
+   (NULL where the rule keeps none); a backend may run it on its own buffers (a test's fake one). */
+static void mlc__update(const mlc_optim *o, size_t n, float *p, const float *g, float *s0, float *s1,
+                        float *s2) {
+    if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
+    else if (o->kind == MLC__RMSPROP) mlc__rmsprop_update(o, n, p, g, s0, s1, s2);
+    else mlc__adam_update(o, n, p, g, s0, s1, s2);
+}
+
 /* Parameter i's update over a slice [begin, end), for mlc__parallel (threads from 32k on). */
 typedef struct mlc__step_job { const mlc_optim *opt; int i; } mlc__step_job;
 #define MLC__STEP_PARALLEL 32768
@@ -6640,35 +6651,47 @@ static float *mlc__state_from(const mlc_optim *o, int i, int k, size_t begin) {
 static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
     const mlc_optim *o = ((const mlc__step_job *)job)->opt;
     int i = ((const mlc__step_job *)job)->i;
-    float *p = o->params[i]->data + begin, *g = o->params[i]->grad + begin,
-          *s0 = mlc__state_from(o, i, 0, begin);
-    size_t n = end - begin;
+    const mlc_tensor *p = o->params[i];
     (void)piece;
-    if (o->kind == MLC__SGD) mlc__sgd_update(o, n, p, g, s0);
-    else if (o->kind == MLC__RMSPROP)
-        mlc__rmsprop_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
-    else mlc__adam_update(o, n, p, g, s0, mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
+    mlc__update(o, end - begin, p->data + begin, p->grad + begin, mlc__state_from(o, i, 0, begin),
+                mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
 }
 
+/* Parameter i and its state were updated on the device: their host copies are out of date. */
+static void mlc__stepped_on_device(mlc_optim *opt, int i) {
+    mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
+    int k;
+    p->stale = (p->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
+    for (k = 0; k < 3; k++) if (st[k]) st[k]->stale = MLC__HOST_STALE;
+}
+
+/* Each run of consecutive parameters on the device goes to the backend, which updates as many
+   of them from the first as it can (one launch may take several: OpenCL's takes up to 8); a
+   parameter it leaves, and one on the host, the CPU updates. */
 MLCDEF void mlc_step(mlc_optim *opt) {
-    int i;
+    int i, k, done;
     if (!opt || opt->ctx->error) return;
     opt->t++;
-    for (i = 0; i < opt->count; i++) {
+    for (i = 0; i < opt->count; i++)                    /* the module moved after the optimiser was made */
+        for (k = 0; k < 3; k++) {
+            mlc_tensor *st = opt->state[3 * i + k];
+            if (st && st->on_device != opt->params[i]->on_device && !mlc_to(st, opt->params[i]->on_device))
+                return;
+        }
+    for (i = 0; i < opt->count; i += done) {
         mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
         mlc__step_job job;
-        int k;
-        for (k = 0; k < 3; k++)                         /* the module moved after the optimiser was made */
-            if (st[k] && st[k]->on_device != p->on_device && !mlc_to(st[k], p->on_device)) return;
+        int run = 0;
         if (p->on_device) {
-            if (opt->ctx->backend->step(opt, i)) {
-                p->stale = (p->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
-                for (k = 0; k < 3; k++) if (st[k]) st[k]->stale = MLC__HOST_STALE;
-                continue;
-            }
+            while (i + run < opt->count && opt->params[i + run]->on_device) run++;
+            done = opt->ctx->backend->step(opt, i, run);
+            MLC_ASSERT(done >= 0 && done <= run);
+            for (k = i; k < i + done; k++) mlc__stepped_on_device(opt, k);
+            if (done) continue;
             if (opt->ctx->error) return;
             mlc__fall_back(opt->ctx, "mlc_step");
         }
+        done = 1;
         mlc__host(p);
         mlc__host_grad(p);
         for (k = 0; k < 3; k++) if (st[k]) { mlc__host(st[k]); mlc__host_wrote(st[k]); }

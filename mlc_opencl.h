@@ -470,13 +470,35 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    gs[j] = acc;\n"
 "}\n",
 
-"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update:\n"
-"   SGD   g += wd p;  b = mu b + (1 - tau) g (b = g at t = 1);  g = nesterov ? g + mu b : b;  p -= lr g */\n"
-"__kernel void mlc_sgd(ulong n, __global float *p, __global const float *g, __global float *buf,\n"
-"                      float lr, float wd, float mu, float keep, int first, int nesterov) {\n"
-"    size_t j = get_global_id(0);\n"
+"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update, over a group of up to 8\n"
+"   parameters in one launch (OpenCL 1.2 passes no array of buffers): slot k holds parameter sp<k> of\n"
+"   sizes.s<k> elements, its gradient sg<k> and state buffers sa<k>, sb<k>, sc<k> (stand-ins where the\n"
+"   rule keeps none), from work-item starts.s<k> on, a multiple of the work-group size, so that a\n"
+"   work-group finds one slot (unused slots start past the launch). A work-item finds its slot with\n"
+"   selects, not branches (with branches PoCL no longer vectorised the work-items), its p, g, state\n"
+"   buffers (named as the rule names them) and j, its element there. */\n"
+"#define MLC_SLOT(k) __global float *sp##k, __global const float *sg##k, __global float *sa##k, \\\n"
+"    __global float *sb##k, __global float *sc##k\n"
+"#define MLC_SLOTS ulong8 starts, ulong8 sizes, MLC_SLOT(0), MLC_SLOT(1), MLC_SLOT(2), MLC_SLOT(3), \\\n"
+"    MLC_SLOT(4), MLC_SLOT(5), MLC_SLOT(6), MLC_SLOT(7)\n"
+"#define MLC_PAST(k, X, Y, Z) in = base >= starts.s##k; \\\n"
+"    start = in ? starts.s##k : start; n = in ? sizes.s##k : n; p = in ? sp##k : p; g = in ? sg##k : g; \\\n"
+"    X = in ? sa##k : X; Y = in ? sb##k : Y; Z = in ? sc##k : Z;\n"
+"#define MLC_FIND_SLOT(X, Y, Z) \\\n"
+"    ulong base = get_group_id(0) * get_local_size(0), start = 0, n = sizes.s0; \\\n"
+"    __global float *p = sp0, *X = sa0, *Y = sb0, *Z = sc0; \\\n"
+"    __global const float *g = sg0; \\\n"
+"    size_t j; \\\n"
+"    int in; \\\n"
+"    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST(4, X, Y, Z) \\\n"
+"    MLC_PAST(5, X, Y, Z) MLC_PAST(6, X, Y, Z) MLC_PAST(7, X, Y, Z) \\\n"
+"    j = get_global_id(0) - start; \\\n"
+"    if (j >= n) return;\n",
+
+"/* SGD   g += wd p;  b = mu b + (1 - tau) g (b = g at t = 1);  g = nesterov ? g + mu b : b;  p -= lr g */\n"
+"__kernel void mlc_sgd(MLC_SLOTS, float lr, float wd, float mu, float keep, int first, int nesterov) {\n"
 "    float gj;\n"
-"    if (j >= n) return;\n"
+"    MLC_FIND_SLOT(buf, unused_b, unused_c)\n"
 "    if (mu == 0.0f) { p[j] -= lr * (g[j] + wd * p[j]); return; }\n"
 "    gj = g[j] + wd * p[j];\n"
 "    buf[j] = first ? gj : mu * buf[j] + keep * gj;\n"
@@ -487,14 +509,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "   (Adam: l2 = wd, shrink = 1; AdamW: l2 = 0, shrink = 1 - lr wd; step = lr / (1 - b1^t), inv_bc2 = 1 / (1"
 " - b2^t));\n"
 "   amsgrad: vmax = max(vmax, v), and vmax in the place of v */\n"
-"__kernel void mlc_adam(ulong n, __global float *p, __global const float *g, __global float *m, __global"
-" float *v,\n"
-"                       __global float *vmax, float b1, float b2, float eps, float l2, float shrink, float"
-" step,\n"
+"__kernel void mlc_adam(MLC_SLOTS, float b1, float b2, float eps, float l2, float shrink, float step,\n"
 "                       float inv_bc2, int amsgrad) {\n"
-"    size_t j = get_global_id(0);\n"
 "    float gj;\n"
-"    if (j >= n) return;\n"
+"    MLC_FIND_SLOT(m, v, vmax)\n"
 "    gj = g[j] + l2 * p[j];\n"
 "    m[j] = b1 * m[j] + (1.0f - b1) * gj;\n"
 "    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;\n"
@@ -504,13 +522,9 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "/* RMSprop  g += wd p;  v = a v + (1-a) g^2;  avg = sqrt(v - mean^2) + eps (centered, mean = a mean + (1-a)"
 " g)\n"
 "   or sqrt(v) + eps;  with momentum: b = mu b + g / avg, p -= lr b;  else p -= lr g / avg */\n"
-"__kernel void mlc_rmsprop(ulong n, __global float *p, __global const float *g, __global float *buf,\n"
-"                          __global float *sq, __global float *mean, float lr, float wd, float a, float"
-" eps,\n"
-"                          float mu, int centered) {\n"
-"    size_t j = get_global_id(0);\n"
+"__kernel void mlc_rmsprop(MLC_SLOTS, float lr, float wd, float a, float eps, float mu, int centered) {\n"
 "    float gj, avg;\n"
-"    if (j >= n) return;\n"
+"    MLC_FIND_SLOT(buf, sq, mean)\n"
 "    gj = g[j] + wd * p[j];\n"
 "    sq[j] = a * sq[j] + (1.0f - a) * gj * gj;\n"
 "    if (centered) mean[j] = a * mean[j] + (1.0f - a) * gj;\n"
@@ -2278,37 +2292,90 @@ static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
     return 0;
 }
 
-/* Parameter i's update; the state is opt->state[3 i + k], long-lived tensors on the device.
-   1: done (mlc_step then marks p and its state stale on the host); 0: not done (an error is
-   set, or the state is not on the device and the CPU runs the step). */
-static int mlc__cl_step(mlc_optim *opt, int i) {
+/* An optimiser's launch over a group of parameters, as MLC_SLOTS in the kernels: 8 slots of
+   the buffers of a parameter, its gradient and its state, opt->state[3 i + k] (p's buffer stands
+   in where the rule keeps none; slots past the group repeat its first), the parameter's size,
+   and the work-item where the slot starts, a multiple of the kernel's work-group size (slots past
+   the group start at the launch's end): 480 bytes of arguments at most, within the 1024 bytes
+   that OpenCL's full profile promises. */
+#define MLC__CL_SLOTS 8
+typedef struct mlc__cl_group {
+    cl_ulong8 starts, sizes;
+    cl_mem mem[MLC__CL_SLOTS][5];       /* p, g, state 0, 1, 2 */
+    int count;                          /* parameters in the group */
+    size_t items;                       /* the launch's work-items */
+} mlc__cl_group;
+
+/* Up to 8 of the `count` parameters from `first` (all on the device) for `kernel`, while their
+   state is there too with their size and the launch stays within 2^31 - 1 work-items. 0
+   parameters: the first has no such state, or an error is set. */
+static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, mlc__cl_group *gr) {
     mlc_ctx *ctx = opt->ctx;
-    mlc_tensor *p = opt->params[i], **s = opt->state + 3 * i;
-    cl_mem pm, gm, s0, s1, s2;
-    cl_ulong n = p->size;
+    cl_ulong total = 0, padded;
+    size_t local;
+    int n, k;
+    if (!mlc__cl_kernel(ctx, kernel, &local)) return 0;
+    for (n = 0; n < count && n < MLC__CL_SLOTS; n++) {
+        mlc_tensor *p = opt->params[first + n], **s = opt->state + 3 * (first + n);
+        cl_mem *m = gr->mem[n];
+        padded = (p->size + local - 1) / local * local;
+        for (k = 0; k < 3; k++) if (s[k] && (!s[k]->on_device || s[k]->size != p->size)) break;
+        if (k < 3 || (n && total + padded > 2147483647u)) break;
+        if (!(m[0] = mlc__cl_in(ctx, p)) || !(m[1] = mlc__cl_grad_in(ctx, p))) return 0;
+        for (k = 0; k < 3; k++) if (!(m[2 + k] = s[k] ? mlc__cl_in(ctx, s[k]) : m[0])) return 0;
+        gr->starts.s[n] = total;
+        gr->sizes.s[n] = p->size;
+        total += padded;
+    }
+    if (!n) return 0;
+    for (k = n; k < MLC__CL_SLOTS; k++) {
+        gr->starts.s[k] = total;
+        gr->sizes.s[k] = 0;
+        memcpy(gr->mem[k], gr->mem[0], sizeof gr->mem[0]);
+    }
+    gr->items = (size_t)total;
+    return gr->count = n;
+}
+
+/* Run an optimiser's kernel over the group: the slots' arguments, then the rule's (at most 8). */
+static void mlc__cl_run_group(mlc_ctx *ctx, int kernel, mlc__cl_group *gr, const mlc__cl_arg *rule,
+                              int count) {
+    mlc__cl_arg args[2 + 5 * MLC__CL_SLOTS + 8];
     int k;
+    MLC_ASSERT(count <= 8);
+    args[0].size = args[1].size = sizeof(cl_ulong8);
+    args[0].value = &gr->starts;
+    args[1].value = &gr->sizes;
+    for (k = 0; k < 5 * MLC__CL_SLOTS; k++) {
+        args[2 + k].size = sizeof(cl_mem);
+        args[2 + k].value = &gr->mem[k / 5][k % 5];
+    }
+    for (k = 0; k < count; k++) args[2 + 5 * MLC__CL_SLOTS + k] = rule[k];
+    mlc__cl_run(ctx, kernel, gr->items, args, 2 + 5 * MLC__CL_SLOTS + count);
+}
+
+/* The update of up to 8 parameters from `first` in one launch. Returns how many (mlc_step then
+   marks them and their state stale on the host); 0: none (an error is set, or the first one's
+   state is not on the device and the CPU updates it). */
+static int mlc__cl_step(mlc_optim *opt, int first, int count) {
+    mlc_ctx *ctx = opt->ctx;
+    mlc__cl_group gr;
+    int kernel = opt->kind == MLC__SGD ? MLC__CL_K_sgd : opt->kind == MLC__RMSPROP ? MLC__CL_K_rmsprop
+                                                                                 : MLC__CL_K_adam;
     mlc__cl_st(ctx)->op = "mlc_step";
-    for (k = 0; k < 3; k++) if (s[k] && (!s[k]->on_device || s[k]->size != p->size)) return 0;
-    pm = mlc__cl_in(ctx, p);                             /* a slot the rule does not read (NULL) */
-    gm = pm ? mlc__cl_grad_in(ctx, p) : NULL;            /* gets p's buffer as a stand-in */
-    s0 = gm && s[0] ? mlc__cl_in(ctx, s[0]) : pm;
-    s1 = s0 && s[1] ? mlc__cl_in(ctx, s[1]) : pm;
-    s2 = s1 && s[2] ? mlc__cl_in(ctx, s[2]) : pm;
-    if (!gm || !s0 || !s1 || !s2) return 0;              /* the error is set */
+    if (!mlc__cl_group_of(opt, first, count, kernel, &gr)) return 0;
     if (opt->kind == MLC__SGD) {
         cl_float lr = opt->lr, wd = opt->weight_decay, mu = opt->momentum, keep = 1.0f - opt->dampening;
-        cl_int first = opt->t == 1, nesterov = opt->nesterov;
-        mlc__cl_arg args[] = { MLC__CL_ARG(n),     MLC__CL_ARG(pm),      MLC__CL_ARG(gm), MLC__CL_ARG(s0),
-                               MLC__CL_ARG(lr),    MLC__CL_ARG(wd),      MLC__CL_ARG(mu), MLC__CL_ARG(keep),
-                               MLC__CL_ARG(first), MLC__CL_ARG(nesterov) };
-        mlc__cl_run(ctx, MLC__CL_K_sgd, p->size, args, 10);
+        cl_int first_step = opt->t == 1, nesterov = opt->nesterov;
+        mlc__cl_arg args[] = { MLC__CL_ARG(lr),   MLC__CL_ARG(wd),         MLC__CL_ARG(mu),
+                               MLC__CL_ARG(keep), MLC__CL_ARG(first_step), MLC__CL_ARG(nesterov) };
+        mlc__cl_run_group(ctx, kernel, &gr, args, 6);
     } else if (opt->kind == MLC__RMSPROP) {
         cl_float lr = opt->lr, wd = opt->weight_decay, a = opt->beta2, eps = opt->eps, mu = opt->momentum;
         cl_int centered = opt->centered;
-        mlc__cl_arg args[] = { MLC__CL_ARG(n),  MLC__CL_ARG(pm),  MLC__CL_ARG(gm), MLC__CL_ARG(s0),
-                               MLC__CL_ARG(s1), MLC__CL_ARG(s2),  MLC__CL_ARG(lr), MLC__CL_ARG(wd),
-                               MLC__CL_ARG(a),  MLC__CL_ARG(eps), MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
-        mlc__cl_run(ctx, MLC__CL_K_rmsprop, p->size, args, 12);
+        mlc__cl_arg args[] = { MLC__CL_ARG(lr),  MLC__CL_ARG(wd), MLC__CL_ARG(a),
+                               MLC__CL_ARG(eps), MLC__CL_ARG(mu), MLC__CL_ARG(centered) };
+        mlc__cl_run_group(ctx, kernel, &gr, args, 6);
     } else {                                             /* the constants as mlc__adam_update has them */
         cl_float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
         cl_float l2 = opt->kind == MLC__ADAM ? opt->weight_decay : 0.0f;
@@ -2316,14 +2383,12 @@ static int mlc__cl_step(mlc_optim *opt, int i) {
         cl_float step = (float)((double)opt->lr / (1.0 - pow((double)opt->beta1, (double)opt->t)));
         cl_float inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, (double)opt->t)));
         cl_int amsgrad = opt->amsgrad;
-        mlc__cl_arg args[] = {
-            MLC__CL_ARG(n),       MLC__CL_ARG(pm),  MLC__CL_ARG(gm),     MLC__CL_ARG(s0),   MLC__CL_ARG(s1),
-            MLC__CL_ARG(s2),      MLC__CL_ARG(b1),  MLC__CL_ARG(b2),     MLC__CL_ARG(eps),  MLC__CL_ARG(l2),
-            MLC__CL_ARG(shrink),  MLC__CL_ARG(step), MLC__CL_ARG(inv_bc2), MLC__CL_ARG(amsgrad)
-        };
-        mlc__cl_run(ctx, MLC__CL_K_adam, p->size, args, 14);
+        mlc__cl_arg args[] = { MLC__CL_ARG(b1),     MLC__CL_ARG(b2),   MLC__CL_ARG(eps),
+                               MLC__CL_ARG(l2),     MLC__CL_ARG(shrink), MLC__CL_ARG(step),
+                               MLC__CL_ARG(inv_bc2), MLC__CL_ARG(amsgrad) };
+        mlc__cl_run_group(ctx, kernel, &gr, args, 8);
     }
-    return !ctx->error;
+    return ctx->error ? 0 : gr.count;
 }
 
 static int mlc__cl_fill(mlc_tensor *t, int grad, float value) {

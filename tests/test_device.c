@@ -10,6 +10,8 @@
    Two switches for the tests here:
      kernel_neg  mlc_neg runs "on the device" (forward and backward on the device buffers), so
                  an output whose host copy is out of date, and downloads, can be tested;
+     kernel_step mlc_step updates up to 3 parameters a call "on the device", so the runs of
+                 device parameters mlc_step hands the backend can be tested;
      verify      each op first checks its inputs: a tensor whose copies are both marked current
                  must hold the same values in both (else someone wrote t->data without telling
                  mlc), and a host copy marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
@@ -25,8 +27,12 @@
 
 /* ---- the fake backend ------------------------------------------------------------------- */
 
+typedef struct fake_step_call { int first, count, done; } fake_step_call;   /* one call of step */
+#define FAKE_STEPS 64
 typedef struct fake_device {
-    int kernel_neg, verify;
+    int kernel_neg, kernel_step, verify;
+    fake_step_call steps[FAKE_STEPS];   /* the first calls of step */
+    int n_steps;
     size_t limit_bytes;             /* > 0: a "device" that holds no more than this */
     const char *op;                 /* the op being run, for messages */
 } fake_device;
@@ -130,14 +136,27 @@ static int fake_run(mlc_ctx *ctx, mlc__node *n, int backward) {
 #define FAKE_OFFERS(name, backward) 1,
 static const unsigned char fake_kernels[] = { MLC__OPS(FAKE_OFFERS) };
 
-static int fake_step(mlc_optim *opt, int i) {
+/* Declines (the CPU updates parameter `first`), or with kernel_step updates up to 3 of the run
+   "on the device": the CPU's loops on the device buffers. Each call is recorded in steps[]. */
+static int fake_step(mlc_optim *opt, int first, int count) {
     fake_device *fd = (fake_device *)opt->ctx->device;
-    int k;
-    if (fd->verify) {
+    int done = fd->kernel_step ? (count < 3 ? count : 3) : 0, i, k;
+    if (fd->n_steps < FAKE_STEPS) {
+        fake_step_call call = { first, count, done };
+        fd->steps[fd->n_steps++] = call;
+    }
+    for (i = first; fd->verify && i < first + (done ? done : 1); i++) {   /* the parameters it reads */
         if (!fake_check(opt->ctx, opt->params[i], "mlc_step", 0)) return 0;
         for (k = 0; k < 3; k++) if (!fake_check(opt->ctx, opt->state[3 * i + k], "mlc_step", 1 + k)) return 0;
     }
-    return 0;
+    for (i = first; i < first + done; i++) {
+        mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
+        float *pd = (float *)mlc__device_in(p), *g = (float *)mlc__device_grad(p, 0, "mlc_step"), *s[3];
+        for (k = 0; k < 3; k++) s[k] = st[k] ? (float *)mlc__device_in(st[k]) : NULL;
+        if (!pd || !g || (st[0] && !s[0]) || (st[1] && !s[1]) || (st[2] && !s[2])) return 0;
+        mlc__update(opt, p->size, pd, g, s[0], s[1], s[2]);
+    }
+    return done;
 }
 
 static int fake_open(mlc_ctx *ctx, const char *spec);
@@ -313,6 +332,60 @@ static int training_matches_cpu(void) {
     CHECK(mlc_get_stats(cpu).fallbacks == 0 && mlc_get_stats(fake).fallbacks > 6);
     mlc_destroy(cpu);
     mlc_destroy(fake);
+    return 1;
+}
+
+/* mlc_step hands the backend each run of parameters on the device, and it may update several
+   at once: with 11 parameters, 2 and 9 sent home after the optimiser was made (their state
+   follows) and 5 brought to the device after it was made at home, the runs are 0-1, 3-8 and 10;
+   the fake takes up to 3 a call, so 3-8 goes in two calls. Adam with AMSGrad and weight decay
+   then gives the CPU's parameters bit for bit (the same loops), reading each stepped parameter
+   from the device; without the fake's kernel each device parameter falls back alone. */
+static int step_takes_runs_of_device_parameters(void) {
+    enum { NS = 11 };
+    static const int sizes[NS] = { 1, 30, 7, 4, 2, 65, 1, 301, 9, 25, 5 };
+    static const fake_step_call want[] = { { 0, 2, 2 }, { 3, 6, 3 }, { 6, 3, 3 }, { 10, 1, 1 } };
+    mlc_ctx *ctx = fake_ctx(31, NULL), *cpu = mlc_create(&(mlc_config){ .seed = 31, .quiet = 1, .device = "cpu" });
+    mlc_adam_config cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, 1 };
+    mlc_tensor *p[NS], *q[NS];
+    mlc_optim *opt, *ref = mlc_adam(cpu, NULL, cfg);
+    fake_device *fd = fake_of(ctx);
+    int k, s, j;
+    CHECK(fd && ref);
+    fd->verify = fd->kernel_step = 1;
+    for (k = 0; k < NS; k++) {
+        CHECK((p[k] = mlc_parameter(ctx, MLC_SHAPE(sizes[k]))) && (q[k] = mlc_parameter(cpu, MLC_SHAPE(sizes[k]))));
+        for (j = 0; j < sizes[k]; j++) mlc_host_data(p[k])[j] = mlc_host_data(q[k])[j] = 0.1f * (float)((j + k) % 7) - 0.3f;
+        mlc__host_wrote(p[k]);
+    }
+    CHECK(mlc_to(p[5], 0) && (opt = mlc_adam(ctx, NULL, cfg)));
+    for (k = 0; k < NS; k++) CHECK(mlc_optim_add_param(opt, p[k]) == MLC_OK && mlc_optim_add_param(ref, q[k]) == MLC_OK);
+    CHECK(mlc_to(p[2], 0) && mlc_to(p[9], 0) && mlc_to(p[5], 1));
+    for (s = 0; s < 4; s++) {
+        for (k = 0; k < NS; k++) {                  /* g = ±(j + 1) / 8, its sign turning with k and s */
+            float *g = mlc_host_grad(p[k]);
+            CHECK(g && mlc_host_grad(q[k]));
+            for (j = 0; j < sizes[k]; j++) g[j] = q[k]->grad[j] = (float)(j + 1) / 8.0f * ((j + k + s) % 3 ? 1.0f : -1.0f);
+            mlc__host_wrote_grad(p[k]);
+        }
+        if (s == 3) fd->kernel_step = 0;
+        fd->n_steps = 0;
+        mlc_step(opt);
+        mlc_step(ref);
+        if (s < 3) {
+            CHECK(fd->n_steps == 4 && memcmp(fd->steps, want, sizeof want) == 0);
+            CHECK(mlc_get_stats(ctx).fallbacks == 0);
+        } else CHECK(fd->n_steps == NS - 2 && fd->steps[1].first == 1 && fd->steps[1].count == 1 &&
+                     mlc_get_stats(ctx).fallbacks == NS - 2);
+        for (k = 0; k < NS; k++)
+            CHECK_MSG(memcmp(mlc_host_data(p[k]), mlc_host_data(q[k]), (size_t)sizes[k] * sizeof(float)) == 0,
+                      "step %d: parameter %d differs from the CPU's", s + 1, k);
+    }
+    CHECK(!p[2]->on_device && !p[9]->on_device && p[5]->on_device);
+    for (k = 0; k < 3; k++) CHECK(opt->state[3 * 2 + k]->on_device == 0 && opt->state[3 * 5 + k]->on_device == 1);
+    CHECK_MSG(mlc_error(ctx) == MLC_OK, "%.200s", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    mlc_destroy(cpu);
     return 1;
 }
 
@@ -712,6 +785,7 @@ static int launches_counted(void) {
 const test_case tests_device[] = {
     TEST(op_falls_back)
     TEST(training_matches_cpu)
+    TEST(step_takes_runs_of_device_parameters)
     TEST(to_moves_tensor_and_grad)
     TEST(inputs_on_two_devices)
     TEST(host_writes_reach_device)

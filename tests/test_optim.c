@@ -15,17 +15,23 @@ static mlc_tensor *make_param(mlc_ctx *ctx) {
     return p;
 }
 
-/* zero_grad, then backward of L: p->grad = c + p. */
-static int compute_grad(mlc_optim *opt, mlc_tensor *p) {
-    mlc_ctx *ctx = p->ctx;
-    mlc_frame f = mlc_frame_begin(ctx);
-    mlc_tensor *c = mlc_from_data(ctx, MLC_SHAPE(NP), C);
+/* Backward of L = Σ c p + ½ Σ p²: p->grad += c + p. */
+static int add_grad(mlc_tensor *p, mlc_tensor *c) {
+    mlc_frame f = mlc_frame_begin(p->ctx);
     mlc_tensor *loss = mlc_add(mlc_sum_all(mlc_mul(c, p)), mlc_mul_scalar(mlc_sum_all(mlc_mul(p, p)), 0.5f));
-    mlc_result r;
-    mlc_zero_grad(opt);
-    r = mlc_backward(loss);
+    mlc_result r = mlc_backward(loss);
     mlc_frame_end(f);
     return r == MLC_OK;
+}
+
+/* zero_grad, then backward of L: p->grad = c + p. */
+static int compute_grad(mlc_optim *opt, mlc_tensor *p) {
+    mlc_frame f = mlc_frame_begin(p->ctx);
+    int ok;
+    mlc_zero_grad(opt);
+    ok = add_grad(p, mlc_from_data(p->ctx, MLC_SHAPE(NP), C));
+    mlc_frame_end(f);
+    return ok;
 }
 
 /* Runs `steps` steps of opt on a fresh parameter, checking after each step that the parameter
@@ -392,6 +398,173 @@ static int state_only_what_the_rule_reads(void) {
     return 1;
 }
 
+/* ---------- many parameters in one step ---------- */
+
+/* Parameters of very different sizes, each with its own c in L = Σ c p + ½ Σ p². A device may
+   update several in one launch (OpenCL: up to 8), so 11 make two groups there, and the sizes put
+   the parameters' boundaries inside work-groups. */
+enum { NG = 11 };
+static const int GROUP_SIZES[NG] = { 1, 300, 7, 40000, 2, 65, 1, 3001, 9, 257, 5 };
+typedef struct param_set { mlc_tensor *p[NG], *c[NG]; } param_set;
+
+static int make_set(mlc_ctx *ctx, param_set *s) {
+    static float pv[40000], cv[40000];
+    int k, j;
+    for (k = 0; k < NG; k++) {
+        for (j = 0; j < GROUP_SIZES[k]; j++) {
+            pv[j] = 0.25f * (float)((7 * j + 3 * k) % 11) - 1.25f;
+            cv[j] = 0.3f * (float)((5 * j + k) % 9) - 1.1f;
+        }
+        s->p[k] = mlc_parameter(ctx, MLC_SHAPE(GROUP_SIZES[k]));
+        s->c[k] = mlc_empty(ctx, MLC_SHAPE(GROUP_SIZES[k]));
+        CHECK(s->p[k] && s->c[k]);
+        CHECK(mlc_write(s->p[k], pv, (size_t)GROUP_SIZES[k]) == MLC_OK);
+        CHECK(mlc_write(s->c[k], cv, (size_t)GROUP_SIZES[k]) == MLC_OK);
+    }
+    return 1;
+}
+
+/* zero_grad on each optimiser, then every parameter's gradient c + p, each on its own device. */
+static int set_grads(mlc_optim **opts, int n_opts, param_set *s) {
+    int k;
+    for (k = 0; k < n_opts; k++) mlc_zero_grad(opts[k]);
+    for (k = 0; k < NG; k++) CHECK(add_grad(s->p[k], s->c[k]));
+    return 1;
+}
+
+/* The rules, with every state buffer and option the kernels read: SGD with Nesterov momentum,
+   Adam with AMSGrad and L2 weight decay, AdamW, and centered RMSprop with momentum. */
+#define GROUP_RULES 4
+static mlc_optim *group_rule(mlc_ctx *ctx, int rule) {
+    return rule == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f,
+                                                             .nesterov = 1 })
+         : rule == 1 ? mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = 0.01f, .weight_decay = 0.1f, .amsgrad = 1 })
+         : rule == 2 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f, .weight_decay = 0.1f })
+         : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .lr = 0.005f, .weight_decay = 0.01f, .momentum = 0.5f,
+                                                        .centered = 1 });
+}
+
+static mlc_ctx *cpu_ctx(unsigned long long seed) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed; c.quiet = 1; c.device = "cpu";
+    return mlc_create(&c);
+}
+
+/* Kernels ran on the context's device (not on the CPU, nor on the test's fake device). */
+static int runs_kernels(mlc_ctx *ctx) { return mlc_has_device(ctx) && strcmp(mlc_device_name(ctx), "fake") != 0; }
+
+/* a's parameters equal b's within tol relative to (1 + |b|), or bit for bit with tol < 0 */
+static int sets_agree(param_set *a, param_set *b, double tol, const char *what, int rule) {
+    int k, j;
+    for (k = 0; k < NG; k++) {
+        const float *x = mlc_host_data(a->p[k]), *y = mlc_host_data(b->p[k]);
+        CHECK(x && y);
+        for (j = 0; j < GROUP_SIZES[k]; j++)
+            CHECK_MSG(tol < 0 ? test_bits(x[j]) == test_bits(y[j]) : fabs((double)x[j] - y[j]) <= tol * (1 + fabs(y[j])),
+                      "rule %d, %s: parameter %d element %d: %.9g, expected %.9g", rule, what, k, j, (double)x[j],
+                      (double)y[j]);
+    }
+    return 1;
+}
+
+/* One optimiser over 11 parameters (on a device: two launches a step) gives the parameters
+   that an optimiser for each one gives, bit for bit, and the CPU's within rounding, for every
+   rule, over several steps. */
+static int many_parameters_step_as_one(void) {
+    int rule, k, s;
+    for (rule = 0; rule < GROUP_RULES; rule++) {
+        mlc_ctx *ctx = test_ctx(21), *cpu = cpu_ctx(21);
+        param_set all, each, ref;
+        mlc_optim *whole = group_rule(ctx, rule), *single[NG], *on_cpu = group_rule(cpu, rule);
+        CHECK(whole && on_cpu && make_set(ctx, &all) && make_set(ctx, &each) && make_set(cpu, &ref));
+        for (k = 0; k < NG; k++) {
+            single[k] = group_rule(ctx, rule);
+            CHECK(single[k] && mlc_optim_add_param(single[k], each.p[k]) == MLC_OK);
+            CHECK(mlc_optim_add_param(whole, all.p[k]) == MLC_OK && mlc_optim_add_param(on_cpu, ref.p[k]) == MLC_OK);
+        }
+        for (s = 0; s < 4; s++) {
+            CHECK(set_grads(&whole, 1, &all) && set_grads(single, NG, &each) && set_grads(&on_cpu, 1, &ref));
+            mlc_step(whole);
+            for (k = 0; k < NG; k++) mlc_step(single[k]);
+            mlc_step(on_cpu);
+        }
+        CHECK_MSG(mlc_error(ctx) == MLC_OK, "%.200s", mlc_error_message(ctx));
+        if (!sets_agree(&all, &each, -1, "one optimiser against one per parameter", rule) ||
+            !sets_agree(&all, &ref, 1e-5, "against the CPU", rule))
+            return 0;
+        test_destroy(ctx);
+        mlc_destroy(cpu);
+    }
+    return 1;
+}
+
+/* On a device, one mlc_step over up to 8 parameters is one launch, 9 to 11 two, for every rule
+   (none on the CPU). */
+static int one_launch_per_eight_parameters(void) {
+    int rule, k, round;
+    for (rule = 0; rule < GROUP_RULES; rule++) {
+        mlc_ctx *ctx = test_ctx(22);
+        mlc_optim *opt = group_rule(ctx, rule);
+        param_set s;
+        CHECK(opt && make_set(ctx, &s));
+        for (k = 0; k < 8; k++) CHECK(mlc_optim_add_param(opt, s.p[k]) == MLC_OK);
+        for (round = 1; round <= 2; round++) {
+            size_t before;
+            CHECK(set_grads(&opt, 1, &s));
+            before = mlc_get_stats(ctx).launches;
+            mlc_step(opt);
+            CHECK_MSG(mlc_get_stats(ctx).launches - before == (runs_kernels(ctx) ? (size_t)round : 0),
+                      "rule %d: %zu launches for %d parameters", rule, mlc_get_stats(ctx).launches - before,
+                      round == 1 ? 8 : NG);
+            for (k = 8; k < NG; k++) CHECK(mlc_optim_add_param(opt, s.p[k]) == MLC_OK);
+        }
+        CHECK(mlc_error(ctx) == MLC_OK);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
+/* A model partly on the host: parameters 2 and 9 go home after the optimiser was made (their
+   state follows in mlc_step), 5 comes to the device after it was made at home. The device
+   updates the runs between (0-1, 3-8, 10: three launches), the CPU the rest, as the CPU alone
+   does. */
+static int parameters_on_host_and_device(void) {
+    static const int home[] = { 2, 9 };
+    int rule, s, k;
+    for (rule = 0; rule < GROUP_RULES; rule++) {
+        mlc_ctx *ctx = test_ctx(23), *cpu = cpu_ctx(23);
+        param_set mixed, ref;
+        mlc_optim *opt, *on_cpu = group_rule(cpu, rule);
+        int device;
+        CHECK(ctx && on_cpu && make_set(ctx, &mixed) && make_set(cpu, &ref));
+        device = mlc_has_device(ctx);
+        if (device) CHECK(mlc_to(mixed.p[5], 0) && mlc_to(mixed.c[5], 0));
+        CHECK((opt = group_rule(ctx, rule)) != NULL);
+        for (k = 0; k < NG; k++)
+            CHECK(mlc_optim_add_param(opt, mixed.p[k]) == MLC_OK && mlc_optim_add_param(on_cpu, ref.p[k]) == MLC_OK);
+        if (device) {
+            for (k = 0; k < 2; k++) CHECK(mlc_to(mixed.p[home[k]], 0) && mlc_to(mixed.c[home[k]], 0));
+            CHECK(mlc_to(mixed.p[5], 1) && mlc_to(mixed.c[5], 1));
+        }
+        for (s = 0; s < 3; s++) {
+            size_t before;
+            CHECK(set_grads(&opt, 1, &mixed) && set_grads(&on_cpu, 1, &ref));
+            before = mlc_get_stats(ctx).launches;
+            mlc_step(opt);
+            CHECK_MSG(mlc_get_stats(ctx).launches - before == (runs_kernels(ctx) ? 3u : 0u), "rule %d: %zu launches",
+                      rule, mlc_get_stats(ctx).launches - before);
+            mlc_step(on_cpu);
+        }
+        CHECK_MSG(mlc_error(ctx) == MLC_OK, "%.200s", mlc_error_message(ctx));
+        if (device) CHECK(!mixed.p[2]->on_device && !mixed.p[9]->on_device && mixed.p[5]->on_device);
+        if (!sets_agree(&mixed, &ref, 1e-5, "host and device against the CPU", rule)) return 0;
+        test_destroy(ctx);
+        mlc_destroy(cpu);
+    }
+    return 1;
+}
+
 /* ---------- gradient utilities ---------- */
 
 /* mlc_zero_grad leaves the zeros to the first reader or to a product that overwrites the
@@ -655,6 +828,9 @@ const test_case tests_optim[] = {
     TEST(rmsprop_centered)
     TEST(rmsprop_momentum)
     TEST(state_only_what_the_rule_reads)
+    TEST(many_parameters_step_as_one)
+    TEST(one_launch_per_eight_parameters)
+    TEST(parameters_on_host_and_device)
     TEST(zero_grad_zeroes)
     TEST(zero_grad_then_overwrite)
     TEST(clip_grad_norm)
