@@ -1017,9 +1017,10 @@ typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_d
     struct mlc__owned *prev, *next;
 } mlc__owned;
 
-/* What is out of date: the host or device copy of the data or gradient; GRAD_ZERO: the host
-   gradient counts as zeros whatever its buffer holds (mlc_zero_grad leaves the writing of the
-   zeros to the first reader, or to a product that overwrites the buffer: mlc__grad_to_overwrite) */
+/* What is out of date: the host or device copy of the data or gradient; GRAD_ZERO: the gradient
+   counts as zeros whatever its buffers, host and device, hold (neither copy is then stale):
+   mlc_zero_grad leaves the writing of the zeros to the first reader, or to a product that
+   overwrites the buffer (mlc__grad_to_overwrite, mlc__device_grad_to_overwrite) */
 enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8,
        MLC__GRAD_ZERO = 16 };
 
@@ -1665,11 +1666,23 @@ MLCDEF int mlc_devices(mlc_device_info *out, int max) {
 MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
 MLCDEF void mlc_sync(mlc_ctx *ctx) { if (ctx && ctx->backend) ctx->backend->wait(ctx, 1); }
 
-/* A gradient that counts as zeros becomes zeros. */
+/* The CPU wrote t's host data (or gradient): the device copy is out of date. */
+static void mlc__host_wrote(mlc_tensor *t) {
+    t->stale &= ~(unsigned)MLC__HOST_STALE;
+    if (t->on_device) t->stale |= MLC__DEVICE_STALE;
+}
+static void mlc__host_wrote_grad(mlc_tensor *t) {
+    t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
+    if (t->on_device) t->stale |= MLC__GRAD_DEVICE_STALE;
+}
+
+/* A gradient that counts as zeros becomes zeros in its host buffer, when it has one (then the
+   device copy is out of date). */
 static void mlc__settle_grad(mlc_tensor *t) {
-    if (!(t->stale & MLC__GRAD_ZERO)) return;
+    if (!(t->stale & MLC__GRAD_ZERO) || !t->grad) return;
     t->stale &= ~(unsigned)MLC__GRAD_ZERO;
-    if (t->grad) memset(t->grad, 0, t->size * sizeof(float));
+    memset(t->grad, 0, t->size * sizeof(float));
+    mlc__host_wrote_grad(t);
 }
 
 /* The host copy of t's data (or gradient), brought up to date. */
@@ -1685,7 +1698,7 @@ static float *mlc__host_grad(mlc_tensor *t) {
         t->grad = t->persistent ? (float *)mlc__owned_alloc(t->ctx, t->size * sizeof(float), "mlc_host_grad")
                                 : (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float), "mlc_host_grad");
         if (!t->grad) return NULL;
-        t->stale |= MLC__GRAD_HOST_STALE;
+        if (!(t->stale & MLC__GRAD_ZERO)) t->stale |= MLC__GRAD_HOST_STALE;   /* zeros: nothing to fetch */
     }
     if (t->grad && (t->stale & MLC__GRAD_HOST_STALE) && !t->ctx->error) {
         if (!t->ctx->backend->download(t, 1)) return t->grad;
@@ -1694,21 +1707,14 @@ static float *mlc__host_grad(mlc_tensor *t) {
     mlc__settle_grad(t);
     return t->grad;
 }
-/* The CPU wrote t's host data (or gradient): the device copy is out of date. */
-static void mlc__host_wrote(mlc_tensor *t) {
-    t->stale &= ~(unsigned)MLC__HOST_STALE;
-    if (t->on_device) t->stale |= MLC__DEVICE_STALE;
-}
-static void mlc__host_wrote_grad(mlc_tensor *t) {
-    t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
-    if (t->on_device) t->stale |= MLC__GRAD_DEVICE_STALE;
-}
 
 /* For backends: t's data on the device, current (its buffer made when missing, the host copy
    uploaded when it is newer); the buffer an op writes t into; t's gradient on the device,
-   current (a new buffer takes the host gradient when that is current, else zeros), and with
-   writes set the kernel will add into it, so the host copy becomes stale. NULL: the error is
-   set. */
+   current (a new buffer takes the host gradient when that is current; one that counts as zeros,
+   or a new one with nothing on the host, is filled with zeros), and with writes set the kernel
+   will add into it, so the host copy becomes stale; or, for a kernel that writes t's gradient
+   as C = product + beta C, that buffer and *beta: 0 where the fill would be needed (the kernel
+   writes over the buffer, and no zeros are written first), else 1. NULL: the error is set. */
 #if defined(__GNUC__) || defined(__clang__)
 #define MLC__FOR_BACKENDS static __attribute__((unused))   /* a build without a backend calls none */
 #else
@@ -1722,29 +1728,36 @@ MLC__FOR_BACKENDS void *mlc__device_in(mlc_tensor *t) {
     return t->device_data;
 }
 MLC__FOR_BACKENDS void *mlc__device_out(mlc_tensor *t, const char *op) { return mlc__buffer_of(t, 0, op); }
+MLC__FOR_BACKENDS int mlc__device_grad_blank(const mlc_tensor *t) {   /* nothing to keep on the device */
+    return (t->stale & MLC__GRAD_ZERO) != 0
+        || (!t->device_grad && (!t->grad || (t->stale & MLC__GRAD_HOST_STALE)));
+}
 MLC__FOR_BACKENDS void *mlc__device_grad(mlc_tensor *t, int writes, const char *op) {
-    int fresh = t->device_grad == NULL;
-    mlc__settle_grad(t);
+    int fresh = t->device_grad == NULL, blank = mlc__device_grad_blank(t);
     if (!mlc__buffer_of(t, 1, op)) return NULL;
-    if (t->grad && (fresh ? !(t->stale & MLC__GRAD_HOST_STALE) : (t->stale & MLC__GRAD_DEVICE_STALE) != 0)) {
-        if (!t->ctx->backend->upload(t, 1)) return NULL;
-    } else if (fresh && !t->ctx->backend->fill(t, 1, 0.0f)) return NULL;
-    t->stale &= ~(unsigned)MLC__GRAD_DEVICE_STALE;
-    if (writes) t->stale |= MLC__GRAD_HOST_STALE;
+    if (blank) {
+        if (!t->ctx->backend->fill(t, 1, 0.0f)) return NULL;
+    } else if (t->grad && (fresh || (t->stale & MLC__GRAD_DEVICE_STALE)) && !t->ctx->backend->upload(t, 1))
+        return NULL;
+    t->stale &= ~(unsigned)(MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO);
+    if (writes || blank) t->stale |= MLC__GRAD_HOST_STALE;
+    return t->device_grad;
+}
+MLC__FOR_BACKENDS void *mlc__device_grad_to_overwrite(mlc_tensor *t, float *beta, const char *op) {
+    *beta = 1.0f;
+    if (!mlc__device_grad_blank(t)) return mlc__device_grad(t, 1, op);
+    if (!mlc__buffer_of(t, 1, op)) return NULL;
+    *beta = 0.0f;
+    t->stale = (t->stale & ~(unsigned)(MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO)) | MLC__GRAD_HOST_STALE;
     return t->device_grad;
 }
 
-/* Zero t's gradient: on the device when it has one there (the host copy is then out of
-   date, and only a read brings the zeros home), else on the host, where it only counts as
-   zeros until a reader or an overwriting product comes (MLC__GRAD_ZERO). */
+/* Zero t's gradient: it only counts as zeros (MLC__GRAD_ZERO), wherever it has buffers, until a
+   reader brings the zeros where it reads (the host copy: mlc__settle_grad; the device copy:
+   mlc__device_grad) or a product overwrites the buffer. */
 static void mlc__clear_grad(mlc_tensor *t) {
-    t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO);
-    if (t->device_grad) {
-        if (t->ctx->backend->fill(t, 1, 0.0f) && t->grad) t->stale |= MLC__GRAD_HOST_STALE;
-        return;
-    }
-    if (t->grad) t->stale |= MLC__GRAD_ZERO;
-    mlc__host_wrote_grad(t);
+    t->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+    if (t->grad || t->device_grad) t->stale |= MLC__GRAD_ZERO;
 }
 
 MLCDEF float *mlc_host_data(mlc_tensor *t) { return mlc__usable(t, "mlc_host_data") ? mlc__host(t) : NULL; }
@@ -3979,7 +3992,7 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     if (!out) return NULL;
     mlc__view(out, x);
     out->grad = NULL; out->device_grad = NULL; out->node = NULL; out->requires_grad = 0; out->persistent = 0;
-    out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+    out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO);
     return out;
 }
 
@@ -5603,7 +5616,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     for (n = ctx->tape; n; n = n->prev) {
         n->out->grad = NULL;
         n->out->device_grad = NULL;
-        n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE);
+        n->out->stale &= ~(unsigned)(MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO);
     }
     for (n = ctx->tape; n && n->out->graph_used; n = n->prev) {}
     if (!n) ctx->tape = NULL;                            /* every node is used up: the tape is empty */

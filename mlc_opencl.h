@@ -393,9 +393,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 "    }\n"
 "    ys[i] = y;\n"
 "}\n",
-"/* unary backward: gx += g f'(x), given x and y = f(x), each kind's f' from MLC__UNARY_KINDS */\n"
+"/* unary backward: gx = g f'(x) + beta gx (beta 0: gx is not read), given x and y = f(x), each\n"
+"   kind's f' from MLC__UNARY_KINDS */\n"
 "__kernel void mlc_unary_grad(int kind, ulong n, __global const float *xs, __global const float *ys,\n"
-"                             __global const float *g, __global float *gx, float p, float q) {\n"
+"                             __global const float *g, __global float *gx, float p, float q, float beta) {\n"
 "    size_t i = get_global_id(0);\n"
 "    float x, y, d = 0.0f;\n"
 "    if (i >= n) return;\n"
@@ -405,7 +406,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 #undef MLC__CL_UNARY_GRAD
 "    }\n"
-"    gx[i] += g[i] * d;\n"
+"    gx[i] = beta != 0.0f ? beta * gx[i] + g[i] * d : g[i] * d;\n"
 "}\n",
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
@@ -640,13 +641,13 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "        }\n"
 "}\n"
 "\n",
-"/* db[j] += Σ_r dC[r, j]  (linear's bias) */\n"
-"__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db) {\n"
+"/* db[j] = Σ_r dC[r, j] + beta db[j]  (linear's bias; beta 0: db is not read) */\n"
+"__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db, float beta) {\n"
 "    int j = get_global_id(0), r;\n"
 "    float s = 0.0f;\n"
 "    if (j >= N) return;\n"
 "    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
-"    db[j] += s;\n"
+"    db[j] = beta != 0.0f ? beta * db[j] + s : s;\n"
 "}\n"
 "\n"
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
@@ -886,28 +887,34 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    l[i] = log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
 "}\n"
 "\n"
-"/* dx[i, c] += g_i (softmax(x_i)[c] - (1 - eps) [c = t_i] - eps / C)  (nll: only the -g_i at t_i) */\n"
+"/* dx[i, c] = g_i (softmax(x_i)[c] - (1 - eps) [c = t_i] - eps / C) + beta dx[i, c]  (nll: only the\n"
+"   -g_i at t_i; an ignored row: 0; beta 0: dx is not read) */\n"
 "__kernel void mlc_class_loss_grad(int softmax_first, int N, int C, int ignore, float eps, int red,\n"
 "                                  float scale,\n"
 "                                  __global const float *x, __global const float *t, __global const float"
 " *g,\n"
-"                                  __global float *dx) {\n"
+"                                  __global float *dx, float beta) {\n"
 "    int i = get_global_id(0), c, tc;\n"
-"    float m, s = 0.0f, gi;\n"
+"    float m = 0.0f, s = 0.0f, gi, d;\n"
 "    if (i >= N) return;\n"
 "    tc = (int)t[i];\n"
-"    if (tc == ignore) return;\n"
-"    gi = red == MLC_REDUCE_NONE ? g[i] : red == MLC_REDUCE_MEAN ? g[0] * scale : g[0];\n"
 "    x += i * C; dx += i * C;\n"
+"    if (tc == ignore) {\n"
+"        if (beta == 0.0f) for (c = 0; c < C; c++) dx[c] = 0.0f;\n"
+"        return;\n"
+"    }\n"
+"    gi = red == MLC_REDUCE_NONE ? g[i] : red == MLC_REDUCE_MEAN ? g[0] * scale : g[0];\n"
 "    if (softmax_first) {\n"
 "        m = x[0];\n"
 "        for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
 "        for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
-"        for (c = 0; c < C; c++) dx[c] += gi * (exp(x[c] - m) / s - eps / C);\n"
 "    }\n"
-"    dx[tc] -= gi * (1.0f - eps);\n"
-"}\n"
-"\n"
+"    for (c = 0; c < C; c++) {\n"
+"        d = beta != 0.0f ? beta * dx[c] : 0.0f;\n"
+"        if (softmax_first) d += gi * (exp(x[c] - m) / s - eps / C);\n"
+"        dx[c] = c == tc ? d - gi * (1.0f - eps) : d;\n"
+"    }\n"
+"}\n",
 "/* pointwise losses: l = f(x, t), each kind's f, df/dx and df/dt from MLC__POINTWISE_LOSSES */\n"
 "__kernel void mlc_pointwise_loss(int kind, int n, __global const float *p, __global const float *ts,\n"
 "                                 __global float *l) {\n"
@@ -1384,7 +1391,7 @@ static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
 
 /* The core's books (mlc__device_in, mlc__device_grad in mlc.h) as OpenCL buffers: t's data,
    current on the device; the buffer an op writes; t's gradient to add into (the host copy
-   becomes stale) or only to read. */
+   becomes stale), only to read, or to write as product + beta (0 or 1) times what it holds. */
 static cl_mem mlc__cl_in(mlc_ctx *ctx, mlc_tensor *t) { (void)ctx; return (cl_mem)mlc__device_in(t); }
 static cl_mem mlc__cl_out(mlc_ctx *ctx, mlc_tensor *t) {
     return (cl_mem)mlc__device_out(t, mlc__cl_st(ctx)->op);
@@ -1394,6 +1401,9 @@ static cl_mem mlc__cl_grad(mlc_ctx *ctx, mlc_tensor *t) {
 }
 static cl_mem mlc__cl_grad_in(mlc_ctx *ctx, mlc_tensor *t) {
     return (cl_mem)mlc__device_grad(t, 0, mlc__cl_st(ctx)->op);
+}
+static cl_mem mlc__cl_grad_over(mlc_ctx *ctx, mlc_tensor *t, float *beta) {
+    return (cl_mem)mlc__device_grad_to_overwrite(t, beta, mlc__cl_st(ctx)->op);
 }
 
 /* ============================================================================================
@@ -1415,17 +1425,18 @@ static int mlc__cl_unary_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
     cl_int kind = nd->args.unary.kind;
     cl_ulong n = x->size;
-    cl_float p = nd->args.unary.p, q = nd->args.unary.q;
+    cl_float p = nd->args.unary.p, q = nd->args.unary.q, beta;
     cl_mem xm, ym, gm, gxm;
     if (!x->requires_grad) return 1;
     xm = mlc__cl_in(ctx, x);
     ym = xm ? mlc__cl_in(ctx, y) : NULL;
     gm = ym ? mlc__cl_grad_in(ctx, y) : NULL;
-    gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
+    gxm = gm ? mlc__cl_grad_over(ctx, x, &beta) : NULL;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n),   MLC__CL_ARG(xm), MLC__CL_ARG(ym),
-                               MLC__CL_ARG(gm),   MLC__CL_ARG(gxm), MLC__CL_ARG(p),  MLC__CL_ARG(q) };
-        return gxm && mlc__cl_run(ctx, MLC__CL_K_unary_grad, x->size, args, 8);
+                               MLC__CL_ARG(gm),   MLC__CL_ARG(gxm), MLC__CL_ARG(p),  MLC__CL_ARG(q),
+                               MLC__CL_ARG(beta) };
+        return gxm && mlc__cl_run(ctx, MLC__CL_K_unary_grad, x->size, args, 9);
     }
 }
 
@@ -1584,7 +1595,7 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
         cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
         cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = oc, stepa = sa, stepb = sb,
                  stepc = sc;
-        cl_float be = beta;
+        cl_float be = b ? 1.0f : beta;                 /* later rounds add to the first */
         cl_mem bm = bias ? bias : C;
         mlc__cl_arg args[] = { MLC__CL_ARG(m),    MLC__CL_ARG(n),       MLC__CL_ARG(k),
                                MLC__CL_ARG(cta),  MLC__CL_ARG(ctb),     MLC__CL_ARG(A),
@@ -1608,41 +1619,44 @@ static int mlc__cl_matmul(mlc_ctx *ctx, mlc__node *call) {
                         cm, 0, mm->step_c, mm->batches, biasm) || ctx->error;
 }
 
-/* dA, dB as mlc__matmul_backward has them; db = column sums of dC */
+/* dA, dB as mlc__matmul_backward has them; db = column sums of dC. Each writes over a gradient
+   that counts as zeros (beta 0) and adds to one that holds a value (beta 1). */
 static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__mm *mm = (const mlc__mm *)nd->saved;
     mlc_tensor *a = nd->in[0], *b = nd->in[1], *bias = nd->in[2];
     cl_mem am = mlc__cl_in(ctx, a), bm = am ? mlc__cl_in(ctx, b) : NULL,
            gc = bm ? mlc__cl_grad_in(ctx, nd->out) : NULL, g;
+    cl_float beta;
     int B = mm->batches;
     if (!gc) return 0;
     if (a->requires_grad) {
-        if (!(g = mlc__cl_grad(ctx, a))) return 0;
+        if (!(g = mlc__cl_grad_over(ctx, a, &beta))) return 0;
         if (!mm->ta
-            && !mlc__cl_gemm(ctx, 0, !mm->tb, mm->M, mm->K, mm->N, gc, 0, mm->step_c, bm, 0, mm->step_b, 1.0f,
+            && !mlc__cl_gemm(ctx, 0, !mm->tb, mm->M, mm->K, mm->N, gc, 0, mm->step_c, bm, 0, mm->step_b, beta,
                              g, 0, mm->step_a, B, NULL))
             return 0;
         if (mm->ta
-            && !mlc__cl_gemm(ctx, mm->tb, 1, mm->K, mm->M, mm->N, bm, 0, mm->step_b, gc, 0, mm->step_c, 1.0f,
+            && !mlc__cl_gemm(ctx, mm->tb, 1, mm->K, mm->M, mm->N, bm, 0, mm->step_b, gc, 0, mm->step_c, beta,
                              g, 0, mm->step_a, B, NULL))
             return 0;
     }
     if (b->requires_grad) {
-        if (!(g = mlc__cl_grad(ctx, b))) return 0;
+        if (!(g = mlc__cl_grad_over(ctx, b, &beta))) return 0;
         if (!mm->tb
-            && !mlc__cl_gemm(ctx, !mm->ta, 0, mm->K, mm->N, mm->M, am, 0, mm->step_a, gc, 0, mm->step_c, 1.0f,
+            && !mlc__cl_gemm(ctx, !mm->ta, 0, mm->K, mm->N, mm->M, am, 0, mm->step_a, gc, 0, mm->step_c, beta,
                              g, 0, mm->step_b, B, NULL))
             return 0;
         if (mm->tb
-            && !mlc__cl_gemm(ctx, 1, mm->ta, mm->N, mm->K, mm->M, gc, 0, mm->step_c, am, 0, mm->step_a, 1.0f,
+            && !mlc__cl_gemm(ctx, 1, mm->ta, mm->N, mm->K, mm->M, gc, 0, mm->step_c, am, 0, mm->step_a, beta,
                              g, 0, mm->step_b, B, NULL))
             return 0;
     }
     if (bias && bias->requires_grad) {
         cl_int rows = (cl_int)(nd->out->size / (size_t)mm->N), n = mm->N;
-        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(gc), MLC__CL_ARG(g) };
-        if (!(g = mlc__cl_grad(ctx, bias))) return 0;
-        if (!mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)mm->N, args, 4)) return 0;
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(gc), MLC__CL_ARG(g),
+                               MLC__CL_ARG(beta) };
+        if (!(g = mlc__cl_grad_over(ctx, bias, &beta))) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)mm->N, args, 5)) return 0;
     }
     return 1;
 }
@@ -1871,11 +1885,12 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
     if (!x->requires_grad) return 1;
     {
+        cl_float beta;
         mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),     MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
                                MLC__CL_ARG(eps), MLC__CL_ARG(red),   MLC__CL_ARG(scale), MLC__CL_ARG(xm),
-                               MLC__CL_ARG(tm),  MLC__CL_ARG(g),     MLC__CL_ARG(gx) };
-        if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 11);
+                               MLC__CL_ARG(tm),  MLC__CL_ARG(g),     MLC__CL_ARG(gx), MLC__CL_ARG(beta) };
+        if (!(g = mlc__cl_grad_in(ctx, call->out)) || !(gx = mlc__cl_grad_over(ctx, x, &beta))) return 0;
+        return mlc__cl_run(ctx, MLC__CL_K_class_loss_grad, (size_t)N, args, 12);
     }
 }
 
@@ -2391,10 +2406,10 @@ static int mlc__cl_step(mlc_optim *opt, int first, int count) {
     return ctx->error ? 0 : gr.count;
 }
 
+/* For the op being run (mlc__device_grad fills a gradient that a kernel of it reads). */
 static int mlc__cl_fill(mlc_tensor *t, int grad, float value) {
     mlc_ctx *ctx = t->ctx;
     cl_mem mem;
-    mlc__cl_st(ctx)->op = "fill";
     return (mem = mlc__cl_buffer(ctx, t, grad)) && mlc__cl_fill_mem(ctx, mem, t->size, value);
 }
 

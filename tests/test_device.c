@@ -4,17 +4,20 @@
 
    The fake device has no kernels by default: forward, backward and step decline, so every op
    on it falls back to the CPU through the host copies, exactly as an op a real backend lacks.
-   Its buffers are malloc'd through mlc's books (mlc__device_alloc), as a real backend's are:
-   uploads and downloads copy and count (mlc_stats), long-lived tensors' buffers go when the
-   tensor is freed or moved home, and a frame's temporaries become spares at mlc_frame_end.
-   Two switches for the tests here:
+   Its buffers are malloc'd through mlc's books (mlc__device_alloc), as a real backend's are,
+   and hold NaN until written (so a read of what nobody wrote shows): uploads and downloads copy
+   and count (mlc_stats), long-lived tensors' buffers go when the tensor is freed or moved home,
+   and a frame's temporaries become spares at mlc_frame_end.
+   Three switches for the tests here:
      kernel_neg  mlc_neg runs "on the device" (forward and backward on the device buffers), so
-                 an output whose host copy is out of date, and downloads, can be tested;
+                 an output whose host copy is out of date, downloads, and a gradient written
+                 on the device can be tested;
      kernel_step mlc_step updates up to 3 parameters a call "on the device", so the runs of
                  device parameters mlc_step hands the backend can be tested;
-     verify      each op first checks its inputs: a tensor whose copies are both marked current
-                 must hold the same values in both (else someone wrote t->data without telling
-                 mlc), and a host copy marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
+     verify      each op first checks its inputs: a tensor whose copies (of its data, or of its
+                 gradient) are both marked current must hold the same values in both (else
+                 someone wrote t->data without telling mlc, or mlc's books are wrong), and a
+                 host copy of the data marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
                  whole suite this way, which checks the suites' own reads and writes too. */
 #define _POSIX_C_SOURCE 200112L   /* setenv, dup, dup2 */
 #define MLC_IMPLEMENTATION
@@ -45,8 +48,10 @@ static float *fake_buffer(mlc_tensor *t, int grad) {
 
 static void *fake_create(mlc_ctx *ctx, size_t bytes) {
     fake_device *fd = (fake_device *)ctx->device;
+    void *buffer;
     if (fd->limit_bytes && ctx->stats.device_bytes_current + bytes > fd->limit_bytes) return NULL;   /* full */
-    return malloc(bytes);
+    if ((buffer = malloc(bytes)) != NULL) memset(buffer, 0xff, bytes);   /* all bits set: NaN */
+    return buffer;
 }
 static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
 static void fake_wait(mlc_ctx *ctx, int all) { (void)ctx; (void)all; }
@@ -84,9 +89,16 @@ static void fake_destroy(mlc_ctx *ctx) {
     ctx->backend = NULL;
 }
 
-/* verify: both copies marked current must agree; a newer host copy goes up. */
+/* verify: both copies marked current must agree; a newer host copy of the data goes up. */
 static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
+    const unsigned grad_stale = MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO;
     if (!t || !t->on_device) return 1;
+    if (t->grad && t->device_grad && !(t->stale & grad_stale) &&
+        memcmp(t->grad, t->device_grad, t->size * sizeof(float)) != 0) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "fake device: %s: the gradient copies of input %d %T are both marked "
+                  "current but differ", op, k, t);
+        return 0;
+    }
     if (t->stale & MLC__DEVICE_STALE) {
         if (!fake_upload(t, 0)) return 0;
         t->stale &= ~(unsigned)MLC__DEVICE_STALE;
@@ -99,12 +111,13 @@ static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
     return 1;
 }
 
-/* y = -x on the device buffers; dx += -dy (through the core's books: mlc__device_in,
-   mlc__device_out, mlc__device_grad, as a real backend's launchers use them) */
+/* y = -x on the device buffers; dx = -dy + beta dx (through the core's books: mlc__device_in,
+   mlc__device_out, mlc__device_grad, mlc__device_grad_to_overwrite, as a real backend's
+   launchers use them) */
 static int fake_neg(mlc_ctx *ctx, mlc__node *n, int backward) {
     mlc_tensor *x = n->in[0], *y = n->out;
     const float *src;
-    float *dst;
+    float *dst, beta;
     size_t i;
     if (!backward) {
         if (!fake_check(ctx, x, n->name, 0)) return 0;
@@ -116,9 +129,9 @@ static int fake_neg(mlc_ctx *ctx, mlc__node *n, int backward) {
     }
     if (!x->requires_grad) return 1;
     src = (const float *)mlc__device_grad(y, 0, n->name);
-    dst = src ? (float *)mlc__device_grad(x, 1, n->name) : NULL;
+    dst = src ? (float *)mlc__device_grad_to_overwrite(x, &beta, n->name) : NULL;
     if (!dst) return 0;
-    for (i = 0; i < x->size; i++) dst[i] -= src[i];
+    for (i = 0; i < x->size; i++) dst[i] = beta != 0.0f ? beta * dst[i] - src[i] : -src[i];
     return 1;
 }
 
@@ -782,6 +795,199 @@ static int launches_counted(void) {
     return 1;
 }
 
+/* ---- gradients that count as zeros on the device ---------------------------------------- */
+
+/* A context with a device: the suite's, else the fake one (verifying); the fake runs mlc_neg on
+   its buffers, so a gradient is written on the device on every backend. */
+static mlc_ctx *device_ctx(unsigned long long seed) {
+    mlc_ctx *ctx = test_ctx(seed);
+    if (ctx && !ctx->backend) { test_destroy(ctx); ctx = fake_ctx(seed, NULL); }
+    if (fake_of(ctx)) fake_of(ctx)->kernel_neg = fake_of(ctx)->verify = 1;
+    return ctx;
+}
+
+/* Gradient fills on a context's device, counted by a copy of its backend's table whose fill
+   counts and then runs the backend's own (count_fills(ctx, 0) puts the backend back). */
+static const mlc__backend *counted_backend;
+static mlc__backend counting_backend;
+static long grad_fills;
+static int counting_fill(mlc_tensor *t, int grad, float value) {
+    grad_fills += grad != 0;
+    return counted_backend->fill(t, grad, value);
+}
+static void count_fills(mlc_ctx *ctx, int on) {
+    if (on) {
+        counted_backend = ctx->backend;
+        counting_backend = *ctx->backend;
+        counting_backend.fill = counting_fill;
+        ctx->backend = &counting_backend;
+    } else ctx->backend = counted_backend;
+}
+
+/* A small classifier: logits = relu(x W1ᵀ + b1) (-W2)ᵀ + b2 (mlc_neg: a kernel on the fake
+   device too), targets equal to 1 ignored, trained by AdamW. */
+typedef struct small_net { mlc_ctx *ctx; mlc_tensor *w1, *b1, *w2, *b2, *x, *y; mlc_optim *opt; } small_net;
+
+static int small_net_make(mlc_ctx *ctx, small_net *n) {
+    n->ctx = ctx;
+    n->w1 = mlc_parameter(ctx, MLC_SHAPE(16, 6)); n->b1 = mlc_parameter(ctx, MLC_SHAPE(16));
+    n->w2 = mlc_parameter(ctx, MLC_SHAPE(3, 16)); n->b2 = mlc_parameter(ctx, MLC_SHAPE(3));
+    n->x = mlc_randn(ctx, MLC_SHAPE(8, 6));
+    n->y = mlc_from_data(ctx, MLC_SHAPE(8), (const float[]){ 0, 1, 2, 1, 0, 2, 2, 0 });
+    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f });
+    CHECK(n->w1 && n->b1 && n->w2 && n->b2 && n->x && n->y && n->opt);
+    mlc_init_normal(n->w1, 0.0f, 0.5f); mlc_init_normal(n->b1, 0.0f, 0.5f);
+    mlc_init_normal(n->w2, 0.0f, 0.5f); mlc_init_normal(n->b2, 0.0f, 0.5f);
+    CHECK(mlc_optim_add_param(n->opt, n->w1) == MLC_OK && mlc_optim_add_param(n->opt, n->b1) == MLC_OK);
+    CHECK(mlc_optim_add_param(n->opt, n->w2) == MLC_OK && mlc_optim_add_param(n->opt, n->b2) == MLC_OK);
+    return 1;
+}
+
+/* The loss: a cross-entropy, or on odd steps the NLL of a log-softmax (a kernel that writes
+   only the target's element of a row when it adds). */
+static mlc_tensor *small_net_loss(small_net *n, int step) {
+    mlc_tensor *h = mlc_relu(mlc_linear(n->x, n->w1, n->b1));
+    mlc_tensor *logits = mlc_linear(h, mlc_neg(n->w2), n->b2);
+    return step % 2 ? mlc_nll_loss(mlc_log_softmax(logits, 1), n->y, MLC_REDUCE_MEAN, 1)
+                    : mlc_cross_entropy(logits, n->y, MLC_REDUCE_MEAN, 1);
+}
+
+/* A backward pass in a frame, after mlc_zero_grad when zero is set. */
+static int small_net_backward(small_net *n, int zero) {
+    mlc_frame f = mlc_frame_begin(n->ctx);
+    mlc_tensor *loss = small_net_loss(n, 0);
+    if (zero) mlc_zero_grad(n->opt);
+    CHECK_MSG(mlc_backward(loss) == MLC_OK, "%.200s", mlc_error_message(n->ctx));
+    mlc_frame_end(f);
+    return 1;
+}
+
+/* Frame temporaries of the net's sizes that hold NaN, left on the device as spares: the
+   gradient buffers made next come from them, so an element a kernel leaves unwritten shows. */
+static void leave_nan_spares(mlc_ctx *ctx) {
+    static const int sizes[] = { 8 * 3, 3 * 16, 8 * 16 };
+    mlc_frame f = mlc_frame_begin(ctx);
+    int i, k;
+    for (i = 0; i < 3; i++)
+        for (k = 0; k < 4; k++) mlc_neg(mlc_full(ctx, MLC_SHAPE(sizes[i]), NAN));
+    mlc_frame_end(f);
+}
+
+/* mlc_zero_grad writes nothing on the device, and no gradient is filled with zeros in a
+   training step with a cross-entropy: the first kernel that writes a gradient writes over it
+   (the NLL steps' log-softmax adds into its input's gradient). The losses and the parameters
+   still equal the CPU's. */
+static int device_zero_grad_fills_nothing(void) {
+    mlc_ctx *dev = device_ctx(21), *cpu;
+    mlc_config c;
+    small_net nd, nc;
+    mlc_tensor **pd = &nd.w1, **pc = &nc.w1;
+    int s, k;
+    size_t i;
+    memset(&c, 0, sizeof c);
+    c.seed = 21; c.quiet = 1; c.device = "cpu";
+    cpu = mlc_create(&c);
+    CHECK(dev && dev->backend && cpu);
+    if (!small_net_make(dev, &nd) || !small_net_make(cpu, &nc)) return 0;
+    for (s = 0; s < 4; s++) {
+        mlc_frame f = mlc_frame_begin(cpu);
+        mlc_tensor *loss = small_net_loss(&nc, s);
+        float want;
+        size_t launched;
+        mlc_zero_grad(nc.opt);
+        CHECK(mlc_backward(loss) == MLC_OK);
+        mlc_step(nc.opt);
+        want = mlc_item(loss);
+        mlc_frame_end(f);
+        leave_nan_spares(dev);
+        f = mlc_frame_begin(dev);
+        loss = small_net_loss(&nd, s);
+        count_fills(dev, 1);
+        grad_fills = 0;
+        launched = mlc_get_stats(dev).launches;
+        mlc_zero_grad(nd.opt);
+        CHECK(mlc_get_stats(dev).launches == launched);      /* it only marks the gradients */
+        CHECK(mlc_backward(loss) == MLC_OK);
+        mlc_step(nd.opt);
+        count_fills(dev, 0);
+        CHECK_MSG(s % 2 || grad_fills == 0, "step %d: %ld gradients filled with zeros", s, grad_fills);
+        CHECK_NEAR(mlc_item(loss), want, 1e-5 * (1 + fabs(want)));
+        mlc_frame_end(f);
+    }
+    for (k = 0; k < 4; k++)                                  /* w1, b1, w2, b2 */
+        for (i = 0; i < pd[k]->size; i++) {
+            float got = mlc_host_data(pd[k])[i], want = pc[k]->data[i];
+            CHECK_MSG(fabsf(got - want) <= 1e-4f * (1 + fabsf(want)),
+                      "parameter %d[%zu]: %.9g vs %.9g on the CPU", k, i, got, want);
+        }
+    CHECK_MSG(mlc_error(dev) == MLC_OK, "%.200s", mlc_error_message(dev));
+    test_destroy(dev);
+    mlc_destroy(cpu);
+    return 1;
+}
+
+/* The net's gradients equal want[] times k (zeros exactly; else within rounding: a product
+   that adds into C need not round as C plus the product). */
+static int small_net_grads_are(small_net *n, const float *want, float k) {
+    mlc_tensor **p = &n->w1;
+    int j;
+    size_t i;
+    for (j = 0; j < 4; want += p[j]->size, j++)
+        for (i = 0; i < p[j]->size; i++) {
+            float got = mlc_host_grad(p[j])[i], w = k * want[i];
+            CHECK_MSG(k == 0.0f ? test_same_float(got, 0.0f) : fabsf(got - w) <= 1e-6f * (1 + fabsf(w)),
+                      "parameter %d[%zu]: %.9g, want %g x %.9g", j, i, got, k, want[i]);
+        }
+    return 1;
+}
+
+/* Gradients on the device: a second backward without mlc_zero_grad adds (with the launches of
+   one after it), a read in between changes nothing; after mlc_zero_grad a read (mlc_host_grad,
+   mlc_clip_grad_norm, mlc_to) gives zeros without a download, and the next backward adds its
+   gradient to those zeros. */
+static int device_grads_accumulate(void) {
+    mlc_ctx *ctx = device_ctx(22);
+    small_net n;
+    mlc_tensor **p = &n.w1;
+    float g[16 * 6 + 16 + 3 * 16 + 3];
+    size_t launched, with_zero, downloads;
+    int j, at = 0;
+    CHECK(ctx && ctx->backend);
+    if (!small_net_make(ctx, &n) || !small_net_backward(&n, 1)) return 0;
+    for (j = 0; j < 4; at += (int)p[j]->size, j++)
+        memcpy(g + at, mlc_host_grad(p[j]), p[j]->size * sizeof(float));
+    launched = mlc_get_stats(ctx).launches;
+    count_fills(ctx, 1);
+    grad_fills = 0;
+    if (!small_net_backward(&n, 1)) return 0;
+    count_fills(ctx, 0);
+    CHECK(grad_fills == 0);
+    with_zero = mlc_get_stats(ctx).launches - launched;
+    launched = mlc_get_stats(ctx).launches;
+    if (!small_net_backward(&n, 0)) return 0;                /* adds */
+    CHECK(mlc_get_stats(ctx).launches - launched == with_zero);
+    if (!small_net_grads_are(&n, g, 2.0f)) return 0;
+    if (!small_net_backward(&n, 1) || !small_net_grads_are(&n, g, 1.0f)) return 0;   /* read in between */
+    if (!small_net_backward(&n, 0) || !small_net_grads_are(&n, g, 2.0f)) return 0;
+    mlc_zero_grad(n.opt);
+    downloads = mlc_get_stats(ctx).downloads;
+    if (!small_net_grads_are(&n, g, 0.0f)) return 0;
+    CHECK(mlc_clip_grad_norm(n.opt, 1.0f) == 0.0f);
+    CHECK(mlc_get_stats(ctx).downloads == downloads);         /* zeros need no download */
+    if (!small_net_backward(&n, 0) || !small_net_grads_are(&n, g, 1.0f)) return 0;   /* onto host zeros */
+    CHECK(small_net_backward(&n, 1) && mlc_clip_grad_norm(n.opt, 1e30f) > 0.0f);     /* both copies current */
+    mlc_zero_grad(n.opt);
+    downloads = mlc_get_stats(ctx).downloads;
+    CHECK(mlc_to(n.w2, 0) == n.w2 && !n.w2->on_device);
+    CHECK(mlc_get_stats(ctx).downloads == downloads);         /* the data is current, the gradient zeros */
+    for (j = 0; j < 3 * 16; j++) CHECK(test_same_float(n.w2->grad[j], 0.0f));
+    CHECK(mlc_to(n.w2, 1) == n.w2);
+    if (!small_net_backward(&n, 0) || !small_net_grads_are(&n, g, 1.0f)) return 0;
+    CHECK_MSG(mlc_error(ctx) == MLC_OK, "%.200s", mlc_error_message(ctx));
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_device[] = {
     TEST(op_falls_back)
     TEST(training_matches_cpu)
@@ -794,6 +1000,8 @@ const test_case tests_device[] = {
     TEST(verify_catches_unannounced_writes)
     TEST(device_out_of_memory)
     TEST(launches_counted)
+    TEST(device_zero_grad_fills_nothing)
+    TEST(device_grads_accumulate)
 #ifdef MLC_OPENCL
     TEST(opencl_bad_device_names)
     TEST(opencl_device_named)
