@@ -24,12 +24,12 @@ fi
 gemm_only=; case " $* " in *" --gemm-only "*) gemm_only=--gemm-only;; esac
 if [ -z "$gemm_only" ]; then
     start=$(date +%s)
-    MLC_DEVICE=${MLC_DEVICE:-best} timeout 240 ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
+    MLC_DEVICE=${MLC_DEVICE:-best} timeout 170 ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
     echo "suite on the GPU: rc $? in $(( $(date +%s) - start )) s: $(tail -1 "$out/test-opencl.log")"
     grep -E "^FAIL|fail" "$out/test-opencl.log" | head -20
 fi
-MLC_DEVICE=${MLC_DEVICE:-best} timeout 200 ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1; echo "bench-gpu rc $?"
-timeout 200 python3 bench/torch_gpu.py data/digits.bin 256,512,1024,2048,4096 $gemm_only > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
+MLC_DEVICE=${MLC_DEVICE:-best} timeout 100 ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1; echo "bench-gpu rc $?"
+timeout 120 python3 bench/torch_gpu.py data/digits.bin 256,512,1024,2048,4096 $gemm_only > "$out/torch.txt" 2>&1; echo "torch_gpu rc $?"
 cat "$out/gpu.txt" "$out/torch.txt"
 # the summary: mlc against the peer's best, as ratios (a GEMM over cuBLAS; a step: the peer's
 # time over mlc's, so above 1 is mlc faster)
