@@ -47,6 +47,9 @@ mlc_ctx *test_adopt(mlc_ctx *ctx);
 void test_destroy(mlc_ctx *ctx);
 int test_fake_device_wanted(void);                 /* MLC_TEST_FAKE_DEVICE=1 */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
+/* The host copy of state buffer k (0, 1, 2: as the rule keeps them) of an optimiser's
+   parameter i, NULL where the rule keeps none (tests/test_device.c, which sees mlc's internals) */
+const float *test_optim_state(mlc_optim *opt, int i, int k);
 /* Fault injection on the context's device (the fake one, OpenCL, any backend): refuse buffer k
    and every later one (k < 0: none); returns how many buffers the device has made so far (-1:
    the context runs on the CPU only). */
