@@ -227,7 +227,7 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
 /* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
    a slot for each kernel and no limit to outgrow. */
 #define MLC__CL_KERNELS(X) \
-    X(fill) X(gemm_64x64) X(gemm_128x64) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) \
+    X(gemm_64x64) X(gemm_128x64) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) \
     X(binary_grad) X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) \
     X(conv_layout) X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
     X(softmax_grad) X(cumsum) X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) \
@@ -251,8 +251,8 @@ typedef struct mlc__cl_state {
     size_t kernel_local[MLC__CL_KERNEL_COUNT];  /* their work-group sizes */
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
     int exact_divide;                   /* the device can round / and sqrt correctly */
-    int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else mlc_gemm */
-    int gemm_force;                     /* tests, bench: this GPU product kernel (0, fill: mlc's choice) */
+    int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else tiled */
+    int gemm_tile_rows;                 /* tests, bench: 64 or 128 rows a tile; 0: mlc's choice */
     size_t compute_units;               /* CL_DEVICE_MAX_COMPUTE_UNITS */
     int pending;                        /* uploads not waited for since the last wait */
     const char *op;                     /* the op being run, for messages */
@@ -1580,13 +1580,12 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
                         cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc,
                         int batches, cl_mem bias) {
     const mlc__cl_state *st = mlc__cl_st(ctx);
-    size_t local[3] = { 16, 16, 1 }, global[3], tile_m;
-    int b, rounds = sc == 0 && batches > 1 ? batches : 1, kernel = MLC__CL_K_gemm_64x64;
+    size_t local[3] = { 16, 16, 1 }, global[3], tile_m = (size_t)st->gemm_tile_rows;
+    int b, rounds = sc == 0 && batches > 1 ? batches : 1, kernel;
     size_t tall_tiles = ((size_t)M + 127) / 128 * (((size_t)N + 63) / 64);   /* tiles of 128 x 64 */
     if (rounds == 1) tall_tiles *= (size_t)batches;
-    if (tall_tiles >= st->compute_units) kernel = MLC__CL_K_gemm_128x64;   /* enough for every unit */
-    if (st->gemm_force) kernel = st->gemm_force;
-    tile_m = kernel == MLC__CL_K_gemm_128x64 ? 128 : 64;
+    if (!tile_m) tile_m = tall_tiles >= st->compute_units ? 128 : 64;        /* enough for every unit */
+    kernel = tile_m == 128 ? MLC__CL_K_gemm_128x64 : MLC__CL_K_gemm_64x64;
     if (st->gemm_vector) {                                                     /* a 4 x 8 block each */
         kernel = MLC__CL_K_gemm_vector;
         global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4;

@@ -62,9 +62,8 @@ static double relative_error(const float *c, const float *ref, size_t n) {
 static void force_gemm_kernel(mlc_ctx *ctx, const char *variant) {
 #ifdef MLC_OPENCL
     if (ctx->backend != &mlc__opencl_backend) return;
-    mlc__cl_st(ctx)->gemm_force = 0;
-    for (int k = 0; *variant && k < MLC__CL_KERNEL_COUNT; k++)
-        if (strcmp(mlc__cl_kernel_names[k], variant + 1) == 0) mlc__cl_st(ctx)->gemm_force = k;
+    mlc__cl_st(ctx)->gemm_tile_rows = strcmp(variant, "_mlc_gemm_128x64") == 0 ? 128
+                                      : strcmp(variant, "_mlc_gemm_64x64") == 0 ? 64 : 0;
 #else
     (void)ctx; (void)variant;
 #endif
