@@ -2885,7 +2885,8 @@ enum {
     MLC__GEMM_MR_MAX = 12,
     MLC__GEMM_NR_MAX = 32,
     MLC__GEMM_SMALL = 16 * 16 * 16,
-    MLC__GEMM_PARALLEL = 64 * 64 * 32
+    MLC__GEMM_PARALLEL = 64 * 64 * 32,
+    MLC__GEMM_SHARED_MAX = 1 << 20      /* an operand the threads share is packed once up to this size */
 };
 
 /* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
@@ -3019,10 +3020,30 @@ static size_t mlc__gemm_work_floats(const mlc__gemm_arch *g, int M, int N, int K
 #if MLC__X86
 /* The sliver of a transposed operand (sk = 1: each of its m rows runs along k) in 8 x 8
    blocks: eight rows of eight floats loaded, transposed in registers, stored as eight runs
-   along x. Does rows [0, m - m % 8) over k in [0, kc - kc % 8); the loop below does the rest. */
+   along x; then 4 x 8 blocks for the next four rows (an AVX-512 A sliver is 12 rows). Does
+   rows [0, m - m % 4) over k in [0, kc - kc % 8); the loop below does the rest. */
 __attribute__((target("avx")))
 static void mlc__gemm_pack_rows_avx(float *dst, const float *src, size_t sx, int m, int kc, int w) {
     int x, k;
+    for (x = m - m % 8; x + 4 <= m; x += 4)
+        for (k = 0; k + 8 <= kc; k += 8) {
+            const float *s = src + (size_t)x * sx + k;
+            float *d = dst + (size_t)k * w + x;
+            __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sx), r2 = _mm256_loadu_ps(s + 2 * sx),
+                   r3 = _mm256_loadu_ps(s + 3 * sx);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                   t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee),
+                   u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
+            _mm_storeu_ps(d + w, _mm256_castps256_ps128(u1));
+            _mm_storeu_ps(d + 2 * w, _mm256_castps256_ps128(u2));
+            _mm_storeu_ps(d + 3 * w, _mm256_castps256_ps128(u3));
+            _mm_storeu_ps(d + 4 * w, _mm256_extractf128_ps(u0, 1));
+            _mm_storeu_ps(d + 5 * w, _mm256_extractf128_ps(u1, 1));
+            _mm_storeu_ps(d + 6 * w, _mm256_extractf128_ps(u2, 1));
+            _mm_storeu_ps(d + 7 * w, _mm256_extractf128_ps(u3, 1));
+        }
     for (x = 0; x + 8 <= m; x += 8)
         for (k = 0; k + 8 <= kc; k += 8) {
             const float *s = src + (size_t)x * sx + k;
@@ -3062,7 +3083,7 @@ static void mlc__gemm_pack(float *dst, const float *src, size_t sx, size_t sk, i
 #if MLC__X86
     if (sk == 1 && __builtin_cpu_supports("avx")) {
         mlc__gemm_pack_rows_avx(dst, src, sx, m, kc, w);
-        blocked_x = m - m % 8; blocked_k = kc - kc % 8;
+        blocked_x = m - m % 4; blocked_k = kc - kc % 8;
     }
 #endif
     for (k = 0; k < kc; k++)
@@ -3078,6 +3099,9 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     float beta, *C, *work;
     int split_rows;                     /* threads share: 1 rows of C (MR at a time), 0 columns (NR) */
     size_t work_floats;                 /* each thread's share of work */
+    const float *shared;                /* the operand all threads read, packed once (NULL: each packs
+                                           its own): op(B) when they share rows, op(A) columns */
+    size_t shared_padded;               /* its extent (N or M) rounded up to whole slivers */
 } mlc__gemm_job;
 
 /* The loops over blocks: for each panel of B (packed), each block of A (packed), the kernel
@@ -3085,6 +3109,7 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
 static void mlc__gemm_blocks(const mlc__gemm_job *p) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
+    const float *shared_b = p->split_rows ? p->shared : NULL, *shared_a = p->split_rows ? NULL : p->shared;
     int jc, pc, kc, mc;
     float *bp = p->work, *ap;
     mlc__gemm_cut(g, M, K, &kc, &mc);
@@ -3093,13 +3118,15 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
         int nc = N - jc < g->nc ? N - jc : g->nc;
         for (pc = 0; pc < K; pc += kc) {
             int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || p->beta != 0.0f, jr, ic;
-            for (jr = 0; jr < nc; jr += nr)
+            if (shared_b) bp = (float *)shared_b + (size_t)pc * p->shared_padded + (size_t)jc * kk;
+            for (jr = 0; jr < nc && !shared_b; jr += nr)
                 mlc__gemm_pack(bp + (size_t)jr * kk,
                                p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx, p->b_sk,
                                nc - jr < nr ? nc - jr : nr, kk, nr);
             for (ic = 0; ic < M; ic += mc) {
                 int m = M - ic < mc ? M - ic : mc, ir;
-                for (ir = 0; ir < m; ir += mr)
+                if (shared_a) ap = (float *)shared_a + (size_t)pc * p->shared_padded + (size_t)ic * kk;
+                for (ir = 0; ir < m && !shared_a; ir += mr)
                     mlc__gemm_pack(ap + (size_t)ir * kk,
                                    p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx,
                                    p->a_sk, m - ir < mr ? m - ir : mr, kk, mr);
@@ -3131,12 +3158,34 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
     p->g = g; p->M = M; p->N = N; p->K = K; p->A = A; p->B = B; p->beta = beta; p->C = C; p->ldc = (size_t)N;
     p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
-    p->split_rows = 0; p->work = NULL; p->work_floats = 0;
+    p->split_rows = 0; p->work = NULL; p->work_floats = 0; p->shared = NULL; p->shared_padded = 0;
+}
+
+/* Packs slivers [begin, end) of the operand the threads share into p->shared, for
+   mlc__parallel: slice pc of it (kk deep) at pc * shared_padded, sliver x (w wide) at x * kk
+   within, the layout mlc__gemm_blocks packs one block in. Unit u: slice u / slivers, sliver
+   u % slivers. */
+static void mlc__gemm_share(void *arg, int piece, size_t begin, size_t end) {
+    const mlc__gemm_job *p = (const mlc__gemm_job *)arg;
+    const int w = p->split_rows ? p->g->nr : p->g->mr, extent = p->split_rows ? p->N : p->M;
+    const size_t slivers = (size_t)(extent + w - 1) / (size_t)w, sx = p->split_rows ? p->b_sx : p->a_sx,
+                 sk = p->split_rows ? p->b_sk : p->a_sk;
+    const float *src = p->split_rows ? p->B : p->A;
+    int kc, mc;
+    size_t u;
+    (void)piece;
+    mlc__gemm_cut(p->g, p->M, p->K, &kc, &mc);
+    for (u = begin; u < end; u++) {
+        int pc = (int)(u / slivers) * kc, x = (int)(u % slivers) * w, kk = p->K - pc < kc ? p->K - pc : kc;
+        mlc__gemm_pack((float *)p->shared + (size_t)pc * p->shared_padded + (size_t)x * kk,
+                       src + (size_t)x * sx + (size_t)pc * sk, sx, sk, extent - x < w ? extent - x : w, kk, w);
+    }
 }
 
 /* Units [begin, end) of a product's rows (MR each) or columns (NR each), as a product of its
    own on this thread with the thread's share of the work, for mlc__parallel. Each thread packs
-   what its part needs, so the threads never wait for each other inside a product. */
+   its part of the operand it does not share, so the threads never wait for each other inside
+   a product. */
 static void mlc__gemm_part(void *arg, int piece, size_t begin, size_t end) {
     mlc__gemm_job part = *(const mlc__gemm_job *)arg;
     int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit,
@@ -3350,7 +3399,16 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
             job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? per * mr : M,
                                                     job.split_rows ? N : per * nr, K);
             job.work = mlc__floats(ctx, job.work_floats * (size_t)pieces, "mlc_gemm");
-            if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
+            if (pieces > 1 && (job.split_rows ? b : a) <= MLC__GEMM_SHARED_MAX) {
+                int kc, mc, w = job.split_rows ? nr : mr;
+                mlc__gemm_cut(job.g, M, K, &kc, &mc);
+                job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
+                job.shared = mlc__floats(ctx, job.shared_padded * (size_t)K, "mlc_gemm");
+                if (job.shared && job.work)
+                    mlc__parallel(ctx, job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc), 2,
+                                  mlc__gemm_share, &job);
+            }
+            if (job.work && (job.shared || !job.shared_padded)) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
         }

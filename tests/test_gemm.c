@@ -38,12 +38,13 @@ static int compare_with_reference(mlc_ctx *ctx, int ta, int tb, int M, int N, in
 static int own_gemm_matches_reference(void) {
     /* every path: the plain loop (under 16^3 multiply-adds), the direct one (M <= 4, N <= 4
        with B transposed, K <= 4 without; K across its 256-float pieces; N wide enough for
-       threads), packed (with edge slivers) */
+       threads), packed (with edge slivers; on threads with the shared operand packed once, over
+       several row blocks and K slices of unequal depth, and several column panels) */
     static const int sizes[][3] = { {1, 1, 1}, {7, 5, 3}, {1, 300, 200}, {300, 1, 200}, {17, 33, 9}, {64, 64, 64},
                                     {100, 37, 129}, {6, 16, 1}, {13, 47, 517}, {257, 129, 300}, {0, 5, 5}, {5, 5, 0},
                                     {1, 7, 600}, {2, 9, 257}, {3, 300, 600}, {4, 33, 40}, {5, 33, 40}, {1, 1000, 300},
                                     {64, 1, 100}, {64, 3, 100}, {64, 4, 256}, {64, 5, 100}, {4, 4, 512},
-                                    {64, 100, 1}, {33, 130, 4}, {33, 130, 5}, {100, 10, 64} };
+                                    {64, 100, 1}, {33, 130, 4}, {33, 130, 5}, {100, 10, 64}, {130, 200, 301} };
     mlc_ctx *ctx = test_ctx(11);
     int s, ta, tb, b;
     for (s = 0; s < (int)(sizeof sizes / sizeof sizes[0]); s++)
@@ -51,6 +52,8 @@ static int own_gemm_matches_reference(void) {
             for (tb = 0; tb < 2; tb++)
                 for (b = 0; b < 2; b++)
                     if (!compare_with_reference(ctx, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], (float)b)) { test_destroy(ctx); return 0; }
+    /* threads sharing rows: op(B) packed once, over two column panels and K slices of 129 and 128 */
+    if (!compare_with_reference(ctx, 0, 1, 260, 1030, 257, 1.0f)) { test_destroy(ctx); return 0; }
     test_destroy(ctx);
     return 1;
 }
