@@ -2226,41 +2226,54 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
 
 /* ============================================================================================
    Threads
-   Ops share their work out through mlc__parallel: fn(arg, piece, begin, end) on `pieces` even
-   slices of [0, n), one per thread (piece numbers each slice, for per-slice scratch), or once
-   on all of [0, n) when n < parallel_from or there is one thread (work below a size runs on
-   the caller: handing it out costs more than it saves).
+   Ops share their work out through mlc__parallel: fn(arg, slot, begin, end) on even pieces
+   of [0, n), MLC__PIECES_PER_THREAD for each of the `slots` threads it uses (slot: the number
+   of the thread running the piece, 0 to slots - 1, for per-thread scratch), or once on all of
+   [0, n) when n < parallel_from or there is one thread (work below a size runs on the caller:
+   handing it out costs more than it saves). Which piece ran on which thread changes no result:
+   the pieces are the same on every run.
    The threads are the caller and a pool of workers the context starts on first use (POSIX
    threads). The pieces of a job are claimed through one atomic counter, by the workers and by
-   the caller alike, so a worker the system has not run yet (more threads than free cores)
-   leaves its piece to the caller instead of stalling it; only a piece already begun is
-   waited for. Between jobs the workers spin a moment (ops follow each other within
-   microseconds), then sleep until the next. A piece's own products and maps stay on its
-   thread. Without threads (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or
-   under OpenMP where that is what the build has.
+   the caller alike, so a thread that runs slower (another process on its core, a VM's vCPU
+   taken away) claims fewer pieces instead of holding the others up, and a worker the system
+   has not run yet leaves its pieces to the caller; only a piece already begun is waited for.
+   Between jobs the workers spin a moment (ops follow each other within microseconds), then
+   sleep until the next. A piece's own products and maps stay on its thread.
+   When the caller had to do nearly all of a job and then still sleep until a worker's piece
+   was done, that worker's core is busy with something else (the system took it away in the
+   middle of a piece): sharing costs more than it gives, so the next MLC__ALONE_JOBS jobs run on
+   the caller alone, and then the workers are tried again. Without threads
+   (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or under OpenMP where that is
+   what the build has.
    ============================================================================================ */
-enum { MLC__MAX_THREADS = 64, MLC__SPINS = 20000 };
+enum { MLC__MAX_THREADS = 64, MLC__PIECES_PER_THREAD = 4, MLC__SPINS = 20000, MLC__ALONE_JOBS = 1000 };
 
-typedef void (*mlc__range_fn)(void *arg, int piece, size_t begin, size_t end);
+typedef void (*mlc__range_fn)(void *arg, int slot, size_t begin, size_t end);
 
 #if MLC__THREADS
 /* A job's counter packs its number (mod 4096), its piece count and the next piece to claim:
-   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS < 1024), in 32 bits, which every
+   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024), in
+   32 bits, which every
    CPU with threads can swap atomically (a 64-bit one on i386 sits at a 4-byte offset in the
    struct, and qemu-i386 hung on it). A claim swaps one exact value for the next, so a value
    seen again 4096 jobs later can only be claimed as a piece of the job that holds it. */
 typedef struct mlc__workers mlc__workers;
+typedef struct mlc__worker { mlc__workers *pool; int slot; } mlc__worker;   /* slot: 1 on */
 struct mlc__workers {
     pthread_mutex_t lock;
     pthread_cond_t wake, finished;      /* a job for sleeping workers; the caller's last piece */
-    pthread_t worker[MLC__MAX_THREADS - 1];
+    pthread_t thread[MLC__MAX_THREADS - 1];
+    mlc__worker worker[MLC__MAX_THREADS - 1];
     int started, sleeping, caller_waiting, quit; /* under lock */
     int busy;                           /* a job is running: what its pieces start stays on their thread */
-    mlc__range_fn fn;                   /* the job: fn(arg, piece, begin, end) over slices of [0, n) */
+    mlc__range_fn fn;                   /* the job: fn(arg, slot, begin, end) over pieces of [0, n) */
     void *arg;
     size_t n;
+    int slots;                          /* the threads it may use: workers of a higher slot stay out */
     unsigned claim;                     /* job << 20 | pieces << 10 | next piece */
     int done;                           /* pieces finished */
+    int caller_ran;                     /* pieces the caller ran */
+    int alone;                          /* jobs still to run on the caller alone (only it writes it) */
 };
 
 static void mlc__pause(void) {
@@ -2269,17 +2282,18 @@ static void mlc__pause(void) {
 #endif
 }
 
-/* Claim and run pieces of the job until none is left (is_caller: the caller does not signal
-   itself); returns the number of the job it saw. */
-static unsigned mlc__claim_pieces(mlc__workers *pool, int is_caller) {
+/* Claim and run pieces of the job until none is left, on the thread of this slot (0: the
+   caller, which does not signal itself); returns the number of the job it saw. */
+static unsigned mlc__claim_pieces(mlc__workers *pool, int slot) {
     unsigned c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
     for (;;) {
         int pieces = (int)(c >> 10 & 1023), p = (int)(c & 1023);
-        if (p >= pieces) return c >> 20;
+        if (p >= pieces || slot >= pool->slots) return c >> 20;
         if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             size_t n = pool->n;            /* the job stays as it is until its last piece is done */
-            pool->fn(pool->arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
-            if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && !is_caller) {
+            if (!slot) pool->caller_ran++;
+            pool->fn(pool->arg, slot, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+            if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && slot) {
                 pthread_mutex_lock(&pool->lock);
                 if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
                 pthread_mutex_unlock(&pool->lock);
@@ -2290,7 +2304,8 @@ static unsigned mlc__claim_pieces(mlc__workers *pool, int is_caller) {
 }
 
 static void *mlc__worker_main(void *arg) {
-    mlc__workers *pool = (mlc__workers *)arg;
+    mlc__workers *pool = ((mlc__worker *)arg)->pool;
+    const int slot = ((mlc__worker *)arg)->slot;
     unsigned seen = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20;
     for (;;) {
         int spins = 0;
@@ -2307,7 +2322,7 @@ static void *mlc__worker_main(void *arg) {
             pthread_mutex_unlock(&pool->lock);
             if (quit) return NULL;
         }
-        seen = mlc__claim_pieces(pool, 0);
+        seen = mlc__claim_pieces(pool, slot);
     }
 }
 
@@ -2332,9 +2347,12 @@ static int mlc__workers_start(mlc_ctx *ctx, int workers) {
         }
         ctx->workers = pool;
     }
-    while (pool->started < workers
-           && pthread_create(&pool->worker[pool->started], NULL, mlc__worker_main, pool) == 0)
+    while (pool->started < workers) {
+        mlc__worker *w = &pool->worker[pool->started];
+        w->pool = pool; w->slot = pool->started + 1;
+        if (pthread_create(&pool->thread[pool->started], NULL, mlc__worker_main, w) != 0) break;
         pool->started++;
+    }
     return pool->started;
 }
 
@@ -2346,7 +2364,7 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
     pool->quit = 1;
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
-    for (i = 0; i < pool->started; i++) pthread_join(pool->worker[i], NULL);
+    for (i = 0; i < pool->started; i++) pthread_join(pool->thread[i], NULL);
     pthread_cond_destroy(&pool->finished);
     pthread_cond_destroy(&pool->wake);
     pthread_mutex_destroy(&pool->lock);
@@ -2355,17 +2373,17 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
 }
 
 /* One job on the pool: publish it, wake sleeping workers, take pieces, wait for the rest. */
-static void mlc__workers_run(mlc__workers *pool, size_t n, int pieces, mlc__range_fn fn, void *arg) {
+static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces, mlc__range_fn fn, void *arg) {
     unsigned job = ((__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
     int spins = 0;
-    pool->fn = fn; pool->arg = arg; pool->n = n;
+    pool->fn = fn; pool->arg = arg; pool->n = n; pool->slots = slots; pool->caller_ran = 0;
     __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->busy, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->lock);
     __atomic_store_n(&pool->claim, job << 20 | (unsigned)pieces << 10, __ATOMIC_RELEASE);
     if (pool->sleeping) pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
-    mlc__claim_pieces(pool, 1);
+    mlc__claim_pieces(pool, 0);
     while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pieces) {
         if (spins++ < MLC__SPINS) { mlc__pause(); continue; }
         pthread_mutex_lock(&pool->lock);    /* a worker was preempted inside its piece: sleep */
@@ -2374,6 +2392,7 @@ static void mlc__workers_run(mlc__workers *pool, size_t n, int pieces, mlc__rang
             pthread_cond_wait(&pool->finished, &pool->lock);
         pool->caller_waiting = 0;
         pthread_mutex_unlock(&pool->lock);
+        if (pool->caller_ran >= pieces - pieces / (2 * slots)) pool->alone = MLC__ALONE_JOBS;
     }
     __atomic_store_n(&pool->busy, 0, __ATOMIC_RELAXED);
 }
@@ -2392,11 +2411,11 @@ MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n) {
 #endif
 }
 
-/* The threads an op may use now: 1 inside a piece of a job */
+/* The threads an op may use now: 1 inside a piece of a job, or while jobs run alone */
 static int mlc__threads(const mlc_ctx *ctx) {
     int n = ctx->threads;
 #if MLC__THREADS
-    if (ctx->workers && __atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED)) return 1;
+    if (ctx->workers && (__atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED) || ctx->workers->alone)) return 1;
 #endif
 #ifdef _OPENMP
     if (n == 0) n = omp_get_max_threads();
@@ -2408,20 +2427,35 @@ static int mlc__threads(const mlc_ctx *ctx) {
 
 MLCDEF int mlc_threads(const mlc_ctx *ctx) { return ctx ? mlc__threads(ctx) : 0; }
 
-static int mlc__pieces(const mlc_ctx *ctx, size_t n, size_t parallel_from) {
+/* The threads (slots of per-thread scratch) mlc__parallel uses for n units */
+static int mlc__slots(const mlc_ctx *ctx, size_t n, size_t parallel_from) {
     int threads = n >= parallel_from ? mlc__threads(ctx) : 1;
     return n < (size_t)threads ? (int)(n ? n : 1) : threads;
 }
 
+/* The pieces mlc__parallel cuts n units into on `slots` threads */
+static int mlc__pieces(size_t n, int slots) {
+    int most = slots > 1 ? slots * MLC__PIECES_PER_THREAD : 1;
+    return n < (size_t)most ? (int)(n ? n : 1) : most;
+}
+
 static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
-    int pieces = mlc__pieces(ctx, n, parallel_from), p;
-    if (pieces == 1) { if (n) fn(arg, 0, 0, n); return; }
+    int slots = mlc__slots(ctx, n, parallel_from), pieces = mlc__pieces(n, slots), p;
 #if MLC__THREADS
-    if (mlc__workers_start(ctx, pieces - 1)) { mlc__workers_run(ctx->workers, n, pieces, fn, arg); return; }
+    if (ctx->workers && ctx->workers->alone && !__atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED))
+        ctx->workers->alone--;          /* one job less alone (a piece's own ops do not count) */
 #endif
-    MLC__OMP(omp parallel for num_threads(pieces) schedule(static, 1))   /* no pool: OpenMP or in turn */
+    if (slots == 1) { if (n) fn(arg, 0, 0, n); return; }
+#if MLC__THREADS
+    if (mlc__workers_start(ctx, slots - 1)) { mlc__workers_run(ctx->workers, n, slots, pieces, fn, arg); return; }
+#endif
+#ifdef _OPENMP                          /* no pool: OpenMP, or in turn */
+    MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))
     for (p = 0; p < pieces; p++)
-        fn(arg, p, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+        fn(arg, omp_get_thread_num(), n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+#else
+    for (p = 0; p < pieces; p++) fn(arg, 0, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+#endif
 }
 
 /* for (i = from; i < to; i++) body, as blocks of 4 and then the rest: a loop of a count the
@@ -2783,16 +2817,16 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
 #undef MLC__MAP_GRAD
 
 /* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel. */
-static void mlc__unary_forward_slice(void *node, int piece, size_t begin, size_t end) {
+static void mlc__unary_forward_slice(void *node, int slot, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
-    (void)piece;
+    (void)slot;
     mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
                        n->out->data + begin, n->args.unary.p, n->args.unary.q);
 }
-static void mlc__unary_grad_slice(void *node, int piece, size_t begin, size_t end) {
+static void mlc__unary_grad_slice(void *node, int slot, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     const mlc_tensor *x = n->in[0], *y = n->out;
-    (void)piece;
+    (void)slot;
     mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, x->data + begin, y->data + begin,
                     y->grad + begin, x->grad + begin, n->args.unary.p, n->args.unary.q);
 }
@@ -3165,7 +3199,7 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
    mlc__parallel: slice pc of it (kk deep) at pc * shared_padded, sliver x (w wide) at x * kk
    within, the layout mlc__gemm_blocks packs one block in. Unit u: slice u / slivers, sliver
    u % slivers. */
-static void mlc__gemm_share(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__gemm_share(void *arg, int slot, size_t begin, size_t end) {
     const mlc__gemm_job *p = (const mlc__gemm_job *)arg;
     const int w = p->split_rows ? p->g->nr : p->g->mr, extent = p->split_rows ? p->N : p->M;
     const size_t slivers = (size_t)(extent + w - 1) / (size_t)w, sx = p->split_rows ? p->b_sx : p->a_sx,
@@ -3173,7 +3207,7 @@ static void mlc__gemm_share(void *arg, int piece, size_t begin, size_t end) {
     const float *src = p->split_rows ? p->B : p->A;
     int kc, mc;
     size_t u;
-    (void)piece;
+    (void)slot;
     mlc__gemm_cut(p->g, p->M, p->K, &kc, &mc);
     for (u = begin; u < end; u++) {
         int pc = (int)(u / slivers) * kc, x = (int)(u % slivers) * w, kk = p->K - pc < kc ? p->K - pc : kc;
@@ -3186,11 +3220,11 @@ static void mlc__gemm_share(void *arg, int piece, size_t begin, size_t end) {
    own on this thread with the thread's share of the work, for mlc__parallel. Each thread packs
    its part of the operand it does not share, so the threads never wait for each other inside
    a product. */
-static void mlc__gemm_part(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     mlc__gemm_job part = *(const mlc__gemm_job *)arg;
     int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit,
         to = (int)end * unit;
-    part.work += (size_t)piece * part.work_floats;
+    part.work += (size_t)slot * part.work_floats;
     if (part.split_rows) {
         if (to > part.M) to = part.M;
         part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
@@ -3301,11 +3335,11 @@ static void mlc__gemm_axpy4(size_t n, const float *a, const float *MLC__RESTRICT
 }
 
 /* Columns [begin, end) of C (already scaled by beta), for mlc__parallel. */
-static void mlc__gemm_direct_slice(void *job, int piece, size_t begin, size_t end) {
+static void mlc__gemm_direct_slice(void *job, int slot, size_t begin, size_t end) {
     const mlc__gemm_direct_job *d = (const mlc__gemm_direct_job *)job;
     const int M = d->M, N = d->N, K = d->K, j0 = (int)begin, j1 = (int)end;
     int i, j, k, k0;
-    (void)piece;
+    (void)slot;
     if (!d->tb) {
         for (i = 0; i < M; i++)
             for (k = 0; k < K; k += 4) {
@@ -3390,16 +3424,17 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
             const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
             const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
-            int pieces, per;
+            int slots, pieces, per;
             mlc_frame scratch = mlc_frame_begin(ctx);
             job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
-            pieces = mlc__pieces(ctx, units, from);
+            slots = mlc__slots(ctx, units, from);
+            pieces = mlc__pieces(units, slots);
             per = (int)((units + (size_t)pieces - 1) / (size_t)pieces);    /* units a piece, at most */
             job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? per * mr : M,
                                                     job.split_rows ? N : per * nr, K);
-            job.work = mlc__floats(ctx, job.work_floats * (size_t)pieces, "mlc_gemm");
-            if (pieces > 1 && (job.split_rows ? b : a) <= MLC__GEMM_SHARED_MAX) {
+            job.work = mlc__floats(ctx, job.work_floats * (size_t)slots, "mlc_gemm");
+            if (slots > 1 && (job.split_rows ? b : a) <= MLC__GEMM_SHARED_MAX) {
                 int kc, mc, w = job.split_rows ? nr : mr;
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
                 job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
@@ -4646,9 +4681,9 @@ static void mlc__im2col(const mlc__conv *cv, int c0, int c1, const float *x, flo
 #define MLC__IM2COL_PARALLEL 8192
 typedef struct mlc__im2col_job { const mlc__conv *cv; const float *x; float *col; } mlc__im2col_job;
 
-static void mlc__im2col_channels(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__im2col_channels(void *arg, int slot, size_t begin, size_t end) {
     const mlc__im2col_job *job = (const mlc__im2col_job *)arg;
-    (void)piece;
+    (void)slot;
     mlc__im2col(job->cv, (int)begin, (int)end, job->x, job->col);
 }
 
@@ -4772,8 +4807,8 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
 }
 #endif
 
-/* The images are shared out between threads: each piece of images has scratch of its own (col,
-   packing space) and runs its products on its thread. With one image, or products through a
+/* The images are shared out between threads: each thread has scratch of its own (col, packing
+   space) and runs the products of its pieces of images itself. With one image, or products through a
    hook or BLAS (one at a time), the images go in turn and each product may use the threads
    itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
    most MLC__CONV_SUMS, each its own partial sum, added in order at the end), and the threads
@@ -4783,18 +4818,18 @@ typedef struct mlc__conv_job {
     mlc_ctx *ctx;
     const mlc__conv *cv;
     size_t parallel_from;               /* mlc__parallel's: 2 images (groups), or never */
-    int pieces, sums;                   /* pieces of images (groups); backward: groups of images */
+    int slots, sums;                    /* threads (scratch slots); backward: groups of images */
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
     float *y, *gx, *gw, *gb;
-    float *scratch;                     /* per piece: col, packing space, fast's; then each group's dW, db */
-    size_t col_floats, work_floats, piece_floats, fast_at, rows_at, sums_at;
+    float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
+    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, sums_at;
 #ifndef MLC_USE_CBLAS
     const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
 #endif
     int by_rows;                        /* backward: dW through mlc__im2row */
 } mlc__conv_job;
 
-/* Plan the job: how many pieces, and their scratch (with_grads: the groups and their partial dW
+/* Plan the job: how many threads, and their scratch (with_grads: the groups and their partial dW
    and db; fast_floats for the fast path's and mlc__im2row's, which forward needs no col or
    packing space beside). */
 static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
@@ -4806,13 +4841,13 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     job->ctx = ctx; job->cv = cv;
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
     job->sums = !with_grads || ctx->config.arena ? 1 : cv->N < MLC__CONV_SUMS ? cv->N : MLC__CONV_SUMS;
-    job->pieces = mlc__pieces(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
+    job->slots = mlc__slots(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
     job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
     job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
-    if (job->pieces < 2 || !job->col_floats) job->work_floats = 0;
+    if (job->slots < 2 || !job->col_floats) job->work_floats = 0;
     job->fast_at = job->col_floats + job->work_floats;
-    job->piece_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
-    job->sums_at = (size_t)job->pieces * job->piece_floats;
+    job->slot_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
+    job->sums_at = (size_t)job->slots * job->slot_floats;
     job->scratch = mlc__floats(ctx, job->sums_at + (job->sums > 1 ? (size_t)job->sums * (cv->O * (size_t)rows
                                                                                      + cv->O) : 0), op);
     return job->scratch != NULL;
@@ -4861,12 +4896,12 @@ static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, size_t 
 #endif
 
 /* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
-static void mlc__conv2d_images(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
         o, q;
-    float *col = job->scratch + (size_t)piece * job->piece_floats,
+    float *col = job->scratch + (size_t)slot * job->slot_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
     size_t i;
     for (i = begin; i < end; i++) {
@@ -4932,12 +4967,12 @@ static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float 
 
 /* backward over the groups of images [begin, end); each group's dW and db go to its partial sums
    when there are several groups */
-static void mlc__conv2d_backward_images(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
         o;
-    float *col = job->scratch + (size_t)piece * job->piece_floats,
+    float *col = job->scratch + (size_t)slot * job->slot_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
     float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
     const size_t sum_floats = (size_t)cv->O * rows + cv->O;
@@ -5237,7 +5272,7 @@ static void mlc__pool_one(const mlc__pool_job *job, const float *p, int oh, int 
     }
 }
 
-static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__pool_planes(void *arg, int slot, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     const int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3];
     const int K = job->KW, S = job->SW, Pd = job->PW;
@@ -5245,7 +5280,7 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     int lo = job->is_max ? (Pd + S - 1) / S : 0, hi = job->is_max && W + Pd >= K ? (W + Pd - K) / S + 1 : 0;
     int oh, ow, h0, h1, w0, w1;
     size_t pl;
-    (void)piece;
+    (void)slot;
     if (hi > OW) hi = OW;
     if (lo > hi) lo = hi;
     for (pl = begin; pl < end; pl++) {
@@ -5262,13 +5297,13 @@ static void mlc__pool_planes(void *arg, int piece, size_t begin, size_t end) {
     }
 }
 
-static void mlc__pool_planes_backward(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__pool_planes_backward(void *arg, int slot, size_t begin, size_t end) {
     const mlc__pool_job *job = (const mlc__pool_job *)arg;
     int H = job->x->shape[2], W = job->x->shape[3], OH = job->y->shape[2], OW = job->y->shape[3], oh, ow, ih,
         iw, h0, h1, w0, w1;
     float share;
     size_t pl;
-    (void)piece;
+    (void)slot;
     for (pl = begin; pl < end; pl++) {
         const float *g = job->y->grad + pl * OH * OW;
         float *gx = job->gx + pl * H * W;
@@ -5406,8 +5441,8 @@ typedef struct mlc__attention_job {
     const mlc__attention_args *a;
     const float *q, *k, *v, *mask, *lse, *g;   /* g: the output's gradient (backward) */
     float *y, *save_lse, *gq, *gk, *gv;
-    float *scratch;                     /* per piece: blocks of [T, S], then the GEMM's packing space */
-    size_t block_floats, work_floats, piece_floats;
+    float *scratch;                     /* per thread: blocks of [T, S], then the GEMM's packing space */
+    size_t block_floats, work_floats, slot_floats;
 } mlc__attention_job;
 
 /* Head bh's scores into s [T, S]: s q kᵀ + mask, -∞ where causal hides the key. */
@@ -5437,10 +5472,10 @@ static void mlc__attention_weights(const mlc__attention_args *a, size_t bh, int 
     }
 }
 
-static void mlc__attention_heads(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__attention_heads(void *arg, int slot, size_t begin, size_t end) {
     const mlc__attention_job *job = (const mlc__attention_job *)arg;
     const int T = job->a->T, S = job->a->S, Dv = job->a->Dv;
-    float *s = job->scratch + (size_t)piece * job->piece_floats;
+    float *s = job->scratch + (size_t)slot * job->slot_floats;
     float *work = job->work_floats ? s + job->block_floats : NULL;
     size_t bh;
     int i, j;
@@ -5459,11 +5494,11 @@ static void mlc__attention_heads(void *arg, int piece, size_t begin, size_t end)
     }
 }
 
-static void mlc__attention_backward_heads(void *arg, int piece, size_t begin, size_t end) {
+static void mlc__attention_backward_heads(void *arg, int slot, size_t begin, size_t end) {
     const mlc__attention_job *job = (const mlc__attention_job *)arg;
     const mlc__attention_args *a = job->a;
     const int T = a->T, S = a->S, D = a->D, Dv = a->Dv;
-    float *P = job->scratch + (size_t)piece * job->piece_floats, *dS = P + job->block_floats;
+    float *P = job->scratch + (size_t)slot * job->slot_floats, *dS = P + job->block_floats;
     float *work = job->work_floats ? dS + job->block_floats : NULL;
     size_t bh;
     int i, j;
@@ -5493,27 +5528,27 @@ static void mlc__attention_backward_heads(void *arg, int piece, size_t begin, si
 }
 
 /* Plan the job over the heads of node n: threads take whole heads (their products on their
-   thread) unless products go through a hook or BLAS; each piece has `blocks` [T, S] blocks. */
+   thread) unless products go through a hook or BLAS; each thread has `blocks` [T, S] blocks. */
 static int mlc__attention_plan(mlc__attention_job *job, size_t *parallel_from, const mlc__node *n, int blocks,
                                const char *op) {
     const mlc__attention_args *a = &n->args.attention;
     mlc_ctx *ctx = n->out->ctx;
     size_t products[6], most = 0;
-    int i, pieces;
+    int i, slots;
     memset(job, 0, sizeof *job);
     job->ctx = ctx; job->a = a;
     job->q = n->in[0]->data; job->k = n->in[1]->data; job->v = n->in[2]->data;
     job->mask = n->in[3] ? n->in[3]->data : NULL;
     *parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
-    pieces = mlc__pieces(ctx, (size_t)a->B * (size_t)a->H, *parallel_from);
+    slots = mlc__slots(ctx, (size_t)a->B * (size_t)a->H, *parallel_from);
     products[0] = mlc__gemm_work(a->T, a->S, a->D); products[1] = mlc__gemm_work(a->T, a->Dv, a->S);
     products[2] = mlc__gemm_work(a->T, a->S, a->Dv); products[3] = mlc__gemm_work(a->S, a->Dv, a->T);
     products[4] = mlc__gemm_work(a->T, a->D, a->S); products[5] = mlc__gemm_work(a->S, a->D, a->T);
     for (i = 0; i < 6; i++) if (products[i] > most) most = products[i];
     job->block_floats = ((size_t)a->T * (size_t)a->S + 15) / 16 * 16;
-    job->work_floats = pieces > 1 ? most : 0;
-    job->piece_floats = (size_t)blocks * job->block_floats + job->work_floats;
-    job->scratch = mlc__floats(ctx, (size_t)pieces * job->piece_floats, op);
+    job->work_floats = slots > 1 ? most : 0;
+    job->slot_floats = (size_t)blocks * job->block_floats + job->work_floats;
+    job->scratch = mlc__floats(ctx, (size_t)slots * job->slot_floats, op);
     return job->scratch != NULL;
 }
 
@@ -6732,11 +6767,11 @@ static float *mlc__state_from(const mlc_optim *o, int i, int k, size_t begin) {
     return st ? st->data + begin : NULL;
 }
 
-static void mlc__step_slice(void *job, int piece, size_t begin, size_t end) {
+static void mlc__step_slice(void *job, int slot, size_t begin, size_t end) {
     const mlc_optim *o = ((const mlc__step_job *)job)->opt;
     int i = ((const mlc__step_job *)job)->i;
     const mlc_tensor *p = o->params[i];
-    (void)piece;
+    (void)slot;
     mlc__update(o, end - begin, p->data + begin, p->grad + begin, mlc__state_from(o, i, 0, begin),
                 mlc__state_from(o, i, 1, begin), mlc__state_from(o, i, 2, begin));
 }

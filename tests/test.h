@@ -50,6 +50,10 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
 /* The host copy of state buffer k (0, 1, 2: as the rule keeps them) of an optimiser's
    parameter i, NULL where the rule keeps none (tests/test_device.c, which sees mlc's internals) */
 const float *test_optim_state(mlc_optim *opt, int i, int k);
+/* mlc's own mlc__parallel: fn(arg, slot, begin, end) over pieces of [0, n) on the context's
+   threads (tests/test_device.c) */
+void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
+                   void (*fn)(void *arg, int slot, size_t begin, size_t end), void *arg);
 /* Fault injection on the context's device (the fake one, OpenCL, any backend): refuse buffer k
    and every later one (k < 0: none); returns how many buffers the device has made so far (-1:
    the context runs on the CPU only). */

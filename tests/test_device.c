@@ -178,11 +178,16 @@ static const mlc__backend fake_backend = {
 };
 static const mlc__backend *test_fake_backend(void) { return &fake_backend; }
 
-/* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
 const float *test_optim_state(mlc_optim *opt, int i, int k) {
     return opt->state[3 * i + k] ? mlc_host_data(opt->state[3 * i + k]) : NULL;
 }
 
+void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
+                   void (*fn)(void *arg, int slot, size_t begin, size_t end), void *arg) {
+    mlc__parallel(ctx, n, parallel_from, fn, arg);
+}
+
+/* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
     fake_device *fd;
     if (!ctx || ctx->error || ctx->backend) return ctx;

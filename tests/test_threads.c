@@ -1,5 +1,7 @@
 /* mlc's own threads: the setting, the same numbers on any thread count, more threads than
    cores, and contexts that start and stop their workers many times. */
+#define _POSIX_C_SOURCE 200809L         /* nanosleep */
+#include <time.h>
 #include "test.h"
 
 /* Whether this build has mlc's threads (mlc.h: POSIX threads without -pthread from glibc 2.34) */
@@ -116,9 +118,51 @@ static int threads_start_and_stop(void) {
     return 1;
 }
 
+#if HAS_THREADS
+typedef struct busy_job { int ran[8], by_workers; } busy_job;
+
+/* A piece of 8 units on 2 threads: the worker's sleeps 30 ms (a core the system gave to
+   something else), the caller's 1 ms */
+static void busy_piece(void *arg, int slot, size_t begin, size_t end) {
+    busy_job *job = (busy_job *)arg;
+    struct timespec nap = { 0, slot ? 30000000L : 1000000L };
+    size_t u;
+    for (u = begin; u < end; u++) job->ran[u]++;
+    if (slot) job->by_workers += (int)(end - begin);      /* one worker: no race */
+    nanosleep(&nap, NULL);
+}
+
+static void no_piece(void *arg, int slot, size_t begin, size_t end) { (void)arg; (void)slot; (void)begin; (void)end; }
+#endif
+
+/* A worker that loses its core in the middle of a piece: the caller takes the job's other
+   pieces, and once it has had to wait for that worker anyway, the next jobs run on the caller
+   alone (mlc_threads says 1) for a while; then the workers are used again. */
+static int busy_worker_is_left_alone(void) {
+#if HAS_THREADS
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
+    busy_job job;
+    int attempt, u, jobs;
+    CHECK(ctx && mlc_threads(ctx) == 2);
+    for (attempt = 0; attempt < 5 && mlc_threads(ctx) == 2; attempt++) {   /* the worker may start late */
+        memset(&job, 0, sizeof job);
+        test_parallel(ctx, 8, 1, busy_piece, &job);
+        for (u = 0; u < 8; u++) CHECK_MSG(job.ran[u] == 1, "unit %d ran %d times", u, job.ran[u]);
+    }
+    CHECK_MSG(mlc_threads(ctx) == 1 && job.by_workers >= 1 && job.by_workers <= 2,
+              "threads %d, the worker ran %d of 8 pieces", mlc_threads(ctx), job.by_workers);
+    for (jobs = 0; mlc_threads(ctx) == 1 && jobs < 100000; jobs++) test_parallel(ctx, 8, 1, no_piece, NULL);
+    CHECK_MSG(jobs >= 100 && jobs < 100000 && mlc_threads(ctx) == 2, "%d jobs alone", jobs);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+#endif
+    return 1;
+}
+
 const test_case tests_threads[] = {
     TEST(threads_setting)
     TEST(threads_give_the_same_training)
     TEST(threads_start_and_stop)
+    TEST(busy_worker_is_left_alone)
     { NULL, NULL }
 };
