@@ -40,6 +40,9 @@ LIMITS
    The kernels use mlc's own tanh (MLC_TANHF overrides only the CPU's). MLC_OPENCL_OPTIONS in
    the environment adds options to the kernel build (say -cl-mad-enable, trading the last bits
    of agreement with the CPU for speed); a build that fails is MLC_ERR_DEVICE with the log.
+   Every kernel's arguments fit in the 256 bytes OpenCL promises (CL_DEVICE_MAX_PARAMETER_SIZE;
+   a longer list would be MLC_ERR_DEVICE, never a launch): an optimiser launch takes 8 parameters
+   (480 bytes) where the device allows that, else 4.
 */
 #ifndef MLC_OPENCL_H
 #define MLC_OPENCL_H
@@ -242,6 +245,8 @@ enum { MLC__CL_KERNELS(MLC__CL_KERNEL_ID) MLC__CL_KERNEL_COUNT };
 static const char *const mlc__cl_kernel_names[] = { MLC__CL_KERNELS(MLC__CL_KERNEL_NAME) };
 #undef MLC__CL_KERNEL_NAME
 
+#define MLC__CL_SLOTS 8                 /* the most parameters an optimiser launch takes */
+
 typedef struct mlc__cl_state {
     cl_context context;
     cl_command_queue queue;             /* in order: each command sees the ones before it */
@@ -250,6 +255,9 @@ typedef struct mlc__cl_state {
     cl_kernel kernels[MLC__CL_KERNEL_COUNT];   /* created on first use */
     size_t kernel_local[MLC__CL_KERNEL_COUNT];  /* their work-group sizes */
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    size_t max_args;                    /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a launch's arguments
+                                           (tests: smaller, before the first launch) */
+    int slots;                          /* parameters an optimiser launch takes (mlc__cl_build) */
     int exact_divide;                   /* the device can round / and sqrt correctly */
     int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else tiled */
     int gemm_tile_rows;                 /* tests, bench: 64 or 128 rows a tile; 0: mlc's choice */
@@ -411,13 +419,14 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
 "   runs merged): operand k's element at output index i is at sum_d c_d stride_k[d], with\n"
-"   stride 0 where it is stretched.\n"
+"   stride 0 where it is stretched. The ulong8 arguments come first, where they need no padding\n"
+"   (then 240 and 248 bytes of arguments, within the 256 every device takes).\n"
 "     y = a + b   da = g      db = g\n"
 "     y = a - b   da = g      db = -g\n"
 "     y = a * b   da = g b    db = g a\n"
 "     y = a / b   da = g / b  db = -g a / b^2 */\n"
 "#define MLC_LANES(v) { v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7 }   /* a ulong8 as an array */\n"
-"__kernel void mlc_binary(int kind, ulong n, int nd, ulong8 shape8, ulong8 sa8, ulong8 sb8,\n"
+"__kernel void mlc_binary(ulong8 shape8, ulong8 sa8, ulong8 sb8, int kind, ulong n, int nd,\n"
 "                         __global const float *a, __global const float *b, __global float *y) {\n"
 "    size_t i = get_global_id(0);\n"
 "    ulong shape[8] = MLC_LANES(shape8), sa[8] = MLC_LANES(sa8), sb[8] = MLC_LANES(sb8), r = i, oa = 0, ob ="
@@ -435,8 +444,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "/* binary backward for one operand (side 0: a, 1: b): one work-item per element j of it,\n"
 "   summing over the positions it was stretched to, in the output's order (as the CPU does) */\n"
-"__kernel void mlc_binary_grad(int kind, int side, ulong n, int nd, ulong8 shape8, ulong8 self8, ulong8"
-" other8,\n"
+"__kernel void mlc_binary_grad(ulong8 shape8, ulong8 self8, ulong8 other8, int kind, int side, ulong n,\n"
+"                              int nd,\n"
 "                              __global const float *g, __global const float *a, __global const float *b,\n"
 "                              __global float *gs) {\n"
 "    size_t j = get_global_id(0);\n"
@@ -471,8 +480,9 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    gs[j] = acc;\n"
 "}\n",
 
-"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update, over a group of up to 8\n"
-"   parameters in one launch (OpenCL 1.2 passes no array of buffers): slot k holds parameter sp<k> of\n"
+"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update, over a group of up to\n"
+"   MLC_SLOT_COUNT parameters in one launch (OpenCL 1.2 passes no array of buffers; 8, or 4 where the\n"
+"   device takes too few bytes of arguments: mlc__cl_build says): slot k holds parameter sp<k> of\n"
 "   sizes.s<k> elements, its gradient sg<k> and state buffers sa<k>, sb<k>, sc<k> (stand-ins where the\n"
 "   rule keeps none), from work-item starts.s<k> on, a multiple of the work-group size, so that a\n"
 "   work-group finds one slot (unused slots start past the launch). A work-item finds its slot with\n"
@@ -480,8 +490,15 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "   buffers (named as the rule names them) and j, its element there. */\n"
 "#define MLC_SLOT(k) __global float *sp##k, __global const float *sg##k, __global float *sa##k, \\\n"
 "    __global float *sb##k, __global float *sc##k\n"
+"#if MLC_SLOT_COUNT == 8\n"
 "#define MLC_SLOTS ulong8 starts, ulong8 sizes, MLC_SLOT(0), MLC_SLOT(1), MLC_SLOT(2), MLC_SLOT(3), \\\n"
 "    MLC_SLOT(4), MLC_SLOT(5), MLC_SLOT(6), MLC_SLOT(7)\n"
+"#define MLC_PAST_4_TO_7(X, Y, Z) MLC_PAST(4, X, Y, Z) MLC_PAST(5, X, Y, Z) MLC_PAST(6, X, Y, Z) \\\n"
+"    MLC_PAST(7, X, Y, Z)\n"
+"#else\n"
+"#define MLC_SLOTS ulong4 starts, ulong4 sizes, MLC_SLOT(0), MLC_SLOT(1), MLC_SLOT(2), MLC_SLOT(3)\n"
+"#define MLC_PAST_4_TO_7(X, Y, Z)\n"
+"#endif\n"
 "#define MLC_PAST(k, X, Y, Z) in = base >= starts.s##k; \\\n"
 "    start = in ? starts.s##k : start; n = in ? sizes.s##k : n; p = in ? sp##k : p; g = in ? sg##k : g; \\\n"
 "    X = in ? sa##k : X; Y = in ? sb##k : Y; Z = in ? sc##k : Z;\n"
@@ -491,8 +508,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    __global const float *g = sg0; \\\n"
 "    size_t j; \\\n"
 "    int in; \\\n"
-"    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST(4, X, Y, Z) \\\n"
-"    MLC_PAST(5, X, Y, Z) MLC_PAST(6, X, Y, Z) MLC_PAST(7, X, Y, Z) \\\n"
+"    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST_4_TO_7(X, Y, Z) \\\n"
 "    j = get_global_id(0) - start; \\\n"
 "    if (j >= n) return;\n"
 "/* state below FLT_MIN is stored as 0, as mlc.h's mlc__flush says why */\n"
@@ -1260,8 +1276,16 @@ static void mlc__cl_define_kinds(char *prelude, size_t size, const char *const *
     }
 }
 
+/* The bytes of an optimiser launch's arguments with `slots` parameters (mlc__cl_run_group):
+   starts and sizes (ulong vectors), 5 buffers a slot, then the rule's at most 8 floats or ints. */
+static size_t mlc__cl_group_bytes(int slots) {
+    return 2 * (size_t)slots * sizeof(cl_ulong) + 5 * (size_t)slots * sizeof(cl_mem) + 8 * sizeof(cl_float);
+}
+
 /* Build the program once per context: mlc.h's enum values first, then the pieces; the
-   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). */
+   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). The
+   optimisers take 8 parameters a launch (480 bytes of arguments) where the device allows that,
+   else 4 (256 bytes: what OpenCL's embedded profile promises). */
 static int mlc__cl_build(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
@@ -1270,14 +1294,15 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     cl_int err;
     int i;
     if (st->program) return 1;
+    st->slots = mlc__cl_group_bytes(MLC__CL_SLOTS) <= st->max_args ? MLC__CL_SLOTS : MLC__CL_SLOTS / 2;
     mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
                 st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
     mlc__format(prelude, sizeof prelude,
                 "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
                 "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
-                " MLC_REDUCE_NONE %d\n",
+                " MLC_REDUCE_NONE %d\n#define MLC_SLOT_COUNT %d\n",
                 (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN,
-                (int)MLC_REDUCE_NONE);
+                (int)MLC_REDUCE_NONE, st->slots);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__unary_kind_names, MLC__UNARY_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__loss_kind_names, MLC__LOSS_COUNT);
@@ -1334,12 +1359,34 @@ static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, int id, size_t *local) {
 typedef struct mlc__cl_arg { size_t size; const void *value; } mlc__cl_arg;
 #define MLC__CL_ARG(x) { sizeof(x), &(x) }
 
+/* Give kernel k (MLC__CL_K_<name> `kernel`) its arguments, when they fit in the bytes the device
+   takes: counted as a struct lays them out, each at a multiple of its size (a vector's alignment
+   is its size; pointers counted at the host's size), as a device may count them. */
+static int mlc__cl_set_args(mlc_ctx *ctx, cl_kernel k, int kernel, const mlc__cl_arg *args, int count) {
+    const mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t bytes = 0;
+    int i;
+    for (i = 0; i < count; i++) {
+        size_t size = args[i].size;
+        bytes = (bytes + size - 1) / size * size + size;
+    }
+    if (bytes > st->max_args) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s in %s takes %zu bytes of arguments; %s takes at most %zu",
+                  mlc__cl_kernel_names[kernel], st->op, bytes, st->name, st->max_args);
+        return 0;
+    }
+    for (i = 0; i < count; i++)
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
+                           "clSetKernelArg"))
+            return 0;
+    return 1;
+}
+
 /* Set the arguments and run `kernel` over n work-items. */
 static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *args, int count) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t local = 1, global;
     cl_kernel k;
-    int i;
     if (ctx->error) return 0;
     if (n == 0) return 1;
     if (n > 2147483647u) {                               /* work-item ids are ints in the kernels */
@@ -1348,11 +1395,8 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
                   mlc__cl_kernel_names[kernel]);
         return 0;
     }
-    if (!(k = mlc__cl_kernel(ctx, kernel, &local))) return 0;
-    for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
-                           "clSetKernelArg"))
-            return 0;
+    if (!(k = mlc__cl_kernel(ctx, kernel, &local)) || !mlc__cl_set_args(ctx, k, kernel, args, count))
+        return 0;
     global = (n + local - 1) / local * local;
     ctx->stats.launches++;
     return mlc__cl_check(ctx,
@@ -1503,12 +1547,12 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     bm = am ? mlc__cl_in(ctx, b) : NULL;
     ym = bm ? mlc__cl_out(ctx, y) : NULL;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind),
-                               MLC__CL_ARG(n),
-                               MLC__CL_ARG(dm.nd),
-                               MLC__CL_ARG(dm.shape),
+        mlc__cl_arg args[] = { MLC__CL_ARG(dm.shape),
                                MLC__CL_ARG(dm.stride[0]),
                                MLC__CL_ARG(dm.stride[1]),
+                               MLC__CL_ARG(kind),
+                               MLC__CL_ARG(n),
+                               MLC__CL_ARG(dm.nd),
                                MLC__CL_ARG(am),
                                MLC__CL_ARG(bm),
                                MLC__CL_ARG(ym) };
@@ -1534,13 +1578,13 @@ static int mlc__cl_binary_backward(mlc_ctx *ctx, mlc__node *nd) {
         if (!t->requires_grad) continue;
         if (!(gs = mlc__cl_grad(ctx, t))) return 0;
         {
-            mlc__cl_arg args[] = { MLC__CL_ARG(kind),
+            mlc__cl_arg args[] = { MLC__CL_ARG(dm.shape),
+                                   MLC__CL_ARG(dm.stride[side]),
+                                   MLC__CL_ARG(dm.stride[1 - side]),
+                                   MLC__CL_ARG(kind),
                                    MLC__CL_ARG(side),
                                    MLC__CL_ARG(n),
                                    MLC__CL_ARG(dm.nd),
-                                   MLC__CL_ARG(dm.shape),
-                                   MLC__CL_ARG(dm.stride[side]),
-                                   MLC__CL_ARG(dm.stride[1 - side]),
                                    MLC__CL_ARG(gm),
                                    MLC__CL_ARG(am),
                                    MLC__CL_ARG(bm),
@@ -1559,13 +1603,9 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t wg = 1;
     cl_kernel k;
-    int i;
     if (ctx->error || !(k = mlc__cl_kernel(ctx, kernel, &wg))) return 0;
     if (local && wg < local[0] * local[1] * local[2]) return 0;
-    for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
-                           "clSetKernelArg"))
-            return 0;
+    if (!mlc__cl_set_args(ctx, k, kernel, args, count)) return 0;
     ctx->stats.launches++;
     return mlc__cl_check(ctx,
                          mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
@@ -2308,13 +2348,11 @@ static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
     return 0;
 }
 
-/* An optimiser's launch over a group of parameters, as MLC_SLOTS in the kernels: 8 slots of
-   the buffers of a parameter, its gradient and its state, opt->state[3 i + k] (p's buffer stands
-   in where the rule keeps none; slots past the group repeat its first), the parameter's size,
-   and the work-item where the slot starts, a multiple of the kernel's work-group size (slots past
-   the group start at the launch's end): 480 bytes of arguments at most, within the 1024 bytes
-   that OpenCL's full profile promises. */
-#define MLC__CL_SLOTS 8
+/* An optimiser's launch over a group of parameters, as MLC_SLOTS in the kernels: st->slots (8,
+   or 4) slots of the buffers of a parameter, its gradient and its state, opt->state[3 i + k]
+   (p's buffer stands in where the rule keeps none; slots past the group repeat its first), the
+   parameter's size, and the work-item where the slot starts, a multiple of the kernel's
+   work-group size (slots past the group start at the launch's end). */
 typedef struct mlc__cl_group {
     cl_ulong8 starts, sizes;
     cl_mem mem[MLC__CL_SLOTS][5];       /* p, g, state 0, 1, 2 */
@@ -2322,7 +2360,7 @@ typedef struct mlc__cl_group {
     size_t items;                       /* the launch's work-items */
 } mlc__cl_group;
 
-/* Up to 8 of the `count` parameters from `first` (all on the device) for `kernel`, while their
+/* Up to st->slots of the `count` parameters from `first` (all on the device) for `kernel`, while their
    state is there too with their size and the launch stays within 2^31 - 1 work-items. 0
    parameters: the first has no such state, or an error is set. */
 static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, mlc__cl_group *gr) {
@@ -2331,7 +2369,7 @@ static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, ml
     size_t local;
     int n, k;
     if (!mlc__cl_kernel(ctx, kernel, &local)) return 0;
-    for (n = 0; n < count && n < MLC__CL_SLOTS; n++) {
+    for (n = 0; n < count && n < mlc__cl_st(ctx)->slots; n++) {
         mlc_tensor *p = opt->params[first + n], **s = opt->state + 3 * (first + n);
         cl_mem *m = gr->mem[n];
         padded = (p->size + local - 1) / local * local;
@@ -2357,20 +2395,20 @@ static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, ml
 static void mlc__cl_run_group(mlc_ctx *ctx, int kernel, mlc__cl_group *gr, const mlc__cl_arg *rule,
                               int count) {
     mlc__cl_arg args[2 + 5 * MLC__CL_SLOTS + 8];
-    int k;
+    int k, slots = mlc__cl_st(ctx)->slots;
     MLC_ASSERT(count <= 8);
-    args[0].size = args[1].size = sizeof(cl_ulong8);
+    args[0].size = args[1].size = (size_t)slots * sizeof(cl_ulong);   /* ulong8's (or ulong4's) lanes */
     args[0].value = &gr->starts;
     args[1].value = &gr->sizes;
-    for (k = 0; k < 5 * MLC__CL_SLOTS; k++) {
+    for (k = 0; k < 5 * slots; k++) {
         args[2 + k].size = sizeof(cl_mem);
         args[2 + k].value = &gr->mem[k / 5][k % 5];
     }
-    for (k = 0; k < count; k++) args[2 + 5 * MLC__CL_SLOTS + k] = rule[k];
-    mlc__cl_run(ctx, kernel, gr->items, args, 2 + 5 * MLC__CL_SLOTS + count);
+    for (k = 0; k < count; k++) args[2 + 5 * slots + k] = rule[k];
+    mlc__cl_run(ctx, kernel, gr->items, args, 2 + 5 * slots + count);
 }
 
-/* The update of up to 8 parameters from `first` in one launch. Returns how many (mlc_step then
+/* The update of up to st->slots parameters from `first` in one launch. Returns how many (mlc_step then
    marks them and their state stale on the host); 0: none (an error is set, or the first one's
    state is not on the device and the CPU updates it). */
 static int mlc__cl_step(mlc_optim *opt, int first, int count) {
@@ -2486,6 +2524,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     mlc__cl_state *st;
     cl_context_properties props[3];
     cl_ulong max_alloc = 0;
+    size_t max_args = 0;
     cl_device_fp_config fp = 0;
     mlc_device_info info;
     cl_int err = CL_SUCCESS;
@@ -2512,7 +2551,9 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     }
     mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
     mlc__cl.GetDeviceInfo(device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof max_args, &max_args, NULL);
     st->max_alloc = !max_alloc || max_alloc > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)max_alloc;
+    st->max_args = max_args ? max_args : 256;          /* unanswered: the least OpenCL allows */
     st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     st->gemm_vector = strcmp(info.type, "cpu") == 0;
     st->compute_units = info.compute_units > 0 ? (size_t)info.compute_units : 1;

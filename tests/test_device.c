@@ -215,6 +215,17 @@ long test_device_buffers_lost(const mlc_ctx *ctx) {
     return books->made - books->released - (long)(books->n_frame + books->n_spare + books->n_kept);
 }
 
+int test_device_max_args(mlc_ctx *ctx, size_t bytes) {
+#ifdef MLC_OPENCL
+    if (ctx && ctx->backend == &mlc__opencl_backend && !mlc__cl_st(ctx)->program) {
+        mlc__cl_st(ctx)->max_args = bytes;
+        return 1;
+    }
+#endif
+    (void)ctx; (void)bytes;
+    return 0;
+}
+
 /* ---- the tests' contexts ----------------------------------------------------------------- */
 
 int test_isnan(double v) { return mlc__is_nan((float)v); }
@@ -738,6 +749,29 @@ static int opencl_gemm_kernels_agree(void) {
     return 1;
 }
 
+/* A kernel whose arguments take more bytes than the device takes is an error naming the kernel
+   and both sizes, and nothing is launched (mlc_binary's take 240 bytes, its broadcast shape and
+   strides first so that they need no padding) */
+static int opencl_argument_bytes_checked(void) {
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_tensor *x;
+    size_t launched;
+    memset(&c, 0, sizeof c);
+    c.device = opencl_spec();
+    c.quiet = 1;
+    ctx = mlc_create(&c);
+    CHECK(ctx && mlc_has_device(ctx) && test_device_max_args(ctx, 239));
+    x = mlc_from_data(ctx, MLC_SHAPE(3), ((const float[]){ 1, 2, 3 }));
+    launched = mlc_get_stats(ctx).launches;
+    CHECK(x && mlc_add(x, x) == NULL);
+    CHECK(mlc_get_stats(ctx).launches == launched);
+    CHECK_MSG(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "mlc_binary in mlc_add takes 240 bytes")
+              && strstr(mlc_error_message(ctx), "at most 239"), "%.300s", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* A kernel build that fails (here: options that break one kernel) is MLC_ERR_DEVICE naming
    the device with the compiler's log; the op returns NULL, nothing crashes, data stays. */
 static int opencl_build_failure(void) {
@@ -1011,6 +1045,7 @@ const test_case tests_device[] = {
     TEST(opencl_write_after_upload)
     TEST(opencl_gemm_kernels_agree)
     TEST(opencl_build_failure)
+    TEST(opencl_argument_bytes_checked)
 #endif
     { NULL, NULL }
 };
