@@ -372,6 +372,9 @@ static const char *const mlc__cl_source[] = {
 "    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f *"
 " x * x);\n"
 "}\n"
+"/* a gradient's element written as v + beta g (beta 1: v added to g; beta 0: g counts as zeros\n"
+"   and is not read, so the kernel writes over it: mlc__device_grad_to_overwrite in mlc.h) */\n"
+"float mlc_plus(float beta, __global const float *g, float v) { return beta != 0.0f ? beta * *g + v : v; }\n"
 "/* fill: x = v */\n"
 "__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
 "    size_t i = get_global_id(0);\n"
@@ -414,7 +417,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 #undef MLC__CL_UNARY_GRAD
 "    }\n"
-"    gx[i] = beta != 0.0f ? beta * gx[i] + g[i] * d : g[i] * d;\n"
+"    gx[i] = mlc_plus(beta, gx + i, g[i] * d);\n"
 "}\n",
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
@@ -665,7 +668,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    float s = 0.0f;\n"
 "    if (j >= N) return;\n"
 "    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
-"    db[j] = beta != 0.0f ? beta * db[j] + s : s;\n"
+"    db[j] = mlc_plus(beta, db + j, s);\n"
 "}\n"
 "\n"
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
@@ -685,9 +688,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
-"/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it:\n"
-"   col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
-"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
+"/* dx[n, c, ih, iw] = Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow]\n"
+"   + beta dx[n, c, ih, iw]  (each element of dx in one chunk's launch only) */\n"
+"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off,\n"
+"                         float beta) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
 "    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW;\n"
 "    int at = get_global_id(0), n, c, ih, iw, i, j;\n"
@@ -707,7 +711,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
 "    }\n"
-"    dx[dx_off + (n * C + c) * H * W + ih * W + iw] += sum;\n"
+"    dx += dx_off + (n * C + c) * H * W + ih * W + iw;\n"
+"    *dx = mlc_plus(beta, dx, sum);\n"
 "}\n",
 "/* the GEMM's [O, nb, P] and the tensor's [nb, O, P]: to_nop: nop[n, o, p] = onp[o, n, p] (+ b[o]);\n"
 "   else onp[o, n, p] = nop[n, o, p] */\n"
@@ -721,13 +726,14 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (to_nop) nop[nop_off + at] = onp[t] + (has_bias ? b[o] : 0.0f);\n"
 "    else onp[t] = nop[nop_off + at];\n"
 "}\n"
-"/* db[o] += Σ_{n, q} dy[n, o, q] */\n"
-"__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db) {\n"
+"/* db[o] = Σ_{n, q} dy[n, o, q] + beta db[o] */\n"
+"__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db,\n"
+"                                 float beta) {\n"
 "    int o = get_global_id(0), n, q;\n"
 "    float s = 0.0f;\n"
 "    if (o >= O) return;\n"
 "    for (n = 0; n < N; n++) for (q = 0; q < P; q++) s += dy[(n * O + o) * P + q];\n"
-"    db[o] += s;\n"
+"    db[o] = mlc_plus(beta, db + o, s);\n"
 "}\n"
 "\n"
 "/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
@@ -771,9 +777,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    y[at] = s / (float)mlc_pool_count(H, W, v, oh, ow);\n"
 "}\n"
 "\n"
-"/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / count (avg) */\n"
+"/* dx[ih, iw] = Σ over windows holding it: g (max: where it is the argmax) or g / count (avg),\n"
+"   + beta dx[ih, iw]: one work-item per element of dx, so it writes every one (0 in no window) */\n"
 "__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int8 v, __global const float *x,\n"
-"                            __global const float *g, __global float *dx) {\n"
+"                            __global const float *g, __global float *dx, float beta) {\n"
 "    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
 "    float s = 0.0f;\n"
 "    if (at >= planes * H * W) return;\n"
@@ -789,7 +796,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "            else if (mlc_pool_argmax(x, H, W, v, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
 "        }\n"
 "    }\n"
-"    dx[pl * H * W + ih * W + iw] += s;\n"
+"    dx[at] = mlc_plus(beta, dx + at, s);\n"
 "}\n",
 "/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ----"
 " */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
@@ -1059,13 +1066,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "            y[at] = (x[at] - mu) * rs * (has_w ? w[c] : 1.0f) + (has_b ? b[c] : 0.0f);\n"
 "        }\n"
 "}\n",
-"/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw += Σ g x̂;  db += Σ g */\n"
+"/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw = Σ g x̂;  db = Σ g; each\n"
+"   plus its beta (bx, bw, bb) times what it holds */\n"
 "__kernel void mlc_batch_norm_grad(int N, int C, int inner, int training, float eps,\n"
 "                                  __global const float *x, __global const float *w, int has_w,\n"
 "                                  __global const float *rmean, __global const float *rvar, __global const"
 " float *g,\n"
 "                                  __global float *dx, int want_x, __global float *dw, int want_w, __global"
-" float *db, int want_b) {\n"
+" float *db, int want_b,\n"
+"                                  float bx, float bw, float bb) {\n"
 "    int c = get_global_id(0), i, k;\n"
 "    float mu, var, rs, sg = 0.0f, sgx = 0.0f, wc, M = (float)N * inner;\n"
 "    if (c >= C) return;\n"
@@ -1076,14 +1085,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    for (i = 0; i < N; i++)\n"
 "        for (k = 0; k < inner; k++) { int at = (i * C + c) * inner + k; sg += g[at]; sgx += g[at] * (x[at]"
 " - mu) * rs; }\n"
-"    if (want_w) dw[c] += sgx;\n"
-"    if (want_b) db[c] += sg;\n"
+"    if (want_w) dw[c] = mlc_plus(bw, dw + c, sgx);\n"
+"    if (want_b) db[c] = mlc_plus(bb, db + c, sg);\n"
 "    if (!want_x) return;\n"
 "    for (i = 0; i < N; i++)\n"
 "        for (k = 0; k < inner; k++) {\n"
 "            int at = (i * C + c) * inner + k;\n"
-"            dx[at] += training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs *"
-" g[at];\n"
+"            float d = training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M)\n"
+"                               : wc * rs * g[at];\n"
+"            dx[at] = mlc_plus(bx, dx + at, d);\n"
 "        }\n"
 "}\n"
 "\n"
@@ -1097,9 +1107,10 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    int i = get_global_id(0);\n"
 "    if (i < n) y[i] = x[i] * mlc_dropout_scale(seed, i, p);\n"
 "}\n"
-"__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx) {\n"
+"__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx,\n"
+"                               float beta) {\n"
 "    int i = get_global_id(0);\n"
-"    if (i < n) dx[i] += g[i] * mlc_dropout_scale(seed, i, p);\n"
+"    if (i < n) dx[i] = mlc_plus(beta, dx + i, g[i] * mlc_dropout_scale(seed, i, p));\n"
 "}\n"
 "\n"
 "/* ---- copies and index maps ---- */\n"
@@ -1498,16 +1509,19 @@ static int mlc__cl_copy(mlc_ctx *ctx, mlc__node *call) {
     }
 }
 
+/* dx += g, or dx = g (a copy) over a gradient that counts as zeros */
 static int mlc__cl_accumulate_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
     cl_ulong n = y->size;
+    cl_float beta;
     cl_mem gm, gxm;
     if (!x->requires_grad) return 1;
     gm = mlc__cl_grad_in(ctx, y);
-    gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
+    gxm = gm ? mlc__cl_grad_over(ctx, x, &beta) : NULL;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(gm), MLC__CL_ARG(gxm) };
-        return gxm && mlc__cl_run(ctx, MLC__CL_K_accumulate, y->size, args, 3);
+        int kernel = beta != 0.0f ? MLC__CL_K_accumulate : MLC__CL_K_copy;
+        return gxm && mlc__cl_run(ctx, kernel, y->size, args, 3);
     }
 }
 
@@ -1773,7 +1787,8 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
 }
 
 /* per chunk: dY = dy in the GEMM's layout; per group dW_g += dY_g colᵀ, dcol = W_gᵀ dY_g and
-   col2im into dx; db = Σ dy */
+   col2im into dx; db = Σ dy. The first chunk writes over a gradient that counts as zeros (dW's
+   product, beta 0), col2im writes each element of dx in one chunk only, so with beta 0 too. */
 static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__conv *cv = (const mlc__conv *)nd->saved;
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
@@ -1782,11 +1797,13 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL,
            dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
     cl_mem gx = NULL, gw = NULL, gb, col, dyg;
+    cl_float bx = 1.0f, bw = 1.0f, bb;
     cl_int8 q;
     cl_int8 r;
     if (!dy) return 0;
-    if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
-    if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
+    if (x->requires_grad && !(gx = mlc__cl_grad_over(ctx, x, &bx))) return 0;
+    if (w->requires_grad && !(gw = cv->N ? mlc__cl_grad_over(ctx, w, &bw) : mlc__cl_grad(ctx, w)))
+        return 0;                                       /* no images: no product writes dW */
     if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
         || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
         return 0;
@@ -1799,26 +1816,26 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
                 if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
-                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw,
-                                  (size_t)g * Og * rows, 0, 1, NULL))
+                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, first ? 1.0f : bw,
+                                  gw, (size_t)g * Og * rows, 0, 1, NULL))
                     return 0;
             }
             if (gx) {
-                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx),
-                                       MLC__CL_ARG(x_off) };
+                mlc__cl_arg args[] = { MLC__CL_ARG(q),   MLC__CL_ARG(r),     MLC__CL_ARG(col),
+                                       MLC__CL_ARG(gx),  MLC__CL_ARG(x_off), MLC__CL_ARG(bx) };
                 if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0,
                                   0.0f, col, 0, 0, 1, NULL))
                     return 0;
-                if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
+                if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 6)) return 0;
             }
         }
     }
     if (b && b->requires_grad) {
         cl_int N = cv->N, O = cv->O, PP = P;
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy),
-                               MLC__CL_ARG(gb) };
-        if (!(gb = mlc__cl_grad(ctx, b))) return 0;
-        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 5)) return 0;
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O),  MLC__CL_ARG(PP),
+                               MLC__CL_ARG(dy), MLC__CL_ARG(gb), MLC__CL_ARG(bb) };
+        if (!(gb = mlc__cl_grad_over(ctx, b, &bb))) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 6)) return 0;
     }
     return 1;
 }
@@ -1828,10 +1845,11 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2],
            OW = y->shape[3];
     cl_int8 v;
+    cl_float beta;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H),  MLC__CL_ARG(W),  MLC__CL_ARG(OH),
                            MLC__CL_ARG(OW),     MLC__CL_ARG(v),  MLC__CL_ARG(xm), MLC__CL_ARG(ym),
-                           MLC__CL_ARG(gx) };
+                           MLC__CL_ARG(gx),     MLC__CL_ARG(beta) };
     v.s[0] = call->args.pool.kh; v.s[1] = call->args.pool.kw; v.s[2] = call->args.pool.sh;
     v.s[3] = call->args.pool.sw; v.s[4] = call->args.pool.ph; v.s[5] = call->args.pool.pw;
     v.s[6] = call->args.pool.is_max; v.s[7] = call->args.pool.exclude_pad;
@@ -1842,8 +1860,8 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
         return 1;
     }
     if (!x->requires_grad) return 1;
-    if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-    return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 9);
+    if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad_over(ctx, x, &beta))) return 0;
+    return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 10);
 }
 
 static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
@@ -2027,24 +2045,28 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
     {
         cl_int want_x = x->requires_grad, want_w = w && w->requires_grad, want_b = b && b->requires_grad;
+        cl_float bx = 1.0f, bw = 1.0f, bb = 1.0f;
         mlc__cl_arg args[] = { MLC__CL_ARG(N),        MLC__CL_ARG(C),     MLC__CL_ARG(inner),
                                MLC__CL_ARG(training), MLC__CL_ARG(eps),   MLC__CL_ARG(xm),
                                MLC__CL_ARG(wm),       MLC__CL_ARG(has_w), MLC__CL_ARG(rmm),
                                MLC__CL_ARG(rvm),      MLC__CL_ARG(g),     MLC__CL_ARG(gx),
                                MLC__CL_ARG(want_x),   MLC__CL_ARG(gw),    MLC__CL_ARG(want_w),
-                               MLC__CL_ARG(gb),       MLC__CL_ARG(want_b) };
+                               MLC__CL_ARG(gb),       MLC__CL_ARG(want_b), MLC__CL_ARG(bx),
+                               MLC__CL_ARG(bw),       MLC__CL_ARG(bb) };
         if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
-        gx = want_x ? mlc__cl_grad(ctx, x) : g;
-        gw = want_w ? mlc__cl_grad(ctx, w) : g;
-        gb = want_b ? mlc__cl_grad(ctx, b) : g;
-        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 17);
+        gx = want_x ? mlc__cl_grad_over(ctx, x, &bx) : g;
+        gw = want_w ? mlc__cl_grad_over(ctx, w, &bw) : g;
+        gb = want_b ? mlc__cl_grad_over(ctx, b, &bb) : g;
+        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 20);
     }
 }
 
 /* The shape most one-input families share: forward reads x into y (*a = x, *b = y), backward
-   adds dy into dx (*a = dy, *b = dx); args point at *a and *b, which are set before the run. */
+   adds dy into dx (*a = dy, *b = dx), or with beta given writes dx as its kernel's result + *beta
+   dx (mlc__cl_grad_over); args point at *a, *b and *beta, which are set before the run. */
 static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_kernel, int backward_kernel,
-                          size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b) {
+                          size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b,
+                          cl_float *beta) {
     mlc_tensor *x = n->in[0];
     if (!backward) {
         if ((*a = mlc__cl_in(ctx, x)) && (*b = mlc__cl_out(ctx, n->out)))
@@ -2052,7 +2074,8 @@ static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_
         return 1;
     }
     if (!x->requires_grad) return 1;
-    if (!(*a = mlc__cl_grad_in(ctx, n->out)) || !(*b = mlc__cl_grad(ctx, x))) return 0;
+    if (!(*a = mlc__cl_grad_in(ctx, n->out))) return 0;
+    if (!(*b = beta ? mlc__cl_grad_over(ctx, x, beta) : mlc__cl_grad(ctx, x))) return 0;
     return mlc__cl_run(ctx, backward_kernel, work, args, count);
 }
 
@@ -2060,12 +2083,12 @@ static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     cl_int n = (cl_int)x->size;
     cl_uint seed = (cl_uint)call->args.dropout.seed;
-    cl_float p = call->args.dropout.p;
+    cl_float p = call->args.dropout.p, beta;
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a),
-                           MLC__CL_ARG(b) };
-    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5,
-                          &a, &b);
+                           MLC__CL_ARG(b), MLC__CL_ARG(beta) };
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args,
+                          backward ? 6 : 5, &a, &b, &beta);
 }
 
 /* y = cumsum(x) along the axis; backward dx += the reversed running sums of dy */
@@ -2078,7 +2101,7 @@ static int mlc__cl_cumsum(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc__cl_arg args[] = { MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(reverse),
                            MLC__CL_ARG(a), MLC__CL_ARG(b) };
     return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_cumsum, MLC__CL_K_cumsum, (size_t)(outer * inner),
-                          args, 6, &a, &b);
+                          args, 6, &a, &b, NULL);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
@@ -2154,7 +2177,7 @@ static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]), MLC__CL_ARG(a),
                                MLC__CL_ARG(b),       MLC__CL_ARG(back) };
         return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_permute, MLC__CL_K_permute, x->size, args, 17,
-                              &a, &b);
+                              &a, &b, NULL);
     }
 }
 
@@ -2171,7 +2194,7 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
         return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_index_select, MLC__CL_K_index_select_grad,
-                              call->out->size, args, 7, &a, &b);
+                              call->out->size, args, 7, &a, &b, NULL);
     }
 }
 

@@ -899,13 +899,12 @@ static int small_net_backward(small_net *n, int zero) {
     return 1;
 }
 
-/* Frame temporaries of the net's sizes that hold NaN, left on the device as spares: the
+/* Frame temporaries of a net's sizes that hold NaN, left on the device as spares: the
    gradient buffers made next come from them, so an element a kernel leaves unwritten shows. */
-static void leave_nan_spares(mlc_ctx *ctx) {
-    static const int sizes[] = { 8 * 3, 3 * 16, 8 * 16 };
+static void leave_nan_spares(mlc_ctx *ctx, const int *sizes, int count) {
     mlc_frame f = mlc_frame_begin(ctx);
     int i, k;
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < count; i++)
         for (k = 0; k < 4; k++) mlc_neg(mlc_full(ctx, MLC_SHAPE(sizes[i]), NAN));
     mlc_frame_end(f);
 }
@@ -936,7 +935,7 @@ static int device_zero_grad_fills_nothing(void) {
         mlc_step(nc.opt);
         want = mlc_item(loss);
         mlc_frame_end(f);
-        leave_nan_spares(dev);
+        leave_nan_spares(dev, (const int[]){ 8 * 3, 3 * 16, 8 * 16 }, 3);
         f = mlc_frame_begin(dev);
         loss = small_net_loss(&nd, s);
         count_fills(dev, 1);
@@ -957,6 +956,97 @@ static int device_zero_grad_fills_nothing(void) {
             CHECK_MSG(fabsf(got - want) <= 1e-4f * (1 + fabsf(want)),
                       "parameter %d[%zu]: %.9g vs %.9g on the CPU", k, i, got, want);
         }
+    CHECK_MSG(mlc_error(dev) == MLC_OK, "%.200s", mlc_error_message(dev));
+    test_destroy(dev);
+    mlc_destroy(cpu);
+    return 1;
+}
+
+/* A small CNN: x [4, 1, 8, 8] -> conv 3x3 to 3 channels (padding 1) -> batch norm -> relu ->
+   max pool 2 -> conv 3x3 to 4 channels (padding 1; its input's gradient comes through col2im)
+   -> dropout 0.25 -> flatten -> linear to 3 classes, a cross-entropy; trained by AdamW. */
+typedef struct small_cnn { mlc_ctx *ctx; mlc_tensor *p[8], *mean, *var, *x, *y, *dropped; mlc_optim *opt; } small_cnn;
+#define CNN_SIZES { 4 * 3, 4 * 3 * 4 * 4, 4 * 4 * 4 * 4, 4 * 3 * 8 * 8 }   /* its temporaries */
+
+static int small_cnn_make(mlc_ctx *ctx, small_cnn *n) {
+    static const int shapes[8][5] = { { 4, 3, 1, 3, 3 }, { 1, 3 }, { 1, 3 }, { 1, 3 }, { 4, 4, 3, 3, 3 }, { 1, 4 },
+                                      { 2, 3, 64 }, { 1, 3 } };   /* rank, then the shape */
+    int k;
+    n->ctx = ctx;
+    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f });
+    for (k = 0; k < 8; k++) {
+        n->p[k] = mlc_parameter(ctx, shapes[k][0], shapes[k] + 1);
+        CHECK(n->p[k] && mlc_optim_add_param(n->opt, n->p[k]) == MLC_OK);
+        mlc_init_normal(n->p[k], k == 2 ? 1.0f : 0.0f, 0.5f);      /* p[2]: the batch norm's scale */
+    }
+    n->mean = mlc_zeros(ctx, MLC_SHAPE(3)); n->var = mlc_ones(ctx, MLC_SHAPE(3));
+    n->x = mlc_randn(ctx, MLC_SHAPE(4, 1, 8, 8));
+    n->y = mlc_from_data(ctx, MLC_SHAPE(4), (const float[]){ 0, 2, 1, 2 });
+    CHECK(n->opt && n->mean && n->var && n->x && n->y);
+    return 1;
+}
+
+/* The loss; mask NULL: mlc_dropout draws one, else the dropout is a product with mask. */
+static mlc_tensor *small_cnn_loss(small_cnn *n, const float *mask) {
+    mlc_tensor **p = n->p, *h = mlc_conv2d(n->x, p[0], p[1], (mlc_conv_opts){ .padding = 1 });
+    h = mlc_max_pool2d(mlc_relu(mlc_batch_norm(h, n->mean, n->var, p[2], p[3], 1, 0.1f, 1e-5f)), 2, 0, 0);
+    h = mlc_conv2d(h, p[4], p[5], (mlc_conv_opts){ .padding = 1 });
+    n->dropped = mask ? mlc_mul(h, mlc_from_data(n->ctx, MLC_SHAPE(4, 4, 4, 4), mask)) : mlc_dropout(h, 0.25f, 1);
+    return mlc_cross_entropy(mlc_linear(mlc_flatten(n->dropped, 1), p[6], p[7]), n->y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+}
+
+/* The keep-scales mlc_dropout applied to make y: the device's hash of its seed, or the CPU's draws. */
+static void dropout_mask_of(const mlc_tensor *y, float *mask) {
+    const mlc__node *n = y->node;
+    size_t i;
+    for (i = 0; i < y->size; i++)
+        mask[i] = n->device ? mlc__dropout_scale(n->args.dropout.seed, (uint32_t)i, n->args.dropout.p)
+                            : ((const float *)n->saved)[i];
+}
+
+/* A CNN training step on a device fills no gradient with zeros: the backward of each of its
+   ops (the linear, dropout, flatten, both convolutions with their biases and col2im, max pool,
+   relu, batch norm) writes over a gradient that counts as zeros; the gradients equal the CPU's,
+   with NaN in the spares the temporary gradients come from, over steps that reuse the buffers. */
+static int device_cnn_step_fills_nothing(void) {
+    static const int sizes[] = CNN_SIZES;
+    mlc_ctx *dev = device_ctx(23), *cpu = mlc_create(&(mlc_config){ .seed = 23, .quiet = 1, .device = "cpu" });
+    small_cnn nd, nc;
+    float mask[256];
+    int s, k;
+    size_t i;
+    CHECK(dev && dev->backend && cpu);
+    if (!small_cnn_make(dev, &nd) || !small_cnn_make(cpu, &nc)) return 0;
+    for (s = 0; s < 3; s++) {
+        mlc_frame fd, fc;
+        mlc_tensor *ld, *lc;
+        leave_nan_spares(dev, sizes, 4);
+        fd = mlc_frame_begin(dev);
+        count_fills(dev, 1);
+        grad_fills = 0;
+        ld = small_cnn_loss(&nd, NULL);
+        mlc_zero_grad(nd.opt);
+        CHECK_MSG(mlc_backward(ld) == MLC_OK, "%.200s", mlc_error_message(dev));
+        count_fills(dev, 0);
+        CHECK_MSG(grad_fills == 0, "step %d: %ld gradients filled with zeros", s, grad_fills);
+        CHECK(nd.dropped->size == 256);
+        dropout_mask_of(nd.dropped, mask);
+        fc = mlc_frame_begin(cpu);
+        lc = small_cnn_loss(&nc, mask);
+        mlc_zero_grad(nc.opt);
+        CHECK(mlc_backward(lc) == MLC_OK);
+        CHECK_NEAR(mlc_item(ld), mlc_item(lc), 1e-5 * (1 + fabs(mlc_item(lc))));
+        for (k = 0; k < 8; k++)
+            for (i = 0; i < nd.p[k]->size; i++) {
+                float got = mlc_host_grad(nd.p[k])[i], want = nc.p[k]->grad[i];
+                CHECK_MSG(fabsf(got - want) <= 1e-4f * (1 + fabsf(want)),
+                          "step %d, parameter %d[%zu]: gradient %.9g, %.9g on the CPU", s, k, i, got, want);
+            }
+        mlc_step(nd.opt);
+        mlc_step(nc.opt);
+        mlc_frame_end(fd);
+        mlc_frame_end(fc);
+    }
     CHECK_MSG(mlc_error(dev) == MLC_OK, "%.200s", mlc_error_message(dev));
     test_destroy(dev);
     mlc_destroy(cpu);
@@ -1038,6 +1128,7 @@ const test_case tests_device[] = {
     TEST(device_out_of_memory)
     TEST(launches_counted)
     TEST(device_zero_grad_fills_nothing)
+    TEST(device_cnn_step_fills_nothing)
     TEST(device_grads_accumulate)
 #ifdef MLC_OPENCL
     TEST(opencl_bad_device_names)
