@@ -896,20 +896,35 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    }\n"
 "}\n",
 "/* ---- losses: per-element values l, then reduced (red: 0 mean, 1 sum, 2 none, as mlc_reduction) ---- */\n"
-"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, float eps,\n"
-"                             __global const float *x, __global const float *t, __global float *l) {\n"
-"    int i = get_global_id(0), c, tc;\n"
+"/* y = Σ l (sum), Σ l / counted (mean: scale = 1 / counted), in order; losses are small */\n"
+"float mlc_loss_sum(int n, int red, float scale, __global const float *l) {\n"
+"    float s = 0.0f;\n"
+"    int i;\n"
+"    for (i = 0; i < n; i++) s += l[i];\n"
+"    return red == MLC_REDUCE_MEAN ? s * scale : s;\n"
+"}\n"
+"/* a row's loss: log Σ e^(x - m) - (1 - eps)(x_tc - m) - eps / C Σ (x - m); nll: -x_tc; ignored: 0 */\n"
+"float mlc_class_row(int softmax_first, int C, int ignore, float eps, __global const float *x, int tc) {\n"
 "    float m, s = 0.0f, sx = 0.0f;\n"
-"    if (i >= N) return;\n"
-"    tc = (int)t[i];\n"
-"    if (tc == ignore) { l[i] = 0.0f; return; }\n"
-"    x += i * C;\n"
-"    if (!softmax_first) { l[i] = -x[tc]; return; }\n"
+"    int c;\n"
+"    if (tc == ignore) return 0.0f;\n"
+"    if (!softmax_first) return -x[tc];\n"
 "    m = x[0];\n"
 "    for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
 "    for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
 "    if (eps > 0.0f) for (c = 0; c < C; c++) sx += x[c] - m;\n"
-"    l[i] = log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
+"    return log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
+"}\n"
+"/* l_i for the rows i < N; total: one work-group holds every row, and its first work-item then\n"
+"   writes y = their sum or mean, so that the loss takes one launch */\n"
+"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, float eps,\n"
+"                             __global const float *x, __global const float *t, __global float *l,\n"
+"                             int total, int red, float scale, __global float *y) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < N) l[i] = mlc_class_row(softmax_first, C, ignore, eps, x + i * C, (int)t[i]);\n"
+"    if (!total) return;\n"
+"    barrier(CLK_GLOBAL_MEM_FENCE);                   /* every row's l written */\n"
+"    if (i == 0) y[0] = mlc_loss_sum(N, red, scale, l);\n"
 "}\n"
 "\n"
 "/* dx[i, c] = g_i (softmax(x_i)[c] - (1 - eps) [c = t_i] - eps / C) + beta dx[i, c]  (nll: only the\n"
@@ -972,13 +987,9 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    if (want_dt) dt[i] += gi * dt_;\n"
 "}\n"
 "\n"
-"/* y = Σ l (sum), Σ l / counted (mean); one work-item: losses are small */\n"
+"/* y = the sum or mean of l, by one work-item */\n"
 "__kernel void mlc_loss_total(int n, int red, float scale, __global const float *l, __global float *y) {\n"
-"    int i;\n"
-"    float s = 0.0f;\n"
-"    if (get_global_id(0) != 0) return;\n"
-"    for (i = 0; i < n; i++) s += l[i];\n"
-"    y[0] = red == MLC_REDUCE_MEAN ? s * scale : s;\n"
+"    if (get_global_id(0) == 0) y[0] = mlc_loss_sum(n, red, scale, l);\n"
 "}\n"
 "\n"
 "/* ---- normalisation ---- */\n"
@@ -1909,20 +1920,20 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
 }
 
-/* l = per-element losses in a scratch buffer; y = l (none) or its sum / mean */
+/* The buffer for a loss's per-element values: the output itself (none), else scratch. */
+static cl_mem mlc__cl_loss_rows(mlc_ctx *ctx, mlc__node *call, size_t count) {
+    return call->args.loss.reduction == MLC_REDUCE_NONE ? mlc__cl_out(ctx, call->out)
+                                                         : mlc__cl_scratch(ctx, count);
+}
+
+/* y = the sum or mean of the per-element losses l (none: l is y already) */
 static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t count) {
     cl_int n = (cl_int)count, red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale;
-    cl_mem y = mlc__cl_out(ctx, call->out);
+    cl_mem y;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l),
                            MLC__CL_ARG(y) };
-    if (!y) return 1;
-    if (red == MLC_REDUCE_NONE) {
-        cl_ulong n64 = count;
-        mlc__cl_arg copy[] = { MLC__CL_ARG(n64), MLC__CL_ARG(l), MLC__CL_ARG(y) };
-        mlc__cl_run(ctx, MLC__CL_K_copy, count, copy, 3);
-        return 1;
-    }
+    if (red == MLC_REDUCE_NONE || !(y = mlc__cl_out(ctx, call->out))) return 1;
     mlc__cl_run(ctx, MLC__CL_K_loss_total, 1, args, 5);
     return 1;
 }
@@ -1933,13 +1944,19 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
            ignore = call->args.loss.ignore_index;
     cl_int red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale, eps = call->args.loss.smoothing;
-    cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
+    cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, y, g, gx;
     if (!tm) return backward ? 0 : 1;
-    if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),  MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
-                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
-        if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
-        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 8)) return 1;
+    if (!backward) {                   /* a batch one work-group holds: the rows and the total at once */
+        size_t local;
+        cl_int total;
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N),   MLC__CL_ARG(C),     MLC__CL_ARG(ignore),
+                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(tm),    MLC__CL_ARG(l),
+                               MLC__CL_ARG(total), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(y) };
+        if (!mlc__cl_kernel(ctx, MLC__CL_K_class_loss, &local) || !(y = mlc__cl_out(ctx, call->out))
+            || !(l = mlc__cl_loss_rows(ctx, call, (size_t)N)))
+            return 1;
+        total = red != MLC_REDUCE_NONE && (size_t)N <= local;
+        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, total ? local : (size_t)N, args, 12) || total) return 1;
         return mlc__cl_loss_total(ctx, call, l, (size_t)N);
     }
     if (!x->requires_grad) return 1;
@@ -1963,7 +1980,7 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm),
                                MLC__CL_ARG(l) };
-        if (!(l = mlc__cl_scratch(ctx, p->size))) return 1;
+        if (!(l = mlc__cl_loss_rows(ctx, call, p->size))) return 1;
         if (!mlc__cl_run(ctx, MLC__CL_K_pointwise_loss, p->size, args, 5)) return 1;
         return mlc__cl_loss_total(ctx, call, l, p->size);
     }

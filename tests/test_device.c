@@ -832,6 +832,72 @@ static int launches_counted(void) {
     return 1;
 }
 
+/* Cross entropy (softmax first), with ignore_index 1 and label smoothing 0.1, or the NLL of
+   log-probabilities ignoring class 3 (kind 0, 1, 2). */
+static mlc_tensor *class_loss_of(int kind, mlc_tensor *x, mlc_tensor *t, mlc_reduction red) {
+    return kind == 0 ? mlc_cross_entropy(x, t, red, MLC_NO_IGNORE)
+         : kind == 1 ? mlc_cross_entropy_opts(x, t, (mlc_ce_opts){ red, 1, 1, 0.1f })
+         : mlc_nll_loss(x, t, red, 3);
+}
+
+/* On a device a class loss is one launch and its gradient one more, for every reduction and
+   option, where one work-group holds the batch (8 rows); a batch of 600 rows takes a second
+   launch for a sum or a mean. A pointwise loss (MSE) takes one launch unreduced, two reduced.
+   The losses and gradients equal the CPU's. */
+static int loss_launches(void) {
+    static const mlc_reduction reds[] = { MLC_REDUCE_MEAN, MLC_REDUCE_SUM, MLC_REDUCE_NONE };
+    static float xv[600 * 5], tv[600], wv[600];
+    mlc_ctx *ctx = test_ctx(6), *cpu = mlc_create(&(mlc_config){ .seed = 6, .quiet = 1, .device = "cpu" });
+    int real = ctx && ctx->backend && !fake_of(ctx), b, r, kind, i;
+    CHECK(ctx && cpu);
+    for (i = 0; i < 600 * 5; i++) xv[i] = 0.37f * (float)((i * 7) % 23) - 4.0f;
+    for (i = 0; i < 600; i++) { tv[i] = (float)((i * 3) % 5); wv[i] = 0.5f + 0.25f * (float)(i % 3); }
+    for (b = 0; b < 2; b++)
+        for (r = 0; r < 3; r++)
+            for (kind = 0; kind < 3; kind++) {
+                int N = b ? 600 : 8, out = reds[r] == MLC_REDUCE_NONE ? N : 1;
+                mlc_frame f = mlc_frame_begin(ctx), fc = mlc_frame_begin(cpu);
+                mlc_tensor *x = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(N, 5), xv), 1);
+                mlc_tensor *xc = mlc_requires_grad(mlc_from_data(cpu, MLC_SHAPE(N, 5), xv), 1);
+                mlc_tensor *loss, *lc;
+                size_t before = mlc_get_stats(ctx).launches, forward;
+                loss = class_loss_of(kind, x, mlc_from_data(ctx, MLC_SHAPE(N), tv), reds[r]);
+                forward = mlc_get_stats(ctx).launches - before;
+                lc = class_loss_of(kind, xc, mlc_from_data(cpu, MLC_SHAPE(N), tv), reds[r]);
+                CHECK(loss && lc && (int)loss->size == out);
+                CHECK_MSG(forward == (real ? (N > 256 && out == 1 ? 2u : 1u) : 0u), "%d rows, reduction %d, kind %d: "
+                          "%zu launches", N, r, kind, forward);
+                before = mlc_get_stats(ctx).launches;
+                CHECK(out == 1 ? mlc_backward(loss) == MLC_OK : mlc_backward_with(loss, mlc_from_data(ctx, MLC_SHAPE(N), wv)) == MLC_OK);
+                CHECK_MSG(mlc_get_stats(ctx).launches - before == (real ? 1u : 0u), "%d rows, reduction %d, kind %d: "
+                          "%zu launches for the gradient", N, r, kind, mlc_get_stats(ctx).launches - before);
+                CHECK(out == 1 ? mlc_backward(lc) == MLC_OK : mlc_backward_with(lc, mlc_from_data(cpu, MLC_SHAPE(N), wv)) == MLC_OK);
+                for (i = 0; i < out; i++)
+                    CHECK_NEAR(mlc_host_data(loss)[i], lc->data[i], 1e-5 * (1 + fabs(lc->data[i])));
+                for (i = 0; i < N * 5; i++) CHECK_NEAR(mlc_host_grad(x)[i], xc->grad[i], 1e-6);
+                mlc_frame_end(f);
+                mlc_frame_end(fc);
+            }
+    for (r = 0; r < 3; r++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(600), xv), *t = mlc_from_data(ctx, MLC_SHAPE(600), tv), *loss;
+        size_t before = mlc_get_stats(ctx).launches;
+        CHECK((loss = mlc_mse_loss(x, t, reds[r])) != NULL);
+        CHECK_MSG(mlc_get_stats(ctx).launches - before == (real ? (reds[r] == MLC_REDUCE_NONE ? 1u : 2u) : 0u),
+                  "mse, reduction %d: %zu launches", r, mlc_get_stats(ctx).launches - before);
+        for (i = 0; i < (int)loss->size; i++) {
+            float d = xv[i] - tv[i], want = reds[r] == MLC_REDUCE_NONE ? d * d : mlc_item(mlc_mse_loss(
+                mlc_from_data(cpu, MLC_SHAPE(600), xv), mlc_from_data(cpu, MLC_SHAPE(600), tv), reds[r]));
+            CHECK_NEAR(mlc_host_data(loss)[i], want, 1e-5 * (1 + fabs(want)));
+        }
+        mlc_frame_end(f);
+    }
+    CHECK_MSG(mlc_error(ctx) == MLC_OK && mlc_error(cpu) == MLC_OK, "%.200s", mlc_error_message(ctx));
+    test_destroy(ctx);
+    mlc_destroy(cpu);
+    return 1;
+}
+
 /* ---- gradients that count as zeros on the device ---------------------------------------- */
 
 /* A context with a device: the suite's, else the fake one (verifying); the fake runs mlc_neg on
@@ -1127,6 +1193,7 @@ const test_case tests_device[] = {
     TEST(verify_catches_unannounced_writes)
     TEST(device_out_of_memory)
     TEST(launches_counted)
+    TEST(loss_launches)
     TEST(device_zero_grad_fills_nothing)
     TEST(device_cnn_step_fills_nothing)
     TEST(device_grads_accumulate)
