@@ -40,6 +40,9 @@ LIMITS
    The kernels use mlc's own tanh (MLC_TANHF overrides only the CPU's). MLC_OPENCL_OPTIONS in
    the environment adds options to the kernel build (say -cl-mad-enable, trading the last bits
    of agreement with the CPU for speed); a build that fails is MLC_ERR_DEVICE with the log.
+   Every kernel's arguments fit in the 256 bytes OpenCL promises (CL_DEVICE_MAX_PARAMETER_SIZE;
+   a longer list would be MLC_ERR_DEVICE, never a launch): an optimiser launch takes 8 parameters
+   (480 bytes) where the device allows that, else 4.
 */
 #ifndef MLC_OPENCL_H
 #define MLC_OPENCL_H
@@ -242,6 +245,8 @@ enum { MLC__CL_KERNELS(MLC__CL_KERNEL_ID) MLC__CL_KERNEL_COUNT };
 static const char *const mlc__cl_kernel_names[] = { MLC__CL_KERNELS(MLC__CL_KERNEL_NAME) };
 #undef MLC__CL_KERNEL_NAME
 
+#define MLC__CL_SLOTS 8                 /* the most parameters an optimiser launch takes */
+
 typedef struct mlc__cl_state {
     cl_context context;
     cl_command_queue queue;             /* in order: each command sees the ones before it */
@@ -250,6 +255,9 @@ typedef struct mlc__cl_state {
     cl_kernel kernels[MLC__CL_KERNEL_COUNT];   /* created on first use */
     size_t kernel_local[MLC__CL_KERNEL_COUNT];  /* their work-group sizes */
     size_t max_alloc;                   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    size_t max_args;                    /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a launch's arguments
+                                           (tests: smaller, before the first launch) */
+    int slots;                          /* parameters an optimiser launch takes (mlc__cl_build) */
     int exact_divide;                   /* the device can round / and sqrt correctly */
     int gemm_vector;                    /* products by mlc_gemm_vector (CPU devices), else tiled */
     int gemm_tile_rows;                 /* tests, bench: 64 or 128 rows a tile; 0: mlc's choice */
@@ -364,6 +372,9 @@ static const char *const mlc__cl_source[] = {
 "    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f *"
 " x * x);\n"
 "}\n"
+"/* a gradient's element written as v + beta g (beta 1: v added to g; beta 0: g counts as zeros\n"
+"   and is not read, so the kernel writes over it: mlc__device_grad_to_overwrite in mlc.h) */\n"
+"float mlc_plus(float beta, __global const float *g, float v) { return beta != 0.0f ? beta * *g + v : v; }\n"
 "/* fill: x = v */\n"
 "__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
 "    size_t i = get_global_id(0);\n"
@@ -406,18 +417,19 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 #undef MLC__CL_UNARY_GRAD
 "    }\n"
-"    gx[i] = beta != 0.0f ? beta * gx[i] + g[i] * d : g[i] * d;\n"
+"    gx[i] = mlc_plus(beta, gx + i, g[i] * d);\n"
 "}\n",
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
 "   runs merged): operand k's element at output index i is at sum_d c_d stride_k[d], with\n"
-"   stride 0 where it is stretched.\n"
+"   stride 0 where it is stretched. The ulong8 arguments come first, where they need no padding\n"
+"   (then 240 and 248 bytes of arguments, within the 256 every device takes).\n"
 "     y = a + b   da = g      db = g\n"
 "     y = a - b   da = g      db = -g\n"
 "     y = a * b   da = g b    db = g a\n"
 "     y = a / b   da = g / b  db = -g a / b^2 */\n"
 "#define MLC_LANES(v) { v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7 }   /* a ulong8 as an array */\n"
-"__kernel void mlc_binary(int kind, ulong n, int nd, ulong8 shape8, ulong8 sa8, ulong8 sb8,\n"
+"__kernel void mlc_binary(ulong8 shape8, ulong8 sa8, ulong8 sb8, int kind, ulong n, int nd,\n"
 "                         __global const float *a, __global const float *b, __global float *y) {\n"
 "    size_t i = get_global_id(0);\n"
 "    ulong shape[8] = MLC_LANES(shape8), sa[8] = MLC_LANES(sa8), sb[8] = MLC_LANES(sb8), r = i, oa = 0, ob ="
@@ -435,8 +447,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "}\n"
 "/* binary backward for one operand (side 0: a, 1: b): one work-item per element j of it,\n"
 "   summing over the positions it was stretched to, in the output's order (as the CPU does) */\n"
-"__kernel void mlc_binary_grad(int kind, int side, ulong n, int nd, ulong8 shape8, ulong8 self8, ulong8"
-" other8,\n"
+"__kernel void mlc_binary_grad(ulong8 shape8, ulong8 self8, ulong8 other8, int kind, int side, ulong n,\n"
+"                              int nd,\n"
 "                              __global const float *g, __global const float *a, __global const float *b,\n"
 "                              __global float *gs) {\n"
 "    size_t j = get_global_id(0);\n"
@@ -471,8 +483,9 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    gs[j] = acc;\n"
 "}\n",
 
-"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update, over a group of up to 8\n"
-"   parameters in one launch (OpenCL 1.2 passes no array of buffers): slot k holds parameter sp<k> of\n"
+"/* optimisers, as mlc__sgd_update, mlc__adam_update and mlc__rmsprop_update, over a group of up to\n"
+"   MLC_SLOT_COUNT parameters in one launch (OpenCL 1.2 passes no array of buffers; 8, or 4 where the\n"
+"   device takes too few bytes of arguments: mlc__cl_build says): slot k holds parameter sp<k> of\n"
 "   sizes.s<k> elements, its gradient sg<k> and state buffers sa<k>, sb<k>, sc<k> (stand-ins where the\n"
 "   rule keeps none), from work-item starts.s<k> on, a multiple of the work-group size, so that a\n"
 "   work-group finds one slot (unused slots start past the launch). A work-item finds its slot with\n"
@@ -480,8 +493,15 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "   buffers (named as the rule names them) and j, its element there. */\n"
 "#define MLC_SLOT(k) __global float *sp##k, __global const float *sg##k, __global float *sa##k, \\\n"
 "    __global float *sb##k, __global float *sc##k\n"
+"#if MLC_SLOT_COUNT == 8\n"
 "#define MLC_SLOTS ulong8 starts, ulong8 sizes, MLC_SLOT(0), MLC_SLOT(1), MLC_SLOT(2), MLC_SLOT(3), \\\n"
 "    MLC_SLOT(4), MLC_SLOT(5), MLC_SLOT(6), MLC_SLOT(7)\n"
+"#define MLC_PAST_4_TO_7(X, Y, Z) MLC_PAST(4, X, Y, Z) MLC_PAST(5, X, Y, Z) MLC_PAST(6, X, Y, Z) \\\n"
+"    MLC_PAST(7, X, Y, Z)\n"
+"#else\n"
+"#define MLC_SLOTS ulong4 starts, ulong4 sizes, MLC_SLOT(0), MLC_SLOT(1), MLC_SLOT(2), MLC_SLOT(3)\n"
+"#define MLC_PAST_4_TO_7(X, Y, Z)\n"
+"#endif\n"
 "#define MLC_PAST(k, X, Y, Z) in = base >= starts.s##k; \\\n"
 "    start = in ? starts.s##k : start; n = in ? sizes.s##k : n; p = in ? sp##k : p; g = in ? sg##k : g; \\\n"
 "    X = in ? sa##k : X; Y = in ? sb##k : Y; Z = in ? sc##k : Z;\n"
@@ -491,8 +511,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    __global const float *g = sg0; \\\n"
 "    size_t j; \\\n"
 "    int in; \\\n"
-"    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST(4, X, Y, Z) \\\n"
-"    MLC_PAST(5, X, Y, Z) MLC_PAST(6, X, Y, Z) MLC_PAST(7, X, Y, Z) \\\n"
+"    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST_4_TO_7(X, Y, Z) \\\n"
 "    j = get_global_id(0) - start; \\\n"
 "    if (j >= n) return;\n"
 "/* state below FLT_MIN is stored as 0, as mlc.h's mlc__flush says why */\n"
@@ -649,7 +668,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    float s = 0.0f;\n"
 "    if (j >= N) return;\n"
 "    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
-"    db[j] = beta != 0.0f ? beta * db[j] + s : s;\n"
+"    db[j] = mlc_plus(beta, db + j, s);\n"
 "}\n"
 "\n"
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
@@ -669,9 +688,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
-"/* dx[n, c, ih, iw] += Σ over kernel taps (i, j) that read it:\n"
-"   col[(c KH + i) KW + j, n P + oh OW + ow] */\n"
-"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off) {\n"
+"/* dx[n, c, ih, iw] = Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow]\n"
+"   + beta dx[n, c, ih, iw]  (each element of dx in one chunk's launch only) */\n"
+"__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off,\n"
+"                         float beta) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
 "    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, Cg = r.s6, nb = r.s7, P = OH * OW;\n"
 "    int at = get_global_id(0), n, c, ih, iw, i, j;\n"
@@ -691,7 +711,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
 "    }\n"
-"    dx[dx_off + (n * C + c) * H * W + ih * W + iw] += sum;\n"
+"    dx += dx_off + (n * C + c) * H * W + ih * W + iw;\n"
+"    *dx = mlc_plus(beta, dx, sum);\n"
 "}\n",
 "/* the GEMM's [O, nb, P] and the tensor's [nb, O, P]: to_nop: nop[n, o, p] = onp[o, n, p] (+ b[o]);\n"
 "   else onp[o, n, p] = nop[n, o, p] */\n"
@@ -705,13 +726,14 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    if (to_nop) nop[nop_off + at] = onp[t] + (has_bias ? b[o] : 0.0f);\n"
 "    else onp[t] = nop[nop_off + at];\n"
 "}\n"
-"/* db[o] += Σ_{n, q} dy[n, o, q] */\n"
-"__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db) {\n"
+"/* db[o] = Σ_{n, q} dy[n, o, q] + beta db[o] */\n"
+"__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db,\n"
+"                                 float beta) {\n"
 "    int o = get_global_id(0), n, q;\n"
 "    float s = 0.0f;\n"
 "    if (o >= O) return;\n"
 "    for (n = 0; n < N; n++) for (q = 0; q < P; q++) s += dy[(n * O + o) * P + q];\n"
-"    db[o] += s;\n"
+"    db[o] = mlc_plus(beta, db + o, s);\n"
 "}\n"
 "\n"
 "/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
@@ -755,9 +777,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    y[at] = s / (float)mlc_pool_count(H, W, v, oh, ow);\n"
 "}\n"
 "\n"
-"/* dx[ih, iw] += Σ over windows holding it: g (max: where it is the argmax) or g / count (avg) */\n"
+"/* dx[ih, iw] = Σ over windows holding it: g (max: where it is the argmax) or g / count (avg),\n"
+"   + beta dx[ih, iw]: one work-item per element of dx, so it writes every one (0 in no window) */\n"
 "__kernel void mlc_pool_grad(int planes, int H, int W, int OH, int OW, int8 v, __global const float *x,\n"
-"                            __global const float *g, __global float *dx) {\n"
+"                            __global const float *g, __global float *dx, float beta) {\n"
 "    int at = get_global_id(0), pl, ih, iw, oh, ow;\n"
 "    float s = 0.0f;\n"
 "    if (at >= planes * H * W) return;\n"
@@ -773,7 +796,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "            else if (mlc_pool_argmax(x, H, W, v, oh, ow) == ih * W + iw) s += g[oh * OW + ow];\n"
 "        }\n"
 "    }\n"
-"    dx[pl * H * W + ih * W + iw] += s;\n"
+"    dx[at] = mlc_plus(beta, dx + at, s);\n"
 "}\n",
 "/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ----"
 " */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
@@ -873,20 +896,35 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    }\n"
 "}\n",
 "/* ---- losses: per-element values l, then reduced (red: 0 mean, 1 sum, 2 none, as mlc_reduction) ---- */\n"
-"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, float eps,\n"
-"                             __global const float *x, __global const float *t, __global float *l) {\n"
-"    int i = get_global_id(0), c, tc;\n"
+"/* y = Σ l (sum), Σ l / counted (mean: scale = 1 / counted), in order; losses are small */\n"
+"float mlc_loss_sum(int n, int red, float scale, __global const float *l) {\n"
+"    float s = 0.0f;\n"
+"    int i;\n"
+"    for (i = 0; i < n; i++) s += l[i];\n"
+"    return red == MLC_REDUCE_MEAN ? s * scale : s;\n"
+"}\n"
+"/* a row's loss: log Σ e^(x - m) - (1 - eps)(x_tc - m) - eps / C Σ (x - m); nll: -x_tc; ignored: 0 */\n"
+"float mlc_class_row(int softmax_first, int C, int ignore, float eps, __global const float *x, int tc) {\n"
 "    float m, s = 0.0f, sx = 0.0f;\n"
-"    if (i >= N) return;\n"
-"    tc = (int)t[i];\n"
-"    if (tc == ignore) { l[i] = 0.0f; return; }\n"
-"    x += i * C;\n"
-"    if (!softmax_first) { l[i] = -x[tc]; return; }\n"
+"    int c;\n"
+"    if (tc == ignore) return 0.0f;\n"
+"    if (!softmax_first) return -x[tc];\n"
 "    m = x[0];\n"
 "    for (c = 1; c < C; c++) m = fmax(m, x[c]);\n"
 "    for (c = 0; c < C; c++) s += exp(x[c] - m);\n"
 "    if (eps > 0.0f) for (c = 0; c < C; c++) sx += x[c] - m;\n"
-"    l[i] = log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
+"    return log(s) - (1.0f - eps) * (x[tc] - m) - eps / C * sx;\n"
+"}\n"
+"/* l_i for the rows i < N; total: one work-group holds every row, and its first work-item then\n"
+"   writes y = their sum or mean, so that the loss takes one launch */\n"
+"__kernel void mlc_class_loss(int softmax_first, int N, int C, int ignore, float eps,\n"
+"                             __global const float *x, __global const float *t, __global float *l,\n"
+"                             int total, int red, float scale, __global float *y) {\n"
+"    int i = get_global_id(0);\n"
+"    if (i < N) l[i] = mlc_class_row(softmax_first, C, ignore, eps, x + i * C, (int)t[i]);\n"
+"    if (!total) return;\n"
+"    barrier(CLK_GLOBAL_MEM_FENCE);                   /* every row's l written */\n"
+"    if (i == 0) y[0] = mlc_loss_sum(N, red, scale, l);\n"
 "}\n"
 "\n"
 "/* dx[i, c] = g_i (softmax(x_i)[c] - (1 - eps) [c = t_i] - eps / C) + beta dx[i, c]  (nll: only the\n"
@@ -949,13 +987,9 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    if (want_dt) dt[i] += gi * dt_;\n"
 "}\n"
 "\n"
-"/* y = Σ l (sum), Σ l / counted (mean); one work-item: losses are small */\n"
+"/* y = the sum or mean of l, by one work-item */\n"
 "__kernel void mlc_loss_total(int n, int red, float scale, __global const float *l, __global float *y) {\n"
-"    int i;\n"
-"    float s = 0.0f;\n"
-"    if (get_global_id(0) != 0) return;\n"
-"    for (i = 0; i < n; i++) s += l[i];\n"
-"    y[0] = red == MLC_REDUCE_MEAN ? s * scale : s;\n"
+"    if (get_global_id(0) == 0) y[0] = mlc_loss_sum(n, red, scale, l);\n"
 "}\n"
 "\n"
 "/* ---- normalisation ---- */\n"
@@ -1043,13 +1077,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "            y[at] = (x[at] - mu) * rs * (has_w ? w[c] : 1.0f) + (has_b ? b[c] : 0.0f);\n"
 "        }\n"
 "}\n",
-"/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw += Σ g x̂;  db += Σ g */\n"
+"/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw = Σ g x̂;  db = Σ g; each\n"
+"   plus its beta (bx, bw, bb) times what it holds */\n"
 "__kernel void mlc_batch_norm_grad(int N, int C, int inner, int training, float eps,\n"
 "                                  __global const float *x, __global const float *w, int has_w,\n"
 "                                  __global const float *rmean, __global const float *rvar, __global const"
 " float *g,\n"
 "                                  __global float *dx, int want_x, __global float *dw, int want_w, __global"
-" float *db, int want_b) {\n"
+" float *db, int want_b,\n"
+"                                  float bx, float bw, float bb) {\n"
 "    int c = get_global_id(0), i, k;\n"
 "    float mu, var, rs, sg = 0.0f, sgx = 0.0f, wc, M = (float)N * inner;\n"
 "    if (c >= C) return;\n"
@@ -1060,14 +1096,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    for (i = 0; i < N; i++)\n"
 "        for (k = 0; k < inner; k++) { int at = (i * C + c) * inner + k; sg += g[at]; sgx += g[at] * (x[at]"
 " - mu) * rs; }\n"
-"    if (want_w) dw[c] += sgx;\n"
-"    if (want_b) db[c] += sg;\n"
+"    if (want_w) dw[c] = mlc_plus(bw, dw + c, sgx);\n"
+"    if (want_b) db[c] = mlc_plus(bb, db + c, sg);\n"
 "    if (!want_x) return;\n"
 "    for (i = 0; i < N; i++)\n"
 "        for (k = 0; k < inner; k++) {\n"
 "            int at = (i * C + c) * inner + k;\n"
-"            dx[at] += training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs *"
-" g[at];\n"
+"            float d = training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M)\n"
+"                               : wc * rs * g[at];\n"
+"            dx[at] = mlc_plus(bx, dx + at, d);\n"
 "        }\n"
 "}\n"
 "\n"
@@ -1081,9 +1118,10 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    int i = get_global_id(0);\n"
 "    if (i < n) y[i] = x[i] * mlc_dropout_scale(seed, i, p);\n"
 "}\n"
-"__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx) {\n"
+"__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx,\n"
+"                               float beta) {\n"
 "    int i = get_global_id(0);\n"
-"    if (i < n) dx[i] += g[i] * mlc_dropout_scale(seed, i, p);\n"
+"    if (i < n) dx[i] = mlc_plus(beta, dx + i, g[i] * mlc_dropout_scale(seed, i, p));\n"
 "}\n"
 "\n"
 "/* ---- copies and index maps ---- */\n"
@@ -1260,8 +1298,16 @@ static void mlc__cl_define_kinds(char *prelude, size_t size, const char *const *
     }
 }
 
+/* The bytes of an optimiser launch's arguments with `slots` parameters (mlc__cl_run_group):
+   starts and sizes (ulong vectors), 5 buffers a slot, then the rule's at most 8 floats or ints. */
+static size_t mlc__cl_group_bytes(int slots) {
+    return 2 * (size_t)slots * sizeof(cl_ulong) + 5 * (size_t)slots * sizeof(cl_mem) + 8 * sizeof(cl_float);
+}
+
 /* Build the program once per context: mlc.h's enum values first, then the pieces; the
-   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). */
+   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). The
+   optimisers take 8 parameters a launch (480 bytes of arguments) where the device allows that,
+   else 4 (256 bytes: what OpenCL's embedded profile promises). */
 static int mlc__cl_build(mlc_ctx *ctx) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
@@ -1270,14 +1316,15 @@ static int mlc__cl_build(mlc_ctx *ctx) {
     cl_int err;
     int i;
     if (st->program) return 1;
+    st->slots = mlc__cl_group_bytes(MLC__CL_SLOTS) <= st->max_args ? MLC__CL_SLOTS : MLC__CL_SLOTS / 2;
     mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
                 st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
     mlc__format(prelude, sizeof prelude,
                 "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
                 "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
-                " MLC_REDUCE_NONE %d\n",
+                " MLC_REDUCE_NONE %d\n#define MLC_SLOT_COUNT %d\n",
                 (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN,
-                (int)MLC_REDUCE_NONE);
+                (int)MLC_REDUCE_NONE, st->slots);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__unary_kind_names, MLC__UNARY_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
     mlc__cl_define_kinds(prelude, sizeof prelude, mlc__loss_kind_names, MLC__LOSS_COUNT);
@@ -1334,12 +1381,34 @@ static cl_kernel mlc__cl_kernel(mlc_ctx *ctx, int id, size_t *local) {
 typedef struct mlc__cl_arg { size_t size; const void *value; } mlc__cl_arg;
 #define MLC__CL_ARG(x) { sizeof(x), &(x) }
 
+/* Give kernel k (MLC__CL_K_<name> `kernel`) its arguments, when they fit in the bytes the device
+   takes: counted as a struct lays them out, each at a multiple of its size (a vector's alignment
+   is its size; pointers counted at the host's size), as a device may count them. */
+static int mlc__cl_set_args(mlc_ctx *ctx, cl_kernel k, int kernel, const mlc__cl_arg *args, int count) {
+    const mlc__cl_state *st = mlc__cl_st(ctx);
+    size_t bytes = 0;
+    int i;
+    for (i = 0; i < count; i++) {
+        size_t size = args[i].size;
+        bytes = (bytes + size - 1) / size * size + size;
+    }
+    if (bytes > st->max_args) {
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s in %s takes %zu bytes of arguments; %s takes at most %zu",
+                  mlc__cl_kernel_names[kernel], st->op, bytes, st->name, st->max_args);
+        return 0;
+    }
+    for (i = 0; i < count; i++)
+        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
+                           "clSetKernelArg"))
+            return 0;
+    return 1;
+}
+
 /* Set the arguments and run `kernel` over n work-items. */
 static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *args, int count) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t local = 1, global;
     cl_kernel k;
-    int i;
     if (ctx->error) return 0;
     if (n == 0) return 1;
     if (n > 2147483647u) {                               /* work-item ids are ints in the kernels */
@@ -1348,11 +1417,8 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
                   mlc__cl_kernel_names[kernel]);
         return 0;
     }
-    if (!(k = mlc__cl_kernel(ctx, kernel, &local))) return 0;
-    for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
-                           "clSetKernelArg"))
-            return 0;
+    if (!(k = mlc__cl_kernel(ctx, kernel, &local)) || !mlc__cl_set_args(ctx, k, kernel, args, count))
+        return 0;
     global = (n + local - 1) / local * local;
     ctx->stats.launches++;
     return mlc__cl_check(ctx,
@@ -1454,16 +1520,19 @@ static int mlc__cl_copy(mlc_ctx *ctx, mlc__node *call) {
     }
 }
 
+/* dx += g, or dx = g (a copy) over a gradient that counts as zeros */
 static int mlc__cl_accumulate_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
     cl_ulong n = y->size;
+    cl_float beta;
     cl_mem gm, gxm;
     if (!x->requires_grad) return 1;
     gm = mlc__cl_grad_in(ctx, y);
-    gxm = gm ? mlc__cl_grad(ctx, x) : NULL;
+    gxm = gm ? mlc__cl_grad_over(ctx, x, &beta) : NULL;
     {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(gm), MLC__CL_ARG(gxm) };
-        return gxm && mlc__cl_run(ctx, MLC__CL_K_accumulate, y->size, args, 3);
+        int kernel = beta != 0.0f ? MLC__CL_K_accumulate : MLC__CL_K_copy;
+        return gxm && mlc__cl_run(ctx, kernel, y->size, args, 3);
     }
 }
 
@@ -1503,12 +1572,12 @@ static int mlc__cl_binary(mlc_ctx *ctx, mlc__node *call) {
     bm = am ? mlc__cl_in(ctx, b) : NULL;
     ym = bm ? mlc__cl_out(ctx, y) : NULL;
     {
-        mlc__cl_arg args[] = { MLC__CL_ARG(kind),
-                               MLC__CL_ARG(n),
-                               MLC__CL_ARG(dm.nd),
-                               MLC__CL_ARG(dm.shape),
+        mlc__cl_arg args[] = { MLC__CL_ARG(dm.shape),
                                MLC__CL_ARG(dm.stride[0]),
                                MLC__CL_ARG(dm.stride[1]),
+                               MLC__CL_ARG(kind),
+                               MLC__CL_ARG(n),
+                               MLC__CL_ARG(dm.nd),
                                MLC__CL_ARG(am),
                                MLC__CL_ARG(bm),
                                MLC__CL_ARG(ym) };
@@ -1534,13 +1603,13 @@ static int mlc__cl_binary_backward(mlc_ctx *ctx, mlc__node *nd) {
         if (!t->requires_grad) continue;
         if (!(gs = mlc__cl_grad(ctx, t))) return 0;
         {
-            mlc__cl_arg args[] = { MLC__CL_ARG(kind),
+            mlc__cl_arg args[] = { MLC__CL_ARG(dm.shape),
+                                   MLC__CL_ARG(dm.stride[side]),
+                                   MLC__CL_ARG(dm.stride[1 - side]),
+                                   MLC__CL_ARG(kind),
                                    MLC__CL_ARG(side),
                                    MLC__CL_ARG(n),
                                    MLC__CL_ARG(dm.nd),
-                                   MLC__CL_ARG(dm.shape),
-                                   MLC__CL_ARG(dm.stride[side]),
-                                   MLC__CL_ARG(dm.stride[1 - side]),
                                    MLC__CL_ARG(gm),
                                    MLC__CL_ARG(am),
                                    MLC__CL_ARG(bm),
@@ -1559,13 +1628,9 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
     mlc__cl_state *st = mlc__cl_st(ctx);
     size_t wg = 1;
     cl_kernel k;
-    int i;
     if (ctx->error || !(k = mlc__cl_kernel(ctx, kernel, &wg))) return 0;
     if (local && wg < local[0] * local[1] * local[2]) return 0;
-    for (i = 0; i < count; i++)
-        if (!mlc__cl_check(ctx, mlc__cl.SetKernelArg(k, (cl_uint)i, args[i].size, args[i].value),
-                           "clSetKernelArg"))
-            return 0;
+    if (!mlc__cl_set_args(ctx, k, kernel, args, count)) return 0;
     ctx->stats.launches++;
     return mlc__cl_check(ctx,
                          mlc__cl.EnqueueNDRangeKernel(st->queue, k, 3, NULL, global, local, 0, NULL, NULL),
@@ -1733,7 +1798,8 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
 }
 
 /* per chunk: dY = dy in the GEMM's layout; per group dW_g += dY_g colᵀ, dcol = W_gᵀ dY_g and
-   col2im into dx; db = Σ dy */
+   col2im into dx; db = Σ dy. The first chunk writes over a gradient that counts as zeros (dW's
+   product, beta 0), col2im writes each element of dx in one chunk only, so with beta 0 too. */
 static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__conv *cv = (const mlc__conv *)nd->saved;
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
@@ -1742,11 +1808,13 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL,
            dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
     cl_mem gx = NULL, gw = NULL, gb, col, dyg;
+    cl_float bx = 1.0f, bw = 1.0f, bb;
     cl_int8 q;
     cl_int8 r;
     if (!dy) return 0;
-    if (x->requires_grad && !(gx = mlc__cl_grad(ctx, x))) return 0;
-    if (w->requires_grad && !(gw = mlc__cl_grad(ctx, w))) return 0;
+    if (x->requires_grad && !(gx = mlc__cl_grad_over(ctx, x, &bx))) return 0;
+    if (w->requires_grad && !(gw = cv->N ? mlc__cl_grad_over(ctx, w, &bw) : mlc__cl_grad(ctx, w)))
+        return 0;                                       /* no images: no product writes dW */
     if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
         || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
         return 0;
@@ -1759,26 +1827,26 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
                 if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
-                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, 1.0f, gw,
-                                  (size_t)g * Og * rows, 0, 1, NULL))
+                if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, first ? 1.0f : bw,
+                                  gw, (size_t)g * Og * rows, 0, 1, NULL))
                     return 0;
             }
             if (gx) {
-                mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(col), MLC__CL_ARG(gx),
-                                       MLC__CL_ARG(x_off) };
+                mlc__cl_arg args[] = { MLC__CL_ARG(q),   MLC__CL_ARG(r),     MLC__CL_ARG(col),
+                                       MLC__CL_ARG(gx),  MLC__CL_ARG(x_off), MLC__CL_ARG(bx) };
                 if (!mlc__cl_gemm(ctx, 1, 0, rows, nb * P, Og, wm, (size_t)g * Og * rows, 0, dyg, dy_off, 0,
                                   0.0f, col, 0, 0, 1, NULL))
                     return 0;
-                if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 5)) return 0;
+                if (!mlc__cl_run(ctx, MLC__CL_K_col2im, (size_t)nb * Cg * cv->H * cv->W, args, 6)) return 0;
             }
         }
     }
     if (b && b->requires_grad) {
         cl_int N = cv->N, O = cv->O, PP = P;
-        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O), MLC__CL_ARG(PP), MLC__CL_ARG(dy),
-                               MLC__CL_ARG(gb) };
-        if (!(gb = mlc__cl_grad(ctx, b))) return 0;
-        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 5)) return 0;
+        mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O),  MLC__CL_ARG(PP),
+                               MLC__CL_ARG(dy), MLC__CL_ARG(gb), MLC__CL_ARG(bb) };
+        if (!(gb = mlc__cl_grad_over(ctx, b, &bb))) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 6)) return 0;
     }
     return 1;
 }
@@ -1788,10 +1856,11 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
     cl_int planes = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3], OH = y->shape[2],
            OW = y->shape[3];
     cl_int8 v;
+    cl_float beta;
     cl_mem xm = mlc__cl_in(ctx, x), ym, gx;
     mlc__cl_arg args[] = { MLC__CL_ARG(planes), MLC__CL_ARG(H),  MLC__CL_ARG(W),  MLC__CL_ARG(OH),
                            MLC__CL_ARG(OW),     MLC__CL_ARG(v),  MLC__CL_ARG(xm), MLC__CL_ARG(ym),
-                           MLC__CL_ARG(gx) };
+                           MLC__CL_ARG(gx),     MLC__CL_ARG(beta) };
     v.s[0] = call->args.pool.kh; v.s[1] = call->args.pool.kw; v.s[2] = call->args.pool.sh;
     v.s[3] = call->args.pool.sw; v.s[4] = call->args.pool.ph; v.s[5] = call->args.pool.pw;
     v.s[6] = call->args.pool.is_max; v.s[7] = call->args.pool.exclude_pad;
@@ -1802,8 +1871,8 @@ static int mlc__cl_pool(mlc_ctx *ctx, mlc__node *call, int backward) {
         return 1;
     }
     if (!x->requires_grad) return 1;
-    if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-    return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 9);
+    if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad_over(ctx, x, &beta))) return 0;
+    return mlc__cl_run(ctx, MLC__CL_K_pool_grad, x->size, args, 10);
 }
 
 static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
@@ -1851,20 +1920,20 @@ static int mlc__cl_softmax(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
 }
 
-/* l = per-element losses in a scratch buffer; y = l (none) or its sum / mean */
+/* The buffer for a loss's per-element values: the output itself (none), else scratch. */
+static cl_mem mlc__cl_loss_rows(mlc_ctx *ctx, mlc__node *call, size_t count) {
+    return call->args.loss.reduction == MLC_REDUCE_NONE ? mlc__cl_out(ctx, call->out)
+                                                         : mlc__cl_scratch(ctx, count);
+}
+
+/* y = the sum or mean of the per-element losses l (none: l is y already) */
 static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t count) {
     cl_int n = (cl_int)count, red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale;
-    cl_mem y = mlc__cl_out(ctx, call->out);
+    cl_mem y;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l),
                            MLC__CL_ARG(y) };
-    if (!y) return 1;
-    if (red == MLC_REDUCE_NONE) {
-        cl_ulong n64 = count;
-        mlc__cl_arg copy[] = { MLC__CL_ARG(n64), MLC__CL_ARG(l), MLC__CL_ARG(y) };
-        mlc__cl_run(ctx, MLC__CL_K_copy, count, copy, 3);
-        return 1;
-    }
+    if (red == MLC_REDUCE_NONE || !(y = mlc__cl_out(ctx, call->out))) return 1;
     mlc__cl_run(ctx, MLC__CL_K_loss_total, 1, args, 5);
     return 1;
 }
@@ -1875,13 +1944,19 @@ static int mlc__cl_class_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
            ignore = call->args.loss.ignore_index;
     cl_int red = call->args.loss.reduction;
     cl_float scale = call->args.loss.scale, eps = call->args.loss.smoothing;
-    cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, g, gx;
+    cl_mem xm = mlc__cl_in(ctx, x), tm = xm ? mlc__cl_in(ctx, t) : NULL, l, y, g, gx;
     if (!tm) return backward ? 0 : 1;
-    if (!backward) {
-        mlc__cl_arg args[] = { MLC__CL_ARG(sm),  MLC__CL_ARG(N),  MLC__CL_ARG(C),  MLC__CL_ARG(ignore),
-                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(tm), MLC__CL_ARG(l) };
-        if (!(l = mlc__cl_scratch(ctx, (size_t)N))) return 1;
-        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, (size_t)N, args, 8)) return 1;
+    if (!backward) {                   /* a batch one work-group holds: the rows and the total at once */
+        size_t local;
+        cl_int total;
+        mlc__cl_arg args[] = { MLC__CL_ARG(sm), MLC__CL_ARG(N),   MLC__CL_ARG(C),     MLC__CL_ARG(ignore),
+                               MLC__CL_ARG(eps), MLC__CL_ARG(xm), MLC__CL_ARG(tm),    MLC__CL_ARG(l),
+                               MLC__CL_ARG(total), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(y) };
+        if (!mlc__cl_kernel(ctx, MLC__CL_K_class_loss, &local) || !(y = mlc__cl_out(ctx, call->out))
+            || !(l = mlc__cl_loss_rows(ctx, call, (size_t)N)))
+            return 1;
+        total = red != MLC_REDUCE_NONE && (size_t)N <= local;
+        if (!mlc__cl_run(ctx, MLC__CL_K_class_loss, total ? local : (size_t)N, args, 12) || total) return 1;
         return mlc__cl_loss_total(ctx, call, l, (size_t)N);
     }
     if (!x->requires_grad) return 1;
@@ -1905,7 +1980,7 @@ static int mlc__cl_pointwise_loss(mlc_ctx *ctx, mlc__node *call, int backward) {
     if (!backward) {
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(n), MLC__CL_ARG(pm), MLC__CL_ARG(tm),
                                MLC__CL_ARG(l) };
-        if (!(l = mlc__cl_scratch(ctx, p->size))) return 1;
+        if (!(l = mlc__cl_loss_rows(ctx, call, p->size))) return 1;
         if (!mlc__cl_run(ctx, MLC__CL_K_pointwise_loss, p->size, args, 5)) return 1;
         return mlc__cl_loss_total(ctx, call, l, p->size);
     }
@@ -1987,24 +2062,28 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
     }
     {
         cl_int want_x = x->requires_grad, want_w = w && w->requires_grad, want_b = b && b->requires_grad;
+        cl_float bx = 1.0f, bw = 1.0f, bb = 1.0f;
         mlc__cl_arg args[] = { MLC__CL_ARG(N),        MLC__CL_ARG(C),     MLC__CL_ARG(inner),
                                MLC__CL_ARG(training), MLC__CL_ARG(eps),   MLC__CL_ARG(xm),
                                MLC__CL_ARG(wm),       MLC__CL_ARG(has_w), MLC__CL_ARG(rmm),
                                MLC__CL_ARG(rvm),      MLC__CL_ARG(g),     MLC__CL_ARG(gx),
                                MLC__CL_ARG(want_x),   MLC__CL_ARG(gw),    MLC__CL_ARG(want_w),
-                               MLC__CL_ARG(gb),       MLC__CL_ARG(want_b) };
+                               MLC__CL_ARG(gb),       MLC__CL_ARG(want_b), MLC__CL_ARG(bx),
+                               MLC__CL_ARG(bw),       MLC__CL_ARG(bb) };
         if (!(g = mlc__cl_grad_in(ctx, call->out))) return 0;
-        gx = want_x ? mlc__cl_grad(ctx, x) : g;
-        gw = want_w ? mlc__cl_grad(ctx, w) : g;
-        gb = want_b ? mlc__cl_grad(ctx, b) : g;
-        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 17);
+        gx = want_x ? mlc__cl_grad_over(ctx, x, &bx) : g;
+        gw = want_w ? mlc__cl_grad_over(ctx, w, &bw) : g;
+        gb = want_b ? mlc__cl_grad_over(ctx, b, &bb) : g;
+        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 20);
     }
 }
 
 /* The shape most one-input families share: forward reads x into y (*a = x, *b = y), backward
-   adds dy into dx (*a = dy, *b = dx); args point at *a and *b, which are set before the run. */
+   adds dy into dx (*a = dy, *b = dx), or with beta given writes dx as its kernel's result + *beta
+   dx (mlc__cl_grad_over); args point at *a, *b and *beta, which are set before the run. */
 static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_kernel, int backward_kernel,
-                          size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b) {
+                          size_t work, const mlc__cl_arg *args, int count, cl_mem *a, cl_mem *b,
+                          cl_float *beta) {
     mlc_tensor *x = n->in[0];
     if (!backward) {
         if ((*a = mlc__cl_in(ctx, x)) && (*b = mlc__cl_out(ctx, n->out)))
@@ -2012,7 +2091,8 @@ static int mlc__cl_x_to_y(mlc_ctx *ctx, mlc__node *n, int backward, int forward_
         return 1;
     }
     if (!x->requires_grad) return 1;
-    if (!(*a = mlc__cl_grad_in(ctx, n->out)) || !(*b = mlc__cl_grad(ctx, x))) return 0;
+    if (!(*a = mlc__cl_grad_in(ctx, n->out))) return 0;
+    if (!(*b = beta ? mlc__cl_grad_over(ctx, x, beta) : mlc__cl_grad(ctx, x))) return 0;
     return mlc__cl_run(ctx, backward_kernel, work, args, count);
 }
 
@@ -2020,12 +2100,12 @@ static int mlc__cl_dropout(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc_tensor *x = call->in[0];
     cl_int n = (cl_int)x->size;
     cl_uint seed = (cl_uint)call->args.dropout.seed;
-    cl_float p = call->args.dropout.p;
+    cl_float p = call->args.dropout.p, beta;
     cl_mem a, b;
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(seed), MLC__CL_ARG(p), MLC__CL_ARG(a),
-                           MLC__CL_ARG(b) };
-    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args, 5,
-                          &a, &b);
+                           MLC__CL_ARG(b), MLC__CL_ARG(beta) };
+    return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_dropout, MLC__CL_K_dropout_grad, x->size, args,
+                          backward ? 6 : 5, &a, &b, &beta);
 }
 
 /* y = cumsum(x) along the axis; backward dx += the reversed running sums of dy */
@@ -2038,7 +2118,7 @@ static int mlc__cl_cumsum(mlc_ctx *ctx, mlc__node *call, int backward) {
     mlc__cl_arg args[] = { MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner), MLC__CL_ARG(reverse),
                            MLC__CL_ARG(a), MLC__CL_ARG(b) };
     return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_cumsum, MLC__CL_K_cumsum, (size_t)(outer * inner),
-                          args, 6, &a, &b);
+                          args, 6, &a, &b, NULL);
 }
 
 /* y[o, yoff + j] (+)= x[o, xoff + j] for j < width, rows of xlen and ylen floats */
@@ -2114,7 +2194,7 @@ static int mlc__cl_permute(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(dims[4]), MLC__CL_ARG(dims[5]), MLC__CL_ARG(a),
                                MLC__CL_ARG(b),       MLC__CL_ARG(back) };
         return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_permute, MLC__CL_K_permute, x->size, args, 17,
-                              &a, &b);
+                              &a, &b, NULL);
     }
 }
 
@@ -2131,7 +2211,7 @@ static int mlc__cl_index_select(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(im), MLC__CL_ARG(a), MLC__CL_ARG(b) };
         if (!(im = mlc__cl_in(ctx, idx))) return backward ? 0 : 1;
         return mlc__cl_x_to_y(ctx, call, backward, MLC__CL_K_index_select, MLC__CL_K_index_select_grad,
-                              call->out->size, args, 7, &a, &b);
+                              call->out->size, args, 7, &a, &b, NULL);
     }
 }
 
@@ -2308,13 +2388,11 @@ static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
     return 0;
 }
 
-/* An optimiser's launch over a group of parameters, as MLC_SLOTS in the kernels: 8 slots of
-   the buffers of a parameter, its gradient and its state, opt->state[3 i + k] (p's buffer stands
-   in where the rule keeps none; slots past the group repeat its first), the parameter's size,
-   and the work-item where the slot starts, a multiple of the kernel's work-group size (slots past
-   the group start at the launch's end): 480 bytes of arguments at most, within the 1024 bytes
-   that OpenCL's full profile promises. */
-#define MLC__CL_SLOTS 8
+/* An optimiser's launch over a group of parameters, as MLC_SLOTS in the kernels: st->slots (8,
+   or 4) slots of the buffers of a parameter, its gradient and its state, opt->state[3 i + k]
+   (p's buffer stands in where the rule keeps none; slots past the group repeat its first), the
+   parameter's size, and the work-item where the slot starts, a multiple of the kernel's
+   work-group size (slots past the group start at the launch's end). */
 typedef struct mlc__cl_group {
     cl_ulong8 starts, sizes;
     cl_mem mem[MLC__CL_SLOTS][5];       /* p, g, state 0, 1, 2 */
@@ -2322,7 +2400,7 @@ typedef struct mlc__cl_group {
     size_t items;                       /* the launch's work-items */
 } mlc__cl_group;
 
-/* Up to 8 of the `count` parameters from `first` (all on the device) for `kernel`, while their
+/* Up to st->slots of the `count` parameters from `first` (all on the device) for `kernel`, while their
    state is there too with their size and the launch stays within 2^31 - 1 work-items. 0
    parameters: the first has no such state, or an error is set. */
 static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, mlc__cl_group *gr) {
@@ -2331,7 +2409,7 @@ static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, ml
     size_t local;
     int n, k;
     if (!mlc__cl_kernel(ctx, kernel, &local)) return 0;
-    for (n = 0; n < count && n < MLC__CL_SLOTS; n++) {
+    for (n = 0; n < count && n < mlc__cl_st(ctx)->slots; n++) {
         mlc_tensor *p = opt->params[first + n], **s = opt->state + 3 * (first + n);
         cl_mem *m = gr->mem[n];
         padded = (p->size + local - 1) / local * local;
@@ -2357,20 +2435,20 @@ static int mlc__cl_group_of(mlc_optim *opt, int first, int count, int kernel, ml
 static void mlc__cl_run_group(mlc_ctx *ctx, int kernel, mlc__cl_group *gr, const mlc__cl_arg *rule,
                               int count) {
     mlc__cl_arg args[2 + 5 * MLC__CL_SLOTS + 8];
-    int k;
+    int k, slots = mlc__cl_st(ctx)->slots;
     MLC_ASSERT(count <= 8);
-    args[0].size = args[1].size = sizeof(cl_ulong8);
+    args[0].size = args[1].size = (size_t)slots * sizeof(cl_ulong);   /* ulong8's (or ulong4's) lanes */
     args[0].value = &gr->starts;
     args[1].value = &gr->sizes;
-    for (k = 0; k < 5 * MLC__CL_SLOTS; k++) {
+    for (k = 0; k < 5 * slots; k++) {
         args[2 + k].size = sizeof(cl_mem);
         args[2 + k].value = &gr->mem[k / 5][k % 5];
     }
-    for (k = 0; k < count; k++) args[2 + 5 * MLC__CL_SLOTS + k] = rule[k];
-    mlc__cl_run(ctx, kernel, gr->items, args, 2 + 5 * MLC__CL_SLOTS + count);
+    for (k = 0; k < count; k++) args[2 + 5 * slots + k] = rule[k];
+    mlc__cl_run(ctx, kernel, gr->items, args, 2 + 5 * slots + count);
 }
 
-/* The update of up to 8 parameters from `first` in one launch. Returns how many (mlc_step then
+/* The update of up to st->slots parameters from `first` in one launch. Returns how many (mlc_step then
    marks them and their state stale on the host); 0: none (an error is set, or the first one's
    state is not on the device and the CPU updates it). */
 static int mlc__cl_step(mlc_optim *opt, int first, int count) {
@@ -2486,6 +2564,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     mlc__cl_state *st;
     cl_context_properties props[3];
     cl_ulong max_alloc = 0;
+    size_t max_args = 0;
     cl_device_fp_config fp = 0;
     mlc_device_info info;
     cl_int err = CL_SUCCESS;
@@ -2512,7 +2591,9 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     }
     mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
     mlc__cl.GetDeviceInfo(device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    mlc__cl.GetDeviceInfo(device, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof max_args, &max_args, NULL);
     st->max_alloc = !max_alloc || max_alloc > (cl_ulong)(size_t)-1 ? (size_t)-1 : (size_t)max_alloc;
+    st->max_args = max_args ? max_args : 256;          /* unanswered: the least OpenCL allows */
     st->exact_divide = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     st->gemm_vector = strcmp(info.type, "cpu") == 0;
     st->compute_units = info.compute_units > 0 ? (size_t)info.compute_units : 1;

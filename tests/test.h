@@ -60,6 +60,10 @@ void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
 long test_device_fail_at(mlc_ctx *ctx, long k);
 /* Device buffers made and neither released nor in mlc's books (a leak); -1: the CPU only. */
 long test_device_buffers_lost(const mlc_ctx *ctx);
+/* OpenCL: the device takes at most `bytes` of a kernel's arguments (as if its
+   CL_DEVICE_MAX_PARAMETER_SIZE said so); only before the context's first launch, which builds
+   the kernels for it. 0: not an OpenCL context, or too late. */
+int test_device_max_args(mlc_ctx *ctx, size_t bytes);
 /* NaN and finiteness read from a float's bits: what the tests check survives -ffast-math (the
    fast-math build in the Makefile), which folds isnan and isfinite to constants. */
 int test_isnan(double v);

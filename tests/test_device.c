@@ -220,6 +220,17 @@ long test_device_buffers_lost(const mlc_ctx *ctx) {
     return books->made - books->released - (long)(books->n_frame + books->n_spare + books->n_kept);
 }
 
+int test_device_max_args(mlc_ctx *ctx, size_t bytes) {
+#ifdef MLC_OPENCL
+    if (ctx && ctx->backend == &mlc__opencl_backend && !mlc__cl_st(ctx)->program) {
+        mlc__cl_st(ctx)->max_args = bytes;
+        return 1;
+    }
+#endif
+    (void)ctx; (void)bytes;
+    return 0;
+}
+
 /* ---- the tests' contexts ----------------------------------------------------------------- */
 
 int test_isnan(double v) { return mlc__is_nan((float)v); }
@@ -743,6 +754,29 @@ static int opencl_gemm_kernels_agree(void) {
     return 1;
 }
 
+/* A kernel whose arguments take more bytes than the device takes is an error naming the kernel
+   and both sizes, and nothing is launched (mlc_binary's take 240 bytes, its broadcast shape and
+   strides first so that they need no padding) */
+static int opencl_argument_bytes_checked(void) {
+    mlc_config c;
+    mlc_ctx *ctx;
+    mlc_tensor *x;
+    size_t launched;
+    memset(&c, 0, sizeof c);
+    c.device = opencl_spec();
+    c.quiet = 1;
+    ctx = mlc_create(&c);
+    CHECK(ctx && mlc_has_device(ctx) && test_device_max_args(ctx, 239));
+    x = mlc_from_data(ctx, MLC_SHAPE(3), ((const float[]){ 1, 2, 3 }));
+    launched = mlc_get_stats(ctx).launches;
+    CHECK(x && mlc_add(x, x) == NULL);
+    CHECK(mlc_get_stats(ctx).launches == launched);
+    CHECK_MSG(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "mlc_binary in mlc_add takes 240 bytes")
+              && strstr(mlc_error_message(ctx), "at most 239"), "%.300s", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* A kernel build that fails (here: options that break one kernel) is MLC_ERR_DEVICE naming
    the device with the compiler's log; the op returns NULL, nothing crashes, data stays. */
 static int opencl_build_failure(void) {
@@ -800,6 +834,72 @@ static int launches_counted(void) {
                1e-4);
     mlc_frame_end(f);
     test_destroy(ctx);
+    return 1;
+}
+
+/* Cross entropy (softmax first), with ignore_index 1 and label smoothing 0.1, or the NLL of
+   log-probabilities ignoring class 3 (kind 0, 1, 2). */
+static mlc_tensor *class_loss_of(int kind, mlc_tensor *x, mlc_tensor *t, mlc_reduction red) {
+    return kind == 0 ? mlc_cross_entropy(x, t, red, MLC_NO_IGNORE)
+         : kind == 1 ? mlc_cross_entropy_opts(x, t, (mlc_ce_opts){ red, 1, 1, 0.1f })
+         : mlc_nll_loss(x, t, red, 3);
+}
+
+/* On a device a class loss is one launch and its gradient one more, for every reduction and
+   option, where one work-group holds the batch (8 rows); a batch of 600 rows takes a second
+   launch for a sum or a mean. A pointwise loss (MSE) takes one launch unreduced, two reduced.
+   The losses and gradients equal the CPU's. */
+static int loss_launches(void) {
+    static const mlc_reduction reds[] = { MLC_REDUCE_MEAN, MLC_REDUCE_SUM, MLC_REDUCE_NONE };
+    static float xv[600 * 5], tv[600], wv[600];
+    mlc_ctx *ctx = test_ctx(6), *cpu = mlc_create(&(mlc_config){ .seed = 6, .quiet = 1, .device = "cpu" });
+    int real = ctx && ctx->backend && !fake_of(ctx), b, r, kind, i;
+    CHECK(ctx && cpu);
+    for (i = 0; i < 600 * 5; i++) xv[i] = 0.37f * (float)((i * 7) % 23) - 4.0f;
+    for (i = 0; i < 600; i++) { tv[i] = (float)((i * 3) % 5); wv[i] = 0.5f + 0.25f * (float)(i % 3); }
+    for (b = 0; b < 2; b++)
+        for (r = 0; r < 3; r++)
+            for (kind = 0; kind < 3; kind++) {
+                int N = b ? 600 : 8, out = reds[r] == MLC_REDUCE_NONE ? N : 1;
+                mlc_frame f = mlc_frame_begin(ctx), fc = mlc_frame_begin(cpu);
+                mlc_tensor *x = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(N, 5), xv), 1);
+                mlc_tensor *xc = mlc_requires_grad(mlc_from_data(cpu, MLC_SHAPE(N, 5), xv), 1);
+                mlc_tensor *loss, *lc;
+                size_t before = mlc_get_stats(ctx).launches, forward;
+                loss = class_loss_of(kind, x, mlc_from_data(ctx, MLC_SHAPE(N), tv), reds[r]);
+                forward = mlc_get_stats(ctx).launches - before;
+                lc = class_loss_of(kind, xc, mlc_from_data(cpu, MLC_SHAPE(N), tv), reds[r]);
+                CHECK(loss && lc && (int)loss->size == out);
+                CHECK_MSG(forward == (real ? (N > 256 && out == 1 ? 2u : 1u) : 0u), "%d rows, reduction %d, kind %d: "
+                          "%zu launches", N, r, kind, forward);
+                before = mlc_get_stats(ctx).launches;
+                CHECK(out == 1 ? mlc_backward(loss) == MLC_OK : mlc_backward_with(loss, mlc_from_data(ctx, MLC_SHAPE(N), wv)) == MLC_OK);
+                CHECK_MSG(mlc_get_stats(ctx).launches - before == (real ? 1u : 0u), "%d rows, reduction %d, kind %d: "
+                          "%zu launches for the gradient", N, r, kind, mlc_get_stats(ctx).launches - before);
+                CHECK(out == 1 ? mlc_backward(lc) == MLC_OK : mlc_backward_with(lc, mlc_from_data(cpu, MLC_SHAPE(N), wv)) == MLC_OK);
+                for (i = 0; i < out; i++)
+                    CHECK_NEAR(mlc_host_data(loss)[i], lc->data[i], 1e-5 * (1 + fabs(lc->data[i])));
+                for (i = 0; i < N * 5; i++) CHECK_NEAR(mlc_host_grad(x)[i], xc->grad[i], 1e-6);
+                mlc_frame_end(f);
+                mlc_frame_end(fc);
+            }
+    for (r = 0; r < 3; r++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(600), xv), *t = mlc_from_data(ctx, MLC_SHAPE(600), tv), *loss;
+        size_t before = mlc_get_stats(ctx).launches;
+        CHECK((loss = mlc_mse_loss(x, t, reds[r])) != NULL);
+        CHECK_MSG(mlc_get_stats(ctx).launches - before == (real ? (reds[r] == MLC_REDUCE_NONE ? 1u : 2u) : 0u),
+                  "mse, reduction %d: %zu launches", r, mlc_get_stats(ctx).launches - before);
+        for (i = 0; i < (int)loss->size; i++) {
+            float d = xv[i] - tv[i], want = reds[r] == MLC_REDUCE_NONE ? d * d : mlc_item(mlc_mse_loss(
+                mlc_from_data(cpu, MLC_SHAPE(600), xv), mlc_from_data(cpu, MLC_SHAPE(600), tv), reds[r]));
+            CHECK_NEAR(mlc_host_data(loss)[i], want, 1e-5 * (1 + fabs(want)));
+        }
+        mlc_frame_end(f);
+    }
+    CHECK_MSG(mlc_error(ctx) == MLC_OK && mlc_error(cpu) == MLC_OK, "%.200s", mlc_error_message(ctx));
+    test_destroy(ctx);
+    mlc_destroy(cpu);
     return 1;
 }
 
@@ -870,13 +970,12 @@ static int small_net_backward(small_net *n, int zero) {
     return 1;
 }
 
-/* Frame temporaries of the net's sizes that hold NaN, left on the device as spares: the
+/* Frame temporaries of a net's sizes that hold NaN, left on the device as spares: the
    gradient buffers made next come from them, so an element a kernel leaves unwritten shows. */
-static void leave_nan_spares(mlc_ctx *ctx) {
-    static const int sizes[] = { 8 * 3, 3 * 16, 8 * 16 };
+static void leave_nan_spares(mlc_ctx *ctx, const int *sizes, int count) {
     mlc_frame f = mlc_frame_begin(ctx);
     int i, k;
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < count; i++)
         for (k = 0; k < 4; k++) mlc_neg(mlc_full(ctx, MLC_SHAPE(sizes[i]), NAN));
     mlc_frame_end(f);
 }
@@ -907,7 +1006,7 @@ static int device_zero_grad_fills_nothing(void) {
         mlc_step(nc.opt);
         want = mlc_item(loss);
         mlc_frame_end(f);
-        leave_nan_spares(dev);
+        leave_nan_spares(dev, (const int[]){ 8 * 3, 3 * 16, 8 * 16 }, 3);
         f = mlc_frame_begin(dev);
         loss = small_net_loss(&nd, s);
         count_fills(dev, 1);
@@ -928,6 +1027,97 @@ static int device_zero_grad_fills_nothing(void) {
             CHECK_MSG(fabsf(got - want) <= 1e-4f * (1 + fabsf(want)),
                       "parameter %d[%zu]: %.9g vs %.9g on the CPU", k, i, got, want);
         }
+    CHECK_MSG(mlc_error(dev) == MLC_OK, "%.200s", mlc_error_message(dev));
+    test_destroy(dev);
+    mlc_destroy(cpu);
+    return 1;
+}
+
+/* A small CNN: x [4, 1, 8, 8] -> conv 3x3 to 3 channels (padding 1) -> batch norm -> relu ->
+   max pool 2 -> conv 3x3 to 4 channels (padding 1; its input's gradient comes through col2im)
+   -> dropout 0.25 -> flatten -> linear to 3 classes, a cross-entropy; trained by AdamW. */
+typedef struct small_cnn { mlc_ctx *ctx; mlc_tensor *p[8], *mean, *var, *x, *y, *dropped; mlc_optim *opt; } small_cnn;
+#define CNN_SIZES { 4 * 3, 4 * 3 * 4 * 4, 4 * 4 * 4 * 4, 4 * 3 * 8 * 8 }   /* its temporaries */
+
+static int small_cnn_make(mlc_ctx *ctx, small_cnn *n) {
+    static const int shapes[8][5] = { { 4, 3, 1, 3, 3 }, { 1, 3 }, { 1, 3 }, { 1, 3 }, { 4, 4, 3, 3, 3 }, { 1, 4 },
+                                      { 2, 3, 64 }, { 1, 3 } };   /* rank, then the shape */
+    int k;
+    n->ctx = ctx;
+    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f });
+    for (k = 0; k < 8; k++) {
+        n->p[k] = mlc_parameter(ctx, shapes[k][0], shapes[k] + 1);
+        CHECK(n->p[k] && mlc_optim_add_param(n->opt, n->p[k]) == MLC_OK);
+        mlc_init_normal(n->p[k], k == 2 ? 1.0f : 0.0f, 0.5f);      /* p[2]: the batch norm's scale */
+    }
+    n->mean = mlc_zeros(ctx, MLC_SHAPE(3)); n->var = mlc_ones(ctx, MLC_SHAPE(3));
+    n->x = mlc_randn(ctx, MLC_SHAPE(4, 1, 8, 8));
+    n->y = mlc_from_data(ctx, MLC_SHAPE(4), (const float[]){ 0, 2, 1, 2 });
+    CHECK(n->opt && n->mean && n->var && n->x && n->y);
+    return 1;
+}
+
+/* The loss; mask NULL: mlc_dropout draws one, else the dropout is a product with mask. */
+static mlc_tensor *small_cnn_loss(small_cnn *n, const float *mask) {
+    mlc_tensor **p = n->p, *h = mlc_conv2d(n->x, p[0], p[1], (mlc_conv_opts){ .padding = 1 });
+    h = mlc_max_pool2d(mlc_relu(mlc_batch_norm(h, n->mean, n->var, p[2], p[3], 1, 0.1f, 1e-5f)), 2, 0, 0);
+    h = mlc_conv2d(h, p[4], p[5], (mlc_conv_opts){ .padding = 1 });
+    n->dropped = mask ? mlc_mul(h, mlc_from_data(n->ctx, MLC_SHAPE(4, 4, 4, 4), mask)) : mlc_dropout(h, 0.25f, 1);
+    return mlc_cross_entropy(mlc_linear(mlc_flatten(n->dropped, 1), p[6], p[7]), n->y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+}
+
+/* The keep-scales mlc_dropout applied to make y: the device's hash of its seed, or the CPU's draws. */
+static void dropout_mask_of(const mlc_tensor *y, float *mask) {
+    const mlc__node *n = y->node;
+    size_t i;
+    for (i = 0; i < y->size; i++)
+        mask[i] = n->device ? mlc__dropout_scale(n->args.dropout.seed, (uint32_t)i, n->args.dropout.p)
+                            : ((const float *)n->saved)[i];
+}
+
+/* A CNN training step on a device fills no gradient with zeros: the backward of each of its
+   ops (the linear, dropout, flatten, both convolutions with their biases and col2im, max pool,
+   relu, batch norm) writes over a gradient that counts as zeros; the gradients equal the CPU's,
+   with NaN in the spares the temporary gradients come from, over steps that reuse the buffers. */
+static int device_cnn_step_fills_nothing(void) {
+    static const int sizes[] = CNN_SIZES;
+    mlc_ctx *dev = device_ctx(23), *cpu = mlc_create(&(mlc_config){ .seed = 23, .quiet = 1, .device = "cpu" });
+    small_cnn nd, nc;
+    float mask[256];
+    int s, k;
+    size_t i;
+    CHECK(dev && dev->backend && cpu);
+    if (!small_cnn_make(dev, &nd) || !small_cnn_make(cpu, &nc)) return 0;
+    for (s = 0; s < 3; s++) {
+        mlc_frame fd, fc;
+        mlc_tensor *ld, *lc;
+        leave_nan_spares(dev, sizes, 4);
+        fd = mlc_frame_begin(dev);
+        count_fills(dev, 1);
+        grad_fills = 0;
+        ld = small_cnn_loss(&nd, NULL);
+        mlc_zero_grad(nd.opt);
+        CHECK_MSG(mlc_backward(ld) == MLC_OK, "%.200s", mlc_error_message(dev));
+        count_fills(dev, 0);
+        CHECK_MSG(grad_fills == 0, "step %d: %ld gradients filled with zeros", s, grad_fills);
+        CHECK(nd.dropped->size == 256);
+        dropout_mask_of(nd.dropped, mask);
+        fc = mlc_frame_begin(cpu);
+        lc = small_cnn_loss(&nc, mask);
+        mlc_zero_grad(nc.opt);
+        CHECK(mlc_backward(lc) == MLC_OK);
+        CHECK_NEAR(mlc_item(ld), mlc_item(lc), 1e-5 * (1 + fabs(mlc_item(lc))));
+        for (k = 0; k < 8; k++)
+            for (i = 0; i < nd.p[k]->size; i++) {
+                float got = mlc_host_grad(nd.p[k])[i], want = nc.p[k]->grad[i];
+                CHECK_MSG(fabsf(got - want) <= 1e-4f * (1 + fabsf(want)),
+                          "step %d, parameter %d[%zu]: gradient %.9g, %.9g on the CPU", s, k, i, got, want);
+            }
+        mlc_step(nd.opt);
+        mlc_step(nc.opt);
+        mlc_frame_end(fd);
+        mlc_frame_end(fc);
+    }
     CHECK_MSG(mlc_error(dev) == MLC_OK, "%.200s", mlc_error_message(dev));
     test_destroy(dev);
     mlc_destroy(cpu);
@@ -1008,7 +1198,9 @@ const test_case tests_device[] = {
     TEST(verify_catches_unannounced_writes)
     TEST(device_out_of_memory)
     TEST(launches_counted)
+    TEST(loss_launches)
     TEST(device_zero_grad_fills_nothing)
+    TEST(device_cnn_step_fills_nothing)
     TEST(device_grads_accumulate)
 #ifdef MLC_OPENCL
     TEST(opencl_bad_device_names)
@@ -1016,6 +1208,7 @@ const test_case tests_device[] = {
     TEST(opencl_write_after_upload)
     TEST(opencl_gemm_kernels_agree)
     TEST(opencl_build_failure)
+    TEST(opencl_argument_bytes_checked)
 #endif
     { NULL, NULL }
 };

@@ -526,6 +526,38 @@ static int one_launch_per_eight_parameters(void) {
     return 1;
 }
 
+/* A device that takes only 256 bytes of a kernel's arguments (what OpenCL's embedded profile
+   promises; a launch over 8 parameters takes 480) updates 4 parameters a launch, so 11 take three
+   launches, with the parameters of 8 a launch bit for bit, for every rule; the step's other
+   kernels fit in 256 bytes too (an argument list too long is an error). */
+static int four_parameters_a_launch_within_256_bytes(void) {
+    int rule, k, s;
+    for (rule = 0; rule < GROUP_RULES; rule++) {
+        mlc_ctx *ctx = test_ctx(24), *small = test_ctx(24);
+        int opencl = test_device_max_args(small, 256);
+        param_set wide, narrow;
+        mlc_optim *eight = group_rule(ctx, rule), *four = group_rule(small, rule);
+        CHECK(opencl || !runs_kernels(small));
+        CHECK(eight && four && make_set(ctx, &wide) && make_set(small, &narrow));
+        for (k = 0; k < NG; k++)
+            CHECK(mlc_optim_add_param(eight, wide.p[k]) == MLC_OK && mlc_optim_add_param(four, narrow.p[k]) == MLC_OK);
+        for (s = 0; s < 3; s++) {
+            size_t before;
+            CHECK(set_grads(&eight, 1, &wide) && set_grads(&four, 1, &narrow));
+            mlc_step(eight);
+            before = mlc_get_stats(small).launches;
+            mlc_step(four);
+            CHECK_MSG(mlc_get_stats(small).launches - before == (opencl ? 3u : 0u), "rule %d: %zu launches", rule,
+                      mlc_get_stats(small).launches - before);
+        }
+        CHECK_MSG(mlc_error(small) == MLC_OK, "%.200s", mlc_error_message(small));
+        if (!sets_agree(&narrow, &wide, -1, "4 parameters a launch against 8", rule)) return 0;
+        test_destroy(ctx);
+        test_destroy(small);
+    }
+    return 1;
+}
+
 /* A model partly on the host: parameters 2 and 9 go home after the optimiser was made (their
    state follows in mlc_step), 5 comes to the device after it was made at home. The device
    updates the runs between (0-1, 3-8, 10: three launches), the CPU the rest, as the CPU alone
@@ -872,6 +904,7 @@ const test_case tests_optim[] = {
     TEST(state_only_what_the_rule_reads)
     TEST(many_parameters_step_as_one)
     TEST(one_launch_per_eight_parameters)
+    TEST(four_parameters_a_launch_within_256_bytes)
     TEST(parameters_on_host_and_device)
     TEST(zero_grad_zeroes)
     TEST(zero_grad_then_overwrite)
