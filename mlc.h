@@ -235,6 +235,9 @@ typedef struct mlc_stats {
     size_t uploads, downloads;          /* copies host -> device and device -> host          */
     size_t fallbacks;                   /* device ops that ran on the CPU (no kernel)        */
     size_t launches;                    /* kernels the device was given to run               */
+    size_t jobs_shared, jobs_alone;     /* CPU ops' work shared with worker threads, and run on
+                                           the caller alone after a worker lost its core (see
+                                           mlc_set_threads)                                   */
 } mlc_stats;
 
 MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
@@ -247,7 +250,10 @@ MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
 /* Threads the ops share their work with (the caller's and workers mlc starts on first use):
    n >= 1, or 0 for the default: $OMP_NUM_THREADS when set (under -fopenmp, OpenMP's own
    setting, omp_set_num_threads included), else every online CPU. Builds without POSIX threads
-   (or with MLC_NO_THREADS) run on the caller only; mlc_threads says what a context uses. */
+   (or with MLC_NO_THREADS) run on the caller only; mlc_threads says what a context uses. When
+   the caller had to wait for a worker whose core was taken away (another program, a VM's
+   vCPU), the next 1000 ops that would share their work run on the caller alone, counted in
+   mlc_stats.jobs_alone (jobs_shared counts those shared). */
 MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n);
 MLCDEF int mlc_threads(const mlc_ctx *ctx);
 
@@ -2411,11 +2417,11 @@ MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n) {
 #endif
 }
 
-/* The threads an op may use now: 1 inside a piece of a job, or while jobs run alone */
+/* The threads an op may use now: 1 inside a piece of a job */
 static int mlc__threads(const mlc_ctx *ctx) {
     int n = ctx->threads;
 #if MLC__THREADS
-    if (ctx->workers && (__atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED) || ctx->workers->alone)) return 1;
+    if (ctx->workers && __atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED)) return 1;
 #endif
 #ifdef _OPENMP
     if (n == 0) n = omp_get_max_threads();
@@ -2439,18 +2445,24 @@ static int mlc__pieces(size_t n, int slots) {
     return n < (size_t)most ? (int)(n ? n : 1) : most;
 }
 
+/* The op's scratch is sized for `slots` threads and a piece's share of n, so a job run alone
+   still runs piece by piece (on slot 0). */
 static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__range_fn fn, void *arg) {
     int slots = mlc__slots(ctx, n, parallel_from), pieces = mlc__pieces(n, slots), p;
-#if MLC__THREADS
-    if (ctx->workers && ctx->workers->alone && !__atomic_load_n(&ctx->workers->busy, __ATOMIC_RELAXED))
-        ctx->workers->alone--;          /* one job less alone (a piece's own ops do not count) */
-#endif
     if (slots == 1) { if (n) fn(arg, 0, 0, n); return; }
 #if MLC__THREADS
-    if (mlc__workers_start(ctx, slots - 1)) { mlc__workers_run(ctx->workers, n, slots, pieces, fn, arg); return; }
+    if (ctx->workers && ctx->workers->alone) {
+        ctx->workers->alone--;
+        ctx->stats.jobs_alone++;
+        slots = 1;
+    } else if (mlc__workers_start(ctx, slots - 1)) {
+        ctx->stats.jobs_shared++;
+        mlc__workers_run(ctx->workers, n, slots, pieces, fn, arg);
+        return;
+    }
 #endif
 #ifdef _OPENMP                          /* no pool: OpenMP, or in turn */
-    MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))
+    MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))   /* slots 1: in turn */
     for (p = 0; p < pieces; p++)
         fn(arg, omp_get_thread_num(), n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 #else

@@ -132,27 +132,47 @@ static void busy_piece(void *arg, int slot, size_t begin, size_t end) {
     nanosleep(&nap, NULL);
 }
 
-static void no_piece(void *arg, int slot, size_t begin, size_t end) { (void)arg; (void)slot; (void)begin; (void)end; }
+/* A piece that only counts its units (and the worker's) */
+static void count_piece(void *arg, int slot, size_t begin, size_t end) {
+    busy_job *job = (busy_job *)arg;
+    size_t u;
+    for (u = begin; u < end; u++) job->ran[u]++;
+    if (slot) job->by_workers += (int)(end - begin);
+}
 #endif
 
 /* A worker that loses its core in the middle of a piece: the caller takes the job's other
-   pieces, and once it has had to wait for that worker anyway, the next jobs run on the caller
-   alone (mlc_threads says 1) for a while; then the workers are used again. */
+   pieces, and once it has had to wait for that worker anyway, the next 1000 jobs run on the
+   caller alone (mlc_stats.jobs_alone), piece by piece; then the workers are used again. */
 static int busy_worker_is_left_alone(void) {
 #if HAS_THREADS
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
     busy_job job;
+    mlc_stats before, after;
     int attempt, u, jobs;
     CHECK(ctx && mlc_threads(ctx) == 2);
-    for (attempt = 0; attempt < 5 && mlc_threads(ctx) == 2; attempt++) {   /* the worker may start late */
+    for (attempt = 0; attempt < 5; attempt++) {         /* the worker may start late */
         memset(&job, 0, sizeof job);
         test_parallel(ctx, 8, 1, busy_piece, &job);
         for (u = 0; u < 8; u++) CHECK_MSG(job.ran[u] == 1, "unit %d ran %d times", u, job.ran[u]);
+        before = mlc_get_stats(ctx);
+        memset(&job, 0, sizeof job);
+        test_parallel(ctx, 8, 1, count_piece, &job);     /* the first job after it */
+        for (u = 0; u < 8; u++) CHECK_MSG(job.ran[u] == 1, "unit %d ran %d times", u, job.ran[u]);
+        if (mlc_get_stats(ctx).jobs_alone > before.jobs_alone) break;
     }
-    CHECK_MSG(mlc_threads(ctx) == 1 && job.by_workers >= 1 && job.by_workers <= 2,
-              "threads %d, the worker ran %d of 8 pieces", mlc_threads(ctx), job.by_workers);
-    for (jobs = 0; mlc_threads(ctx) == 1 && jobs < 100000; jobs++) test_parallel(ctx, 8, 1, no_piece, NULL);
-    CHECK_MSG(jobs >= 100 && jobs < 100000 && mlc_threads(ctx) == 2, "%d jobs alone", jobs);
+    CHECK_MSG(attempt < 5 && job.by_workers == 0, "no job alone after 5 busy workers");
+    for (jobs = 1; jobs < 1000; jobs++) test_parallel(ctx, 8, 1, count_piece, &job);
+    after = mlc_get_stats(ctx);
+    CHECK_MSG(after.jobs_alone == before.jobs_alone + 1000 && after.jobs_shared == before.jobs_shared,
+              "%zu jobs alone, %zu shared", after.jobs_alone - before.jobs_alone,
+              after.jobs_shared - before.jobs_shared);
+    for (u = 0; u < 8; u++)
+        CHECK_MSG(job.ran[u] == 1000 && job.by_workers == 0, "unit %d ran %d times, %d on the worker", u,
+                  job.ran[u], job.by_workers);
+    test_parallel(ctx, 8, 1, count_piece, &job);        /* the workers again */
+    before = mlc_get_stats(ctx);
+    CHECK(before.jobs_shared == after.jobs_shared + 1 && before.jobs_alone == after.jobs_alone);
     CHECK(mlc_error(ctx) == MLC_OK);
     mlc_destroy(ctx);
 #endif
