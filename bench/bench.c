@@ -7,10 +7,11 @@
         dropped), a fresh context and model per run; the batch gather is not timed, the step
         is (frame begin, forward, loss, zero_grad, backward, step, frame end); samples/s =
         samples / summed step time, median (min-max) of 3 runs, on 1 thread and on all the
-        CPUs online (a run measures both settings back to back; the thread scaling is the
-        median and range of the runs' ratios, as the VM's speed drifts); the share of the machine's FMA peak it reaches (FLOPs per sample from the
+        CPUs online; the share of the machine's FMA peak it reaches (FLOPs per sample from the
         shapes); PyTorch's same loop on 1 and on all threads, the plain `cc -O2` build's
-        figures (--plain) and the targets of issue 14.
+        figures (--plain-exe) and the targets of issue 14. A run measures the plain build, 1
+        thread and all threads back to back, and the ratios (threads, build) are the median
+        and range of the runs' own: this VM's speed drifts by a third within minutes.
    Then the micro-benchmarks (the second table: best of short chunks of one repeated step):
      1. sgemm GFLOP/s for square n: mlc's own mlc_gemm, mlc through the BLAS hook
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and all threads.
@@ -27,10 +28,11 @@
    PyTorch's numbers come from bench/torch_bench.py (same models, same data), read from a file.
 
    Usage:
-     bench [--quick] [--torch FILE] [--rss FILE] [--plain FILE]
+     bench [--quick] [--torch FILE] [--rss FILE] [--plain-exe PLAIN]
                               measure everything, print both tables (FILE: "key value" lines
-                              from the other runs; --plain: `bench --epochs-only --kv` of the
-                              plain `cc -O2` build)
+                              from the other runs; PLAIN: the plain `cc -O2` build of this
+                              file, run as `PLAIN --epochs-only --kv ...` before each
+                              1-thread epoch run)
      bench --rss-child        train the MLP only; print its peak RSS
    Options for quick iteration on the epoch rows:
      --epochs-only            only the epoch rows (and the FMA peak), not the micro-benchmarks
@@ -148,9 +150,11 @@ static cpu_mark cpu_now(void) {
         m.total_s = (double)(u + n + s + i + w + q + sq + st) / hz;
     }
     if (f) fclose(f);
-    getrusage(RUSAGE_SELF, &ru);
-    m.own_s = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-              (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+    for (int who = 0; who < 2; who++) {     /* this process and its children (the plain build's runs) */
+        getrusage(who ? RUSAGE_CHILDREN : RUSAGE_SELF, &ru);
+        m.own_s += (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                   (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+    }
     return m;
 }
 
@@ -851,11 +855,9 @@ typedef struct kv { char key[64], value[192]; } kv;
 enum { KV_MAX = 128 };
 typedef struct kv_file { int count, found; kv items[KV_MAX]; } kv_file;
 
-static void kv_read(kv_file *f, const char *path) {
+static void kv_parse(kv_file *f, FILE *in) {
     char line[300];
-    FILE *in = path ? fopen(path, "r") : NULL;
     memset(f, 0, sizeof *f);
-    if (!in) return;
     f->found = 1;
     while (f->count < KV_MAX && fgets(line, sizeof line, in)) {
         kv *e = &f->items[f->count];
@@ -866,6 +868,13 @@ static void kv_read(kv_file *f, const char *path) {
         e->value[strcspn(e->value, "\r\n")] = '\0';
         f->count++;
     }
+}
+
+static void kv_read(kv_file *f, const char *path) {
+    FILE *in = path ? fopen(path, "r") : NULL;
+    memset(f, 0, sizeof *f);
+    if (!in) return;
+    kv_parse(f, in);
     fclose(in);
 }
 
@@ -961,6 +970,12 @@ static void print_header(const kv_file *torch, const dataset *data, double other
    The epoch rows: measure, print as key lines or as the first table
    ============================================================================================ */
 
+/* The key of a figure of an epoch row: "epoch_mlp_t1_median" (bench_torch.py writes the same) */
+static const char *epoch_key(char *buf, const bench_model *m, int threads, const char *what) {
+    snprintf(buf, 64, "epoch_%s_t%d_%s", m->name, threads, what);
+    return buf;
+}
+
 typedef struct epoch_table {
     int settings, threads[2];           /* the thread settings: 1 and all, or --threads N */
     double peak[2];                     /* FMA peak GFLOP/s on each setting's threads */
@@ -969,19 +984,43 @@ typedef struct epoch_table {
     epoch_row rows[BENCH_MODELS][2];
     double scaling[BENCH_MODELS][3];    /* the second setting's samples/s / the first's, run by run:
                                            median, min, max (NAN with one setting) */
+    const char *plain_exe;              /* the plain `cc -O2` build, run before each 1-thread run */
+    double plain[BENCH_MODELS][3];      /* its samples/s: median, min, max (NAN: not run) */
+    double plain_ratio[BENCH_MODELS][3];/* its samples/s / the 1-thread run's, run by run */
 } epoch_table;
+
+/* One epoch run of the plain build (`PLAIN --epochs-only --kv`, 1 thread): its samples/s, NAN
+   when it fails */
+static double plain_run(const char *plain_exe, const bench_model *m, long samples, int run, int runs) {
+    char command[1200], key[64];
+    kv_file out;
+    FILE *child;
+    double sps = NAN;
+    snprintf(command, sizeof command, "'%s' --epochs-only --kv --model %s --threads 1 --runs 1 --samples %ld "
+             "2>/dev/null", plain_exe, m->name, samples);
+    if ((child = popen(command, "r")) != NULL) {
+        kv_parse(&out, child);
+        if (pclose(child) == 0) sps = kv_num(&out, epoch_key(key, m, 1, "median"));
+    }
+    fprintf(stderr, "bench: %s, plain cc -O2 build, 1 thread, run %d/%d: %.0f samples/s\n", m->label, run + 1,
+            runs, sps);
+    return sps;
+}
 
 /* Run r measures every model on every setting, one after the other, so that the settings of a
    run share the machine's state of the moment (this VM's speed drifts by a third within
    minutes): the thread scaling is taken run by run, from such pairs. A line per run on stderr. */
 static void measure_epochs(epoch_table *et, const dataset *d, long samples, int runs) {
     static epoch_run got[BENCH_MODELS][2][MAX_RUNS];
+    static double plain[BENCH_MODELS][MAX_RUNS];
     for (int s = 0; s < et->settings; s++) et->peak[s] = fma_peak_gflops(et->threads[s], &et->isa);
     for (int r = 0; r < runs; r++)
         for (int m = 0; m < BENCH_MODELS; m++)
             for (int s = 0; s < et->settings && et->model_on[m]; s++) {
                 const bench_model *bm = &bench_models[m];
                 epoch_run *one = &got[m][s][r];
+                if (et->threads[s] == 1 && et->plain_exe)
+                    plain[m][r] = plain_run(et->plain_exe, bm, samples, r, runs);
                 *one = epoch_once(bm, d, et->threads[s], samples, r);
                 fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f (first steps) -> "
                         "%.3f (last)\n", bm->label, et->threads[s], et->threads[s] > 1 ? "s" : "", r + 1, runs,
@@ -989,20 +1028,20 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
             }
     for (int m = 0; m < BENCH_MODELS; m++) {
         double ratio[MAX_RUNS];
-        et->scaling[m][0] = et->scaling[m][1] = et->scaling[m][2] = NAN;
+        for (int k = 0; k < 3; k++) et->scaling[m][k] = et->plain[m][k] = et->plain_ratio[m][k] = NAN;
         if (!et->model_on[m]) continue;
         for (int s = 0; s < et->settings; s++) et->rows[m][s] = epoch_row_of(got[m][s], runs);
-        if (et->settings < 2) continue;
-        for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / got[m][0][r].sps;
-        median_of(ratio, runs, &et->scaling[m][0], &et->scaling[m][1], &et->scaling[m][2]);
+        if (et->settings == 2) {
+            for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / got[m][0][r].sps;
+            median_of(ratio, runs, &et->scaling[m][0], &et->scaling[m][1], &et->scaling[m][2]);
+        }
+        if (et->plain_exe && et->threads[0] == 1) {
+            for (int r = 0; r < runs; r++) ratio[r] = plain[m][r] / got[m][0][r].sps;
+            median_of(ratio, runs, &et->plain_ratio[m][0], &et->plain_ratio[m][1], &et->plain_ratio[m][2]);
+            median_of(plain[m], runs, &et->plain[m][0], &et->plain[m][1], &et->plain[m][2]);
+        }
     }
     set_threads(all_threads);
-}
-
-/* The key of a figure of an epoch row: "epoch_mlp_t1_median" (bench_torch.py writes the same) */
-static const char *epoch_key(char *buf, const bench_model *m, int threads, const char *what) {
-    snprintf(buf, 64, "epoch_%s_t%d_%s", m->name, threads, what);
-    return buf;
 }
 
 static void print_epoch_kv(const epoch_table *et) {
@@ -1024,18 +1063,17 @@ static void print_epoch_kv(const epoch_table *et) {
 
 #define EPOCH_ROW "| %-49s | %9s | %-13s | %6s | %-13s | %9s | %9s | %7s | %7s | %-27s | %-8s |\n"
 
-/* A ratio row (scaling, build): the ratio in the mlc column; with a range (min, max: not NAN)
-   the ratio is the median of runs and every run must meet the target */
-static void epoch_ratio_row(const char *what, double ratio, double min, double max, double target) {
-    char r[32], range[32] = "", goal[64], verdict[32];
-    snprintf(goal, sizeof goal, ">= %gx%s", target, isnan(min) ? "" : ", every run");
-    if (!isnan(min)) snprintf(range, sizeof range, "%.2fx-%.2fx", min, max);
-    printf(EPOCH_ROW, what, times(r, ratio), range, "", "", "", "", "", "", goal,
-           verdict_of(verdict, isnan(min) ? ratio : min, target));
+/* A ratio row (scaling, build): the median of the runs' ratios in the mlc column, their range
+   beside it; every_run: the target holds for the smallest, else for the median */
+static void epoch_ratio_row(const char *what, const double ratio[3], double target, int every_run) {
+    char r[32], range[32] = "-", goal[64], verdict[32];
+    snprintf(goal, sizeof goal, ">= %gx%s", target, every_run ? ", every run" : "");
+    if (!isnan(ratio[1])) snprintf(range, sizeof range, "%.2fx-%.2fx", ratio[1], ratio[2]);
+    printf(EPOCH_ROW, what, times(r, ratio[0]), range, "", "", "", "", "", "", goal,
+           verdict_of(verdict, every_run ? ratio[1] : ratio[0], target));
 }
 
-static void print_epoch_table(const epoch_table *et, const kv_file *torch, const kv_file *plain, long samples,
-                              int runs) {
+static void print_epoch_table(const epoch_table *et, const kv_file *torch, long samples, int runs) {
     char key[64], head[2][32], col[10][32], what[96], goal[64], verdict[32];
     int one = -1, all = -1;             /* the settings of 1 thread and of all threads, if measured */
     int torch_all = kv_num(torch, "torch_threads") > 0 ? (int)kv_num(torch, "torch_threads") : all_threads;
@@ -1087,12 +1125,11 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, const
         }
         if (one >= 0 && all >= 0 && all_threads > 1) {
             snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
-            epoch_ratio_row(what, et->scaling[m][0], et->scaling[m][1], et->scaling[m][2], 1.7);
+            epoch_ratio_row(what, et->scaling[m], 1.7, 1);
         }
-        if (one >= 0 && plain->found) {
+        if (!isnan(et->plain_ratio[m][0])) {
             snprintf(what, sizeof what, "%s: plain cc -O2 / bench flags, 1 thread", bm->short_label);
-            double plain_sps = kv_num(plain, epoch_key(key, bm, 1, "median"));
-            epoch_ratio_row(what, plain_sps / et->rows[m][one].median, NAN, NAN, 0.9);
+            epoch_ratio_row(what, et->plain_ratio[m], 0.9, 0);
         }
     }
     printf("\nFMA peak (%s, %d chains of multiply-adds in registers, best of 3 passes):", et->isa,
@@ -1113,14 +1150,13 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, const
            "N threads / 1 thread: each run trains on 1 thread, then at once on N; the median of the\n"
            "runs' ratios, their range in the min-max column; the target holds for every run.\n",
            torch_all, torch_all);
-    if (plain->found) {
-        printf("plain cc -O2 build (no -fopenmp, no -fno-math-errno, no -march), 1 thread:");
+    if (et->plain_exe) {
+        printf("plain cc -O2 build (no -fopenmp, no -fno-math-errno, no -march), 1 thread, run just before\n"
+               "each 1-thread run (the ratio row: the median of the runs' ratios):");
         for (int m = 0; m < BENCH_MODELS; m++)
             if (et->model_on[m])
-                printf(" %s %s (%s-%s)", bench_models[m].short_label,
-                       num(col[0], kv_num(plain, epoch_key(key, &bench_models[m], 1, "median")), 0),
-                       num(col[1], kv_num(plain, epoch_key(key, &bench_models[m], 1, "min")), 0),
-                       num(col[2], kv_num(plain, epoch_key(key, &bench_models[m], 1, "max")), 0));
+                printf(" %s %s (%s-%s)", bench_models[m].short_label, num(col[0], et->plain[m][0], 0),
+                       num(col[1], et->plain[m][1], 0), num(col[2], et->plain[m][2], 0));
         printf(" samples/s.\n");
     }
 }
@@ -1144,13 +1180,13 @@ static void row(const char *what, const char *unit, double mlc, double hook, dou
 }
 
 static int usage(const char *name) {
-    fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--rss FILE] [--plain FILE] [--epochs-only [--kv]]\n"
+    fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--rss FILE] [--plain-exe PLAIN] [--epochs-only [--kv]]\n"
             "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N]  |  --rss-child\n", name);
     return 2;
 }
 
 int main(int argc, char **argv) {
-    const char *torch_path = NULL, *rss_path = NULL, *plain_path = NULL, *model = NULL;
+    const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *model = NULL;
     int epochs_only = 0, as_kv = 0, threads = 0, runs = 0;
     long samples = 0;
     epoch_table et = { 0 };
@@ -1167,7 +1203,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--kv") == 0) as_kv = 1;
         else if (strcmp(a, "--torch") == 0 && valued) torch_path = argv[++i];
         else if (strcmp(a, "--rss") == 0 && valued) rss_path = argv[++i];
-        else if (strcmp(a, "--plain") == 0 && valued) plain_path = argv[++i];
+        else if (strcmp(a, "--plain-exe") == 0 && valued) plain_exe = argv[++i];
         else if (strcmp(a, "--model") == 0 && valued) model = argv[++i];
         else if (strcmp(a, "--threads") == 0 && valued) threads = atoi(argv[++i]);
         else if (strcmp(a, "--samples") == 0 && valued) samples = atol(argv[++i]);
@@ -1189,10 +1225,10 @@ int main(int argc, char **argv) {
         if (all_threads > 1) et.threads[et.settings++] = all_threads;
     }
     if (!runs) runs = quick ? 1 : 3;
-    kv_file torch, rss, plain;
+    kv_file torch, rss;
     kv_read(&torch, torch_path);
     kv_read(&rss, rss_path);
-    kv_read(&plain, plain_path);
+    et.plain_exe = plain_exe;
     int have_torch = kv_str(&torch, "torch_version") != NULL;
     double t0 = now();
     cpu_mark start_mark = cpu_now();
@@ -1210,7 +1246,7 @@ int main(int argc, char **argv) {
         } else {
             disturbed = others > 10 || others_torch > 10;
             print_header(&torch, &data, others, others_torch);
-            print_epoch_table(&et, &torch, &plain, samples, runs);
+            print_epoch_table(&et, &torch, samples, runs);
             printf("\nmlc measurements took %.0f s.\n", now() - t0);
         }
         free_data(&data);
@@ -1239,7 +1275,7 @@ int main(int argc, char **argv) {
 
     /* ---- report ---- */
     print_header(&torch, &data, others_mlc, others_torch);
-    print_epoch_table(&et, &torch, &plain, samples, runs);
+    print_epoch_table(&et, &torch, samples, runs);
     printf("\n## Micro-benchmarks (best of short chunks of one repeated step; not what a user's epoch "
            "gets)\n");
 

@@ -3,9 +3,9 @@
 #   sh bench/run.sh [--quick]      --quick: short runs, to try the suite out (numbers are rough)
 # Steps: build build/bench (-O2 -fopenmp -fno-math-errno, with OpenBLAS and zlib when they are found)
 # and build/bench-plain (the default build a user makes of a header: cc -O2 -std=c99, nothing
-# else), run the memory child, the plain build's epoch rows on 1 thread, bench/torch_bench.py
-# when a python3 with torch is found, then build/bench, which measures mlc and prints the
-# tables with the other runs' numbers.
+# else), run the memory child, bench/torch_bench.py when a python3 with torch is found, then
+# build/bench, which measures mlc (running build/bench-plain's epoch rows beside its own) and
+# prints the tables with the other runs' numbers.
 set -e
 cd "$(dirname "$0")/.."
 CC=${CC:-cc}
@@ -64,14 +64,9 @@ run_start=$(cpu_ticks)
 # 5. memory, in a process of its own
 "$BUILD/bench" --rss-child > "$BUILD/bench_rss.txt"
 
-# 0. the plain build's epoch rows, 1 thread (it has no OpenMP), as key lines for build/bench
-PLAIN_ARGS=
-echo "bench: the plain build's epoch rows ..."
-if "$BUILD/bench-plain" --epochs-only --threads 1 --kv $QUICK > "$BUILD/bench_plain.txt"; then
-    PLAIN_ARGS="--plain $BUILD/bench_plain.txt"
-else
-    echo "bench: build/bench-plain failed: the plain build's rows are skipped"
-fi
+# 0. the plain build: build/bench runs its epoch rows (1 thread, it has no OpenMP) just before
+# each of its own 1-thread runs, so that both see the machine in the same state
+PLAIN_ARGS="--plain-exe $BUILD/bench-plain"
 
 # 6. PyTorch: the first python3 on PATH that can import torch, else Debian's own
 TORCH_ARGS=
