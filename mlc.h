@@ -5205,10 +5205,52 @@ static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW
    order as one output at a time, so the argmax is the same (first) one; without, each window
    is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
    an argmax its four values are visited in window order, as above). */
+#if MLC__X86
+/* The 2 x 2, stride 2 windows of output columns [lo, hi) over input rows r0 and r1 (at0: r0's
+   index in the plane), with their argmax (NULL: none), 16 at a time: 32 floats of each row
+   loaded, split into even and odd columns, and taken in window order as the loop below does. */
+__attribute__((target("avx512f")))
+static void mlc__pool_2x2_avx512(const float *r0, const float *r1, int at0, int W, int lo, int hi, float *y,
+                                 int *argmax) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    int ow;
+    for (ow = lo; ow < hi; ow += 16) {
+        int n = hi - ow < 16 ? hi - ow : 16;
+        __mmask16 out = (__mmask16)((1u << n) - 1u), first = (__mmask16)(n >= 8 ? 0xffffu : (1u << 2 * n) - 1u),
+                  second = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u), take;
+        __m512 a0 = _mm512_maskz_loadu_ps(first, r0 + 2 * ow), a1 = _mm512_maskz_loadu_ps(second, r0 + 2 * ow + 16),
+               b0 = _mm512_maskz_loadu_ps(first, r1 + 2 * ow), b1 = _mm512_maskz_loadu_ps(second, r1 + 2 * ow + 16);
+        __m512 best = _mm512_permutex2var_ps(a0, even, a1), v;
+        __m512i at = _mm512_add_epi32(_mm512_set1_epi32(at0 + 2 * ow), even), where = at;
+        v = _mm512_permutex2var_ps(a0, odd, a1);                                  /* (0, 1) */
+        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, v);
+        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(1));
+        v = _mm512_permutex2var_ps(b0, even, b1);                                 /* (1, 0) */
+        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, v);
+        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(W));
+        v = _mm512_permutex2var_ps(b0, odd, b1);                                  /* (1, 1) */
+        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, v);
+        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(W + 1));
+        _mm512_mask_storeu_ps(y + ow, out, best);
+        if (argmax) _mm512_mask_storeu_epi32(argmax + ow, out, where);
+    }
+}
+#endif
+
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
+#if MLC__X86
+    if (K == 2 && S == 2 && h1 - h0 == 2 && __builtin_cpu_supports("avx512f")) {
+        mlc__pool_2x2_avx512(p + h0 * W + left, p + h0 * W + left + W, h0 * W + left, W, lo, hi, y, argmax);
+        return;
+    }
+#endif
     if (argmax && K == 2 && S == 2 && h1 - h0 == 2) {
         const float *r0 = p + h0 * W + left, *r1 = r0 + W;
         const int at0 = h0 * W + left;

@@ -1367,13 +1367,13 @@ static void pool_direct(const float *x, double *y, int *at, int planes, int H, i
 static int pooling_against_window_loop(void) {
     const struct { int K, S, P; } cfg[9] = { { 2, 2, 0 }, { 2, 2, 1 }, { 3, 2, 1 }, { 3, 3, 0 }, { 2, 1, 0 },
                                              { 3, 1, 1 }, { 1, 1, 0 }, { 4, 3, 2 }, { 2, 3, 1 } };
-    const struct { int H, W; } size[3] = { { 7, 9 }, { 8, 8 }, { 2, 3 } };
-    static double want[2 * 3 * 9 * 10];
-    static int at[2 * 3 * 9 * 10];
-    float v[2 * 3 * 9 * 10], counts[2 * 3 * 9 * 10];
+    const struct { int H, W; } size[4] = { { 7, 9 }, { 8, 8 }, { 2, 3 }, { 5, 37 } };  /* 37: rows of 16+ */
+    static double want[6 * 5 * 39];
+    static int at[6 * 5 * 39];
+    static float v[6 * 5 * 39], counts[6 * 5 * 39];
     int k, s, is_max, tape;
     for (k = 0; k < 9; k++)
-        for (s = 0; s < 3; s++)
+        for (s = 0; s < 4; s++)
             for (is_max = 0; is_max < 2; is_max++)
                 for (tape = 0; tape < 2; tape++) {
                     mlc_ctx *ctx = test_ctx((unsigned long long)(5 + k));
