@@ -2379,7 +2379,8 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
 }
 
 /* One job on the pool: publish it, wake sleeping workers, take pieces, wait for the rest. */
-static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces, mlc__range_fn fn, void *arg) {
+static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces, mlc__range_fn fn,
+                             void *arg) {
     unsigned job = ((__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
     int spins = 0;
     pool->fn = fn; pool->arg = arg; pool->n = n; pool->slots = slots; pool->caller_ran = 0;
@@ -2466,7 +2467,8 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
     for (p = 0; p < pieces; p++)
         fn(arg, omp_get_thread_num(), n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 #else
-    for (p = 0; p < pieces; p++) fn(arg, 0, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+    for (p = 0; p < pieces; p++)
+        fn(arg, 0, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
 #endif
 }
 
@@ -3224,7 +3226,8 @@ static void mlc__gemm_share(void *arg, int slot, size_t begin, size_t end) {
     for (u = begin; u < end; u++) {
         int pc = (int)(u / slivers) * kc, x = (int)(u % slivers) * w, kk = p->K - pc < kc ? p->K - pc : kc;
         mlc__gemm_pack((float *)p->shared + (size_t)pc * p->shared_padded + (size_t)x * kk,
-                       src + (size_t)x * sx + (size_t)pc * sk, sx, sk, extent - x < w ? extent - x : w, kk, w);
+                       src + (size_t)x * sx + (size_t)pc * sk, sx, sk, extent - x < w ? extent - x : w, kk,
+                       w);
     }
 }
 
@@ -3455,7 +3458,8 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
                     mlc__parallel(ctx, job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc), 2,
                                   mlc__gemm_share, &job);
             }
-            if (job.work && (job.shared || !job.shared_padded)) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
+            if (job.work && (job.shared || !job.shared_padded))
+                mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
         }
@@ -5217,10 +5221,11 @@ static void mlc__pool_2x2_avx512(const float *r0, const float *r1, int at0, int 
     int ow;
     for (ow = lo; ow < hi; ow += 16) {
         int n = hi - ow < 16 ? hi - ow : 16;
-        __mmask16 out = (__mmask16)((1u << n) - 1u), first = (__mmask16)(n >= 8 ? 0xffffu : (1u << 2 * n) - 1u),
-                  second = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u), take;
-        __m512 a0 = _mm512_maskz_loadu_ps(first, r0 + 2 * ow), a1 = _mm512_maskz_loadu_ps(second, r0 + 2 * ow + 16),
-               b0 = _mm512_maskz_loadu_ps(first, r1 + 2 * ow), b1 = _mm512_maskz_loadu_ps(second, r1 + 2 * ow + 16);
+        __mmask16 out = (__mmask16)((1u << n) - 1u), take,     /* n outputs: 2n floats of each row */
+                  first = (__mmask16)(n >= 8 ? 0xffffu : (1u << 2 * n) - 1u),
+                  second = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u);
+        __m512 a0 = _mm512_maskz_loadu_ps(first, r0 + 2 * ow), a1 = _mm512_maskz_loadu_ps(second, r0 + 2 * ow + 16);
+        __m512 b0 = _mm512_maskz_loadu_ps(first, r1 + 2 * ow), b1 = _mm512_maskz_loadu_ps(second, r1 + 2 * ow + 16);
         __m512 best = _mm512_permutex2var_ps(a0, even, a1), v;
         __m512i at = _mm512_add_epi32(_mm512_set1_epi32(at0 + 2 * ow), even), where = at;
         v = _mm512_permutex2var_ps(a0, odd, a1);                                  /* (0, 1) */
