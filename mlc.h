@@ -5224,8 +5224,9 @@ static void mlc__pool_2x2_avx512(const float *r0, const float *r1, int at0, int 
         __mmask16 out = (__mmask16)((1u << n) - 1u), take,     /* n outputs: 2n floats of each row */
                   first = (__mmask16)(n >= 8 ? 0xffffu : (1u << 2 * n) - 1u),
                   second = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u);
-        __m512 a0 = _mm512_maskz_loadu_ps(first, r0 + 2 * ow), a1 = _mm512_maskz_loadu_ps(second, r0 + 2 * ow + 16);
-        __m512 b0 = _mm512_maskz_loadu_ps(first, r1 + 2 * ow), b1 = _mm512_maskz_loadu_ps(second, r1 + 2 * ow + 16);
+        const float *a = r0 + 2 * ow, *b = r1 + 2 * ow;
+        __m512 a0 = _mm512_maskz_loadu_ps(first, a), a1 = _mm512_maskz_loadu_ps(second, a + 16),
+               b0 = _mm512_maskz_loadu_ps(first, b), b1 = _mm512_maskz_loadu_ps(second, b + 16);
         __m512 best = _mm512_permutex2var_ps(a0, even, a1), v;
         __m512i at = _mm512_add_epi32(_mm512_set1_epi32(at0 + 2 * ow), even), where = at;
         v = _mm512_permutex2var_ps(a0, odd, a1);                                  /* (0, 1) */
