@@ -116,12 +116,16 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath
 
 # The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included), on the fake
 # device and then on the CPU.
+# AddressSanitizer + UBSan on the CPU and the fake device, then ThreadSanitizer on the CPU
+# (mlc's thread pool: its claims, slots and jobs run alone; a report fails the run)
 test-sanitize: | $(BUILD)
 	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $(BUILD)/test-sanitize tests/*.c $(TEST_BLAS) $(LDLIBS)
+	$(CC) -std=c99 -O1 -g -fsanitize=thread -I. -o $(BUILD)/test-tsan tests/*.c $(TEST_BLAS) $(LDLIBS)
 	@status=0; \
 	MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test-sanitize || status=1; \
 	./$(BUILD)/test-sanitize || status=1; \
+	TSAN_OPTIONS=halt_on_error=1 ./$(BUILD)/test-tsan || status=1; \
 	exit $$status
 
 # The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside

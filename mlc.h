@@ -2275,7 +2275,8 @@ struct mlc__workers {
     mlc__range_fn fn;                   /* the job: fn(arg, slot, begin, end) over pieces of [0, n) */
     void *arg;
     size_t n;
-    int slots;                          /* the threads it may use: workers of a higher slot stay out */
+    int slots;                          /* the threads it may use: workers of a higher slot stay out
+                                           (a claim that saw a value from the next job fails anyway) */
     unsigned claim;                     /* job << 20 | pieces << 10 | next piece */
     int done;                           /* pieces finished */
     int caller_ran;                     /* pieces the caller ran */
@@ -2294,7 +2295,7 @@ static unsigned mlc__claim_pieces(mlc__workers *pool, int slot) {
     unsigned c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
     for (;;) {
         int pieces = (int)(c >> 10 & 1023), p = (int)(c & 1023);
-        if (p >= pieces || slot >= pool->slots) return c >> 20;
+        if (p >= pieces || slot >= __atomic_load_n(&pool->slots, __ATOMIC_RELAXED)) return c >> 20;
         if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             size_t n = pool->n;            /* the job stays as it is until its last piece is done */
             if (!slot) pool->caller_ran++;
@@ -2383,7 +2384,8 @@ static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces
                              void *arg) {
     unsigned job = ((__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
     int spins = 0;
-    pool->fn = fn; pool->arg = arg; pool->n = n; pool->slots = slots; pool->caller_ran = 0;
+    pool->fn = fn; pool->arg = arg; pool->n = n; pool->caller_ran = 0;
+    __atomic_store_n(&pool->slots, slots, __ATOMIC_RELAXED);   /* read before a claim, maybe of a job gone */
     __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->busy, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->lock);
