@@ -5212,41 +5212,46 @@ static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW
    is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
    an argmax its four values are visited in window order, as above). */
 #if MLC__X86
+/* The even (0x88) or odd (0xdd) floats of x then y, in order: shuffle_ps picks them within each
+   128-bit lane, permute4x64 puts the lanes' pairs in order */
+#define MLC__DEINTERLEAVE(x, y, pick) \
+    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, pick)), 0xd8))
+
 /* The 2 x 2, stride 2 windows of output columns [lo, hi) over input rows r0 and r1 (at0: r0's
-   index in the plane), with their argmax (NULL: none), 16 at a time: 32 floats of each row
-   loaded, split into even and odd columns, and taken in window order as the loop below does. */
-__attribute__((target("avx512f")))
-static void mlc__pool_2x2_avx512(const float *r0, const float *r1, int at0, int W, int lo, int hi, float *y,
-                                 int *argmax) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    int ow;
-    for (ow = lo; ow < hi; ow += 16) {
-        int n = hi - ow < 16 ? hi - ow : 16;
-        __mmask16 out = (__mmask16)((1u << n) - 1u), take,     /* n outputs: 2n floats of each row */
-                  first = (__mmask16)(n >= 8 ? 0xffffu : (1u << 2 * n) - 1u),
-                  second = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u);
+   index in the plane), with their argmax (NULL: none), 8 at a time: 16 floats of each row
+   loaded (masked past hi), split into even and odd columns, and taken in window order as the
+   loop below does. */
+__attribute__((target("avx2")))
+static void mlc__pool_2x2_avx2(const float *r0, const float *r1, int at0, int W, int lo, int hi, float *y,
+                               int *argmax) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int step[3] = { 1, W, W + 1 };                       /* (0, 1), (1, 0), (1, 1) from (0, 0) */
+    int ow, k;
+    for (ow = lo; ow < hi; ow += 8) {
+        int n = hi - ow < 8 ? hi - ow : 8;
         const float *a = r0 + 2 * ow, *b = r1 + 2 * ow;
-        __m512 a0 = _mm512_maskz_loadu_ps(first, a), a1 = _mm512_maskz_loadu_ps(second, a + 16),
-               b0 = _mm512_maskz_loadu_ps(first, b), b1 = _mm512_maskz_loadu_ps(second, b + 16);
-        __m512 best = _mm512_permutex2var_ps(a0, even, a1), v;
-        __m512i at = _mm512_add_epi32(_mm512_set1_epi32(at0 + 2 * ow), even), where = at;
-        v = _mm512_permutex2var_ps(a0, odd, a1);                                  /* (0, 1) */
-        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        best = _mm512_mask_mov_ps(best, take, v);
-        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(1));
-        v = _mm512_permutex2var_ps(b0, even, b1);                                 /* (1, 0) */
-        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        best = _mm512_mask_mov_ps(best, take, v);
-        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(W));
-        v = _mm512_permutex2var_ps(b0, odd, b1);                                  /* (1, 1) */
-        take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        best = _mm512_mask_mov_ps(best, take, v);
-        where = _mm512_mask_add_epi32(where, take, at, _mm512_set1_epi32(W + 1));
-        _mm512_mask_storeu_ps(y + ow, out, best);
-        if (argmax) _mm512_mask_storeu_epi32(argmax + ow, out, where);
+        __m256i out = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane),        /* n outputs from 2n floats */
+                first = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane),
+                second = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+        __m256 a0 = _mm256_maskload_ps(a, first), a1 = _mm256_maskload_ps(a + 8, second),
+               b0 = _mm256_maskload_ps(b, first), b1 = _mm256_maskload_ps(b + 8, second);
+        __m256 best = MLC__DEINTERLEAVE(a0, a1, 0x88), v[3], take;
+        __m256i at = _mm256_add_epi32(_mm256_set1_epi32(at0 + 2 * ow), _mm256_add_epi32(lane, lane)),
+                where = at;
+        v[0] = MLC__DEINTERLEAVE(a0, a1, 0xdd); v[1] = MLC__DEINTERLEAVE(b0, b1, 0x88);
+        v[2] = MLC__DEINTERLEAVE(b0, b1, 0xdd);
+        for (k = 0; k < 3; k++) {
+            take = _mm256_or_ps(_mm256_cmp_ps(v[k], best, _CMP_GT_OQ),        /* larger, or a NaN */
+                                _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+            best = _mm256_blendv_ps(best, v[k], take);
+            where = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(where), _mm256_castsi256_ps(
+                _mm256_add_epi32(at, _mm256_set1_epi32(step[k]))), take));
+        }
+        _mm256_maskstore_ps(y + ow, out, best);
+        if (argmax) _mm256_maskstore_epi32(argmax + ow, out, where);
     }
 }
+#undef MLC__DEINTERLEAVE
 #endif
 
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
@@ -5254,8 +5259,8 @@ static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, 
     const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
     int ih, j, ow;
 #if MLC__X86
-    if (K == 2 && S == 2 && h1 - h0 == 2 && __builtin_cpu_supports("avx512f")) {
-        mlc__pool_2x2_avx512(p + h0 * W + left, p + h0 * W + left + W, h0 * W + left, W, lo, hi, y, argmax);
+    if (K == 2 && S == 2 && h1 - h0 == 2 && mlc__cpu_avx2()) {
+        mlc__pool_2x2_avx2(p + h0 * W + left, p + h0 * W + left + W, h0 * W + left, W, lo, hi, y, argmax);
         return;
     }
 #endif
