@@ -876,12 +876,14 @@ typedef double mlc__sum_t;
 #endif
 
 /* With -fopenmp, OpenMP gives `omp simd` hints and the default thread count (the threads are
-   mlc's own, see "Threads"); without it the pragmas vanish. An `omp simd` is a hint: Clang
-   warns (-Wpass-failed) where a map with branches or libm calls stays scalar, so that warning
-   is off inside the implementation (popped at its end). */
+   mlc's own, see "Threads"; MLC__OMP_THREAD numbers OpenMP's, 0 without); without it the
+   pragmas vanish. An `omp simd` is a hint: Clang warns (-Wpass-failed) where a map with
+   branches or libm calls stays scalar, so that warning is off inside the implementation
+   (popped at its end). */
 #ifdef _OPENMP
 #include <omp.h>
 #define MLC__OMP(x) _Pragma(#x)
+#define MLC__OMP_THREAD omp_get_thread_num()
 #if defined(__clang__)
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wpass-failed"
@@ -889,6 +891,7 @@ typedef double mlc__sum_t;
 #endif
 #else
 #define MLC__OMP(x)
+#define MLC__OMP_THREAD 0
 #endif
 
 /* Threads of mlc's own (see "Threads"): POSIX threads where the C library has them without
@@ -2248,21 +2251,24 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    When the caller had to do nearly all of a job and then still sleep until a worker's piece
    was done, that worker's core is busy with something else (the system took it away in the
    middle of a piece): sharing costs more than it gives, so the next MLC__ALONE_JOBS jobs run on
-   the caller alone, and then the workers are tried again. Without threads
-   (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or under OpenMP where that is
-   what the build has.
+   the caller alone, and then the workers are tried again.
+   Without threads (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or under OpenMP
+   where that is what the build has.
    ============================================================================================ */
 enum { MLC__MAX_THREADS = 64, MLC__PIECES_PER_THREAD = 4, MLC__SPINS = 20000, MLC__ALONE_JOBS = 1000 };
 
 typedef void (*mlc__range_fn)(void *arg, int slot, size_t begin, size_t end);
 
+/* Where piece p of `pieces` even pieces of [0, n) begins (piece p + 1's begin is its end) */
+static size_t mlc__piece_begin(size_t n, int p, int pieces) { return n * (size_t)p / (size_t)pieces; }
+
 #if MLC__THREADS
 /* A job's counter packs its number (mod 4096), its piece count and the next piece to claim:
-   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024), in
-   32 bits, which every
-   CPU with threads can swap atomically (a 64-bit one on i386 sits at a 4-byte offset in the
-   struct, and qemu-i386 hung on it). A claim swaps one exact value for the next, so a value
-   seen again 4096 jobs later can only be claimed as a piece of the job that holds it. */
+   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024),
+   in 32 bits, which every CPU with threads can swap atomically (a 64-bit one on i386 sits at a
+   4-byte offset in the struct, and qemu-i386 hung on it). A claim swaps one exact value for the
+   next, so a value seen again 4096 jobs later can only be claimed as a piece of the job that
+   holds it. */
 typedef struct mlc__workers mlc__workers;
 typedef struct mlc__worker { mlc__workers *pool; int slot; } mlc__worker;   /* slot: 1 on */
 struct mlc__workers {
@@ -2299,7 +2305,8 @@ static unsigned mlc__claim_pieces(mlc__workers *pool, int slot) {
         if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             size_t n = pool->n;            /* the job stays as it is until its last piece is done */
             if (!slot) pool->caller_ran++;
-            pool->fn(pool->arg, slot, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
+            pool->fn(pool->arg, slot, mlc__piece_begin(n, p, pieces),
+                     mlc__piece_begin(n, p + 1, pieces));
             if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && slot) {
                 pthread_mutex_lock(&pool->lock);
                 if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
@@ -2464,14 +2471,9 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
         return;
     }
 #endif
-#ifdef _OPENMP                          /* no pool: OpenMP, or in turn */
-    MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))   /* slots 1: in turn */
+    MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))   /* no pool: OpenMP, or in turn */
     for (p = 0; p < pieces; p++)
-        fn(arg, omp_get_thread_num(), n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
-#else
-    for (p = 0; p < pieces; p++)
-        fn(arg, 0, n * (size_t)p / (size_t)pieces, n * (size_t)(p + 1) / (size_t)pieces);
-#endif
+        fn(arg, MLC__OMP_THREAD, mlc__piece_begin(n, p, pieces), mlc__piece_begin(n, p + 1, pieces));
 }
 
 /* for (i = from; i < to; i++) body, as blocks of 4 and then the rest: a loop of a count the
@@ -3456,12 +3458,11 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
                 job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
                 job.shared = mlc__floats(ctx, job.shared_padded * (size_t)K, "mlc_gemm");
-                if (job.shared && job.work)
+                if (job.shared)
                     mlc__parallel(ctx, job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc), 2,
                                   mlc__gemm_share, &job);
             }
-            if (job.work && (job.shared || !job.shared_padded))
-                mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
+            if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
         }
@@ -4826,9 +4827,9 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
 #endif
 
 /* The images are shared out between threads: each thread has scratch of its own (col, packing
-   space) and runs the products of its pieces of images itself. With one image, or products through a
-   hook or BLAS (one at a time), the images go in turn and each product may use the threads
-   itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
+   space) and runs the products of its pieces of images itself. With one image, or products
+   through a hook or BLAS (one at a time), the images go in turn and each product may use the
+   threads itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
    most MLC__CONV_SUMS, each its own partial sum, added in order at the end), and the threads
    share out groups, so any thread count gives the same sums (a fixed arena: one group). */
 #define MLC__CONV_SUMS 8
@@ -5205,12 +5206,6 @@ static float mlc__pool_nan(const float *p, int W, int h0, int h1, int w0, int KW
     return best;
 }
 
-/* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
-   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
-   With an argmax each window row and column is one pass over the outputs, visited in the same
-   order as one output at a time, so the argmax is the same (first) one; without, each window
-   is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
-   an argmax its four values are visited in window order, as above). */
 #if MLC__X86
 /* The even (0x88) or odd (0xdd) floats of x then y, in order: shuffle_ps picks them within each
    128-bit lane, permute4x64 puts the lanes' pairs in order */
@@ -5254,6 +5249,13 @@ static void mlc__pool_2x2_avx2(const float *r0, const float *r1, int at0, int W,
 #undef MLC__DEINTERLEAVE
 #endif
 
+/* Max pooling along an output row, over the outputs [lo, hi) whose windows lie inside the
+   input's columns (rows [h0, h1) of plane p; column of output ow's window: ow·SW - PW + j).
+   With an argmax each window row and column is one pass over the outputs, visited in the same
+   order as one output at a time, so the argmax is the same (first) one; without, each window
+   is taken whole in registers. 2x2 with stride 2, the common case, is unrolled either way (with
+   an argmax its four values are visited in window order, as above), 8 outputs at a time where
+   the CPU has AVX2. */
 static void mlc__pool_max_row(const mlc__pool_job *job, const float *p, int h0, int h1, int lo, int hi,
                               float *MLC__RESTRICT y, int *MLC__RESTRICT argmax) {
     const int W = job->x->shape[3], K = job->KW, S = job->SW, left = -job->PW;
