@@ -151,17 +151,25 @@ static int busy_worker_is_left_alone(void) {
     mlc_stats before, after;
     int attempt, u, jobs;
     CHECK(ctx && mlc_threads(ctx) == 2);
-    for (attempt = 0; attempt < 5; attempt++) {         /* the worker may start late */
+    for (attempt = 0; attempt < 10; attempt++) {        /* the worker may start late */
+        before = mlc_get_stats(ctx);
         memset(&job, 0, sizeof job);
         test_parallel(ctx, 8, 1, busy_piece, &job);
         for (u = 0; u < 8; u++) CHECK_MSG(job.ran[u] == 1, "unit %d ran %d times", u, job.ran[u]);
+        if (mlc_get_stats(ctx).jobs_alone > before.jobs_alone) {
+            /* an earlier job (slow under emulation) started a run alone: let it end */
+            for (jobs = 0; jobs <= 1000 && mlc_get_stats(ctx).jobs_shared == before.jobs_shared; jobs++)
+                test_parallel(ctx, 8, 1, count_piece, &job);
+            CHECK_MSG(jobs <= 1000, "a run alone of more than 1000 jobs");
+            continue;
+        }
         before = mlc_get_stats(ctx);
         memset(&job, 0, sizeof job);
         test_parallel(ctx, 8, 1, count_piece, &job);     /* the first job after it */
         for (u = 0; u < 8; u++) CHECK_MSG(job.ran[u] == 1, "unit %d ran %d times", u, job.ran[u]);
         if (mlc_get_stats(ctx).jobs_alone > before.jobs_alone) break;
     }
-    CHECK_MSG(attempt < 5 && job.by_workers == 0, "no job alone after 5 busy workers");
+    CHECK_MSG(attempt < 10 && job.by_workers == 0, "no job alone after 10 busy workers");
     for (jobs = 1; jobs < 1000; jobs++) test_parallel(ctx, 8, 1, count_piece, &job);
     after = mlc_get_stats(ctx);
     CHECK_MSG(after.jobs_alone == before.jobs_alone + 1000 && after.jobs_shared == before.jobs_shared,
