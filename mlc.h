@@ -1028,8 +1028,9 @@ typedef struct mlc__owned {            /* long-lived allocations, freed by mlc_d
 
 /* What is out of date: the host or device copy of the data or gradient; GRAD_ZERO: the gradient
    counts as zeros whatever its buffers, host and device, hold (neither copy is then stale):
-   mlc_zero_grad leaves the writing of the zeros to the first reader, or to a product that
-   overwrites the buffer (mlc__grad_to_overwrite, mlc__device_grad_to_overwrite) */
+   mlc_zero_grad, and backward for a fresh gradient, leave the writing of the zeros to the first
+   reader, or to a backward that overwrites the buffer (mlc__grad_to_overwrite,
+   mlc__device_grad_to_overwrite) */
 enum { MLC__HOST_STALE = 1, MLC__DEVICE_STALE = 2, MLC__GRAD_HOST_STALE = 4, MLC__GRAD_DEVICE_STALE = 8,
        MLC__GRAD_ZERO = 16 };
 
@@ -2171,29 +2172,35 @@ static int mlc__save(mlc__node *call, const void *sizes, size_t bytes) {
     return 1;
 }
 
-/* The gradient buffer of an input that needs one (zeroed on first use), else NULL. */
+/* A host buffer for t's gradient where it has none anywhere yet: it counts as zeros
+   (MLC__GRAD_ZERO), written only by a reader (mlc__grad) or overwritten by the first op that
+   writes it (mlc__grad_to_overwrite). 0 when out of memory. */
+static int mlc__grad_fresh(mlc_tensor *t) {
+    if (t->grad || t->device_grad) return 1;
+    if (!(t->grad = mlc__floats(t->ctx, t->size, "mlc_backward"))) return 0;
+    t->stale |= MLC__GRAD_ZERO;
+    return 1;
+}
+
+/* The gradient buffer of an input that needs one (zeros on first use), else NULL. */
 static float *mlc__grad(mlc_tensor *t) {
-    if (!t || !t->requires_grad) return NULL;
-    if (!t->grad) {
-        t->grad = mlc__floats(t->ctx, t->size, "mlc_backward");
-        if (!t->grad) return NULL;
-        memset(t->grad, 0, t->size * sizeof(float));
-        if (!(t->stale & MLC__GRAD_HOST_STALE)) mlc__host_wrote_grad(t);   /* else the device holds it */
-    }
+    if (!t || !t->requires_grad || !mlc__grad_fresh(t)) return NULL;
     return mlc__host_grad(t);
 }
 
-/* Whether t's gradient exists (made, zeros, when missing): one that counts as zeros stays so,
-   for the op's backward to read (mlc__grad) or overwrite (mlc__grad_to_overwrite) */
+/* Whether t's gradient exists (made when missing): one that counts as zeros stays so, for the
+   op's backward to read (mlc__grad) or overwrite (mlc__grad_to_overwrite) */
 static int mlc__grad_made(mlc_tensor *t) {
-    return (t->grad && (t->stale & MLC__GRAD_ZERO)) || mlc__grad(t) != NULL;
+    return mlc__grad_fresh(t) && ((t->grad && (t->stale & MLC__GRAD_ZERO)) || mlc__grad(t) != NULL);
 }
 
-/* t's gradient for a product that adds into it with *beta: 0 when the gradient counts as zeros
-   (the product overwrites it, and no zeros are written first), else 1 */
+/* t's gradient for a backward that adds into it with *beta: 0 when the gradient counts as zeros
+   (a fresh one, or after mlc_zero_grad): the backward writes over all of it, and no zeros are
+   written first; else 1 */
 static float *mlc__grad_to_overwrite(mlc_tensor *t, float *beta) {
     *beta = 1.0f;
-    if (!t || !t->requires_grad || !t->grad || !(t->stale & MLC__GRAD_ZERO)) return mlc__grad(t);
+    if (!t || !t->requires_grad || !mlc__grad_fresh(t) || !t->grad || !(t->stale & MLC__GRAD_ZERO))
+        return mlc__grad(t);
     t->stale &= ~(unsigned)MLC__GRAD_ZERO;
     *beta = 0.0f;
     return t->grad;
@@ -2784,14 +2791,19 @@ static float mlc__gelu_tanh_slope(float x) {
 }
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
-   gx += g f'(x) backward, given x and y = f(x). Threads share the elements from 64k on. f'(x)
-   goes through a variable: GCC 12 keeps g·(x > 0 ? 1 : 0) written inline as a branch (relu's
-   backward ran scalar, mispredicting on every sign change), and vectorises it this way. */
+   gx += g f'(x) backward, given x and y = f(x) (or, onto a fresh gradient, gx = 0 + g f'(x):
+   the same bits, without zeros written first and read back). Threads share the elements from
+   64k on. f'(x) goes through a variable: GCC 12 keeps g·(x > 0 ? 1 : 0) written inline as a
+   branch (relu's backward ran scalar, mispredicting on every sign change), and vectorises it
+   this way. */
 #define MLC__MAP(expr) MLC__VECTOR_LOOP(i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
-#define MLC__MAP_GRAD(expr) MLC__VECTOR_LOOP(i, 0, n, { \
+#define MLC__MAP_GRAD_LOOP(expr, start) MLC__VECTOR_LOOP(i, 0, n, { \
         const float x = xs[i], y = ys[i], slope = (expr); \
-        gx[i] += g[i] * slope; (void)x; (void)y; \
-    }); break
+        gx[i] = (start) + g[i] * slope; (void)x; (void)y; \
+    })
+#define MLC__MAP_GRAD(expr) \
+    if (overwrite) MLC__MAP_GRAD_LOOP(expr, 0.0f); else MLC__MAP_GRAD_LOOP(expr, gx[i]); \
+    break
 #define MLC__MAP_PARALLEL 65536
 
 #if MLC__X86
@@ -2822,7 +2834,7 @@ static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC_
 
 static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
                             const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
-                            float *MLC__RESTRICT gx, float p, float q) {
+                            float *MLC__RESTRICT gx, int overwrite, float p, float q) {
     size_t i;
 #define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP_GRAD(df);
     switch (kind) {
@@ -2833,25 +2845,31 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
 }
 #undef MLC__MAP
 #undef MLC__MAP_GRAD
+#undef MLC__MAP_GRAD_LOOP
 
-/* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel. */
+/* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel (backward:
+   onto x's gradient, or over it when beta is 0). */
 static void mlc__unary_forward_slice(void *node, int slot, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)slot;
     mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
                        n->out->data + begin, n->args.unary.p, n->args.unary.q);
 }
-static void mlc__unary_grad_slice(void *node, int slot, size_t begin, size_t end) {
-    const mlc__node *n = (const mlc__node *)node;
-    const mlc_tensor *x = n->in[0], *y = n->out;
+typedef struct mlc__unary_grad_job { const mlc__node *n; float *gx, beta; } mlc__unary_grad_job;
+static void mlc__unary_grad_slice(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__unary_grad_job *job = (const mlc__unary_grad_job *)arg;
+    const mlc__node *n = job->n;
     (void)slot;
-    mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, x->data + begin, y->data + begin,
-                    y->grad + begin, x->grad + begin, n->args.unary.p, n->args.unary.q);
+    mlc__unary_grad((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
+                    n->out->data + begin, n->out->grad + begin, job->gx + begin, job->beta == 0.0f,
+                    n->args.unary.p, n->args.unary.q);
 }
 
 static void mlc__unary_backward(mlc__node *n) {
-    if (mlc__grad(n->in[0]))
-        mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, n);
+    mlc__unary_grad_job job;
+    job.n = n;
+    if ((job.gx = mlc__grad_to_overwrite(n->in[0], &job.beta)))
+        mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, &job);
 }
 
 static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, float q) {
@@ -4031,9 +4049,10 @@ MLC__POINTWISE_LOSSES(MLC__LOSS_FUNCTION)
    ============================================================================================ */
 
 static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g */
-    float *gx = mlc__grad(n->in[0]);
-    size_t i;
-    for (i = 0; i < n->out->size; i++) gx[i] += n->out->grad[i];
+    float beta, *gx = mlc__grad_to_overwrite(n->in[0], &beta);
+    if (!gx) return;
+    if (beta == 0.0f) memcpy(gx, n->out->grad, n->out->size * sizeof(float));
+    else mlc__axpy(n->out->size, 1.0f, n->out->grad, gx);
 }
 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
@@ -4846,6 +4865,7 @@ typedef struct mlc__conv_job {
     const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
 #endif
     int by_rows;                        /* backward: dW through mlc__im2row */
+    int gx_overwrite;                   /* backward: gx is fresh, each image written over */
 } mlc__conv_job;
 
 /* Plan the job: how many threads, and their scratch (with_grads: the groups and their partial dW
@@ -4903,7 +4923,8 @@ static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, size_t 
         for (oh = 0; oh < f->OH; oh++) {
             const float *src = cs + (size_t)m * f->Pn + (size_t)oh * f->Wp;
             float *dst = (dx ? job->gx : job->y) + ((i * f->M + m) * f->OH + oh) * OW;
-            if (dx) mlc__axpy((size_t)OW, 1.0f, src, dst);
+            if (dx && job->gx_overwrite) memcpy(dst, src, (size_t)OW * sizeof(float));
+            else if (dx) mlc__axpy((size_t)OW, 1.0f, src, dst);
             else if (!job->bias) memcpy(dst, src, (size_t)OW * sizeof(float));
             else {
                 const float b = job->bias[m];
@@ -5018,9 +5039,11 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                 else
 #endif
                 if (job->gx) {
+                    float *gx = job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
                     mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col,
                               work);
-                    mlc__col2im(cv, Cg, col, job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W);
+                    if (job->gx_overwrite) memset(gx, 0, (size_t)Cg * cv->H * cv->W * sizeof(float));
+                    mlc__col2im(cv, Cg, col, gx);          /* (which adds) */
                 }
                 for (o = 0; job->gb && o < Og; o++) gb[g * Og + o] += mlc__sum8(dy + (size_t)o * P, P);
             }
@@ -5038,9 +5061,10 @@ static void mlc__conv2d_backward(mlc__node *n) {
     mlc__conv_job job;
     size_t fast_floats = 0;
     int by_rows = 0;
+    float gx_beta;
 #ifndef MLC_USE_CBLAS
     mlc__conv_fast fast;
-    if (mlc__grad(x) && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
+    if (x->requires_grad && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
         if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
         fast_floats = (fast.piece_floats + 15) / 16 * 16;
     }
@@ -5056,7 +5080,8 @@ static void mlc__conv2d_backward(mlc__node *n) {
 #endif
     job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats;
     job.x = x->data; job.w = w->data; job.dy = n->out->grad;
-    job.gx = mlc__grad(x); job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
+    job.gx = mlc__grad_to_overwrite(x, &gx_beta); job.gx_overwrite = gx_beta == 0.0f;
+    job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
     mlc__parallel(x->ctx, (size_t)job.sums, job.parallel_from, mlc__conv2d_backward_images, &job);
     for (s = 0; job.sums > 1 && s < job.sums; s++) {   /* the groups' partial sums, in order */
         const float *part = job.scratch + job.sums_at + (size_t)s * ((size_t)cv->O * rows + cv->O);
@@ -5158,6 +5183,7 @@ typedef struct mlc__pool_job {
     mlc_tensor *x, *y;
     float *gx;
     int KH, KW, SH, SW, PH, PW, is_max, exclude_pad, *argmax;
+    int overwrite;                      /* backward: gx is fresh, each plane zeroed before it adds */
 } mlc__pool_job;
 
 /* The job of pooling node n (its arguments, input and output), with gx and argmax */
@@ -5165,7 +5191,7 @@ static void mlc__pool_job_of(mlc__pool_job *job, const mlc__node *n, float *gx, 
     job->x = n->in[0]; job->y = n->out; job->gx = gx; job->argmax = argmax;
     job->KH = n->args.pool.kh; job->KW = n->args.pool.kw; job->SH = n->args.pool.sh;
     job->SW = n->args.pool.sw; job->PH = n->args.pool.ph; job->PW = n->args.pool.pw;
-    job->is_max = n->args.pool.is_max; job->exclude_pad = n->args.pool.exclude_pad;
+    job->is_max = n->args.pool.is_max; job->exclude_pad = n->args.pool.exclude_pad; job->overwrite = 0;
 }
 
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
@@ -5377,6 +5403,7 @@ static void mlc__pool_planes_backward(void *arg, int slot, size_t begin, size_t 
         const float *g = job->y->grad + pl * OH * OW;
         float *gx = job->gx + pl * H * W;
         const int *argmax = job->argmax ? job->argmax + pl * OH * OW : NULL;
+        if (job->overwrite) memset(gx, 0, (size_t)H * W * sizeof(float));
         for (oh = 0; oh < OH; oh++)
             for (ow = 0; ow < OW; ow++) {
                 if (argmax) {
@@ -5399,7 +5426,10 @@ static size_t mlc__pool_parallel_from(const mlc_tensor *y) {
 
 static void mlc__pool_backward(mlc__node *n) {
     mlc__pool_job job;
-    mlc__pool_job_of(&job, n, mlc__grad(n->in[0]), (int *)n->saved);
+    float beta;
+    mlc__pool_job_of(&job, n, mlc__grad_to_overwrite(n->in[0], &beta), (int *)n->saved);
+    job.overwrite = beta == 0.0f;
+    if (!job.gx) return;
     mlc__parallel(n->out->ctx, (size_t)job.x->shape[0] * job.x->shape[1], mlc__pool_parallel_from(job.y),
                   mlc__pool_planes_backward, &job);
 }

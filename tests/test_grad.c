@@ -300,6 +300,45 @@ GRAD(avg_pool2d_exclude_pad, ANY, S(4, 1, 2, 6, 5))
 GRAD(max_pool2d_hw, DISTINCT, S(4, 1, 2, 5, 6))
 GRAD(avg_pool2d_hw, ANY, S(4, 1, 2, 5, 6))
 
+/* An intermediate read by two ops: the backward that runs first (the op recorded last) writes
+   over the fresh gradient, with no zeros written first; the other adds. Each op whose backward
+   can write over one, recorded before and after the other reader (h·h). */
+static mlc_tensor *read_twice(mlc_tensor *h, mlc_tensor *(*op)(mlc_tensor *, mlc_tensor *), mlc_tensor *w,
+                              int op_last) {
+    mlc_tensor *a = op_last ? NULL : op(h, w), *b = mlc_mul(h, h);
+    if (op_last) a = op(h, w);
+    return mlc_add(mlc_sum_all(a), mlc_sum_all(b));
+}
+static mlc_tensor *relu_of(mlc_tensor *h, mlc_tensor *w) { (void)w; return mlc_relu(h); }
+static mlc_tensor *flatten_of(mlc_tensor *h, mlc_tensor *w) { (void)w; return mlc_flatten(h, 1); }
+static mlc_tensor *max_pool_of(mlc_tensor *h, mlc_tensor *w) { (void)w; return mlc_max_pool2d(h, 2, 2, 0); }
+static mlc_tensor *avg_pool_of(mlc_tensor *h, mlc_tensor *w) { (void)w; return mlc_avg_pool2d(h, 3, 2, 1); }
+static mlc_tensor *conv_of(mlc_tensor *h, mlc_tensor *w) { return mlc_conv2d(h, w, NULL, conv_opts(1, 1, 1, 1)); }
+static mlc_tensor *conv_strided_of(mlc_tensor *h, mlc_tensor *w) {
+    return mlc_conv2d(h, w, NULL, conv_opts(2, 1, 1, 1));
+}
+#define READ_TWICE(name, op, w) \
+    FN(name##_read_twice) { (void)u; return read_twice(mlc_mul_scalar(x[0], 1.5f), op, w, 0); } \
+    FN(name##_read_twice_last) { (void)u; return read_twice(mlc_mul_scalar(x[0], 1.5f), op, w, 1); }
+READ_TWICE(relu, relu_of, NULL)
+READ_TWICE(flatten, flatten_of, NULL)
+READ_TWICE(max_pool, max_pool_of, NULL)
+READ_TWICE(avg_pool, avg_pool_of, NULL)
+READ_TWICE(conv, conv_of, x[1])
+READ_TWICE(conv_strided, conv_strided_of, x[1])
+GRAD(relu_read_twice, DISTINCT, S(2, 3, 4))
+GRAD(relu_read_twice_last, DISTINCT, S(2, 3, 4))
+GRAD(flatten_read_twice, ANY, S(3, 2, 3, 4))
+GRAD(flatten_read_twice_last, ANY, S(3, 2, 3, 4))
+GRAD(max_pool_read_twice, DISTINCT, S(4, 2, 2, 4, 4))
+GRAD(max_pool_read_twice_last, DISTINCT, S(4, 2, 2, 4, 4))
+GRAD(avg_pool_read_twice, ANY, S(4, 1, 2, 5, 5))
+GRAD(avg_pool_read_twice_last, ANY, S(4, 1, 2, 5, 5))
+GRAD(conv_read_twice, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
+GRAD(conv_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
+GRAD(conv_strided_read_twice, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
+GRAD(conv_strided_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
+
 /* a composition: causal self-attention, one head */
 FN(attention) {
     static const float causal[] = { 0, 1, 1, 0, 0, 1, 0, 0, 0 };
@@ -344,6 +383,9 @@ const test_case tests_grad[] = {
     T(conv2d) T(conv2d_stride_pad) T(conv2d_dilation) T(conv2d_groups) T(conv2d_depthwise) T(conv2d_hw)
     T(max_pool2d) T(max_pool2d_overlap) T(avg_pool2d) T(global_avg_pool2d) T(max_pool2d_ceil)
     T(avg_pool2d_ceil) T(avg_pool2d_exclude_pad) T(max_pool2d_hw) T(avg_pool2d_hw)
+    T(relu_read_twice) T(relu_read_twice_last) T(flatten_read_twice) T(flatten_read_twice_last) T(max_pool_read_twice) T(max_pool_read_twice_last)
+    T(avg_pool_read_twice) T(avg_pool_read_twice_last) T(conv_read_twice) T(conv_read_twice_last)
+    T(conv_strided_read_twice) T(conv_strided_read_twice_last)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };
