@@ -2501,6 +2501,18 @@ static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *ML
     MLC__VECTOR_LOOP(j, 0, n, { c[j] += v * b[j]; });
 }
 
+/* relu fused into an op (conv2d): v = relu(v) over n floats, and backward gx = 0 + g·(y > 0):
+   the bits of mlc_relu's maps (its MLC__UNARY_KINDS line) */
+static void mlc__relu_row(size_t n, float *v) {
+    size_t j;
+    MLC__VECTOR_LOOP(j, 0, n, { const float x = v[j]; v[j] = x < 0 ? 0.0f : x; });
+}
+static void mlc__relu_grad_row(size_t n, const float *MLC__RESTRICT y, const float *MLC__RESTRICT g,
+                               float *MLC__RESTRICT gx) {
+    size_t j;
+    MLC__VECTOR_LOOP(j, 0, n, { const float slope = y[j] > 0 ? 1.0f : 0.0f; gx[j] = 0.0f + g[j] * slope; });
+}
+
 /* ============================================================================================
    Elementwise ops with broadcasting
    Shapes align from the right; a dimension of 1 stretches. Each operand is walked by rows of
@@ -4679,8 +4691,10 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
               windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
-/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width */
-typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups; } mlc__conv;
+/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width; relu: the
+   output is relu(y), fused on the CPU (Sequential's Conv2d then ReLU), and backward takes
+   dy = g·(y > 0) image by image */
+typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, relu; } mlc__conv;
 
 /* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
 static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
@@ -4860,7 +4874,7 @@ typedef struct mlc__conv_job {
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
     float *y, *gx, *gw, *gb;
     float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
-    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, sums_at;
+    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, sums_at;
 #ifndef MLC_USE_CBLAS
     const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
 #endif
@@ -4913,10 +4927,11 @@ static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__c
                   <= 2147483647LL / f->C;
 }
 
-/* image i through the fast path: forward y = its output + b, backward dx += its output */
-static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, size_t i, int dx) {
+/* image i (its input `in`: x, or dy) through the fast path: forward y = its output + b (then
+   relu), backward dx += its output */
+static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in, size_t i, int dx) {
     const mlc__conv_fast *f = job->fast;
-    const float *cs = mlc__conv_fast_image(f, (dx ? job->dy : job->x) + i * f->C * f->H * f->W, scratch);
+    const float *cs = mlc__conv_fast_image(f, in, scratch);
     const int OW = dx ? job->cv->W : job->cv->OW;
     int m, oh, ow;
     for (m = 0; m < f->M; m++)
@@ -4931,6 +4946,7 @@ static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, size_t 
                 MLC__OMP(omp simd)
                 for (ow = 0; ow < OW; ow++) dst[ow] = src[ow] + b;
             }
+            if (!dx && job->cv->relu) mlc__relu_row((size_t)OW, dst);
         }
 }
 #endif
@@ -4946,7 +4962,10 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
     size_t i;
     for (i = begin; i < end; i++) {
 #ifndef MLC_USE_CBLAS
-        if (job->fast) { mlc__conv_fast_out(job, col + job->fast_at, i, 0); continue; }
+        if (job->fast) {
+            mlc__conv_fast_out(job, col + job->fast_at, job->x + i * cv->C * cv->H * cv->W, i, 0);
+            continue;
+        }
 #endif
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
@@ -4959,6 +4978,7 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
             mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
             mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col,
                       job->bias ? 1.0f : 0.0f, y, work);
+            if (cv->relu) mlc__relu_row((size_t)Og * P, y);
         }
     }
 }
@@ -5015,6 +5035,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
     float *col = job->scratch + (size_t)slot * job->slot_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
     float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
+    float *dy_relu = col + job->relu_at;                 /* (relu) the image's g·(y > 0) */
     const size_t sum_floats = (size_t)cv->O * rows + cv->O;
     size_t i, s;
     int c, t, T = cv->KH * cv->KW;
@@ -5023,9 +5044,14 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
               *gb = job->sums > 1 ? gw + (size_t)cv->O * rows : job->gb;
         if (job->sums > 1) memset(gw, 0, sum_floats * sizeof(float));
         if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
-        for (i = (size_t)cv->N * s / (size_t)job->sums; i < (size_t)cv->N * (s + 1) / (size_t)job->sums; i++)
+        for (i = (size_t)cv->N * s / (size_t)job->sums; i < (size_t)cv->N * (s + 1) / (size_t)job->sums; i++) {
+            const float *dy_image = job->dy + i * cv->O * P;
+            if (cv->relu) {
+                mlc__relu_grad_row((size_t)cv->O * P, job->y + i * cv->O * P, dy_image, dy_relu);
+                dy_image = dy_relu;
+            }
             for (g = 0; g < cv->groups; g++) {
-                const float *dy = job->dy + (i * cv->O + (size_t)g * Og) * P;
+                const float *dy = dy_image + (size_t)g * Og * P;
                 if (job->by_rows) {
                     mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
                     mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
@@ -5035,7 +5061,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                     mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
                 }
 #ifndef MLC_USE_CBLAS
-                if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, i, 1);
+                if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, dy_image, i, 1);
                 else
 #endif
                 if (job->gx) {
@@ -5047,6 +5073,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                 }
                 for (o = 0; job->gb && o < Og; o++) gb[g * Og + o] += mlc__sum8(dy + (size_t)o * P, P);
             }
+        }
         for (o = 0; job->by_rows && o < cv->O; o++)        /* (i, j, c) back to (c, i, j) */
             for (c = 0; c < cv->C; c++)
                 for (t = 0; t < T; t++)
@@ -5059,7 +5086,7 @@ static void mlc__conv2d_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0], *w = n->in[1];
     int rows = cv->C / cv->groups * cv->KH * cv->KW, s;
     mlc__conv_job job;
-    size_t fast_floats = 0;
+    size_t fast_floats = 0, rows_floats, relu_floats = cv->relu ? (size_t)cv->O * cv->OH * cv->OW : 0;
     int by_rows = 0;
     float gx_beta;
 #ifndef MLC_USE_CBLAS
@@ -5071,15 +5098,14 @@ static void mlc__conv2d_backward(mlc__node *n) {
     by_rows = mlc__grad(w) && !x->ctx->config.gemm && !x->ctx->config.arena && cv->groups == 1
               && rows > MLC__CONV_DOT_ROWS;             /* (its scratch: x channels last, dW) */
 #endif
-    if (!mlc__conv_plan(&job, x->ctx, cv, 1,
-                        fast_floats + (by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0),
-                        "mlc_conv2d backward"))
+    rows_floats = by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0;
+    if (!mlc__conv_plan(&job, x->ctx, cv, 1, fast_floats + rows_floats + relu_floats, "mlc_conv2d backward"))
         return;
 #ifndef MLC_USE_CBLAS
     job.fast = fast_floats ? &fast : NULL;
 #endif
-    job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats;
-    job.x = x->data; job.w = w->data; job.dy = n->out->grad;
+    job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats; job.relu_at = job.rows_at + rows_floats;
+    job.x = x->data; job.w = w->data; job.y = n->out->data; job.dy = n->out->grad;
     job.gx = mlc__grad_to_overwrite(x, &gx_beta); job.gx_overwrite = gx_beta == 0.0f;
     job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
     mlc__parallel(x->ctx, (size_t)job.sums, job.parallel_from, mlc__conv2d_backward_images, &job);
@@ -5113,7 +5139,8 @@ static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, 
 /* An option where 0 takes def (the height's value for a width's field) and MLC_ZERO_INT is 0 */
 static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
-MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
+/* conv2d, then (relu) relu fused into it on the CPU; on a device the two ops run in turn */
+static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts, int relu) {
     mlc__conv cv;
     mlc_tensor *out;
     mlc__node call;
@@ -5125,6 +5152,8 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 #endif
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
+    if (relu && x->on_device) return mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
+    cv.relu = relu;
     cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
     cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
     cv.sw = mlc__int_setting(opts.stride_w, cv.sh); cv.pw = mlc__int_setting(opts.padding_w, cv.ph);
@@ -5175,6 +5204,9 @@ MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
     mlc__parallel(ctx, (size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
     mlc__record(&call);
     return out;
+}
+MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
+    return mlc__conv2d(x, weight, bias, opts, 0);
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. Kernel KH x
@@ -6348,9 +6380,16 @@ MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int n
     return m;
 }
 
+/* The children in turn; a Conv2d followed by a ReLU is one op (relu fused into conv2d) */
 static mlc_tensor *mlc__sequential_forward(mlc_module *m, mlc_tensor *x) {
     int i;
-    for (i = 0; i < m->n_children && x; i++) x = mlc_forward(m->children[i], x);
+    for (i = 0; i < m->n_children && x; i++) {
+        const mlc_module *c = m->children[i];
+        if (c->forward == mlc__conv2d_forward && i + 1 < m->n_children
+            && m->children[i + 1]->forward == mlc__relu_forward && x->ctx == m->ctx)
+            x = mlc__conv2d(x, c->params[0], c->params[1], c->conv, 1), i++;
+        else x = mlc_forward(m->children[i], x);
+    }
     return x;
 }
 

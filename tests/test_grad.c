@@ -339,6 +339,39 @@ GRAD(conv_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 GRAD(conv_strided_read_twice, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 GRAD(conv_strided_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 
+/* conv2d with relu fused into it (Sequential's Conv2d then ReLU on the CPU), fast and general
+   path: the biases ±2 and small x and weights keep every output far from relu's kink */
+static mlc_tensor *f_sequential(mlc_tensor **x, void *net) { return mlc_forward((mlc_module *)net, x[0]); }
+static int grad_conv2d_relu_fused(void) {
+    static const mlc_conv_opts opts[] = { { .padding = 1 }, { .stride = 2, .padding = 1, .groups = 2 } };
+    mlc_gradcheck_opts tol = { 5e-3, 2e-3, 1e-2 };
+    int k;
+    for (k = 0; k < 2; k++) {
+        mlc_ctx *ctx = test_ctx(5);
+        mlc_module *conv = mlc_nn_conv2d(ctx, 4, 6, 3, opts[k]);
+        mlc_module *net = mlc_nn_sequential(ctx, conv, mlc_nn_relu(ctx), NULL);
+        mlc_tensor *in[3];
+        mlc_gradcheck_report rep;
+        float v[256];
+        int i, t;
+        CHECK(net != NULL);
+        in[0] = mlc_requires_grad(mlc_empty(ctx, 4, (int[]){ 2, 4, 5, 5 }), 1);
+        in[1] = conv->params[0]; in[2] = conv->params[1];
+        for (t = 0; t < 2; t++) {
+            CHECK(in[t]->size <= 256);
+            for (i = 0; i < (int)in[t]->size; i++) v[i] = 0.1f * mlc_rand_normal(ctx);
+            CHECK(mlc_write(in[t], v, in[t]->size) == MLC_OK);
+        }
+        for (i = 0; i < 6; i++) v[i] = i % 2 ? -2.0f : 2.0f;
+        CHECK(mlc_write(in[2], v, 6) == MLC_OK);
+        CHECK_MSG(mlc_gradcheck(ctx, f_sequential, net, in, 3, &tol, &rep),
+                  "case %d: input %d element %zu: analytic %.6g numeric %.6g (%s)", k, rep.worst_input,
+                  rep.worst_index, rep.analytic, rep.numeric, mlc_error(ctx) ? mlc_error_message(ctx) : "no error");
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 /* a composition: causal self-attention, one head */
 FN(attention) {
     static const float causal[] = { 0, 1, 1, 0, 0, 1, 0, 0, 0 };
@@ -386,6 +419,7 @@ const test_case tests_grad[] = {
     T(relu_read_twice) T(relu_read_twice_last) T(flatten_read_twice) T(flatten_read_twice_last) T(max_pool_read_twice) T(max_pool_read_twice_last)
     T(avg_pool_read_twice) T(avg_pool_read_twice_last) T(conv_read_twice) T(conv_read_twice_last)
     T(conv_strided_read_twice) T(conv_strided_read_twice_last)
+    T(conv2d_relu_fused)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };

@@ -429,6 +429,51 @@ static int conv2d_forward(void) {
     return 1;
 }
 
+/* Sequential runs a Conv2d followed by a ReLU as one op on the CPU (relu fused into conv2d: one
+   tape node) with the same bits, output and gradients of x, weight and bias, as mlc_conv2d then
+   mlc_relu in a context made alike: on the fast path (stride 1), the general one (stride 2,
+   groups) and without padding; on a device the two run in turn. */
+static int sequential_fuses_conv_relu(void) {
+    static const mlc_conv_opts opts[] = { { .padding = 1 }, { .stride = 2, .padding = 1, .groups = 2 }, { 0 } };
+    int k, side, u;
+    for (k = 0; k < 3; k++) {
+        mlc_ctx *ctx[2];
+        mlc_tensor *x[2], *y[2], *got[2][4];
+        mlc_module *conv[2];
+        for (side = 0; side < 2; side++) {         /* 0: the Sequential, 1: the two ops */
+            mlc_module *net;
+            mlc_tensor *r;
+            ctx[side] = test_ctx(11 + (unsigned)k);
+            conv[side] = mlc_nn_conv2d(ctx[side], 4, 6, 3, opts[k]);
+            net = mlc_nn_sequential(ctx[side], conv[side], mlc_nn_relu(ctx[side]), NULL);
+            x[side] = mlc_requires_grad(mlc_randn(ctx[side], MLC_SHAPE(3, 4, 9, 9)), 1);
+            CHECK(net && x[side]);
+            y[side] = side ? mlc_relu(mlc_conv2d(x[side], conv[side]->params[0], conv[side]->params[1], opts[k]))
+                           : mlc_forward(net, x[side]);
+            CHECK(y[side] != NULL);
+            if (side == 0)
+                CHECK_MSG(mlc_get_stats(ctx[0]).tape_nodes == (test_device_fail_at(ctx[0], -1) < 0 ? 1u : 2u),
+                          "case %d: %zu tape nodes", k, mlc_get_stats(ctx[0]).tape_nodes);
+            r = mlc_randn(ctx[side], 4, y[side]->shape);
+            CHECK(mlc_backward(mlc_sum_all(mlc_mul(y[side], r))) == MLC_OK);
+            got[side][0] = y[side]; got[side][1] = x[side];
+            got[side][2] = conv[side]->params[0]; got[side][3] = conv[side]->params[1];
+        }
+        for (u = 0; u < 4; u++) {
+            const float *a = u ? mlc_host_grad(got[0][u]) : mlc_host_data(got[0][u]);
+            const float *b = u ? mlc_host_grad(got[1][u]) : mlc_host_data(got[1][u]);
+            size_t i;
+            CHECK(a && b && got[0][u]->size == got[1][u]->size);
+            for (i = 0; i < got[0][u]->size; i++)
+                CHECK_MSG(test_same_float(a[i], b[i]), "case %d, %s [%zu]: %.9g fused, %.9g apart", k,
+                          u == 0 ? "y" : u == 1 ? "dx" : u == 2 ? "dweight" : "dbias", i, (double)a[i], (double)b[i]);
+        }
+        test_destroy(ctx[0]);
+        test_destroy(ctx[1]);
+    }
+    return 1;
+}
+
 static int pool_flatten_forward(void) {
     mlc_ctx *ctx = test_ctx(4);
     mlc_module *maxp = mlc_nn_max_pool2d(ctx, 2, 0), *avgp = mlc_nn_avg_pool2d(ctx, 3, 2), *gap = mlc_nn_global_avg_pool2d(ctx);
@@ -593,6 +638,7 @@ const test_case tests_modules[] = {
     TEST(batch_norm_2d_statistics)
     TEST(linear_forward)
     TEST(conv2d_forward)
+    TEST(sequential_fuses_conv_relu)
     TEST(pool_flatten_forward)
     TEST(embedding_layer_norm_forward)
     TEST(activation_modules_forward)
