@@ -28,11 +28,13 @@
    PyTorch's numbers come from bench/torch_bench.py (same models, same data), read from a file.
 
    Usage:
-     bench [--quick] [--torch FILE] [--rss FILE] [--plain-exe PLAIN]
+     bench [--quick] [--torch FILE] [--torch-cmd CMD] [--rss FILE] [--plain-exe PLAIN]
                               measure everything, print both tables (FILE: "key value" lines
                               from the other runs; PLAIN: the plain `cc -O2` build of this
-                              file, run as `PLAIN --epochs-only --kv ...` before each
-                              1-thread epoch run)
+                              file, run as `PLAIN --kv --epochs-only ...` before each
+                              1-thread epoch run; CMD: PyTorch's epoch run, as `CMD
+                              --epochs-only --model M --threads N --runs 1 --samples S`, just
+                              before each of mlc's, for paired ratios)
      bench --rss-child        train the MLP only; print its peak RSS
    Options for quick iteration on the epoch rows:
      --epochs-only            only the epoch rows (and the FMA peak), not the micro-benchmarks
@@ -987,23 +989,30 @@ typedef struct epoch_table {
     const char *plain_exe;              /* the plain `cc -O2` build, run before each 1-thread run */
     double plain[BENCH_MODELS][3];      /* its samples/s: median, min, max (NAN: not run) */
     double plain_ratio[BENCH_MODELS][3];/* its samples/s / the 1-thread run's, run by run */
+    const char *torch_cmd;              /* PyTorch's epoch run, just before each of mlc's (NULL: the
+                                           --torch file's rows, measured before mlc's) */
+    double torch[BENCH_MODELS][2][3];   /* its samples/s per setting: median, min, max */
+    double vs_torch[BENCH_MODELS][2][3];/* mlc / PyTorch on as many threads, run by run */
+    double vs_best[BENCH_MODELS][2][3]; /* mlc / PyTorch's faster setting of the same run */
 } epoch_table;
 
-/* One epoch run of the plain build (`PLAIN --epochs-only --kv`, 1 thread): its samples/s, NAN
-   when it fails */
-static double plain_run(const char *plain_exe, const bench_model *m, long samples, int run, int runs) {
+/* One epoch run in a process of its own: `COMMAND --epochs-only --model M --threads N --runs 1
+   --samples S` prints "key value" lines (the plain build with --kv, torch_bench.py); its
+   samples/s, NAN when it fails. `who` names it in the line on stderr. */
+static double child_run(const char *command_prefix, const char *who, const bench_model *m, int threads,
+                        long samples, int run, int runs) {
     char command[1200], key[64];
     kv_file out;
     FILE *child;
     double sps = NAN;
-    snprintf(command, sizeof command, "'%s' --epochs-only --kv --model %s --threads 1 --runs 1 --samples %ld "
-             "2>/dev/null", plain_exe, m->name, samples);
+    snprintf(command, sizeof command, "%s --epochs-only --model %s --threads %d --runs 1 --samples %ld "
+             "2>/dev/null", command_prefix, m->name, threads, samples);
     if ((child = popen(command, "r")) != NULL) {
         kv_parse(&out, child);
-        if (pclose(child) == 0) sps = kv_num(&out, epoch_key(key, m, 1, "median"));
+        if (pclose(child) == 0) sps = kv_num(&out, epoch_key(key, m, threads, "median"));
     }
-    fprintf(stderr, "bench: %s, plain cc -O2 build, 1 thread, run %d/%d: %.0f samples/s\n", m->label, run + 1,
-            runs, sps);
+    fprintf(stderr, "bench: %s, %s, %d thread%s, run %d/%d: %.0f samples/s\n", m->label, who, threads,
+            threads > 1 ? "s" : "", run + 1, runs, sps);
     return sps;
 }
 
@@ -1012,7 +1021,9 @@ static double plain_run(const char *plain_exe, const bench_model *m, long sample
    minutes): the thread scaling is taken run by run, from such pairs. A line per run on stderr. */
 static void measure_epochs(epoch_table *et, const dataset *d, long samples, int runs) {
     static epoch_run got[BENCH_MODELS][2][MAX_RUNS];
-    static double plain[BENCH_MODELS][MAX_RUNS];
+    static double plain[BENCH_MODELS][MAX_RUNS], torch[BENCH_MODELS][2][MAX_RUNS];
+    char plain_cmd[1100];
+    snprintf(plain_cmd, sizeof plain_cmd, "'%s' --kv", et->plain_exe ? et->plain_exe : "");
     for (int s = 0; s < et->settings; s++) et->peak[s] = fma_peak_gflops(et->threads[s], &et->isa);
     for (int r = 0; r < runs; r++)
         for (int m = 0; m < BENCH_MODELS; m++)
@@ -1020,7 +1031,9 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
                 const bench_model *bm = &bench_models[m];
                 epoch_run *one = &got[m][s][r];
                 if (et->threads[s] == 1 && et->plain_exe)
-                    plain[m][r] = plain_run(et->plain_exe, bm, samples, r, runs);
+                    plain[m][r] = child_run(plain_cmd, "plain cc -O2 build", bm, 1, samples, r, runs);
+                if (et->torch_cmd)
+                    torch[m][s][r] = child_run(et->torch_cmd, "PyTorch", bm, et->threads[s], samples, r, runs);
                 *one = epoch_once(bm, d, et->threads[s], samples, r);
                 fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f (first steps) -> "
                         "%.3f (last)\n", bm->label, et->threads[s], et->threads[s] > 1 ? "s" : "", r + 1, runs,
@@ -1030,7 +1043,21 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
         double ratio[MAX_RUNS];
         for (int k = 0; k < 3; k++) et->scaling[m][k] = et->plain[m][k] = et->plain_ratio[m][k] = NAN;
         if (!et->model_on[m]) continue;
-        for (int s = 0; s < et->settings; s++) et->rows[m][s] = epoch_row_of(got[m][s], runs);
+        for (int s = 0; s < et->settings; s++) {
+            et->rows[m][s] = epoch_row_of(got[m][s], runs);
+            for (int k = 0; k < 3; k++) et->torch[m][s][k] = et->vs_torch[m][s][k] = et->vs_best[m][s][k] = NAN;
+            if (!et->torch_cmd) continue;
+            for (int r = 0; r < runs; r++) ratio[r] = got[m][s][r].sps / torch[m][s][r];
+            median_of(ratio, runs, &et->vs_torch[m][s][0], &et->vs_torch[m][s][1], &et->vs_torch[m][s][2]);
+            for (int r = 0; r < runs; r++) {
+                double best = torch[m][s][r];
+                for (int o = 0; o < et->settings; o++) best = torch[m][o][r] > best ? torch[m][o][r] : best;
+                ratio[r] = got[m][s][r].sps / best;
+            }
+            median_of(ratio, runs, &et->vs_best[m][s][0], &et->vs_best[m][s][1], &et->vs_best[m][s][2]);
+        }
+        for (int s = 0; s < et->settings && et->torch_cmd; s++)
+            median_of(torch[m][s], runs, &et->torch[m][s][0], &et->torch[m][s][1], &et->torch[m][s][2]);
         if (et->settings == 2) {
             for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / got[m][0][r].sps;
             median_of(ratio, runs, &et->scaling[m][0], &et->scaling[m][1], &et->scaling[m][2]);
@@ -1099,10 +1126,16 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
         double tall = kv_num(torch, epoch_key(key, bm, torch_all, "median"));
         double best = isnan(t1) || tall > t1 ? tall : t1;
         if (!et->model_on[m]) continue;
+        if (et->torch_cmd) {            /* run by run, beside mlc's */
+            t1 = one >= 0 ? et->torch[m][one][0] : NAN;
+            tall = all >= 0 ? et->torch[m][all][0] : NAN;
+        }
         for (int s = 0; s < et->settings; s++) {
             const epoch_row *e = &et->rows[m][s];
             int n = et->threads[s];
             double same = kv_num(torch, epoch_key(key, bm, n, "median")), target = 0, ratio = NAN;
+            double vs_same = e->median / same, vs_best = e->median / best;
+            if (et->torch_cmd) vs_same = et->vs_torch[m][s][0], vs_best = et->vs_best[m][s][0];
             int loss_ok = isfinite(e->loss_last) && e->loss_last < e->loss_first;
             snprintf(what, sizeof what, "%s, %d thread%s", bm->label, n, n > 1 ? "s" : "");
             snprintf(col[0], 32, "%.0f-%.0f", e->min, e->max);
@@ -1110,18 +1143,17 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
             snprintf(col[2], 32, "%.3f>%.3f", e->loss_first, e->loss_last);
             goal[0] = verdict[0] = '\0';
             if (n == 1) {
-                target = bm->target_one, ratio = e->median / same;
+                target = bm->target_one, ratio = vs_same;
                 snprintf(goal, sizeof goal, ">= %gx PyTorch 1 thread", target);
             } else if (n == all_threads) {
-                target = bm->target_all, ratio = e->median / best;
+                target = bm->target_all, ratio = vs_best;
                 snprintf(goal, sizeof goal, ">= %gx PyTorch best", target);
             }
             if (target > 0) verdict_of(verdict, ratio, target);
             if (!loss_ok) snprintf(verdict, sizeof verdict, "bad loss");
             printf(EPOCH_ROW, what, num(col[3], e->median, 0), isnan(e->min) ? "-" : col[0],
                    isnan(et->peak[s]) || isnan(e->median) ? "-" : col[1], col[2], num(col[4], t1, 0),
-                   num(col[5], tall, 0), times(col[6], e->median / same), times(col[7], e->median / best),
-                   goal, verdict);
+                   num(col[5], tall, 0), times(col[6], vs_same), times(col[7], vs_best), goal, verdict);
         }
         if (one >= 0 && all >= 0 && all_threads > 1) {
             snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
@@ -1146,10 +1178,11 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
            "half the steps when a run has fewer than 200), averaged over the runs; it must fall (else\n"
            "\"bad loss\").\n"
            "PyTorch 1, PyTorch %d: its samples/s on 1 and on %d threads (the same loop, the median run);\n"
-           "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting.\n"
+           "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting%s.\n"
            "N threads / 1 thread: each run trains on 1 thread, then at once on N; the median of the\n"
            "runs' ratios, their range in the min-max column; the target holds for every run.\n",
-           torch_all, torch_all);
+           torch_all, torch_all,
+           et->torch_cmd ? " (PyTorch's\nrun on as many threads just before each of mlc's: the median of the runs' ratios)" : "");
     if (et->plain_exe) {
         printf("plain cc -O2 build (no -fopenmp, no -fno-math-errno, no -march), 1 thread, run just before\n"
                "each 1-thread run (the ratio row: the median of the runs' ratios):");
@@ -1180,13 +1213,14 @@ static void row(const char *what, const char *unit, double mlc, double hook, dou
 }
 
 static int usage(const char *name) {
-    fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--rss FILE] [--plain-exe PLAIN] [--epochs-only [--kv]]\n"
+    fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--torch-cmd CMD] [--rss FILE] [--plain-exe PLAIN]\n"
+            "       [--epochs-only [--kv]]\n"
             "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N]  |  --rss-child\n", name);
     return 2;
 }
 
 int main(int argc, char **argv) {
-    const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *model = NULL;
+    const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *torch_cmd = NULL, *model = NULL;
     int epochs_only = 0, as_kv = 0, threads = 0, runs = 0;
     long samples = 0;
     epoch_table et = { 0 };
@@ -1204,6 +1238,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--torch") == 0 && valued) torch_path = argv[++i];
         else if (strcmp(a, "--rss") == 0 && valued) rss_path = argv[++i];
         else if (strcmp(a, "--plain-exe") == 0 && valued) plain_exe = argv[++i];
+        else if (strcmp(a, "--torch-cmd") == 0 && valued) torch_cmd = argv[++i];
         else if (strcmp(a, "--model") == 0 && valued) model = argv[++i];
         else if (strcmp(a, "--threads") == 0 && valued) threads = atoi(argv[++i]);
         else if (strcmp(a, "--samples") == 0 && valued) samples = atol(argv[++i]);
@@ -1228,7 +1263,7 @@ int main(int argc, char **argv) {
     kv_file torch, rss;
     kv_read(&torch, torch_path);
     kv_read(&rss, rss_path);
-    et.plain_exe = plain_exe;
+    et.plain_exe = plain_exe; et.torch_cmd = torch_cmd;
     int have_torch = kv_str(&torch, "torch_version") != NULL;
     double t0 = now();
     cpu_mark start_mark = cpu_now();

@@ -75,7 +75,9 @@ for py in python3 /usr/bin/python3; do
     if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import torch' >/dev/null 2>&1; then
         TORCH_PY=$py
         echo "bench: running bench/torch_bench.py with $py"
-        if "$py" bench/torch_bench.py $QUICK > "$BUILD/bench_torch.txt"; then
+        # its micro-benchmarks now; its epoch runs come one by one, each just before mlc's run on
+        # as many threads (--torch-cmd), so that each ratio compares the two at the same moment
+        if "$py" bench/torch_bench.py $QUICK --no-epochs > "$BUILD/bench_torch.txt"; then
             TORCH_ARGS="--torch $BUILD/bench_torch.txt"
         else
             echo "bench: bench/torch_bench.py failed: the PyTorch column is skipped"
@@ -87,7 +89,12 @@ done
 
 # 1-4. mlc (and OpenBLAS), then the table
 echo "bench: measuring mlc ..."
-"$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $TORCH_ARGS $PLAIN_ARGS
+if [ -n "$TORCH_ARGS" ]; then
+    "$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $TORCH_ARGS --torch-cmd "$TORCH_PY bench/torch_bench.py" \
+        $PLAIN_ARGS
+else
+    "$BUILD/bench" $QUICK --rss "$BUILD/bench_rss.txt" $PLAIN_ARGS
+fi
 # CPU time of other processes during the run: all busy ticks minus our own CPU time (`times`:
 # the second line is the children's user and system time, as 1m2.5s).
 set -- $run_start $(cpu_ticks)

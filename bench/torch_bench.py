@@ -16,10 +16,13 @@ scaling of a batch is not timed, forward to opt.step() is; samples/s = samples /
 time; median, min and max of the runs; the mean loss of the first and of the last 100 steps
 (of half the steps when a run has fewer than 200).
 
-Usage: python3 bench/torch_bench.py [--quick] [--epochs-only] [--model mlp|cnn] [--threads N]
-                                    [--samples N] [--runs N]
+Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs] [--model mlp|cnn]
+                                    [--threads N] [--samples N] [--runs N]
     --quick         short runs: 1 run of a tenth of an epoch, short micro-benchmark chunks
     --epochs-only   only the epoch rows
+    --no-epochs     only the micro-benchmarks (bench/run.sh: bench.c then runs the epoch rows
+                    one run at a time, each just before its own on as many threads, with
+                    --epochs-only --runs 1)
     --model         one model's epoch rows only
     --threads N     the epoch rows on N threads only (default: 1 and all the CPUs online)
     --samples N     samples per run (default: one epoch, 60000; --quick: a tenth)
@@ -301,7 +304,7 @@ def main(args):
     runs = args.runs or (1 if QUICK else 3)
     settings = [args.threads] if args.threads else sorted({1, ALL_THREADS})
     for name, build, shape in (("mlp", fashion_mlp, (784,)), ("cnn", fashion_cnn, (1, 28, 28))):
-        if args.model in (None, name):
+        if args.model in (None, name) and not args.no_epochs:
             for threads in settings:
                 epoch_rows(name, build, shape, images, labels, threads, samples, runs)
     torch.set_num_threads(ALL_THREADS)
@@ -361,6 +364,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the PyTorch side of mlc's benchmark")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--epochs-only", action="store_true")
+    parser.add_argument("--no-epochs", action="store_true",
+                        help="the micro-benchmarks only (bench.c runs the epochs beside its own)")
     parser.add_argument("--model", choices=("mlp", "cnn"))
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--samples", type=int, default=0)
