@@ -3035,21 +3035,23 @@ static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float 
     }
 }
 
-/* 12 x 32: twenty-four 16-float accumulators, two B loads and twelve broadcasts of A per k */
-__attribute__((target("avx512f,avx2,fma")))
-static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+/* rows x 32 (rows <= 12, a constant where it is inlined): 2·rows 16-float accumulators, two B
+   loads and `rows` broadcasts of A per k */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline void mlc__gemm_tile_avx512(int rows, int kc, const float *a, const float *b, float *c, int ldc,
+                                         int add) {
     __m512 acc[12][2];
     int i, k;
-    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (k = 0; k < kc; k++, a += 12, b += 32) {
+    _Pragma("GCC unroll 12") for (i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (k = 0; k < kc; k++, a += rows, b += 32) {
         __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) {
+        _Pragma("GCC unroll 12") for (i = 0; i < rows; i++) {
             __m512 ai = _mm512_set1_ps(a[i]);
             acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
         }
     }
-    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++, c += ldc) {
+    _Pragma("GCC unroll 12") for (i = 0; i < rows; i++, c += ldc) {
         if (add) {
             acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c));
             acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c + 16));
@@ -3058,6 +3060,16 @@ static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, floa
         _mm512_storeu_ps(c + 16, acc[i][1]);
     }
 }
+/* 12 x 32, and 8 x 32 for products whose rows 8 divides with fewer padded ones (16, 32, 64,
+   256: 12 rows would pad them to 24, 36, 72, 264). The same sums in the same order either way. */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    mlc__gemm_tile_avx512(12, kc, a, b, c, ldc, add);
+}
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__gemm_kernel_avx512_8(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+    mlc__gemm_tile_avx512(8, kc, a, b, c, ldc, add);
+}
 #endif
 
 /* Kernels with their block sizes: KC x NR of B stays in L1, MC x KC of A in L2, KC x NC in L3. */
@@ -3065,18 +3077,21 @@ static const mlc__gemm_arch mlc__gemm_generic = { mlc__gemm_kernel_6x16, 6, 16, 
 #if MLC__X86
 static const mlc__gemm_arch mlc__gemm_avx2 = { mlc__gemm_kernel_avx2, 6, 16, 120, 256, 1024 };
 static const mlc__gemm_arch mlc__gemm_avx512 = { mlc__gemm_kernel_avx512, 12, 32, 120, 256, 1024 };
+static const mlc__gemm_arch mlc__gemm_avx512_8 = { mlc__gemm_kernel_avx512_8, 8, 32, 120, 256, 1024 };
 #endif
-
-/* the best kernel this CPU runs */
-static const mlc__gemm_arch *mlc__gemm_pick(void) {
-#if MLC__X86
-    if (__builtin_cpu_supports("avx512f")) return &mlc__gemm_avx512;
-    if (mlc__cpu_avx2()) return &mlc__gemm_avx2;
-#endif
-    return &mlc__gemm_generic;
-}
 
 static int mlc__gemm_round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* the best kernel this CPU runs for a product of M rows */
+static const mlc__gemm_arch *mlc__gemm_pick(int M) {
+#if MLC__X86
+    if (__builtin_cpu_supports("avx512f"))
+        return mlc__gemm_round_up(M, 8) < mlc__gemm_round_up(M, 12) ? &mlc__gemm_avx512_8 : &mlc__gemm_avx512;
+    if (mlc__cpu_avx2()) return &mlc__gemm_avx2;
+#endif
+    (void)M;
+    return &mlc__gemm_generic;
+}
 
 /* How a product (M, K >= 1) is cut for kernel g: K into equal slices of kc <= g->kc, M into A
    blocks of equal height mc (a multiple of MR, <= g->mc) */
@@ -3463,7 +3478,7 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
     }
     {
         mlc__gemm_job job;
-        mlc__gemm_layout(&job, mlc__gemm_pick(), ta, tb, M, N, K, A, B, beta, C);
+        mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, tb, M, N, K, A, B, beta, C);
         if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
         {   /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
                so that each thread keeps to one part of the largest (and of a weight: the rows of
@@ -3528,7 +3543,7 @@ static size_t mlc__gemm_work(int M, int N, int K) {
     (void)M; (void)N; (void)K;
     return 0;
 #else
-    return mlc__gemm_work_floats(mlc__gemm_pick(), M, N, K);
+    return mlc__gemm_work_floats(mlc__gemm_pick(M), M, N, K);
 #endif
 }
 
@@ -4800,7 +4815,7 @@ typedef struct mlc__conv_fast {
 /* Plan it and pack the weights: w [M, C, KH, KW] as stored, or (flip) w [C, M, KH, KW] read
    as dx needs it: A[m, (c, i, j)] = w[c, m, KH-1-i, KW-1-j]. 0 when out of memory. */
 static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, int flip, const char *op) {
-    const mlc__gemm_arch *g = mlc__gemm_pick();
+    const mlc__gemm_arch *g = mlc__gemm_pick(f->M);
     int kblocks, r, m, k, pc, T = f->KH * f->KW;
     float *dst;
     f->g = g;
