@@ -4,9 +4,16 @@
 #include <time.h>
 #include "test.h"
 
-/* Whether this build has mlc's threads (mlc.h: POSIX threads without -pthread from glibc 2.34) */
+/* Whether this build has mlc's pool of threads (mlc.h: POSIX threads without -pthread from
+   glibc 2.34), and whether a context may use several threads at all (the pool, or OpenMP's
+   loops where MLC_NO_THREADS leaves it out) */
 #if !defined(MLC_NO_THREADS) && defined(__linux__) && defined(__GLIBC__) && !defined(__TINYC__) \
     && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+#define HAS_POOL 1
+#else
+#define HAS_POOL 0
+#endif
+#if HAS_POOL || defined(_OPENMP)
 #define HAS_THREADS 1
 #else
 #define HAS_THREADS 0
@@ -118,7 +125,7 @@ static int threads_start_and_stop(void) {
     return 1;
 }
 
-#if HAS_THREADS
+#if HAS_POOL
 typedef struct busy_job { int ran[8], by_workers; } busy_job;
 
 /* A piece of 8 units on 2 threads: the worker's sleeps 30 ms (a core the system gave to
@@ -145,7 +152,7 @@ static void count_piece(void *arg, int slot, size_t begin, size_t end) {
    pieces, and once it has had to wait for that worker anyway, the next 1000 jobs run on the
    caller alone (mlc_stats.jobs_alone), piece by piece; then the workers are used again. */
 static int busy_worker_is_left_alone(void) {
-#if HAS_THREADS
+#if HAS_POOL
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
     busy_job job;
     mlc_stats before, after;
