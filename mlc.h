@@ -2501,16 +2501,11 @@ static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *ML
     MLC__VECTOR_LOOP(j, 0, n, { c[j] += v * b[j]; });
 }
 
-/* relu fused into an op (conv2d): v = relu(v) over n floats, and backward gx = 0 + g·(y > 0):
-   the bits of mlc_relu's maps (its MLC__UNARY_KINDS line) */
+/* relu fused into an op (conv2d), in place: v = relu(v) over n floats, the bits of mlc_relu's
+   map (its MLC__UNARY_KINDS line; mlc__unary_forward's operands may not overlap) */
 static void mlc__relu_row(size_t n, float *v) {
     size_t j;
     MLC__VECTOR_LOOP(j, 0, n, { const float x = v[j]; v[j] = x < 0 ? 0.0f : x; });
-}
-static void mlc__relu_grad_row(size_t n, const float *MLC__RESTRICT y, const float *MLC__RESTRICT g,
-                               float *MLC__RESTRICT gx) {
-    size_t j;
-    MLC__VECTOR_LOOP(j, 0, n, { const float slope = y[j] > 0 ? 1.0f : 0.0f; gx[j] = 0.0f + g[j] * slope; });
 }
 
 /* ============================================================================================
@@ -4709,7 +4704,9 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
 /* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width; relu: the
    output is relu(y), fused on the CPU (Sequential's Conv2d then ReLU), and backward takes
    dy = g·(y > 0) image by image */
-typedef struct mlc__conv { int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, relu; } mlc__conv;
+typedef struct mlc__conv {
+    int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, relu;
+} mlc__conv;
 
 /* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
 static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
@@ -5054,15 +5051,18 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
     const size_t sum_floats = (size_t)cv->O * rows + cv->O;
     size_t i, s;
     int c, t, T = cv->KH * cv->KW;
-    for (s = begin; s < end; s++) {
+    for (s = begin; s < end; s++) {                      /* group s: images [first, last) */
         float *gw = job->sums > 1 ? job->scratch + job->sums_at + s * sum_floats : job->gw,
               *gb = job->sums > 1 ? gw + (size_t)cv->O * rows : job->gb;
+        const size_t first = mlc__piece_begin((size_t)cv->N, (int)s, job->sums),
+                     last = mlc__piece_begin((size_t)cv->N, (int)s + 1, job->sums);
         if (job->sums > 1) memset(gw, 0, sum_floats * sizeof(float));
         if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
-        for (i = (size_t)cv->N * s / (size_t)job->sums; i < (size_t)cv->N * (s + 1) / (size_t)job->sums; i++) {
+        for (i = first; i < last; i++) {
             const float *dy_image = job->dy + i * cv->O * P;
-            if (cv->relu) {
-                mlc__relu_grad_row((size_t)cv->O * P, job->y + i * cv->O * P, dy_image, dy_relu);
+            if (cv->relu) {                             /* relu's own map, y for x: y > 0 where x > 0 */
+                const float *y = job->y + i * cv->O * P;
+                mlc__unary_grad(MLC__RELU, (size_t)cv->O * P, y, y, dy_image, dy_relu, 1, 0.0f, 0.0f);
                 dy_image = dy_relu;
             }
             for (g = 0; g < cv->groups; g++) {
@@ -5155,7 +5155,8 @@ static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, 
 static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
 /* conv2d, then (relu) relu fused into it on the CPU; on a device the two ops run in turn */
-static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts, int relu) {
+static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
+                               int relu) {
     mlc__conv cv;
     mlc_tensor *out;
     mlc__node call;
