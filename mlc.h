@@ -2249,10 +2249,14 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    handing it out costs more than it saves). Which piece ran on which thread changes no result:
    the pieces are the same on every run.
    The threads are the caller and a pool of workers the context starts on first use (POSIX
-   threads). The pieces of a job are claimed through one atomic counter, by the workers and by
-   the caller alike, so a thread that runs slower (another process on its core, a VM's vCPU
-   taken away) claims fewer pieces instead of holding the others up, and a worker the system
-   has not run yet leaves its pieces to the caller; only a piece already begun is waited for.
+   threads). Each thread of a job owns an even run of its pieces, the same run in every job of
+   that size, so the part of a weight, a gradient or an optimiser state that one thread wrote
+   in one op is what it reads in the next, from its own core's cache. A thread claims its own
+   pieces from the front of its run, then takes the others' from the back of theirs, each
+   claim one atomic swap: a thread that runs slower (another process on its core, a VM's vCPU
+   taken away) ends up with fewer pieces instead of holding the others up, and a worker the
+   system has not run yet leaves its pieces to the caller; only a piece already begun is
+   waited for.
    Between jobs the workers spin a moment (ops follow each other within microseconds), then
    sleep until the next. A piece's own products and maps stay on its thread.
    When the caller had to do nearly all of a job and then still sleep until a worker's piece
@@ -2270,12 +2274,13 @@ typedef void (*mlc__range_fn)(void *arg, int slot, size_t begin, size_t end);
 static size_t mlc__piece_begin(size_t n, int p, int pieces) { return n * (size_t)p / (size_t)pieces; }
 
 #if MLC__THREADS
-/* A job's counter packs its number (mod 4096), its piece count and the next piece to claim:
-   job << 20 | pieces << 10 | next (pieces <= MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024),
-   in 32 bits, which every CPU with threads can swap atomically (a 64-bit one on i386 sits at a
-   4-byte offset in the struct, and qemu-i386 hung on it). A claim swaps one exact value for the
-   next, so a value seen again 4096 jobs later can only be claimed as a piece of the job that
-   holds it. */
+/* A job is announced as its number (mod 4096) and piece count, job << 20 | pieces << 10, and
+   each thread's run of unclaimed pieces [next, end) as job << 20 | end << 10 | next (pieces <=
+   MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024): 32 bits, which every CPU with threads can
+   swap atomically (a 64-bit one on i386 sits at a 4-byte offset in the struct, and qemu-i386
+   hung on it). A claim swaps one exact value for the next (next + 1 by the owner, end - 1 by
+   another thread), so a value seen again 4096 jobs later can only be claimed as a piece of the
+   job that holds it. */
 typedef struct mlc__workers mlc__workers;
 typedef struct mlc__worker { mlc__workers *pool; int slot; } mlc__worker;   /* slot: 1 on */
 struct mlc__workers {
@@ -2290,7 +2295,8 @@ struct mlc__workers {
     size_t n;
     int slots;                          /* the threads it may use: workers of a higher slot stay out
                                            (a claim that saw a value from the next job fails anyway) */
-    unsigned claim;                     /* job << 20 | pieces << 10 | next piece */
+    unsigned job;                       /* job << 20 | pieces << 10 */
+    unsigned run[MLC__MAX_THREADS];     /* per slot: job << 20 | end << 10 | next, its unclaimed pieces */
     int done;                           /* pieces finished */
     int caller_ran;                     /* pieces the caller ran */
     int alone;                          /* jobs still to run on the caller alone (only it writes it) */
@@ -2302,41 +2308,52 @@ static void mlc__pause(void) {
 #endif
 }
 
-/* Claim and run pieces of the job until none is left, on the thread of this slot (0: the
-   caller, which does not signal itself); returns the number of the job it saw. */
+/* Run piece p of the current job on the thread of this slot (0: the caller, which does not
+   signal itself); the job stays as it is until its last piece is done. */
+static void mlc__run_piece(mlc__workers *pool, int slot, int p, int pieces) {
+    size_t n = pool->n;
+    if (!slot) pool->caller_ran++;
+    pool->fn(pool->arg, slot, mlc__piece_begin(n, p, pieces), mlc__piece_begin(n, p + 1, pieces));
+    if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && slot) {
+        pthread_mutex_lock(&pool->lock);
+        if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+/* Claim and run pieces of the job until none is left: this slot's own run from its front, then
+   the other threads' runs from their backs; returns the number of the job it saw. */
 static unsigned mlc__claim_pieces(mlc__workers *pool, int slot) {
-    unsigned c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
-    for (;;) {
-        int pieces = (int)(c >> 10 & 1023), p = (int)(c & 1023);
-        if (p >= pieces || slot >= __atomic_load_n(&pool->slots, __ATOMIC_RELAXED)) return c >> 20;
-        if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            size_t n = pool->n;            /* the job stays as it is until its last piece is done */
-            if (!slot) pool->caller_ran++;
-            pool->fn(pool->arg, slot, mlc__piece_begin(n, p, pieces),
-                     mlc__piece_begin(n, p + 1, pieces));
-            if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && slot) {
-                pthread_mutex_lock(&pool->lock);
-                if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
-                pthread_mutex_unlock(&pool->lock);
+    const unsigned announced = __atomic_load_n(&pool->job, __ATOMIC_ACQUIRE), job = announced >> 20;
+    const int pieces = (int)(announced >> 10 & 1023), slots = __atomic_load_n(&pool->slots, __ATOMIC_RELAXED);
+    int i;                              /* (slots maybe of the next job: its runs hold another number) */
+    for (i = 0; i < slots && slot < slots; i++) {
+        unsigned *run = &pool->run[(slot + i) % slots], r = __atomic_load_n(run, __ATOMIC_ACQUIRE);
+        while (r >> 20 == job && (r & 1023) < (r >> 10 & 1023)) {
+            const int own = i == 0, p = own ? (int)(r & 1023) : (int)(r >> 10 & 1023) - 1;
+            if (__atomic_compare_exchange_n(run, &r, own ? r + 1 : r - (1u << 10), 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                mlc__run_piece(pool, slot, p, pieces);
+                r = __atomic_load_n(run, __ATOMIC_ACQUIRE);
             }
-            c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
         }
     }
+    return job;
 }
 
 static void *mlc__worker_main(void *arg) {
     mlc__workers *pool = ((mlc__worker *)arg)->pool;
     const int slot = ((mlc__worker *)arg)->slot;
-    unsigned seen = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20;
+    unsigned seen = __atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20;
     for (;;) {
         int spins = 0;
-        while ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen && spins++ < MLC__SPINS)
+        while ((__atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20) == seen && spins++ < MLC__SPINS)
             mlc__pause();
-        if ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen) {
+        if ((__atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20) == seen) {
             int quit;
             pthread_mutex_lock(&pool->lock);
             pool->sleeping++;
-            while ((__atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE) >> 20) == seen && !pool->quit)
+            while ((__atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20) == seen && !pool->quit)
                 pthread_cond_wait(&pool->wake, &pool->lock);
             pool->sleeping--;
             quit = pool->quit;
@@ -2396,14 +2413,19 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
 /* One job on the pool: publish it, wake sleeping workers, take pieces, wait for the rest. */
 static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces, mlc__range_fn fn,
                              void *arg) {
-    unsigned job = ((__atomic_load_n(&pool->claim, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
-    int spins = 0;
+    unsigned job = ((__atomic_load_n(&pool->job, __ATOMIC_RELAXED) >> 20) + 1) & 4095;
+    int spins = 0, s;
     pool->fn = fn; pool->arg = arg; pool->n = n; pool->caller_ran = 0;
     __atomic_store_n(&pool->slots, slots, __ATOMIC_RELAXED);   /* read before a claim, maybe of a job gone */
     __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->busy, 1, __ATOMIC_RELAXED);
+    for (s = 0; s < slots; s++) {      /* slot s owns pieces [pieces s / slots, pieces (s + 1) / slots) */
+        unsigned first = (unsigned)mlc__piece_begin((size_t)pieces, s, slots),
+                 end = (unsigned)mlc__piece_begin((size_t)pieces, s + 1, slots);
+        __atomic_store_n(&pool->run[s], job << 20 | end << 10 | first, __ATOMIC_RELAXED);
+    }
     pthread_mutex_lock(&pool->lock);
-    __atomic_store_n(&pool->claim, job << 20 | (unsigned)pieces << 10, __ATOMIC_RELEASE);
+    __atomic_store_n(&pool->job, job << 20 | (unsigned)pieces << 10, __ATOMIC_RELEASE);
     if (pool->sleeping) pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     mlc__claim_pieces(pool, 0);

@@ -146,7 +146,45 @@ static void count_piece(void *arg, int slot, size_t begin, size_t end) {
     for (u = begin; u < end; u++) job->ran[u]++;
     if (slot) job->by_workers += (int)(end - begin);
 }
+
+/* A piece that notes the thread that ran each of its units, and takes 3 ms */
+static void noting_piece(void *arg, int slot, size_t begin, size_t end) {
+    int *ran_on = (int *)arg;
+    struct timespec nap = { 0, 3000000L };
+    size_t u;
+    for (u = begin; u < end; u++) ran_on[u] = slot;
+    nanosleep(&nap, NULL);
+}
 #endif
+
+/* Each thread owns an even run of a job's pieces and takes the other's from the back of its run:
+   of 8 pieces on 2 threads, the worker runs one unbroken stretch [a, b) with a <= 4 <= b in every
+   job (its own from 4 up, then the caller's from 3 down), and its own [4, 8) whenever both
+   threads keep pace. The same data so stays on the same core from op to op. */
+static int pieces_keep_to_their_thread(void) {
+#if HAS_POOL
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
+    int job, u, kept = 0;
+    CHECK(ctx && mlc_threads(ctx) == 2);
+    for (job = 0; job < 50 && kept < 3; job++) {       /* (under emulation a worker may start late) */
+        int ran_on[8], a = 8, b = 0;
+        for (u = 0; u < 8; u++) ran_on[u] = -1;
+        test_parallel(ctx, 8, 1, noting_piece, ran_on);
+        for (u = 0; u < 8; u++) {
+            CHECK_MSG(ran_on[u] == 0 || ran_on[u] == 1, "job %d, unit %d ran on slot %d", job, u, ran_on[u]);
+            if (ran_on[u] == 1) { a = u < a ? u : a; b = u + 1; }
+        }
+        for (u = a; u < b; u++)
+            CHECK_MSG(ran_on[u] == 1 && a <= 4 && b >= 4, "job %d: the worker ran units %d to %d but not %d",
+                      job, a, b - 1, u);
+        kept += a == 4 && b == 8;
+    }
+    CHECK_MSG(kept == 3, "the worker ran its own pieces 4 to 7 in %d jobs of 50", kept);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+#endif
+    return 1;
+}
 
 /* A worker that loses its core in the middle of a piece: the caller takes the job's other
    pieces, and once it has had to wait for that worker anyway, the next 1000 jobs run on the
@@ -198,6 +236,7 @@ const test_case tests_threads[] = {
     TEST(threads_setting)
     TEST(threads_give_the_same_training)
     TEST(threads_start_and_stop)
+    TEST(pieces_keep_to_their_thread)
     TEST(busy_worker_is_left_alone)
     { NULL, NULL }
 };
