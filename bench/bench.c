@@ -989,6 +989,11 @@ typedef struct epoch_table {
     const char *plain_exe;              /* the plain `cc -O2` build, run before each 1-thread run */
     double plain[BENCH_MODELS][3];      /* its samples/s: median, min, max (NAN: not run) */
     double plain_ratio[BENCH_MODELS][3];/* its samples/s / the 1-thread run's, run by run */
+    const char *self_exe;               /* this program, for the independent runs (NULL: none) */
+    double ceiling[BENCH_MODELS][3];    /* N independent 1-thread runs at once, their summed samples/s
+                                           / the 1-thread run's, run by run: the most N threads can
+                                           give on this machine at that moment */
+    double of_ceiling[BENCH_MODELS][3]; /* the N-thread run's samples/s / those runs' sum, run by run */
     const char *torch_cmd;              /* PyTorch's epoch run, just before each of mlc's (NULL: the
                                            --torch file's rows, measured before mlc's) */
     double torch[BENCH_MODELS][2][3];   /* its samples/s per setting: median, min, max */
@@ -1016,12 +1021,37 @@ static double child_run(const char *command_prefix, const char *who, const bench
     return sps;
 }
 
+/* n 1-thread epoch runs of this program at once, each in a process of its own (nothing shared,
+   nothing waited for): the samples/s they reach together, NAN when one fails. Their sum over
+   the 1-thread run's is what n threads could give at most on this machine at that moment: on
+   a VM whose vCPUs are slowed in turn by other guests, well under n. */
+static double independent_runs(const char *self, const bench_model *m, int n, long samples, int run, int runs) {
+    enum { MOST = 64 };
+    FILE *child[MOST];
+    char command[1200], key[64];
+    double sum = 0;
+    int started = 0;
+    snprintf(command, sizeof command, "'%s' --kv --epochs-only --model %s --threads 1 --runs 1 --samples %ld "
+             "2>/dev/null", self, m->name, samples);
+    while (started < n && started < MOST && (child[started] = popen(command, "r")) != NULL) started++;
+    if (started < n) sum = NAN;
+    for (int c = 0; c < started; c++) {
+        kv_file out;
+        kv_parse(&out, child[c]);
+        if (pclose(child[c]) != 0) sum = NAN;
+        else sum += kv_num(&out, epoch_key(key, m, 1, "median"));
+    }
+    fprintf(stderr, "bench: %s, %d independent 1-thread runs at once, run %d/%d: %.0f samples/s together\n",
+            m->label, n, run + 1, runs, sum);
+    return sum;
+}
+
 /* Run r measures every model on every setting, one after the other, so that the settings of a
    run share the machine's state of the moment (this VM's speed drifts by a third within
    minutes): the thread scaling is taken run by run, from such pairs. A line per run on stderr. */
 static void measure_epochs(epoch_table *et, const dataset *d, long samples, int runs) {
     static epoch_run got[BENCH_MODELS][2][MAX_RUNS];
-    static double plain[BENCH_MODELS][MAX_RUNS], torch[BENCH_MODELS][2][MAX_RUNS];
+    static double plain[BENCH_MODELS][MAX_RUNS], torch[BENCH_MODELS][2][MAX_RUNS], apart[BENCH_MODELS][MAX_RUNS];
     char plain_cmd[1100];
     snprintf(plain_cmd, sizeof plain_cmd, "'%s' --kv", et->plain_exe ? et->plain_exe : "");
     for (int s = 0; s < et->settings; s++) et->peak[s] = fma_peak_gflops(et->threads[s], &et->isa);
@@ -1038,10 +1068,14 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
                 fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f (first steps) -> "
                         "%.3f (last)\n", bm->label, et->threads[s], et->threads[s] > 1 ? "s" : "", r + 1, runs,
                         one->sps, one->loss_first, one->loss_last);
+                if (s == 1 && et->threads[0] == 1 && et->self_exe)
+                    apart[m][r] = independent_runs(et->self_exe, bm, et->threads[1], samples, r, runs);
             }
     for (int m = 0; m < BENCH_MODELS; m++) {
         double ratio[MAX_RUNS];
-        for (int k = 0; k < 3; k++) et->scaling[m][k] = et->plain[m][k] = et->plain_ratio[m][k] = NAN;
+        for (int k = 0; k < 3; k++)
+            et->scaling[m][k] = et->plain[m][k] = et->plain_ratio[m][k] = et->ceiling[m][k] = et->of_ceiling[m][k]
+                = NAN;
         if (!et->model_on[m]) continue;
         for (int s = 0; s < et->settings; s++) {
             et->rows[m][s] = epoch_row_of(got[m][s], runs);
@@ -1061,6 +1095,12 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
         if (et->settings == 2) {
             for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / got[m][0][r].sps;
             median_of(ratio, runs, &et->scaling[m][0], &et->scaling[m][1], &et->scaling[m][2]);
+        }
+        if (et->settings == 2 && et->threads[0] == 1 && et->self_exe) {
+            for (int r = 0; r < runs; r++) ratio[r] = apart[m][r] / got[m][0][r].sps;
+            median_of(ratio, runs, &et->ceiling[m][0], &et->ceiling[m][1], &et->ceiling[m][2]);
+            for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / apart[m][r];
+            median_of(ratio, runs, &et->of_ceiling[m][0], &et->of_ceiling[m][1], &et->of_ceiling[m][2]);
         }
         if (et->plain_exe && et->threads[0] == 1) {
             for (int r = 0; r < runs; r++) ratio[r] = plain[m][r] / got[m][0][r].sps;
@@ -1091,13 +1131,13 @@ static void print_epoch_kv(const epoch_table *et) {
 #define EPOCH_ROW "| %-49s | %9s | %-13s | %6s | %-13s | %9s | %9s | %7s | %7s | %-27s | %-8s |\n"
 
 /* A ratio row (scaling, build): the median of the runs' ratios in the mlc column, their range
-   beside it; every_run: the target holds for the smallest, else for the median */
+   beside it; every_run: the target holds for the smallest, else for the median; target 0: none */
 static void epoch_ratio_row(const char *what, const double ratio[3], double target, int every_run) {
-    char r[32], range[32] = "-", goal[64], verdict[32];
-    snprintf(goal, sizeof goal, ">= %gx%s", target, every_run ? ", every run" : "");
+    char r[32], range[32] = "-", goal[64] = "", verdict[32] = "";
+    if (target > 0) snprintf(goal, sizeof goal, ">= %gx%s", target, every_run ? ", every run" : "");
     if (!isnan(ratio[1])) snprintf(range, sizeof range, "%.2fx-%.2fx", ratio[1], ratio[2]);
-    printf(EPOCH_ROW, what, times(r, ratio[0]), range, "", "", "", "", "", "", goal,
-           verdict_of(verdict, every_run ? ratio[1] : ratio[0], target));
+    if (target > 0) verdict_of(verdict, every_run ? ratio[1] : ratio[0], target);
+    printf(EPOCH_ROW, what, times(r, ratio[0]), range, "", "", "", "", "", "", goal, verdict);
 }
 
 static void print_epoch_table(const epoch_table *et, const kv_file *torch, long samples, int runs) {
@@ -1159,6 +1199,13 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
             snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
             epoch_ratio_row(what, et->scaling[m], 1.7, 1);
         }
+        if (!isnan(et->ceiling[m][0])) {
+            snprintf(what, sizeof what, "%s: %d 1-thread runs at once / 1 thread", bm->short_label, all_threads);
+            epoch_ratio_row(what, et->ceiling[m], 0, 0);
+            snprintf(what, sizeof what, "%s: %d threads / %d 1-thread runs at once", bm->short_label, all_threads,
+                     all_threads);
+            epoch_ratio_row(what, et->of_ceiling[m], 0, 0);
+        }
         if (!isnan(et->plain_ratio[m][0])) {
             snprintf(what, sizeof what, "%s: plain cc -O2 / bench flags, 1 thread", bm->short_label);
             epoch_ratio_row(what, et->plain_ratio[m], 0.9, 0);
@@ -1180,7 +1227,11 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
            "PyTorch 1, PyTorch %d: its samples/s on 1 and on %d threads (the same loop, the median run);\n"
            "vs same: mlc / PyTorch on as many threads; vs best: mlc / PyTorch's faster setting%s.\n"
            "N threads / 1 thread: each run trains on 1 thread, then at once on N; the median of the\n"
-           "runs' ratios, their range in the min-max column; the target holds for every run.\n",
+           "runs' ratios, their range in the min-max column; the target holds for every run.\n"
+           "N 1-thread runs at once: N processes of this program, each a 1-thread run, started together\n"
+           "just after the N-thread run; their summed samples/s over the 1-thread run's is the most N\n"
+           "threads could give on the machine then (nothing shared, nothing waited for), and the\n"
+           "N-thread run over that sum is the share of it that mlc's threads reach.\n",
            torch_all, torch_all,
            et->torch_cmd ? " (PyTorch's\nrun on as many threads just before each of mlc's: the median of the runs' ratios)" : "");
     if (et->plain_exe) {
@@ -1263,7 +1314,7 @@ int main(int argc, char **argv) {
     kv_file torch, rss;
     kv_read(&torch, torch_path);
     kv_read(&rss, rss_path);
-    et.plain_exe = plain_exe; et.torch_cmd = torch_cmd;
+    et.plain_exe = plain_exe; et.torch_cmd = torch_cmd; et.self_exe = argv[0];
     int have_torch = kv_str(&torch, "torch_version") != NULL;
     double t0 = now();
     cpu_mark start_mark = cpu_now();
