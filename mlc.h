@@ -2967,6 +2967,17 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
     }
 }
 
+/* linear's epilogue on rows x cols of C (row stride ldc): C += bias on every row (NULL: none),
+   then (relu) C = relu(C); two vectorised passes over each row while it is in cache, the bits
+   of mlc_add's and mlc_relu's */
+static void mlc__gemm_epilogue(float *C, size_t ldc, int rows, int cols, const float *bias, int relu) {
+    int i;
+    for (i = 0; i < rows && (bias || relu); i++, C += ldc) {
+        if (bias) mlc__axpy((size_t)cols, 1.0f, bias, C);
+        if (relu) mlc__relu_row((size_t)cols, C);
+    }
+}
+
 #ifndef MLC_USE_CBLAS
 /* mlc's own matrix product: the Goto/BLIS scheme.
    C is cut into NC-wide column panels and K into KC-deep slices. For each (panel, slice) the
@@ -3216,6 +3227,8 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     const float *shared;                /* the operand all threads read, packed once (NULL: each packs
                                            its own): op(B) when they share rows, op(A) columns */
     size_t shared_padded;               /* its extent (N or M) rounded up to whole slivers */
+    const float *bias;                  /* linear's epilogue on each part as it is done (NULL, 0: none) */
+    int relu;
 } mlc__gemm_job;
 
 /* The loops over blocks: for each panel of B (packed), each block of A (packed), the kernel
@@ -3273,6 +3286,7 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     p->g = g; p->M = M; p->N = N; p->K = K; p->A = A; p->B = B; p->beta = beta; p->C = C; p->ldc = (size_t)N;
     p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
     p->split_rows = 0; p->work = NULL; p->work_floats = 0; p->shared = NULL; p->shared_padded = 0;
+    p->bias = NULL; p->relu = 0;
 }
 
 /* Packs slivers [begin, end) of the operand the threads share into p->shared, for
@@ -3312,8 +3326,10 @@ static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     } else {
         if (to > part.N) to = part.N;
         part.B += (size_t)from * part.b_sx; part.C += from; part.N = to - from;
+        if (part.bias) part.bias += from;
     }
     mlc__gemm_blocks(&part);
+    mlc__gemm_epilogue(part.C, part.ldc, part.M, part.N, part.bias, part.relu);
 }
 
 /* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
@@ -3475,37 +3491,36 @@ static int mlc__product_below(int M, int N, int K, long long limit) {
 
 /* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
    (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
-   the arena is not for threads. */
-static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                      float beta, float *C, float *work) {
+   the arena is not for threads. Then linear's epilogue (bias on every row, relu), by the
+   threads on their own parts of C where the product is shared out, else after it. */
+static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                           float beta, float *C, float *work, const float *bias, int relu) {
     if (M <= 0 || N <= 0) return;
-    if (ctx->config.gemm) { ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user); return; }
+    if (ctx->config.gemm) ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user);
 #ifdef MLC_USE_CBLAS
+    else
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                    1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
     (void)work;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
-                1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 #else
-    if (mlc__product_below(M, N, K, MLC__GEMM_SMALL)) {   /* too small to repay any setting up */
+    else if (mlc__product_below(M, N, K, MLC__GEMM_SMALL))   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
-        return;
-    }
-    if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS || (!work && ctx->config.arena)) {
-        mlc__gemm_direct(ctx, ta, tb, M, N, K, A, B, beta, C);   /* (a fixed arena: no packing workspace) */
-        return;
-    }
-    {
+    else if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS
+             || (!work && ctx->config.arena))   /* (a fixed arena: no packing workspace) */
+        mlc__gemm_direct(ctx, ta, tb, M, N, K, A, B, beta, C);
+    else {
         mlc__gemm_job job;
         mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, tb, M, N, K, A, B, beta, C);
-        if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
-        {   /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
-               so that each thread keeps to one part of the largest (and of a weight: the rows of
-               W in x Wᵀ, and of its gradient dYᵀ X, which the optimiser then shares out the same
-               way); the packing workspace is arena scratch, released at once (the arena keeps
-               the block) */
+        if (work) { job.work = work; mlc__gemm_blocks(&job); }
+        else {  /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
+                   so that each thread keeps to one part of the largest (and of a weight: the rows of
+                   W in x Wᵀ, and of its gradient dYᵀ X, which the optimiser then shares out the same
+                   way); the packing workspace is arena scratch, released at once (the arena keeps
+                   the block) */
             const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
             const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
-            int slots, pieces, per;
+            int slots, pieces, per, parts_done = 0;
             mlc_frame scratch = mlc_frame_begin(ctx);
             job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
@@ -3524,12 +3539,20 @@ static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const f
                     mlc__parallel(ctx, job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc), 2,
                                   mlc__gemm_share, &job);
             }
-            if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
+            job.bias = bias; job.relu = relu;
+            if (job.work) { mlc__parallel(ctx, units, from, mlc__gemm_part, &job); parts_done = 1; }
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
+            if (parts_done) return;
         }
     }
 #endif
+    mlc__gemm_epilogue(C, (size_t)N, M, N, bias, relu);
+}
+
+static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                      float beta, float *C, float *work) {
+    mlc__gemm_then(ctx, ta, tb, M, N, K, A, B, beta, C, work, NULL, 0);
 }
 
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
@@ -3564,7 +3587,11 @@ static size_t mlc__gemm_work(int M, int N, int K) {
 #endif
 }
 
-typedef struct mlc__mm { int ta, tb, M, N, K, batches; size_t step_a, step_b, step_c; } mlc__mm;
+typedef struct mlc__mm {
+    int ta, tb, M, N, K, batches;
+    size_t step_a, step_b, step_c;
+    int relu;                           /* linear's output is relu(x Wᵀ + b), fused on the CPU */
+} mlc__mm;
 
 static void mlc__gemm_batched(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, int M, int N, int K,
                               const float *A, size_t sa, const float *B, size_t sb, float beta, float *C,
@@ -3574,11 +3601,45 @@ static void mlc__gemm_batched(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, i
         mlc_gemm(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, i && !sc ? 1.0f : beta, C + i * sc);
 }
 
+/* Columns [begin, end) of linear's output gradient, for mlc__parallel: (relu) dc = g·(y > 0),
+   relu's own map with y for x (y > 0 where x > 0), and (db) db += dc row by row, the order of
+   the sums on one thread; each thread keeps to the columns its part of the forward product
+   wrote. */
+#define MLC__LINEAR_GRAD_PARALLEL 8192  /* elements of the gradient from which threads share its columns */
+typedef struct mlc__linear_grad_job {
+    const float *g, *y;
+    float *dc, *db;
+    size_t rows, cols;
+} mlc__linear_grad_job;
+
+static void mlc__linear_grad_columns(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__linear_grad_job *job = (const mlc__linear_grad_job *)arg;
+    size_t r, at;
+    (void)slot;
+    for (r = 0, at = begin; r < job->rows; r++, at += job->cols) {
+        const float *dc = job->g + at, *y = job->y + at;
+        if (job->y) mlc__unary_grad(MLC__RELU, end - begin, y, y, dc, job->dc + at, 1, 0.0f, 0.0f);
+        if (job->y) dc = job->dc + at;
+        if (job->db) mlc__axpy(end - begin, 1.0f, dc, job->db + begin);
+    }
+}
+
 static void mlc__matmul_backward(mlc__node *n) {
     const mlc__mm *mm = (const mlc__mm *)n->saved;
     mlc_tensor *a = n->in[0], *b = n->in[1];
+    mlc_ctx *ctx = n->out->ctx;
     float beta_a, beta_b, *ga = mlc__grad_to_overwrite(a, &beta_a), *gb = mlc__grad_to_overwrite(b, &beta_b);
     const float *gc = n->out->grad;
+    mlc_frame scratch = mlc_frame_begin(ctx);
+    mlc__linear_grad_job job;
+    job.g = gc; job.y = mm->relu ? n->out->data : NULL; job.dc = NULL;
+    job.db = mlc__grad(n->in[2]); job.cols = (size_t)mm->N; job.rows = n->out->size / job.cols;
+    if (job.y && !(job.dc = mlc__floats(ctx, n->out->size, "mlc_linear"))) { mlc_frame_end(scratch); return; }
+    if (job.y || job.db) {
+        mlc__parallel(ctx, job.cols, MLC__LINEAR_GRAD_PARALLEL / job.rows + 1, mlc__linear_grad_columns,
+                      &job);
+        if (job.y) gc = job.dc;
+    }
     if (ga && !mm->ta)
         mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b,
                           beta_a, ga, mm->step_a);
@@ -3591,16 +3652,13 @@ static void mlc__matmul_backward(mlc__node *n) {
     if (gb && mm->tb)
         mlc__gemm_batched(a->ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, gc, mm->step_c, a->data, mm->step_a,
                           beta_b, gb, mm->step_b);
-    if (mlc__grad(n->in[2])) {                          /* linear's bias: db = column sums of dC */
-        float *gbias = n->in[2]->grad;
-        size_t rows = n->out->size / (size_t)mm->N, r;
-        for (r = 0; r < rows; r++) mlc__axpy((size_t)mm->N, 1.0f, gc + r * mm->N, gbias);
-    }
+    mlc_frame_end(scratch);
 }
 
-/* C = op(A) op(B) (+ bias [N] on every row: linear's bias, fused into the product's pass) */
+/* C = op(A) op(B) (+ bias [N] on every row: linear's bias, and (relu) then relu(C): both fused
+   into the product's parts on the CPU; on a device relu runs as an op of its own) */
 static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b,
-                               mlc_tensor *bias) {
+                               mlc_tensor *bias, int relu) {
     mlc__mm mm;
     mlc_tensor *out;
     mlc__node call;
@@ -3626,8 +3684,10 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op,
                                        bias, mm.N);
     if (!mlc__same_device(ctx, op, a, bias)) return NULL;
+    if (relu && a->on_device) return mlc_relu(mlc__matmul(op, a, b, transpose_a, transpose_b, bias, 0));
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
+    mm.relu = relu;
     mm.batches = (int)mlc__numel(ndim - 2, shape);
     mm.step_a = a->ndim > 2 ? (size_t)mm.M * mm.K : 0;
     mm.step_b = b->ndim > 2 ? (size_t)mm.K * mm.N : 0;
@@ -3638,13 +3698,14 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
     if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) {
+    if (where == 0 && mm.batches == 1)   /* (linear's: its 2-D weight makes one product) */
+        mlc__gemm_then(ctx, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, b->data, 0.0f, out->data, NULL,
+                       bias ? bias->data : NULL, relu);
+    else if (where == 0) {
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b,
                           0.0f, out->data, mm.step_c);
-        if (bias) {
-            size_t rows = out->size / (size_t)mm.N, r;
-            for (r = 0; r < rows; r++) mlc__axpy((size_t)mm.N, 1.0f, bias->data, out->data + r * mm.N);
-        }
+        mlc__gemm_epilogue(out->data, (size_t)mm.N, (int)(out->size / (size_t)mm.N), mm.N,
+                           bias ? bias->data : NULL, relu);
     }
     mlc__record(&call);
     return out;
@@ -3654,11 +3715,11 @@ MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b) { return mlc_matmul_
 
 /* linear: y = x W^T + b      x [..., in], W [out, in], b [out] */
 MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
-    return mlc__matmul("mlc_matmul", a, b, transpose_a, transpose_b, NULL);
+    return mlc__matmul("mlc_matmul", a, b, transpose_a, transpose_b, NULL, 0);
 }
 
 MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias) {
-    return mlc__matmul("mlc_linear", x, weight, 0, 1, bias);
+    return mlc__matmul("mlc_linear", x, weight, 0, 1, bias, 0);
 }
 
 /* ============================================================================================
@@ -6418,14 +6479,18 @@ MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int n
     return m;
 }
 
-/* The children in turn; a Conv2d followed by a ReLU is one op (relu fused into conv2d) */
+/* The children in turn; a Conv2d or a Linear followed by a ReLU is one op (relu fused into it) */
 static mlc_tensor *mlc__sequential_forward(mlc_module *m, mlc_tensor *x) {
     int i;
     for (i = 0; i < m->n_children && x; i++) {
         const mlc_module *c = m->children[i];
-        if (c->forward == mlc__conv2d_forward && i + 1 < m->n_children
-            && m->children[i + 1]->forward == mlc__relu_forward && x->ctx == m->ctx)
+        int relu_next = i + 1 < m->n_children && m->children[i + 1]->forward == mlc__relu_forward
+                        && x->ctx == m->ctx;
+        if (relu_next && c->forward == mlc__conv2d_forward)
             x = mlc__conv2d(x, c->params[0], c->params[1], c->conv, 1), i++;
+        else if (relu_next && c->forward == mlc__linear_forward)
+            x = mlc__matmul("mlc_linear", x, c->params[0], 0, 1, c->n_params > 1 ? c->params[1] : NULL, 1),
+            i++;
         else x = mlc_forward(m->children[i], x);
     }
     return x;

@@ -339,34 +339,62 @@ GRAD(conv_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 GRAD(conv_strided_read_twice, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 GRAD(conv_strided_read_twice_last, ANY, S(4, 2, 3, 5, 5), S(4, 4, 3, 3, 3))
 
-/* conv2d with relu fused into it (Sequential's Conv2d then ReLU on the CPU), fast and general
-   path: the biases ±2 and small x and weights keep every output far from relu's kink */
+/* A gradcheck of net, a Sequential whose first op has relu fused into it, on input in[0] and
+   its weight in[1] (0.1 N(0, 1) each) and bias in[2] (n == 3; ±2): the biases and the small x
+   and weights keep every output far from relu's kink */
 static mlc_tensor *f_sequential(mlc_tensor **x, void *net) { return mlc_forward((mlc_module *)net, x[0]); }
+static int gradcheck_fused(mlc_ctx *ctx, mlc_module *net, mlc_tensor **in, int n, int k) {
+    mlc_gradcheck_opts tol = { 5e-3, 2e-3, 1e-2 };
+    mlc_gradcheck_report rep;
+    float v[256];
+    int i, t;
+    for (t = 0; t < n; t++) {
+        CHECK(in[t] && in[t]->size <= 256);
+        for (i = 0; i < (int)in[t]->size; i++) v[i] = t < 2 ? 0.1f * mlc_rand_normal(ctx) : i % 2 ? -2.0f : 2.0f;
+        CHECK(mlc_write(in[t], v, in[t]->size) == MLC_OK);
+    }
+    CHECK_MSG(mlc_gradcheck(ctx, f_sequential, net, in, n, &tol, &rep),
+              "case %d: input %d element %zu: analytic %.6g numeric %.6g (%s)", k, rep.worst_input,
+              rep.worst_index, rep.analytic, rep.numeric, mlc_error(ctx) ? mlc_error_message(ctx) : "no error");
+    return 1;
+}
+
+/* conv2d with relu fused into it (Sequential's Conv2d then ReLU on the CPU), fast and general
+   path */
 static int grad_conv2d_relu_fused(void) {
     static const mlc_conv_opts opts[] = { { .padding = 1 }, { .stride = 2, .padding = 1, .groups = 2 } };
-    mlc_gradcheck_opts tol = { 5e-3, 2e-3, 1e-2 };
     int k;
     for (k = 0; k < 2; k++) {
         mlc_ctx *ctx = test_ctx(5);
         mlc_module *conv = mlc_nn_conv2d(ctx, 4, 6, 3, opts[k]);
         mlc_module *net = mlc_nn_sequential(ctx, conv, mlc_nn_relu(ctx), NULL);
         mlc_tensor *in[3];
-        mlc_gradcheck_report rep;
-        float v[256];
-        int i, t;
         CHECK(net != NULL);
         in[0] = mlc_requires_grad(mlc_empty(ctx, 4, (int[]){ 2, 4, 5, 5 }), 1);
         in[1] = conv->params[0]; in[2] = conv->params[1];
-        for (t = 0; t < 2; t++) {
-            CHECK(in[t]->size <= 256);
-            for (i = 0; i < (int)in[t]->size; i++) v[i] = 0.1f * mlc_rand_normal(ctx);
-            CHECK(mlc_write(in[t], v, in[t]->size) == MLC_OK);
-        }
-        for (i = 0; i < 6; i++) v[i] = i % 2 ? -2.0f : 2.0f;
-        CHECK(mlc_write(in[2], v, 6) == MLC_OK);
-        CHECK_MSG(mlc_gradcheck(ctx, f_sequential, net, in, 3, &tol, &rep),
-                  "case %d: input %d element %zu: analytic %.6g numeric %.6g (%s)", k, rep.worst_input,
-                  rep.worst_index, rep.analytic, rep.numeric, mlc_error(ctx) ? mlc_error_message(ctx) : "no error");
+        CHECK(gradcheck_fused(ctx, net, in, 3, k));
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
+/* linear with relu fused into it (Sequential's Linear then ReLU on the CPU), with bias on a 2-D
+   and a 3-D input, and without */
+static int grad_linear_relu_fused(void) {
+    static const int shapes[][3] = { { 2, 3, 0 }, { 2, 3, 5 }, { 4, 6, 0 } };   /* the input's shape */
+    int k;
+    for (k = 0; k < 3; k++) {
+        mlc_ctx *ctx = test_ctx(6);
+        int n_in = shapes[k][2] ? shapes[k][2] : shapes[k][1], bias = k < 2;
+        mlc_module *lin = bias ? mlc_nn_linear(ctx, n_in, 8) : mlc_nn_linear_nobias(ctx, n_in, 8);
+        mlc_module *net = mlc_nn_sequential(ctx, lin, mlc_nn_relu(ctx), NULL);
+        mlc_tensor *in[3];
+        CHECK(net != NULL);
+        in[0] = mlc_requires_grad(shapes[k][2] ? mlc_empty(ctx, 3, (int[]){ shapes[k][0], shapes[k][1], n_in })
+                                               : mlc_empty(ctx, 2, (int[]){ shapes[k][0], n_in }), 1);
+        in[1] = lin->params[0];
+        if (bias) in[2] = lin->params[1];
+        CHECK(gradcheck_fused(ctx, net, in, bias ? 3 : 2, k));
         test_destroy(ctx);
     }
     return 1;
@@ -420,6 +448,7 @@ const test_case tests_grad[] = {
     T(avg_pool_read_twice) T(avg_pool_read_twice_last) T(conv_read_twice) T(conv_read_twice_last)
     T(conv_strided_read_twice) T(conv_strided_read_twice_last)
     T(conv2d_relu_fused)
+    T(linear_relu_fused)
     T(attention) T(checker_catches_wrong_gradient)
     { NULL, NULL }
 };

@@ -429,13 +429,29 @@ static int conv2d_forward(void) {
     return 1;
 }
 
+/* A fused op (side 0) and the ops it stands for (side 1) after the same backward: y, dx,
+   dweight and dbias (got[.][3] NULL: none) in equal bits */
+static int fused_same_bits(int k, mlc_tensor *got[2][4]) {
+    int u;
+    for (u = 0; u < 4 && got[0][u]; u++) {
+        const float *a = u ? mlc_host_grad(got[0][u]) : mlc_host_data(got[0][u]);
+        const float *b = u ? mlc_host_grad(got[1][u]) : mlc_host_data(got[1][u]);
+        size_t i;
+        CHECK(a && b && got[0][u]->size == got[1][u]->size);
+        for (i = 0; i < got[0][u]->size; i++)
+            CHECK_MSG(test_same_float(a[i], b[i]), "case %d, %s [%zu]: %.9g fused, %.9g apart", k,
+                      u == 0 ? "y" : u == 1 ? "dx" : u == 2 ? "dweight" : "dbias", i, (double)a[i], (double)b[i]);
+    }
+    return 1;
+}
+
 /* Sequential runs a Conv2d followed by a ReLU as one op on the CPU (relu fused into conv2d: one
    tape node) with the same bits, output and gradients of x, weight and bias, as mlc_conv2d then
    mlc_relu in a context made alike: on the fast path (stride 1), the general one (stride 2,
    groups) and without padding; on a device the two run in turn. */
 static int sequential_fuses_conv_relu(void) {
     static const mlc_conv_opts opts[] = { { .padding = 1 }, { .stride = 2, .padding = 1, .groups = 2 }, { 0 } };
-    int k, side, u;
+    int k, side;
     for (k = 0; k < 3; k++) {
         mlc_ctx *ctx[2];
         mlc_tensor *x[2], *y[2], *got[2][4];
@@ -459,15 +475,52 @@ static int sequential_fuses_conv_relu(void) {
             got[side][0] = y[side]; got[side][1] = x[side];
             got[side][2] = conv[side]->params[0]; got[side][3] = conv[side]->params[1];
         }
-        for (u = 0; u < 4; u++) {
-            const float *a = u ? mlc_host_grad(got[0][u]) : mlc_host_data(got[0][u]);
-            const float *b = u ? mlc_host_grad(got[1][u]) : mlc_host_data(got[1][u]);
-            size_t i;
-            CHECK(a && b && got[0][u]->size == got[1][u]->size);
-            for (i = 0; i < got[0][u]->size; i++)
-                CHECK_MSG(test_same_float(a[i], b[i]), "case %d, %s [%zu]: %.9g fused, %.9g apart", k,
-                          u == 0 ? "y" : u == 1 ? "dx" : u == 2 ? "dweight" : "dbias", i, (double)a[i], (double)b[i]);
+        CHECK(fused_same_bits(k, got));
+        test_destroy(ctx[0]);
+        test_destroy(ctx[1]);
+    }
+    return 1;
+}
+
+/* Sequential runs a Linear followed by a ReLU as one op on the CPU (bias and relu applied by the
+   threads to their own parts of the product, and backward's g·(y > 0) and bias sums split by
+   columns: one tape node) with the same bits, output and gradients of x, weight and bias, as
+   mlc_matmul_t, mlc_add (the bias) and mlc_relu in a context made alike: a product shared out
+   between threads (the bench MLP's first layer), one run as a single block, a 3-D input, one of
+   3 rows (products with few rows) and one without bias; on a device the two run in turn. */
+static int sequential_fuses_linear_relu(void) {
+    static const int cases[][5] = {   /* batch, time (0: a 2-D input), in, out, bias */
+        { 64, 0, 784, 256, 1 }, { 5, 0, 12, 7, 1 }, { 4, 6, 40, 96, 1 }, { 3, 0, 50, 40, 1 }, { 16, 0, 70, 33, 0 }
+    };
+    int k, side;
+    for (k = 0; k < 5; k++) {
+        const int *c = cases[k];
+        mlc_ctx *ctx[2];
+        mlc_tensor *x[2], *y[2], *got[2][4];
+        mlc_module *lin[2];
+        for (side = 0; side < 2; side++) {         /* 0: the Sequential, 1: the two ops */
+            mlc_module *net;
+            mlc_tensor *r, *bias;
+            ctx[side] = test_ctx(21 + (unsigned)k);
+            lin[side] = c[4] ? mlc_nn_linear(ctx[side], c[2], c[3]) : mlc_nn_linear_nobias(ctx[side], c[2], c[3]);
+            net = mlc_nn_sequential(ctx[side], lin[side], mlc_nn_relu(ctx[side]), NULL);
+            x[side] = mlc_requires_grad(c[1] ? mlc_randn(ctx[side], MLC_SHAPE(c[0], c[1], c[2]))
+                                             : mlc_randn(ctx[side], MLC_SHAPE(c[0], c[2])), 1);
+            CHECK(net && x[side]);
+            bias = c[4] ? lin[side]->params[1] : NULL;
+            y[side] = !side ? mlc_forward(net, x[side])
+                      : bias ? mlc_relu(mlc_add(mlc_matmul_t(x[side], lin[side]->params[0], 0, 1), bias))
+                             : mlc_relu(mlc_matmul_t(x[side], lin[side]->params[0], 0, 1));
+            CHECK(y[side] != NULL);
+            if (side == 0)
+                CHECK_MSG(mlc_get_stats(ctx[0]).tape_nodes == (test_device_fail_at(ctx[0], -1) < 0 ? 1u : 2u),
+                          "case %d: %zu tape nodes", k, mlc_get_stats(ctx[0]).tape_nodes);
+            r = mlc_randn(ctx[side], y[side]->ndim, y[side]->shape);
+            CHECK(mlc_backward(mlc_sum_all(mlc_mul(y[side], r))) == MLC_OK);
+            got[side][0] = y[side]; got[side][1] = x[side];
+            got[side][2] = lin[side]->params[0]; got[side][3] = bias;
         }
+        CHECK(fused_same_bits(k, got));
         test_destroy(ctx[0]);
         test_destroy(ctx[1]);
     }
@@ -639,6 +692,7 @@ const test_case tests_modules[] = {
     TEST(linear_forward)
     TEST(conv2d_forward)
     TEST(sequential_fuses_conv_relu)
+    TEST(sequential_fuses_linear_relu)
     TEST(pool_flatten_forward)
     TEST(embedding_layer_norm_forward)
     TEST(activation_modules_forward)
