@@ -3617,9 +3617,12 @@ static void mlc__linear_grad_columns(void *arg, int slot, size_t begin, size_t e
     size_t r, at;
     (void)slot;
     for (r = 0, at = begin; r < job->rows; r++, at += job->cols) {
-        const float *dc = job->g + at, *y = job->y + at;
-        if (job->y) mlc__unary_grad(MLC__RELU, end - begin, y, y, dc, job->dc + at, 1, 0.0f, 0.0f);
-        if (job->y) dc = job->dc + at;
+        const float *dc = job->g + at;
+        if (job->y) {
+            const float *y = job->y + at;
+            mlc__unary_grad(MLC__RELU, end - begin, y, y, dc, job->dc + at, 1, 0.0f, 0.0f);
+            dc = job->dc + at;
+        }
         if (job->db) mlc__axpy(end - begin, 1.0f, dc, job->db + begin);
     }
 }
@@ -3630,10 +3633,12 @@ static void mlc__matmul_backward(mlc__node *n) {
     mlc_ctx *ctx = n->out->ctx;
     float beta_a, beta_b, *ga = mlc__grad_to_overwrite(a, &beta_a), *gb = mlc__grad_to_overwrite(b, &beta_b);
     const float *gc = n->out->grad;
-    mlc_frame scratch = mlc_frame_begin(ctx);
     mlc__linear_grad_job job;
+    mlc_frame scratch;
+    job.db = mlc__grad(n->in[2]);       /* (mlc_backward made it before this node ran) */
+    scratch = mlc_frame_begin(ctx);
     job.g = gc; job.y = mm->relu ? n->out->data : NULL; job.dc = NULL;
-    job.db = mlc__grad(n->in[2]); job.cols = (size_t)mm->N; job.rows = n->out->size / job.cols;
+    job.cols = (size_t)mm->N; job.rows = n->out->size / job.cols;
     if (job.y && !(job.dc = mlc__floats(ctx, n->out->size, "mlc_linear"))) { mlc_frame_end(scratch); return; }
     if (job.y || job.db) {
         mlc__parallel(ctx, job.cols, MLC__LINEAR_GRAD_PARALLEL / job.rows + 1, mlc__linear_grad_columns,
