@@ -5100,12 +5100,11 @@ static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *c
                 for (j = 0; j < cv->KW; j++) {
                     int ih = oh * cv->sh + i * cv->dh - cv->ph, iw = ow * cv->sw + j * cv->dw - cv->pw;
                     float *dst = row + (size_t)(i * cv->KW + j) * C;
-                    const float *src = xt + ((size_t)ih * cv->W + iw) * C;
                     if (ih < 0 || ih >= cv->H || iw < 0 || iw >= cv->W) {
                         memset(dst, 0, (size_t)C * sizeof(float));
                         continue;
                     }
-                    memcpy(dst, src, (size_t)C * sizeof(float));
+                    memcpy(dst, xt + ((size_t)ih * cv->W + iw) * C, (size_t)C * sizeof(float));
                 }
         }
 }
