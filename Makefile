@@ -115,9 +115,10 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath
 	exit $$status
 
 # The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included), on the fake
-# device and then on the CPU.
-# AddressSanitizer + UBSan on the CPU and the fake device, then ThreadSanitizer on the CPU
-# (mlc's thread pool: its claims, slots and jobs run alone; a report fails the run)
+# device and then on the CPU, then ThreadSanitizer on the CPU (mlc's thread pool: its claims,
+# slots and jobs run alone; a report fails the run), then clang's ASan + UBSan on the CPU where
+# clang is installed (its UBSan also reports pointer arithmetic that overflows, which GCC's
+# does not; under CI=true it may not be skipped).
 test-sanitize: | $(BUILD)
 	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $(BUILD)/test-sanitize tests/*.c $(TEST_BLAS) $(LDLIBS)
@@ -126,6 +127,15 @@ test-sanitize: | $(BUILD)
 	MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test-sanitize || status=1; \
 	./$(BUILD)/test-sanitize || status=1; \
 	TSAN_OPTIONS=halt_on_error=1 ./$(BUILD)/test-tsan || status=1; \
+	if command -v clang >/dev/null 2>&1; then \
+	    echo "./$(BUILD)/test-sanitize-clang"; \
+	    clang -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
+	        -o $(BUILD)/test-sanitize-clang tests/*.c $(TEST_BLAS) $(LDLIBS) \
+	        && ./$(BUILD)/test-sanitize-clang || status=1; \
+	else \
+	    echo "SKIPPED clang sanitizers: clang is not installed"; \
+	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: the clang sanitizers may not be skipped in CI"; status=1; fi; \
+	fi; \
 	exit $$status
 
 # The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside
