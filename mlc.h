@@ -2523,8 +2523,9 @@ static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *ML
     MLC__VECTOR_LOOP(j, 0, n, { c[j] += v * b[j]; });
 }
 
-/* relu fused into an op (conv2d), in place: v = relu(v) over n floats, the bits of mlc_relu's
-   map (its MLC__UNARY_KINDS line; mlc__unary_forward's operands may not overlap) */
+/* relu fused into an op (conv2d, linear's product), in place: v = relu(v) over n floats, the
+   bits of mlc_relu's map (its MLC__UNARY_KINDS line; mlc__unary_forward's operands may not
+   overlap) */
 static void mlc__relu_row(size_t n, float *v) {
     size_t j;
     MLC__VECTOR_LOOP(j, 0, n, { const float x = v[j]; v[j] = x < 0 ? 0.0f : x; });
@@ -3520,7 +3521,7 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
             const int mr = job.g->mr, nr = job.g->nr, rows = (M + mr - 1) / mr, cols = (N + nr - 1) / nr;
             const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
-            int slots, pieces, per, parts_done = 0;
+            int slots, pieces, per;
             mlc_frame scratch = mlc_frame_begin(ctx);
             job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
@@ -3540,10 +3541,10 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
                                   mlc__gemm_share, &job);
             }
             job.bias = bias; job.relu = relu;
-            if (job.work) { mlc__parallel(ctx, units, from, mlc__gemm_part, &job); parts_done = 1; }
+            if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
-            if (parts_done) return;
+            if (job.work) return;       /* the parts applied the epilogue */
         }
     }
 #endif
@@ -3703,14 +3704,13 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
     if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
     if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0 && mm.batches == 1)   /* (linear's: its 2-D weight makes one product) */
+    if (where == 0 && mm.batches == 1)   /* (linear's always: its 2-D weight makes one product) */
         mlc__gemm_then(ctx, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, b->data, 0.0f, out->data, NULL,
                        bias ? bias->data : NULL, relu);
     else if (where == 0) {
+        MLC_ASSERT(!bias && !relu);
         mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b,
                           0.0f, out->data, mm.step_c);
-        mlc__gemm_epilogue(out->data, (size_t)mm.N, (int)(out->size / (size_t)mm.N), mm.N,
-                           bias ? bias->data : NULL, relu);
     }
     mlc__record(&call);
     return out;

@@ -1002,20 +1002,28 @@ typedef struct epoch_table {
 } epoch_table;
 
 /* One epoch run in a process of its own: `COMMAND --epochs-only --model M --threads N --runs 1
-   --samples S` prints "key value" lines (the plain build with --kv, torch_bench.py); its
-   samples/s, NAN when it fails. `who` names it in the line on stderr. */
-static double child_run(const char *command_prefix, const char *who, const bench_model *m, int threads,
-                        long samples, int run, int runs) {
-    char command[1200], key[64];
-    kv_file out;
-    FILE *child;
-    double sps = NAN;
+   --samples S` prints "key value" lines (the plain build and this program with --kv,
+   torch_bench.py). child_start starts it (NULL when it cannot), child_sps waits for it: its
+   samples/s, NAN when it failed. */
+static FILE *child_start(const char *command_prefix, const bench_model *m, int threads, long samples) {
+    char command[1200];
     snprintf(command, sizeof command, "%s --epochs-only --model %s --threads %d --runs 1 --samples %ld "
              "2>/dev/null", command_prefix, m->name, threads, samples);
-    if ((child = popen(command, "r")) != NULL) {
-        kv_parse(&out, child);
-        if (pclose(child) == 0) sps = kv_num(&out, epoch_key(key, m, threads, "median"));
-    }
+    return popen(command, "r");
+}
+
+static double child_sps(FILE *child, const bench_model *m, int threads) {
+    char key[64];
+    kv_file out;
+    if (!child) return NAN;
+    kv_parse(&out, child);
+    return pclose(child) == 0 ? kv_num(&out, epoch_key(key, m, threads, "median")) : NAN;
+}
+
+/* One such run; `who` names it in the line on stderr. */
+static double child_run(const char *command_prefix, const char *who, const bench_model *m, int threads,
+                        long samples, int run, int runs) {
+    double sps = child_sps(child_start(command_prefix, m, threads, samples), m, threads);
     fprintf(stderr, "bench: %s, %s, %d thread%s, run %d/%d: %.0f samples/s\n", m->label, who, threads,
             threads > 1 ? "s" : "", run + 1, runs, sps);
     return sps;
@@ -1028,19 +1036,12 @@ static double child_run(const char *command_prefix, const char *who, const bench
 static double independent_runs(const char *self, const bench_model *m, int n, long samples, int run, int runs) {
     enum { MOST = 64 };
     FILE *child[MOST];
-    char command[1200], key[64];
-    double sum = 0;
-    int started = 0;
-    snprintf(command, sizeof command, "'%s' --kv --epochs-only --model %s --threads 1 --runs 1 --samples %ld "
-             "2>/dev/null", self, m->name, samples);
-    while (started < n && started < MOST && (child[started] = popen(command, "r")) != NULL) started++;
-    if (started < n) sum = NAN;
-    for (int c = 0; c < started; c++) {
-        kv_file out;
-        kv_parse(&out, child[c]);
-        if (pclose(child[c]) != 0) sum = NAN;
-        else sum += kv_num(&out, epoch_key(key, m, 1, "median"));
-    }
+    char prefix[1100];
+    double sum = n <= MOST ? 0 : NAN;
+    int c;
+    snprintf(prefix, sizeof prefix, "'%s' --kv", self);
+    for (c = 0; c < n && c < MOST; c++) child[c] = child_start(prefix, m, 1, samples);
+    for (c = 0; c < n && c < MOST; c++) sum += child_sps(child[c], m, 1);
     fprintf(stderr, "bench: %s, %d independent 1-thread runs at once, run %d/%d: %.0f samples/s together\n",
             m->label, n, run + 1, runs, sum);
     return sum;
