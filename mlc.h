@@ -2997,7 +2997,8 @@ enum {
     MLC__GEMM_NR_MAX = 32,
     MLC__GEMM_SMALL = 16 * 16 * 16,
     MLC__GEMM_PARALLEL = 64 * 64 * 32,
-    MLC__GEMM_SHARED_MAX = 1 << 20      /* an operand the threads share is packed once up to this size */
+    MLC__GEMM_COPY_MAX = 1 << 15,       /* floats of a shared operand each thread packs a copy of, at most */
+    MLC__GEMM_SHARED_MAX = 1 << 20      /* floats of one the threads pack once together, at most */
 };
 
 /* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
@@ -3225,9 +3226,12 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     float beta, *C, *work;
     int split_rows;                     /* threads share: 1 rows of C (MR at a time), 0 columns (NR) */
     size_t work_floats;                 /* each thread's share of work */
-    const float *shared;                /* the operand all threads read, packed once (NULL: each packs
-                                           its own): op(B) when they share rows, op(A) columns */
-    size_t shared_padded;               /* its extent (N or M) rounded up to whole slivers */
+    float *shared;                      /* the operand all threads read whole, packed (NULL: each piece
+                                           packs its blocks): op(B) when they share rows, op(A) columns */
+    size_t shared_padded, shared_units; /* its extent (N or M) rounded up to whole slivers; its slivers */
+    unsigned char *shared_packed;       /* per slot: its own copy, at shared + slot * shared_floats, is
+                                           packed (NULL: one copy, packed by all threads first) */
+    size_t shared_floats;
     const float *bias;                  /* linear's epilogue on each part as it is done (NULL, 0: none) */
     int relu;
 } mlc__gemm_job;
@@ -3286,12 +3290,13 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N;
     p->g = g; p->M = M; p->N = N; p->K = K; p->A = A; p->B = B; p->beta = beta; p->C = C; p->ldc = (size_t)N;
     p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
-    p->split_rows = 0; p->work = NULL; p->work_floats = 0; p->shared = NULL; p->shared_padded = 0;
+    p->split_rows = 0; p->work = NULL; p->work_floats = 0;
+    p->shared = NULL; p->shared_padded = p->shared_units = p->shared_floats = 0; p->shared_packed = NULL;
     p->bias = NULL; p->relu = 0;
 }
 
-/* Packs slivers [begin, end) of the operand the threads share into p->shared, for
-   mlc__parallel: slice pc of it (kk deep) at pc * shared_padded, sliver x (w wide) at x * kk
+/* Packs slivers [begin, end) of shared_units of the operand the threads share into p->shared,
+   for mlc__parallel: slice pc of it (kk deep) at pc * shared_padded, sliver x (w wide) at x * kk
    within, the layout mlc__gemm_blocks packs one block in. Unit u: slice u / slivers, sliver
    u % slivers. */
 static void mlc__gemm_share(void *arg, int slot, size_t begin, size_t end) {
@@ -3315,12 +3320,21 @@ static void mlc__gemm_share(void *arg, int slot, size_t begin, size_t end) {
 /* Units [begin, end) of a product's rows (MR each) or columns (NR each), as a product of its
    own on this thread with the thread's share of the work, for mlc__parallel. Each thread packs
    its part of the operand it does not share, so the threads never wait for each other inside
-   a product. */
+   a product; a small shared operand it packs whole into a copy of its own in its first piece,
+   so that its kernel reads none out of another core's cache (with one copy that the threads
+   packed together, 64 x 128 x 256 ran no faster on two threads than on one). */
 static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     mlc__gemm_job part = *(const mlc__gemm_job *)arg;
     int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit,
         to = (int)end * unit;
     part.work += (size_t)slot * part.work_floats;
+    if (part.shared && part.shared_packed) {
+        part.shared += (size_t)slot * part.shared_floats;
+        if (!part.shared_packed[slot]) {
+            mlc__gemm_share(&part, slot, 0, part.shared_units);
+            part.shared_packed[slot] = 1;
+        }
+    }
     if (part.split_rows) {
         if (to > part.M) to = part.M;
         part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
@@ -3522,6 +3536,7 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
             const long long a = (long long)M * K, b = (long long)K * N, c = (long long)M * N;
             size_t units, from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
             int slots, pieces, per;
+            unsigned char shared_packed[MLC__MAX_THREADS];
             mlc_frame scratch = mlc_frame_begin(ctx);
             job.split_rows = rows > 1 && (cols < 2 || b < a || b < c);
             units = (size_t)(job.split_rows ? rows : cols);
@@ -3531,14 +3546,21 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
             job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? per * mr : M,
                                                     job.split_rows ? N : per * nr, K);
             job.work = mlc__floats(ctx, job.work_floats * (size_t)slots, "mlc_gemm");
-            if (slots > 1 && (job.split_rows ? b : a) <= MLC__GEMM_SHARED_MAX) {
+            if (slots > 1) {    /* the operand every thread reads whole: a copy for each thread when
+                                   it is small, else one that all threads pack together first (a
+                                   copy each of the MLP's 64 x 784 batch gained nothing in a step) */
                 int kc, mc, w = job.split_rows ? nr : mr;
+                size_t copy;
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
                 job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
-                job.shared = mlc__floats(ctx, job.shared_padded * (size_t)K, "mlc_gemm");
-                if (job.shared)
-                    mlc__parallel(ctx, job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc), 2,
-                                  mlc__gemm_share, &job);
+                job.shared_units = job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc);
+                copy = (job.shared_padded * (size_t)K + 15) / 16 * 16;     /* copies 64-byte apart */
+                if (copy <= MLC__GEMM_COPY_MAX) {
+                    job.shared = mlc__floats(ctx, copy * (size_t)slots, "mlc_gemm");
+                    job.shared_floats = copy;
+                    job.shared_packed = (unsigned char *)memset(shared_packed, 0, (size_t)slots);
+                } else if (copy <= MLC__GEMM_SHARED_MAX && (job.shared = mlc__floats(ctx, copy, "mlc_gemm")))
+                    mlc__parallel(ctx, job.shared_units, 2, mlc__gemm_share, &job);
             }
             job.bias = bias; job.relu = relu;
             if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);

@@ -38,7 +38,7 @@ static int compare_with_reference(mlc_ctx *ctx, int ta, int tb, int M, int N, in
 static int own_gemm_matches_reference(void) {
     /* every path: the plain loop (under 16^3 multiply-adds), the direct one (M <= 4, N <= 4
        with B transposed, K <= 4 without; K across its 256-float pieces; N wide enough for
-       threads), packed (with edge slivers; on threads with the shared operand packed once, over
+       threads), packed (with edge slivers; on threads with a copy of the shared operand each, over
        several row blocks and K slices of unequal depth, and several column panels) */
     static const int sizes[][3] = { {1, 1, 1}, {7, 5, 3}, {1, 300, 200}, {300, 1, 200}, {17, 33, 9}, {64, 64, 64},
                                     {100, 37, 129}, {6, 16, 1}, {13, 47, 517}, {257, 129, 300}, {0, 5, 5}, {5, 5, 0},
