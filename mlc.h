@@ -2982,9 +2982,9 @@ static void mlc__gemm_epilogue(float *C, size_t ldc, int rows, int cols, const f
 #ifndef MLC_USE_CBLAS
 /* mlc's own matrix product: the Goto/BLIS scheme.
    C is cut into NC-wide column panels and K into KC-deep slices. For each (panel, slice) the
-   KC x NC block of op(B) is packed once (shared by all threads) and every thread packs MC x KC
-   blocks of op(A) into its own part of `work`. Packing copies a block into slivers: strips MR
-   rows (of A) or NR columns (of B) wide, stored k-major, so the micro-kernel reads both
+   KC x NC block of op(B) is packed once and MC x KC blocks of op(A) in turn into `work` (on
+   threads, what each packs is in mlc__gemm_part). Packing copies a block into slivers: strips
+   MR rows (of A) or NR columns (of B) wide, stored k-major, so the micro-kernel reads both
    operands sequentially whatever the transposes were, and an edge sliver is padded with zeros
    so the kernel always runs a full tile. The micro-kernel keeps an MR x NR tile of C in
    registers and adds one rank-1 update (a column of the A sliver times a row of the B sliver)
