@@ -3227,11 +3227,12 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     int split_rows;                     /* threads share: 1 rows of C (MR at a time), 0 columns (NR) */
     size_t work_floats;                 /* each thread's share of work */
     float *shared;                      /* the operand all threads read whole, packed (NULL: each piece
-                                           packs its blocks): op(B) when they share rows, op(A) columns */
-    size_t shared_padded, shared_units; /* its extent (N or M) rounded up to whole slivers; its slivers */
-    unsigned char *shared_packed;       /* per slot: its own copy, at shared + slot * shared_floats, is
-                                           packed (NULL: one copy, packed by all threads first) */
-    size_t shared_floats;
+                                           packs its blocks): op(B) when they share rows, op(A) columns;
+                                           one copy that all threads pack first, or with shared_packed a
+                                           copy per thread (slot s's at shared + s * shared_floats) */
+    size_t shared_padded, shared_units, shared_floats;  /* its extent (N or M) rounded up to whole
+                                                           slivers; its slivers; a copy's floats */
+    unsigned char *shared_packed;       /* per slot: its copy is packed (by its first piece) */
     const float *bias;                  /* linear's epilogue on each part as it is done (NULL, 0: none) */
     int relu;
 } mlc__gemm_job;
@@ -3554,7 +3555,7 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
                 job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
                 job.shared_units = job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc);
-                copy = (job.shared_padded * (size_t)K + 15) / 16 * 16;     /* copies 64-byte apart */
+                copy = (job.shared_padded * (size_t)K + 15) / 16 * 16;     /* whole 64-byte lines */
                 if (copy <= MLC__GEMM_COPY_MAX) {
                     job.shared = mlc__floats(ctx, copy * (size_t)slots, "mlc_gemm");
                     job.shared_floats = copy;
