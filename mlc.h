@@ -3664,7 +3664,7 @@ static void mlc__matmul_backward(mlc__node *n) {
     job.g = gc; job.y = mm->relu ? n->out->data : NULL; job.dc = NULL;
     job.cols = (size_t)mm->N; job.rows = n->out->size / job.cols;
     if (job.y && !(job.dc = mlc__floats(ctx, n->out->size, "mlc_linear"))) { mlc_frame_end(scratch); return; }
-    if (job.y || job.db) {
+    if ((job.y || job.db) && job.rows) {  /* (an empty batch: no rows, nothing to sum) */
         mlc__parallel(ctx, job.cols, MLC__LINEAR_GRAD_PARALLEL / job.rows + 1, mlc__linear_grad_columns,
                       &job);
         if (job.y) gc = job.dc;

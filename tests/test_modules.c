@@ -527,6 +527,27 @@ static int sequential_fuses_linear_relu(void) {
     return 1;
 }
 
+/* A Linear (alone, and fused with a ReLU in a Sequential) on an empty batch: its backward has no
+   rows of the output gradient to share out or sum, and leaves the weight's and the bias's
+   gradients zero. */
+static int linear_backward_on_an_empty_batch(void) {
+    int fused, i;
+    for (fused = 0; fused < 2; fused++) {
+        mlc_ctx *ctx = test_ctx(31);
+        mlc_module *lin = mlc_nn_linear(ctx, 3, 2);
+        mlc_module *net = fused ? mlc_nn_sequential(ctx, lin, mlc_nn_relu(ctx), NULL) : lin;
+        mlc_tensor *x = mlc_zeros(ctx, MLC_SHAPE(0, 3)), *y;
+        CHECK(net && x);
+        y = mlc_forward(net, x);
+        CHECK_SHAPE(y, 0, 2);
+        CHECK_MSG(mlc_backward(mlc_sum_all(y)) == MLC_OK, "fused %d: %s", fused, mlc_error_message(ctx));
+        for (i = 0; i < 6; i++) CHECK(mlc_host_grad(lin->params[0])[i] == 0.0f);
+        for (i = 0; i < 2; i++) CHECK(mlc_host_grad(lin->params[1])[i] == 0.0f);
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 static int pool_flatten_forward(void) {
     mlc_ctx *ctx = test_ctx(4);
     mlc_module *maxp = mlc_nn_max_pool2d(ctx, 2, 0), *avgp = mlc_nn_avg_pool2d(ctx, 3, 2), *gap = mlc_nn_global_avg_pool2d(ctx);
@@ -693,6 +714,7 @@ const test_case tests_modules[] = {
     TEST(conv2d_forward)
     TEST(sequential_fuses_conv_relu)
     TEST(sequential_fuses_linear_relu)
+    TEST(linear_backward_on_an_empty_batch)
     TEST(pool_flatten_forward)
     TEST(embedding_layer_norm_forward)
     TEST(activation_modules_forward)
