@@ -51,6 +51,10 @@ TEST_OPENMP := $(if $(OPENMP),$(BUILD)/test-openmp)
 
 $(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -fopenmp -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
+# That suite runs without OpenMP's binding of threads to places (OMP_PROC_BIND, OMP_PLACES);
+# with it, mlc's workers are started from OpenMP's threads, so the threads suite runs once more
+# bound.
+BOUND_TESTS := threads.
 
 # -O2 -ffast-math (so -ffinite-math-only, -fno-signed-zeros, subnormals flushed): MLC_ZERO and
 # the argument checks must hold there too (mlc reads a float's bits for NaN, infinity and
@@ -103,7 +107,9 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath
 	MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test || status=1; \
 	if [ -n "$(TEST_OPENMP)" ]; then \
 	    echo "OMP_NUM_THREADS=3 ./$(BUILD)/test-openmp"; \
-	    OMP_NUM_THREADS=3 ./$(BUILD)/test-openmp || status=1; \
+	    env -u OMP_PROC_BIND -u OMP_PLACES OMP_NUM_THREADS=3 ./$(BUILD)/test-openmp || status=1; \
+	    echo "OMP_PROC_BIND=close OMP_NUM_THREADS=2 ./$(BUILD)/test-openmp $(BOUND_TESTS)"; \
+	    OMP_PROC_BIND=close OMP_NUM_THREADS=2 ./$(BUILD)/test-openmp $(BOUND_TESTS) || status=1; \
 	else \
 	    echo "SKIPPED suite openmp: $(CC) -fopenmp does not build (install libomp for clang)"; \
 	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: the openmp suite may not be skipped in CI"; status=1; fi; \

@@ -253,7 +253,8 @@ MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
    (or with MLC_NO_THREADS) run on the caller only; mlc_threads says what a context uses. When
    the caller had to wait for a worker whose core was taken away (another program, a VM's
    vCPU), the next 1000 ops that would share their work run on the caller alone, counted in
-   mlc_stats.jobs_alone (jobs_shared counts those shared). */
+   mlc_stats.jobs_alone (jobs_shared counts those shared). Under -fopenmp with OMP_PROC_BIND or
+   OMP_PLACES set, worker k runs where OpenMP binds its thread k. */
 MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n);
 MLCDEF int mlc_threads(const mlc_ctx *ctx);
 
@@ -2364,6 +2365,26 @@ static void *mlc__worker_main(void *arg) {
     }
 }
 
+#ifdef _OPENMP
+/* Where OpenMP binds its threads to places (OMP_PROC_BIND or OMP_PLACES set), it has bound the
+   program's first thread to one place, and a thread inherits the binding of the one that
+   starts it: workers started by the caller would all share its core (the bench's MLP trained
+   on 2 threads at half its 1-thread speed, on 16 cores at a fifth to a seventh). So OpenMP's
+   thread k starts worker k, in turn, and each worker runs where OpenMP put that thread. */
+static void mlc__workers_start_on_places(mlc__workers *pool, int workers) {
+    int k;
+    MLC__OMP(omp parallel for ordered schedule(static, 1) num_threads(workers + 1))
+    for (k = 0; k <= workers; k++) {                  /* thread k runs k; the caller is 0 */
+        MLC__OMP(omp ordered)
+        if (k > 0 && k - 1 == pool->started) {
+            mlc__worker *w = &pool->worker[k - 1];
+            w->pool = pool; w->slot = k;
+            if (pthread_create(&pool->thread[k - 1], NULL, mlc__worker_main, w) == 0) pool->started++;
+        }
+    }
+}
+#endif
+
 /* The context's pool with at least `workers` workers (as many as could start); 0 when none */
 static int mlc__workers_start(mlc_ctx *ctx, int workers) {
     mlc__workers *pool = ctx->workers;
@@ -2385,6 +2406,10 @@ static int mlc__workers_start(mlc_ctx *ctx, int workers) {
         }
         ctx->workers = pool;
     }
+#ifdef _OPENMP
+    if (pool->started < workers && omp_get_proc_bind() != omp_proc_bind_false)
+        mlc__workers_start_on_places(pool, workers);
+#endif
     while (pool->started < workers) {
         mlc__worker *w = &pool->worker[pool->started];
         w->pool = pool; w->slot = pool->started + 1;

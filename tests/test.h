@@ -50,6 +50,8 @@ mlc_ctx *test_install_fake_device(mlc_ctx *ctx);   /* see tests/test_device.c */
 /* The host copy of state buffer k (0, 1, 2: as the rule keeps them) of an optimiser's
    parameter i, NULL where the rule keeps none (tests/test_device.c, which sees mlc's internals) */
 const float *test_optim_state(mlc_optim *opt, int i, int k);
+/* Whether the context started its pool of worker threads (tests/test_device.c) */
+int test_pool_started(const mlc_ctx *ctx);
 /* mlc's own mlc__parallel: fn(arg, slot, begin, end) over pieces of [0, n) on the context's
    threads (tests/test_device.c) */
 void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,

@@ -182,6 +182,15 @@ const float *test_optim_state(mlc_optim *opt, int i, int k) {
     return opt->state[3 * i + k] ? mlc_host_data(opt->state[3 * i + k]) : NULL;
 }
 
+int test_pool_started(const mlc_ctx *ctx) {
+#if MLC__THREADS
+    return ctx->workers != NULL;
+#else
+    (void)ctx;
+    return 0;
+#endif
+}
+
 void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
                    void (*fn)(void *arg, int slot, size_t begin, size_t end), void *arg) {
     mlc__parallel(ctx, n, parallel_from, fn, arg);

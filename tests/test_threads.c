@@ -1,8 +1,12 @@
 /* mlc's own threads: the setting, the same numbers on any thread count, more threads than
    cores, and contexts that start and stop their workers many times. */
-#define _POSIX_C_SOURCE 200809L         /* nanosleep */
+#define _GNU_SOURCE                     /* nanosleep; sched_getcpu */
 #include <time.h>
 #include "test.h"
+#if defined(_OPENMP) && defined(__linux__)
+#include <sched.h>
+#include <omp.h>
+#endif
 
 /* Whether this build has mlc's pool of threads (mlc.h: POSIX threads without -pthread from
    glibc 2.34), and whether a context may use several threads at all (the pool, or OpenMP's
@@ -232,11 +236,56 @@ static int busy_worker_is_left_alone(void) {
     return 1;
 }
 
+#if defined(_OPENMP) && defined(__linux__)
+/* A piece that notes the CPU each of its units ran on, and takes 3 ms */
+static void cpu_noting_piece(void *arg, int slot, size_t begin, size_t end) {
+    int *cpu = (int *)arg;
+    struct timespec nap = { 0, 3000000L };
+    size_t u;
+    (void)slot;
+    for (u = begin; u < end; u++) cpu[u] = sched_getcpu();
+    nanosleep(&nap, NULL);
+}
+#endif
+
+/* Where OpenMP binds its threads to places (OMP_PROC_BIND or OMP_PLACES; make test runs this
+   suite once so), it binds the program's first thread to one CPU, and a thread started from it
+   inherits that: mlc's workers, started from OpenMP's other threads, must still run a job's
+   pieces on a second CPU. */
+static int openmp_binding_is_followed(void) {
+#if defined(_OPENMP) && defined(__linux__)
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .threads = 2, .quiet = 1 });
+    const int bound = omp_get_proc_bind() != omp_proc_bind_false     /* ("master": all on one place) */
+                      && omp_get_proc_bind() != omp_proc_bind_master;
+    int cpu[8], job, u, two_cpus = 0;
+    mlc_stats before;
+    CHECK(ctx && mlc_threads(ctx) == 2);
+    before = mlc_get_stats(ctx);
+    for (job = 0; job < 20 && !two_cpus; job++) {       /* (a thread may start late) */
+        for (u = 0; u < 8; u++) cpu[u] = -1;
+        test_parallel(ctx, 8, 1, cpu_noting_piece, cpu);
+        for (u = 0; u < 8; u++) CHECK_MSG(cpu[u] >= 0, "job %d: unit %d did not run", job, u);
+        for (u = 1; u < 8; u++) two_cpus |= cpu[u] != cpu[0];
+    }
+    CHECK(test_pool_started(ctx) == HAS_POOL);
+    CHECK_MSG(mlc_get_stats(ctx).jobs_shared == before.jobs_shared + (size_t)(HAS_POOL ? job : 0),
+              "%zu of %d jobs shared",
+              mlc_get_stats(ctx).jobs_shared - before.jobs_shared, job);
+    if (bound && omp_get_num_places() >= 2)
+        CHECK_MSG(two_cpus, "under OpenMP's binding to %d places, 20 jobs each ran on one CPU",
+                  omp_get_num_places());
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+#endif
+    return 1;
+}
+
 const test_case tests_threads[] = {
     TEST(threads_setting)
     TEST(threads_give_the_same_training)
     TEST(threads_start_and_stop)
     TEST(pieces_keep_to_their_thread)
     TEST(busy_worker_is_left_alone)
+    TEST(openmp_binding_is_followed)
     { NULL, NULL }
 };
