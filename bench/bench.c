@@ -81,7 +81,7 @@
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
 static int quick;                        /* --quick: shorter runs, for trying the suite out */
-static int all_threads;                  /* the "all threads" setting: the CPUs online */
+static int all_threads;                  /* the "all threads" setting: the CPUs allowed */
 static int disturbed;                    /* other processes were busy: verdicts get a "?" */
 
 /* ============================================================================================
@@ -1277,7 +1277,7 @@ int main(int argc, char **argv) {
     long samples = 0;
     epoch_table et = { 0 };
 #ifdef _OPENMP
-    all_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    all_threads = omp_get_num_procs();      /* the CPUs it may run on (taskset, cpusets) */
 #endif
     if (all_threads < 1) all_threads = 1;
     for (int i = 1; i < argc; i++) {
