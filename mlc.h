@@ -2366,6 +2366,16 @@ static void *mlc__worker_main(void *arg) {
     }
 }
 
+/* Starts the pool's next worker (slot started + 1) on a thread that inherits the caller's
+   binding; 0 when the system would not start one */
+static int mlc__workers_start_next(mlc__workers *pool) {
+    mlc__worker *w = &pool->worker[pool->started];
+    w->pool = pool; w->slot = pool->started + 1;
+    if (pthread_create(&pool->thread[pool->started], NULL, mlc__worker_main, w) != 0) return 0;
+    pool->started++;
+    return 1;
+}
+
 #ifdef _OPENMP
 /* Where OpenMP binds its threads to places (OMP_PROC_BIND or OMP_PLACES set), it has bound the
    program's first thread to one place, and a thread inherits the binding of the one that
@@ -2377,11 +2387,7 @@ static void mlc__workers_start_on_places(mlc__workers *pool, int workers) {
     MLC__OMP(omp parallel for ordered schedule(static, 1) num_threads(workers + 1))
     for (k = 0; k <= workers; k++) {                  /* thread k runs k; the caller is 0 */
         MLC__OMP(omp ordered)
-        if (k > 0 && k - 1 == pool->started) {
-            mlc__worker *w = &pool->worker[k - 1];
-            w->pool = pool; w->slot = k;
-            if (pthread_create(&pool->thread[k - 1], NULL, mlc__worker_main, w) == 0) pool->started++;
-        }
+        if (k > 0 && k - 1 == pool->started) mlc__workers_start_next(pool);
     }
 }
 #endif
@@ -2411,12 +2417,7 @@ static int mlc__workers_start(mlc_ctx *ctx, int workers) {
     if (pool->started < workers && omp_get_proc_bind() != omp_proc_bind_false)
         mlc__workers_start_on_places(pool, workers);
 #endif
-    while (pool->started < workers) {
-        mlc__worker *w = &pool->worker[pool->started];
-        w->pool = pool; w->slot = pool->started + 1;
-        if (pthread_create(&pool->thread[pool->started], NULL, mlc__worker_main, w) != 0) break;
-        pool->started++;
-    }
+    while (pool->started < workers && mlc__workers_start_next(pool)) {}
     return pool->started;
 }
 
