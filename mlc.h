@@ -2802,6 +2802,70 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
 }
 
 /* ============================================================================================
+   @section formulas  Helpers the formulas share with the device kernels, written once
+   Each row of MLC__FORMULA_HELPERS is one helper function: its return type, name, parameters,
+   and body, written in the C that OpenCL C also compiles (no libm names: MLC_EXPF and the
+   others; bits through mlc__float_bits and mlc__bits_float). This file compiles each row as a
+   static function; mlc_opencl.h puts the same rows, as text, at the head of its program.
+   A formula (a row of MLC__UNARY_KINDS, a kernel) that needs a new helper adds one row here.
+   ============================================================================================ */
+
+#define MLC__SQRT_2_OVER_PI 0.7978845608028654f
+#define MLC__INV_SQRT_2 0.7071067811865476f
+#define MLC__INV_SQRT_2PI 0.3989422804014327f
+
+static inline uint32_t mlc__float_bits(float x) { uint32_t b; memcpy(&b, &x, sizeof b); return b; }
+static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof x); return x; }
+
+/* sigmoid: the exponential of a negative number only, so it never overflows.
+   tanh: tanh|x| = m / (m + 2) with m = e^(2|x|) - 1, computed whole so that small x loses
+   nothing: e^y - 1 = 2^n (e^r - 1) + 2^n - 1, n = round(y / ln 2), |r| <= ln 2 / 2 (degree-7
+   Taylor). |x| is capped at 10 (tanh is 1 there in any precision); the sign is put back. No
+   branches and no libm, so the loops around it vectorise (the selects are written as GCC's
+   vectoriser reads them); at most 3.3 ulp from the true value. NaN is found in the bits, n and
+   2^n - 1 by conversions to int, so -ffast-math (which folds x != x, rounding tricks and
+   (2^n (e^r - 1)) + (2^n - 1) into 2^n e^r - 1) and x87's wider registers change nothing.
+   gelu_tanh_slope: d/dx of x (1 + tanh u) / 2 with u = √(2/π)(x + 0.044715 x³).
+   dropout_scale: the keep-scale of element `at` for dropout p with `seed`, from a hash of the
+   two, so backward and every device draw the mask the forward used without storing it.
+   flush: optimiser state below FLT_MIN is stored as 0 (see Optimisers). */
+#define MLC__FORMULA_HELPERS(X) \
+    X(float, mlc__sigmoidf, (float x), { \
+        if (x >= 0) return 1.0f / (1.0f + MLC_EXPF(-x)); \
+        { float e = MLC_EXPF(x); return e / (1.0f + e); } \
+    }) \
+    X(inline float, mlc__tanhf, (float x), {   /* inline: one call in every loop */ \
+        uint32_t bits = mlc__float_bits(x) & 0x7fffffffu, sign = mlc__float_bits(x) & 0x80000000u; \
+        uint32_t nan_mask = 0u - (uint32_t)(bits > 0x7f800000u);   /* all ones for a NaN */ \
+        int32_t n; \
+        float a, y, r, m, two_n; \
+        a = mlc__bits_float(bits < 0x41200000u ? bits : 0x41200000u);   /* at most 10.0f */ \
+        y = 2.0f * a; \
+        n = (int32_t)(y * 1.44269504f + 0.5f);               /* y >= 0: truncation rounds */ \
+        r = (y - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;  /* ln 2, two parts */ \
+        two_n = mlc__bits_float((uint32_t)(n + 127) << 23); \
+        m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 \
+            + r * (1.0f / 720 + r * (1.0f / 5040)))))))) + (float)((int32_t)two_n - 1);   /* exact */ \
+        y = m / (m + 2.0f); \
+        return mlc__bits_float(((mlc__float_bits(y) | sign) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
+    }) \
+    X(float, mlc__gelu_tanh_slope, (float x), { \
+        float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u); \
+        return 0.5f * (1.0f + t) \
+               + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x); \
+    }) \
+    X(float, mlc__dropout_scale, (uint32_t seed, uint32_t at, float p), { \
+        uint32_t h = seed ^ (at * 0x9E3779B9u); \
+        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16; \
+        return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f; \
+    }) \
+    X(float, mlc__flush, (float x), { return x < FLT_MIN && x > -FLT_MIN ? 0.0f : x; })
+
+#define MLC__FORMULA_HELPER_DEFINE(type, name, params, ...) static type name params __VA_ARGS__
+MLC__FORMULA_HELPERS(MLC__FORMULA_HELPER_DEFINE)
+#undef MLC__FORMULA_HELPER_DEFINE
+
+/* ============================================================================================
    Elementwise ops of one tensor, and activations: y = f(x), dx += g f'(x). Each kind is one
    line of MLC__UNARY_KINDS: its public name, f(x), and f'(x) written with x, y = f(x) and the
    op's parameters p, q. That line makes the enum value, the CPU loops forward and backward,
@@ -2829,53 +2893,6 @@ static const char *const mlc__unary_names[] = { MLC__UNARY_KINDS(MLC__UNARY_NAME
 /* for kernels */
 static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY_KIND_NAME) };
 #undef MLC__UNARY_KIND_NAME
-
-#define MLC__SQRT_2_OVER_PI 0.7978845608028654f
-#define MLC__INV_SQRT_2 0.7071067811865476f
-#define MLC__INV_SQRT_2PI 0.3989422804014327f
-
-static float mlc__sigmoidf(float x) {
-    if (x >= 0) return 1.0f / (1.0f + MLC_EXPF(-x));
-    { float e = MLC_EXPF(x); return e / (1.0f + e); }
-}
-
-/* tanh|x| = m / (m + 2) with m = e^(2|x|) - 1, computed whole so that small x loses nothing:
-   e^y - 1 = 2^n (e^r - 1) + 2^n - 1, n = round(y / ln 2), |r| <= ln 2 / 2 (degree-7 Taylor).
-   |x| is capped at 10 (tanh is 1 there in any precision); the sign is put back. No branches and no libm,
-   so the loops around it vectorise (the selects are written as GCC's vectoriser reads them);
-   at most 3.3 ulp from the true value. NaN is found in the bits, n and 2^n - 1 by conversions
-   to int, so -ffast-math (which folds x != x, rounding tricks and (2^n (e^r - 1)) + (2^n - 1)
-   into 2^n e^r - 1) and x87's wider registers change nothing. */
-static inline float mlc__tanhf(float x) {
-    uint32_t bits, sign, nan_mask;
-    int32_t n;
-    float a, y, r, m, two_n;
-    memcpy(&bits, &x, sizeof bits);
-    sign = bits & 0x80000000u;
-    bits &= 0x7fffffffu;                                 /* |x| */
-    nan_mask = 0u - (uint32_t)(bits > 0x7f800000u);      /* all ones for a NaN */
-    bits = bits < 0x41200000u ? bits : 0x41200000u;      /* at most 10.0f */
-    memcpy(&a, &bits, sizeof a);
-    y = 2.0f * a;
-    n = (int32_t)(y * 1.44269504f + 0.5f);               /* y >= 0: truncation rounds */
-    r = (y - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;   /* ln 2 in two parts */
-    bits = (uint32_t)(n + 127) << 23;                    /* 2^n */
-    memcpy(&two_n, &bits, sizeof two_n);
-    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720
-        + r * (1.0f / 5040)))))))) + (float)((int32_t)two_n - 1);   /* 2^n - 1 exact: no reassociation */
-    y = m / (m + 2.0f);
-    memcpy(&bits, &y, sizeof bits);
-    bits = ((bits | sign) & ~nan_mask) | (0x7fc00000u & nan_mask);   /* a NaN stays NaN */
-    memcpy(&y, &bits, sizeof y);
-    return y;
-}
-
-/* d/dx of x (1 + tanh u) / 2 with u = √(2/π)(x + 0.044715 x³) */
-static float mlc__gelu_tanh_slope(float x) {
-    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);
-    return 0.5f * (1.0f + t)
-           + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
-}
 
 /* One loop per op, so each is a plain, vectorisable loop: y = f(x) forward, and
    gx += g f'(x) backward, given x and y = f(x) (or, onto a fresh gradient, gx = 0 + g f'(x):
@@ -5741,13 +5758,6 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
    the device see the mask the forward used without storing it.
    ============================================================================================ */
 
-/* The keep-scale of weight `at` for dropout p with `seed` (the OpenCL kernels' mlc_dropout_scale). */
-static float mlc__dropout_scale(uint32_t seed, uint32_t at, float p) {
-    uint32_t h = seed ^ (at * 0x9E3779B9u);
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f;
-}
-
 typedef struct mlc__attention_job {
     mlc_ctx *ctx;
     const mlc__attention_args *a;
@@ -6971,7 +6981,6 @@ MLCDEF void mlc_zero_grad(mlc_optim *opt) {
    but one that decays while the gradient stays 0 (a pixel that is always black) ends stuck at
    the smallest denormal (0.9 x that rounds back to it), and denormal arithmetic made every
    Adam step 4.6x slower on an Intel Xeon (bench/RESULTS.md). */
-static float mlc__flush(float x) { return x < FLT_MIN && x > -FLT_MIN ? 0.0f : x; }
 
 static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
                             const float *MLC__RESTRICT g, float *MLC__RESTRICT buf) {

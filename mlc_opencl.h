@@ -337,59 +337,25 @@ static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
 #define MLC__CL_STR_(x) #x
 #define MLC__CL_STR(x) MLC__CL_STR_(x)
 
-/* Pieces of the program, each under the 4095 characters C99 promises for one literal. */
-static const char *const mlc__cl_source[] = {
-"/* mlc.h's sigmoid, tanh and gelu-tanh slope, step for step, so device and CPU agree */\n"
+/* Pieces of the program, each under the 4095 characters C99 promises for one literal. The
+   program is mlc__cl_formulas then mlc__cl_source. mlc__cl_formulas is made from mlc.h's
+   tables alone (MLC__FORMULA_HELPERS, MLC__UNARY_KINDS), so it builds by itself
+   (mlc__cl_check_formulas): a formula that calls a helper no row defines fails there, by name. */
+static const char *const mlc__cl_formulas[] = {
+"/* mlc.h's formula helpers (MLC__FORMULA_HELPERS), the same text compiled here */\n"
 "#define MLC__SQRT_2_OVER_PI " MLC__CL_STR(MLC__SQRT_2_OVER_PI) "\n"
 "#define MLC__INV_SQRT_2 " MLC__CL_STR(MLC__INV_SQRT_2) "\n"
 "#define MLC__INV_SQRT_2PI " MLC__CL_STR(MLC__INV_SQRT_2PI) "\n"
 "#define MLC_EXPF exp\n#define MLC_LOGF log\n#define MLC_LOG1PF log1p\n#define MLC_SQRTF sqrt\n"
 "#define MLC_ERFF erf\n#define MLC_POWF pow\n#define MLC_TANHF mlc__tanhf\n"
-"float mlc__sigmoidf(float x) {\n"
-"    if (x >= 0) return 1.0f / (1.0f + exp(-x));\n"
-"    { float e = exp(x); return e / (1.0f + e); }\n"
-"}\n"
-"/* tanh|x| = m / (m + 2), m = e^(2|x|) - 1 = 2^n (e^r - 1) + 2^n - 1 (see mlc__tanhf in mlc.h) */\n"
-"float mlc__tanhf(float x) {\n"
-"    uint bits = as_uint(x) & 0x7fffffffu, sign = as_uint(x) & 0x80000000u;\n"
-"    uint nan_mask = 0u - (uint)(bits > 0x7f800000u);\n"
-"    float a, y, r, m, two_n;\n"
-"    int n;\n"
-"    a = as_float(bits < 0x41200000u ? bits : 0x41200000u);\n"
-"    y = 2.0f * a;\n"
-"    n = convert_int(y * 1.44269504f + 0.5f);\n"
-"    r = (y - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;\n"
-"    two_n = as_float((uint)(n + 127) << 23);\n"
-"    m = two_n * (r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f /"
-" 720\n"
-"        + r * (1.0f / 5040)))))))) + (float)(convert_int(two_n) - 1);\n"
-"    y = m / (m + 2.0f);\n"
-"    return as_float(((as_uint(y) | sign) & ~nan_mask) | (0x7fc00000u & nan_mask));\n"
-"}\n"
-"/* d/dx of x (1 + tanh u) / 2 with u = sqrt(2/pi)(x + 0.044715 x^3) */\n"
-"float mlc__gelu_tanh_slope(float x) {\n"
-"    float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u);\n"
-"    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f *"
-" x * x);\n"
-"}\n"
+"#define uint32_t uint\n#define int32_t int\n"
+"#define mlc__float_bits as_uint\n#define mlc__bits_float as_float\n"
+#define MLC__CL_HELPER(type, name, params, ...) #type " " #name #params " " #__VA_ARGS__ "\n"
+MLC__FORMULA_HELPERS(MLC__CL_HELPER)
+#undef MLC__CL_HELPER
 "/* a gradient's element written as v + beta g (beta 1: v added to g; beta 0: g counts as zeros\n"
 "   and is not read, so the kernel writes over it: mlc__device_grad_to_overwrite in mlc.h) */\n"
-"float mlc_plus(float beta, __global const float *g, float v) { return beta != 0.0f ? beta * *g + v : v; }\n"
-"/* fill: x = v */\n"
-"__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
-"    size_t i = get_global_id(0);\n"
-"    if (i < n) x[i] = v;\n"
-"}\n"
-"/* copy: y = x;  accumulate, the backward of reshape and copy: dx += g */\n"
-"__kernel void mlc_copy(ulong n, __global const float *x, __global float *y) {\n"
-"    size_t i = get_global_id(0);\n"
-"    if (i < n) y[i] = x[i];\n"
-"}\n"
-"__kernel void mlc_accumulate(ulong n, __global const float *g, __global float *gx) {\n"
-"    size_t i = get_global_id(0);\n"
-"    if (i < n) gx[i] += g[i];\n"
-"}\n",
-
+"float mlc_plus(float beta, __global const float *g, float v) { return beta != 0.0f ? beta * *g + v : v; }\n",
 "/* unary: y = f(x), each kind's f from MLC__UNARY_KINDS in mlc.h; p, q: the op's parameters */\n"
 "__kernel void mlc_unary(int kind, ulong n, __global const float *xs, __global float *ys, float p, float q)"
 " {\n"
@@ -418,6 +384,23 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 #undef MLC__CL_UNARY_GRAD
 "    }\n"
 "    gx[i] = mlc_plus(beta, gx + i, g[i] * d);\n"
+"}\n",
+};
+
+static const char *const mlc__cl_source[] = {
+"/* fill: x = v */\n"
+"__kernel void mlc_fill(ulong n, __global float *x, float v) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) x[i] = v;\n"
+"}\n"
+"/* copy: y = x;  accumulate, the backward of reshape and copy: dx += g */\n"
+"__kernel void mlc_copy(ulong n, __global const float *x, __global float *y) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) y[i] = x[i];\n"
+"}\n"
+"__kernel void mlc_accumulate(ulong n, __global const float *g, __global float *gx) {\n"
+"    size_t i = get_global_id(0);\n"
+"    if (i < n) gx[i] += g[i];\n"
 "}\n",
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
@@ -513,9 +496,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    int in; \\\n"
 "    MLC_PAST(1, X, Y, Z) MLC_PAST(2, X, Y, Z) MLC_PAST(3, X, Y, Z) MLC_PAST_4_TO_7(X, Y, Z) \\\n"
 "    j = get_global_id(0) - start; \\\n"
-"    if (j >= n) return;\n"
-"/* state below FLT_MIN is stored as 0, as mlc.h's mlc__flush says why */\n"
-"float mlc_flush(float x) { return x < FLT_MIN && x > -FLT_MIN ? 0.0f : x; }\n",
+"    if (j >= n) return;\n",
 
 "/* SGD   g += wd p;  b = mu b + (1 - tau) g (b = g at t = 1);  g = nesterov ? g + mu b : b;  p -= lr g */\n"
 "__kernel void mlc_sgd(MLC_SLOTS, float lr, float wd, float mu, float keep, int first, int nesterov) {\n"
@@ -523,7 +504,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    MLC_FIND_SLOT(buf, unused_b, unused_c)\n"
 "    if (mu == 0.0f) { p[j] -= lr * (g[j] + wd * p[j]); return; }\n"
 "    gj = g[j] + wd * p[j];\n"
-"    buf[j] = mlc_flush(first ? gj : mu * buf[j] + keep * gj);\n"
+"    buf[j] = mlc__flush(first ? gj : mu * buf[j] + keep * gj);\n"
 "    p[j] -= lr * (nesterov ? gj + mu * buf[j] : buf[j]);\n"
 "}\n"
 "/* Adam  g += l2 p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p shrink - step m / (sqrt(v inv_bc2)"
@@ -536,8 +517,8 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    float gj;\n"
 "    MLC_FIND_SLOT(m, v, vmax)\n"
 "    gj = g[j] + l2 * p[j];\n"
-"    m[j] = mlc_flush(b1 * m[j] + (1.0f - b1) * gj);\n"
-"    v[j] = mlc_flush(b2 * v[j] + (1.0f - b2) * gj * gj);\n"
+"    m[j] = mlc__flush(b1 * m[j] + (1.0f - b1) * gj);\n"
+"    v[j] = mlc__flush(b2 * v[j] + (1.0f - b2) * gj * gj);\n"
 "    if (amsgrad) vmax[j] = vmax[j] > v[j] ? vmax[j] : v[j];\n"
 "    p[j] = p[j] * shrink - step * m[j] / (sqrt((amsgrad ? vmax[j] : v[j]) * inv_bc2) + eps);\n"
 "}\n"
@@ -548,10 +529,10 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 "    float gj, avg;\n"
 "    MLC_FIND_SLOT(buf, sq, mean)\n"
 "    gj = g[j] + wd * p[j];\n"
-"    sq[j] = mlc_flush(a * sq[j] + (1.0f - a) * gj * gj);\n"
-"    if (centered) mean[j] = mlc_flush(a * mean[j] + (1.0f - a) * gj);\n"
+"    sq[j] = mlc__flush(a * sq[j] + (1.0f - a) * gj * gj);\n"
+"    if (centered) mean[j] = mlc__flush(a * mean[j] + (1.0f - a) * gj);\n"
 "    avg = sqrt(centered ? sq[j] - mean[j] * mean[j] : sq[j]) + eps;\n"
-"    if (mu > 0.0f) { buf[j] = mlc_flush(mu * buf[j] + gj / avg); p[j] -= lr * buf[j]; }\n"
+"    if (mu > 0.0f) { buf[j] = mlc__flush(mu * buf[j] + gj / avg); p[j] -= lr * buf[j]; }\n"
 "    else p[j] -= lr * gj / avg;\n"
 "}\n",
 "/* ---- matrix products: C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias[j]) ---- */\n"
@@ -1109,19 +1090,14 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "}\n"
 "\n"
 "/* ---- dropout: the mask comes from a hash of (seed, i), so backward draws the same one ---- */\n"
-"float mlc_dropout_scale(uint seed, int i, float p) {\n"
-"    uint h = seed ^ ((uint)i * 0x9E3779B9u);\n"
-"    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;\n"
-"    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p ? (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f) : 0.0f;\n"
-"}\n"
 "__kernel void mlc_dropout(int n, uint seed, float p, __global const float *x, __global float *y) {\n"
 "    int i = get_global_id(0);\n"
-"    if (i < n) y[i] = x[i] * mlc_dropout_scale(seed, i, p);\n"
+"    if (i < n) y[i] = x[i] * mlc__dropout_scale(seed, i, p);\n"
 "}\n"
 "__kernel void mlc_dropout_grad(int n, uint seed, float p, __global const float *g, __global float *dx,\n"
 "                               float beta) {\n"
 "    int i = get_global_id(0);\n"
-"    if (i < n) dx[i] = mlc_plus(beta, dx + i, g[i] * mlc_dropout_scale(seed, i, p));\n"
+"    if (i < n) dx[i] = mlc_plus(beta, dx + i, g[i] * mlc__dropout_scale(seed, i, p));\n"
 "}\n"
 "\n"
 "/* ---- copies and index maps ---- */\n"
@@ -1229,7 +1205,7 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    float p, uint seed, __global const float *q, __global const float *k, __global const float *v, \\\n"
 "    __global const float *mask, int has_mask, int4 ms\n"
 "#define MLC_SCORE(i, j) mlc_attention_score(q, k, mask, has_mask, ms, H, T, S, D, causal, scale, bh, i, j)\n"
-"#define MLC_KEEP(r, j) (p > 0.0f ? mlc_dropout_scale(seed, (int)((uint)(r) * S + (uint)(j)), p) : 1.0f)\n"
+"#define MLC_KEEP(r, j) (p > 0.0f ? mlc__dropout_scale(seed, (int)((uint)(r) * S + (uint)(j)), p) : 1.0f)\n"
 "/* y_i = Σ_j m P_ij v_j, P_ij = e^(s_ij - ℓ_i); ℓ_i saved */\n"
 "__kernel void mlc_attention(MLC_ATTENTION_PARAMS, __global float *y, __global float *lse) {\n"
 "    int r = get_global_id(0), bh, i, j, e;\n"
@@ -1304,44 +1280,49 @@ static size_t mlc__cl_group_bytes(int slots) {
     return 2 * (size_t)slots * sizeof(cl_ulong) + 5 * (size_t)slots * sizeof(cl_mem) + 8 * sizeof(cl_float);
 }
 
-/* Build the program once per context: mlc.h's enum values first, then the pieces; the
-   environment variable MLC_OPENCL_OPTIONS adds build options (e.g. -cl-mad-enable). The
-   optimisers take 8 parameters a launch (480 bytes of arguments) where the device allows that,
-   else 4 (256 bytes: what OpenCL's embedded profile promises). */
-static int mlc__cl_build(mlc_ctx *ctx) {
-    mlc__cl_state *st = mlc__cl_st(ctx);
-    enum { PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
-    const char *strings[PIECES + 1], *extra = getenv("MLC_OPENCL_OPTIONS");
-    char prelude[4096], options[512];
-    cl_int err;
-    int i;
-    if (st->program) return 1;
-    st->slots = mlc__cl_group_bytes(MLC__CL_SLOTS) <= st->max_args ? MLC__CL_SLOTS : MLC__CL_SLOTS / 2;
-    mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
-                st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
-    mlc__format(prelude, sizeof prelude,
+/* The program's head: mlc.h's enum values (the kinds the formulas switch on) as #defines. */
+static void mlc__cl_prelude(char *prelude, size_t size, int slots) {
+    mlc__format(prelude, size,
                 "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
                 "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
                 " MLC_REDUCE_NONE %d\n#define MLC_SLOT_COUNT %d\n",
                 (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN,
-                (int)MLC_REDUCE_NONE, st->slots);
-    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__unary_kind_names, MLC__UNARY_COUNT);
-    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
-    mlc__cl_define_kinds(prelude, sizeof prelude, mlc__loss_kind_names, MLC__LOSS_COUNT);
+                (int)MLC_REDUCE_NONE, slots);
+    mlc__cl_define_kinds(prelude, size, mlc__unary_kind_names, MLC__UNARY_COUNT);
+    mlc__cl_define_kinds(prelude, size, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
+    mlc__cl_define_kinds(prelude, size, mlc__loss_kind_names, MLC__LOSS_COUNT);
+}
+
+/* Build a program from the prelude and `count` pieces, with the build options (the environment
+   variable MLC_OPENCL_OPTIONS adds its own, e.g. -cl-mad-enable). NULL on failure, with the
+   error set: `what` and the head of the compiler's log (the whole log goes to the logger). */
+static cl_program mlc__cl_program(mlc_ctx *ctx, const char *what, const char *const *pieces, int count) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    enum { PIECES = sizeof mlc__cl_formulas / sizeof mlc__cl_formulas[0]
+                    + sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
+    const char *strings[PIECES + 1], *extra = getenv("MLC_OPENCL_OPTIONS");
+    char prelude[4096], options[512];
+    cl_program program;
+    cl_int err;
+    int i;
+    MLC_ASSERT(count <= PIECES);
+    mlc__format(options, sizeof options, "-cl-std=CL1.2%s %s",
+                st->exact_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "", extra ? extra : "");
+    mlc__cl_prelude(prelude, sizeof prelude, st->slots);
     strings[0] = prelude;
-    for (i = 0; i < PIECES; i++) strings[i + 1] = mlc__cl_source[i];
-    st->program = mlc__cl.CreateProgramWithSource(st->context, PIECES + 1, strings, NULL, &err);
-    if (!st->program) return mlc__cl_check(ctx, err, "clCreateProgramWithSource");
-    err = mlc__cl.BuildProgram(st->program, 1, &st->device, options, NULL, NULL);
+    for (i = 0; i < count; i++) strings[i + 1] = pieces[i];
+    program = mlc__cl.CreateProgramWithSource(st->context, (cl_uint)count + 1, strings, NULL, &err);
+    if (!program) { mlc__cl_check(ctx, err, "clCreateProgramWithSource"); return NULL; }
+    err = mlc__cl.BuildProgram(program, 1, &st->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char excerpt[320] = "(no build log)";
         size_t size = 0;
-        if (mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size)
+        if (mlc__cl.GetProgramBuildInfo(program, st->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size)
                 == CL_SUCCESS
             && size > 1) {
             char *log = (char *)mlc__heap_alloc(ctx, size + 1);
             if (log
-                && mlc__cl.GetProgramBuildInfo(st->program, st->device, CL_PROGRAM_BUILD_LOG, size, log, NULL)
+                && mlc__cl.GetProgramBuildInfo(program, st->device, CL_PROGRAM_BUILD_LOG, size, log, NULL)
                        == CL_SUCCESS) {
                 log[size] = '\0';
                 mlc__log(ctx, MLC_LOG_INFO, log);                    /* the whole log */
@@ -1350,9 +1331,45 @@ static int mlc__cl_build(mlc_ctx *ctx) {
             }
             mlc__heap_free(ctx, log);
         }
-        mlc__cl.ReleaseProgram(st->program);
-        st->program = NULL;
-        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: kernel build failed on %s: %s", st->name, excerpt);
+        mlc__cl.ReleaseProgram(program);
+        mlc__fail(ctx, MLC_ERR_DEVICE, "opencl: %s failed on %s: %s", what, st->name, excerpt);
+        return NULL;
+    }
+    return program;
+}
+
+/* The formulas alone (mlc__cl_formulas): 1 when they build; else 0, and the error names them
+   and quotes the compiler (an undefined helper, a formula that is not OpenCL C). */
+static int mlc__cl_check_formulas(mlc_ctx *ctx) {
+    cl_program program = mlc__cl_program(ctx, "kernel build of mlc.h's formula tables (MLC__FORMULA_HELPERS, "
+                                         "MLC__UNARY_KINDS)", mlc__cl_formulas,
+                                         (int)(sizeof mlc__cl_formulas / sizeof mlc__cl_formulas[0]));
+    if (!program) return 0;
+    mlc__cl.ReleaseProgram(program);
+    return 1;
+}
+
+/* Build the program once per context: the formulas, then the pieces. When it fails, the
+   formulas alone are built to say whether a table row is at fault. The optimisers take 8
+   parameters a launch (480 bytes of arguments) where the device allows that, else 4 (256
+   bytes: what OpenCL's embedded profile promises). */
+static int mlc__cl_build(mlc_ctx *ctx) {
+    mlc__cl_state *st = mlc__cl_st(ctx);
+    enum { FORMULAS = sizeof mlc__cl_formulas / sizeof mlc__cl_formulas[0],
+           PIECES = sizeof mlc__cl_source / sizeof mlc__cl_source[0] };
+    const char *pieces[FORMULAS + PIECES];
+    int i;
+    if (st->program) return 1;
+    st->slots = mlc__cl_group_bytes(MLC__CL_SLOTS) <= st->max_args ? MLC__CL_SLOTS : MLC__CL_SLOTS / 2;
+    for (i = 0; i < FORMULAS; i++) pieces[i] = mlc__cl_formulas[i];
+    for (i = 0; i < PIECES; i++) pieces[FORMULAS + i] = mlc__cl_source[i];
+    st->program = mlc__cl_program(ctx, "kernel build", pieces, FORMULAS + PIECES);
+    if (!st->program) {
+        mlc_result code = ctx->error;
+        char message[sizeof ctx->message];
+        memcpy(message, ctx->message, sizeof message);
+        ctx->error = MLC_OK;
+        if (mlc__cl_check_formulas(ctx)) { ctx->error = code; memcpy(ctx->message, message, sizeof message); }
         return 0;
     }
     return 1;
