@@ -4,7 +4,8 @@ CFLAGS  ?= -O2 -std=c99 -Wall -Wextra -pedantic
 LDLIBS  := -lm
 LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
-EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm
+EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm \
+            $(BUILD)/backend_skeleton
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
         test-models embedded bench-gpu bench-gpu-build
@@ -40,7 +41,7 @@ OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' 
               $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
 TEST_BLAS := $(if $(OPENBLAS),-DMLC_TEST_OPENBLAS -lopenblas)
 
-$(BUILD)/test: tests/*.c tests/test.h mlc.h | $(BUILD)
+$(BUILD)/test: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
 	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
 # OpenMP is optional: with -fopenmp, build/test-openmp runs the CPU suites again on 3 threads
@@ -49,7 +50,7 @@ OPENMP := $(shell printf '\043include <omp.h>\nint main(void){return omp_get_max
               $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
 TEST_OPENMP := $(if $(OPENMP),$(BUILD)/test-openmp)
 
-$(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h | $(BUILD)
+$(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
 	$(CC) $(CFLAGS) -fopenmp -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 # That suite runs without OpenMP's binding of threads to places (OMP_PROC_BIND, OMP_PLACES);
 # with it, mlc's workers are started from OpenMP's threads, so the threads suite runs once more
@@ -67,7 +68,7 @@ BOUND_TESTS := threads.
 FASTMATH_LEFT_OUT := ops.maps_propagate_nan_and_pow_zero_has_zero_gradient \
     ops.nan_in_max_argmax_and_max_pool ops.softmax_axes optim.adam_l2_versus_adamw
 
-$(BUILD)/test-fastmath: tests/*.c tests/test.h mlc.h | $(BUILD)
+$(BUILD)/test-fastmath: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
 	$(CC) $(CFLAGS) -ffast-math -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
 # OpenCL is optional too: with CL/cl.h and mlc_opencl.h, build/test-opencl runs every suite on
@@ -76,22 +77,28 @@ OPENCL_SKIP := $(if $(wildcard mlc_opencl.h),$(if $(OPENCL_HEADERS),,no OpenCL h
 TEST_OPENCL := $(if $(OPENCL_SKIP),,$(BUILD)/test-opencl)
 export POCL_CACHE_DIR := $(CURDIR)/$(BUILD)/pocl-cache
 
+# (and tools/check_backend_api.sh: every core name a backend uses is in docs/backends.md;
+# tools/check_names.sh: the README lists every op, and every name a comment cites exists)
 compile-check:
 	sh tests/compile_check.sh
+	sh tools/check_backend_api.sh
+	sh tools/check_names.sh
 
 # (with conv scratch for a few images only, so the convolution tests run several chunks)
-$(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h $(wildcard mlc_opencl.h) | $(BUILD)
+$(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c $(wildcard mlc_opencl.h) | $(BUILD)
 	$(CC) $(CFLAGS) $(NO_PSABI) -g -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS) $(LDL)
 
-# Five runs, each ending with its "N passed, M failed, K skipped": the suites on OpenCL (or a
-# SKIPPED line saying why not; under CI=true a skip fails), on the fake device of
-# tests/test_device.c (every op through the CPU fallback), on the CPU with OpenMP threads (or
-# a SKIPPED line), built with -ffast-math (less the tests named above), and on the CPU, whose
-# summary is the last line. A failure in any run fails
-# make test (build/test-opencl is built here, so a backend that does not compile fails the
-# opencl run and the others still run).
-test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath
+# examples/backend_skeleton.c training on its fake device as on the CPU, then five runs, each
+# ending with its "N passed, M failed, K skipped": the suites on OpenCL (or a SKIPPED line
+# saying why not; under CI=true a skip fails), on the fake device of examples/backend_skeleton.c
+# (every op through the CPU fallback), on the CPU with OpenMP threads (or a SKIPPED line),
+# built with -ffast-math (less the tests named above), and on the CPU, whose summary is the last
+# line. A failure in any run fails make test (build/test-opencl is built here, so a backend that
+# does not compile fails the opencl run and the others still run).
+test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath $(BUILD)/backend_skeleton
 	@status=0; \
+	echo "./$(BUILD)/backend_skeleton"; \
+	./$(BUILD)/backend_skeleton || status=1; \
 	if [ -n "$(TEST_OPENCL)" ] && ! $(MAKE) --no-print-directory $(TEST_OPENCL); then \
 	    echo "FAIL suite opencl: $(TEST_OPENCL) does not build"; status=1; \
 	elif [ -n "$(TEST_OPENCL)" ] && ./$(BUILD)/test-opencl --devices >/dev/null 2>&1; then \

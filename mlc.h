@@ -5,6 +5,46 @@
    before you include this file in *one* C or C++ file to create the implementation.
    Every other file includes mlc.h without the define. Link with -lm.
 
+CONTENTS (each section's banner carries "@section <name>": search for it to jump there)
+   The declarations, in the order a user meets them:
+   api-context   context, configuration, errors, devices, memory statistics
+   api-tensors   creating, reading, writing and shaping tensors
+   api-ops       the ops: maps, arithmetic, products, reductions, losses, shapes, networks
+   api-autograd  backward, gradients, gradient checking
+   api-modules   torch.nn's layers, containers and state dicts
+   api-optim     SGD, Adam(W), RMSprop, schedules, clipping
+   api-data      gzip, IDX and CSV readers, batches
+   api-files     safetensors and checkpoints
+   The implementation, in data-flow order:
+   implementation  includes, maths macros, the build's switches (x86, OpenMP, threads)
+   op-types      the op table (MLC__OPS: each op's CPU forward and backward), the tape node, the
+                 backend table (a backend's contract: docs/backends.md)
+   memory        the context's memory: errors, a formatter, tracked allocations, the arena
+   context       creating a context, random numbers, frames
+   devices       where tensors live: host and device copies, uploads, fallback to the CPU
+   tensors       creation, shapes, reading and writing
+   op-plumbing   input checks, mlc__run (device or CPU forward), the tape, gradient buffers
+   threads       the thread pool and mlc__parallel
+   binary        elementwise ops with broadcasting (add, sub, mul, div, where, masked_fill)
+   formulas      helpers the formulas share with the device kernels (MLC__FORMULA_HELPERS)
+   unary         maps and activations, one table row each (MLC__UNARY_KINDS)
+   matmul        matrix products: the reference loop, mlc's blocked GEMM, BLAS, linear
+   reduce        sum, mean, max, argmax, var, cumsum
+   softmax       softmax and log_softmax
+   losses        cross entropy, nll, and the pointwise losses (MLC__POINTWISE_LOSSES)
+   shape         reshape, permute, slice, concat, copy
+   indexing      index_select, gather, embedding
+   norm          dropout, layer norm, batch norm
+   conv          convolution and pooling
+   attention     scaled dot-product attention
+   autograd      mlc_backward: the tape walked back
+   init          initialisers
+   modules       modules, the recurrent layers, state dicts
+   optim         optimisers and schedules
+   data          IDX and CSV data, batches
+   safetensors   safetensors files and checkpoints
+   registry      the backends mlc_create can open (mlc_opencl.h adds OpenCL)
+
 QUICK START
 
       #define MLC_IMPLEMENTATION
@@ -115,16 +155,23 @@ BACKENDS
 ADDING AN OP (the places to touch, in order)
    A map of one tensor without parameters: one line in MLC__UNARY_MAPS (public API, ops): its
    name, y = f(x) and dy/dx. That line makes the function, the CPU loops and the OpenCL kernel
-   cases. Add a gradient check (tests/test_grad.c) and a value test against PyTorch.
+   cases. A helper function the formula calls (as sigmoid calls mlc__sigmoidf) is one row of
+   MLC__FORMULA_HELPERS (@section formulas), the one place it is written for C and OpenCL;
+   test device.opencl_formulas_build_alone builds the formulas alone on OpenCL, so a helper
+   written anywhere else fails there, by name. Add a gradient check (tests/test_grad.c) and a
+   value test against PyTorch.
    Any other op:
    1. its prototype in the public API;
-   2. a line in MLC__OPS (the op's enum value and its CPU backward), and its arguments as a
-      member of mlc__args;
-   3. in its section: the backward function (maths line first), then the op: MLC__ENTER, check
-      shapes, make the output, mlc__call + its args, mlc__dispatch, the CPU loop when dispatch
-      returns 0, mlc__record;
+   2. a line in MLC__OPS: the op's enum value, its CPU forward and its CPU backward; its
+      arguments as a member of mlc__args;
+   3. in its section: the backward (maths line first), the CPU forward (int mlc__<op>_cpu(node):
+      reads n->in, n->args and n->saved, writes n->out, may keep a buffer in n->saved for the
+      backward; 0 with the error set when it fails), then the builder: MLC__ENTER, check shapes,
+      make the output, mlc__call + its args, mlc__run (the device's kernel or the CPU forward),
+      mlc__record;
    4. each backend: its kernels (mlc_opencl.h: the kernel source, its name in MLC__CL_KERNELS,
-      a launcher, a case in mlc__cl_run_op); a backend without them falls back to the CPU;
+      a launcher, a case in mlc__cl_run_op); a backend without them falls back to the CPU
+      (docs/backends.md);
    5. tests: a gradient check, a value test, a line in tests/test_onectx.c (every device).
 
 LIMITS
@@ -164,7 +211,7 @@ extern "C" {
 #endif
 
 /* ============================================================================================
-   Public API: context, errors, memory statistics
+   @section api-context  Public API: context, errors, memory statistics
    ============================================================================================ */
 
 #define MLC_MAX_DIMS 6
@@ -272,7 +319,7 @@ MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx);
 MLCDEF void mlc_frame_end(mlc_frame frame);
 
 /* ============================================================================================
-   Public API: tensors
+   @section api-tensors  Public API: tensors
    ============================================================================================ */
 
 struct mlc_tensor {                     /* read the fields; change them only through the API */
@@ -351,7 +398,7 @@ MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up t
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
 /* ============================================================================================
-   Public API: ops. Each returns a new tensor (NULL on error) and records itself on the tape
+   @section api-ops  Public API: ops. Each returns a new tensor (NULL on error) and records itself on the tape
    when an input requires a gradient. Axis arguments may be negative (counted from the end).
    ============================================================================================ */
 
@@ -510,7 +557,7 @@ typedef struct mlc_attention_opts { mlc_tensor *mask; int causal; float dropout,
 MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts);
 
 /* ============================================================================================
-   Public API: autograd
+   @section api-autograd  Public API: autograd
    ============================================================================================ */
 
 MLCDEF mlc_result mlc_backward(mlc_tensor *loss);        /* loss has one element */
@@ -532,6 +579,7 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
                          int count, const mlc_gradcheck_opts *opts, mlc_gradcheck_report *report);
 
 /* ============================================================================================
+   @section api-modules
    Public API: modules (torch.nn). Parameters are named as in PyTorch ("0.weight"), so a state
    dict maps one to one. Modules belong to the context and are freed by mlc_destroy.
    ============================================================================================ */
@@ -638,7 +686,7 @@ MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain);
 MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
 
 /* ============================================================================================
-   Public API: optimisers and schedules (zero fields take PyTorch's defaults)
+   @section api-optim  Public API: optimisers and schedules (zero fields take PyTorch's defaults)
    ============================================================================================ */
 
 /* A config field left 0 takes its default; MLC_ZERO asks for an explicit zero instead (AdamW
@@ -678,6 +726,7 @@ MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma);
 MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr);
 
 /* ============================================================================================
+   @section api-data
    Public API: data files (gzip, IDX, CSV) and batches. File bytes are untrusted: every size is
    checked before it is used, and a corrupt file is MLC_ERR_IO with a message naming the file
    and the byte offset (for CSV also the line and field). The tensors the readers return are
@@ -726,7 +775,7 @@ MLCDEF int mlc_batches_count(const mlc_batches *b);     /* batches per epoch */
 MLCDEF void mlc_batches_free(mlc_batches *b);
 
 /* ============================================================================================
-   Public API: files (safetensors and checkpoints)
+   @section api-files  Public API: files (safetensors and checkpoints)
    safetensors: an 8-byte little-endian header length N, N bytes of JSON
    {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
    "__metadata__": {"key": "value"}}, then the tensors' raw little-endian bytes. A file is
@@ -804,7 +853,7 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #endif /* MLC_H */
 
 /* ============================================================================================
-   Implementation
+   @section implementation  Implementation
    ============================================================================================ */
 #ifdef MLC_IMPLEMENTATION
 #ifndef MLC_IMPLEMENTATION_DONE
@@ -920,28 +969,42 @@ extern "C" {
 #endif
 
 /* ============================================================================================
+   @section op-types
    Op plumbing, the types: the op table, the tape node, the backend table. An op is a value of
    mlc__op with its arguments in mlc__args; the tape keeps a node per op run; a backend says per
    op whether it has a kernel and runs it. mlc__dispatch (after Devices) joins them.
    ============================================================================================ */
 
-/* Every op on the tape, with the CPU function that runs its backward. An op is one of these
-   values; its arguments are the named fields of its member of mlc__args; a backend says per op
-   whether it has a kernel (mlc__backend.kernels) and switches on the op to run it. */
+/* Every op, with the two CPU functions that run it: forward (int f(mlc__node *): 1, or 0 with
+   the error set) and backward (void b(mlc__node *)). An op is one of these values; its
+   arguments are the named fields of its member of mlc__args; a backend says per op whether it
+   has a kernel (mlc__backend.kernels) and switches on the op to run it; mlc__run runs the
+   forward on the device or the CPU, mlc_backward the backward. */
 #define MLC__OPS(X) \
-    X(UNARY, mlc__unary_backward)                 X(BINARY, mlc__binary_backward) \
-    X(WHERE, mlc__where_backward)                 X(MASKED_FILL, mlc__masked_fill_backward) \
-    X(MATMUL, mlc__matmul_backward)               X(REDUCE, mlc__reduce_backward) \
-    X(CUMSUM, mlc__cumsum_backward)               X(SOFTMAX, mlc__softmax_backward) \
-    X(CLASS_LOSS, mlc__class_loss_backward)       X(POINTWISE_LOSS, mlc__pointwise_loss_backward) \
-    X(RESHAPE, mlc__accumulate_backward)          X(COPY, mlc__accumulate_backward) \
-    X(PERMUTE, mlc__permute_backward)             X(SLICE, mlc__slice_backward) \
-    X(CONCAT, mlc__concat_backward)               X(INDEX_SELECT, mlc__index_select_backward) \
-    X(GATHER, mlc__gather_backward)               X(DROPOUT, mlc__dropout_backward) \
-    X(LAYER_NORM, mlc__layer_norm_backward)       X(BATCH_NORM, mlc__batch_norm_backward) \
-    X(CONV2D, mlc__conv2d_backward)               X(POOL, mlc__pool_backward) \
-    X(ATTENTION, mlc__attention_backward)
-#define MLC__OP_ENUM(name, backward) MLC__OP_##name,
+    X(UNARY,          mlc__unary_cpu,          mlc__unary_backward) \
+    X(BINARY,         mlc__binary_cpu,         mlc__binary_backward) \
+    X(WHERE,          mlc__where_cpu,          mlc__where_backward) \
+    X(MASKED_FILL,    mlc__masked_fill_cpu,    mlc__masked_fill_backward) \
+    X(MATMUL,         mlc__matmul_cpu,         mlc__matmul_backward) \
+    X(REDUCE,         mlc__reduce_cpu,         mlc__reduce_backward) \
+    X(CUMSUM,         mlc__cumsum_cpu,         mlc__cumsum_backward) \
+    X(SOFTMAX,        mlc__softmax_cpu,        mlc__softmax_backward) \
+    X(CLASS_LOSS,     mlc__class_loss_cpu,     mlc__class_loss_backward) \
+    X(POINTWISE_LOSS, mlc__pointwise_loss_cpu, mlc__pointwise_loss_backward) \
+    X(RESHAPE,        mlc__reshape_cpu,        mlc__accumulate_backward) \
+    X(COPY,           mlc__copy_cpu,           mlc__accumulate_backward) \
+    X(PERMUTE,        mlc__permute_cpu,        mlc__permute_backward) \
+    X(SLICE,          mlc__slice_cpu,          mlc__slice_backward) \
+    X(CONCAT,         mlc__concat_cpu,         mlc__concat_backward) \
+    X(INDEX_SELECT,   mlc__index_select_cpu,   mlc__index_select_backward) \
+    X(GATHER,         mlc__gather_cpu,         mlc__gather_backward) \
+    X(DROPOUT,        mlc__dropout_cpu,        mlc__dropout_backward) \
+    X(LAYER_NORM,     mlc__layer_norm_cpu,     mlc__layer_norm_backward) \
+    X(BATCH_NORM,     mlc__batch_norm_cpu,     mlc__batch_norm_backward) \
+    X(CONV2D,         mlc__conv2d_cpu,         mlc__conv2d_backward) \
+    X(POOL,           mlc__pool_cpu,           mlc__pool_backward) \
+    X(ATTENTION,      mlc__attention_cpu,      mlc__attention_backward)
+#define MLC__OP_ENUM(name, forward, backward) MLC__OP_##name,
 typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
 #undef MLC__OP_ENUM
 
@@ -955,7 +1018,7 @@ typedef struct mlc__attention_args {  /* heads [B, H]; q [T, D], k [S, D], v [S,
 /* An op's arguments, by op (loss: class_loss and pointwise_loss) */
 typedef union mlc__args {
     struct { int kind; float p, q; } unary;                 /* mlc__unary_kind; its parameters */
-    struct { int kind; } binary;                            /* MLC__ADD ... MLC__DIV */
+    struct { int kind; } binary;                            /* MLC__BINARY_ADD ... MLC__BINARY_DIV */
     struct { float value; } masked_fill;
     struct { int kind, len, inner, unbiased; } reduce;      /* x viewed as [outer, len, inner] */
     struct { int len, inner; } cumsum;
@@ -987,10 +1050,44 @@ struct mlc__node {                      /* one recorded op: its output, inputs a
     int device;                         /* 1: ran on the device, and goes back there */
 };
 
-/* A backend: its devices, its buffers, and one launcher for the ops it has kernels for. The
-   core keeps the books (which copy is current, uploads, downloads, views: see Devices), so a
-   new backend (Vulkan, Metal, CUDA) adds a header and a line in the registry at the end of
-   this file, and touches no op. */
+/* The CPU functions of every op (defined in the ops' sections), and the tables that find them
+   by op: mlc__cpu_of[op] runs its forward, mlc__backward_of[op] its backward. */
+#define MLC__OP_DECLARE(name, forward, backward) \
+    static int forward(mlc__node *n); static void backward(mlc__node *n);
+MLC__OPS(MLC__OP_DECLARE)
+#undef MLC__OP_DECLARE
+#define MLC__OP_FORWARD(name, forward, backward) forward,
+static int (*const mlc__cpu_of[])(mlc__node *n) = { MLC__OPS(MLC__OP_FORWARD) };
+#undef MLC__OP_FORWARD
+#define MLC__OP_BACKWARD(name, forward, backward) backward,
+static const mlc__backward_fn mlc__backward_of[] = { MLC__OPS(MLC__OP_BACKWARD) };
+#undef MLC__OP_BACKWARD
+typedef char mlc__op_tables_cover_every_op[sizeof mlc__cpu_of / sizeof mlc__cpu_of[0] == MLC__OP_COUNT
+                                           && sizeof mlc__backward_of / sizeof mlc__backward_of[0]
+                                                  == MLC__OP_COUNT ? 1 : -1];
+
+/* The backend contract (docs/backends.md has it member by member and op by op; start a new
+   backend from examples/backend_skeleton.c). A backend is its devices, its buffers, and one
+   launcher for the ops it has kernels for. The core keeps the books (which copy is current,
+   uploads, downloads, views, spares: see Devices), so a new backend (Vulkan, Metal, CUDA) adds a
+   header and a line in the registry at the end of this file, and touches no op.
+   - It implements the members below. kernels[op] says which ops run() takes; run(ctx, n, 0)
+     computes n->out from n->in[] and n->args (n->saved: the op's sizes for MATMUL and CONV2D,
+     the list of inputs for CONCAT, the offsets for GATHER), run(ctx, n, 1) adds the
+     gradients of n->out into those of n->in[].
+   - Fallback: where kernels[op] is 0, or run() returns 0 with no error set, the core brings the
+     inputs' host copies up to date, runs the op's CPU forward (mlc__cpu_of[op]) or backward,
+     marks the device copy stale and counts a fallback (mlc_stats.fallbacks, logged once).
+     Results are then right on any backend that implements only the buffers.
+   - The core helpers a backend may call, and no others (tools/check_backend_api.sh checks
+     mlc_opencl.h and the skeleton against the list in docs/backends.md): the types mlc__node,
+     mlc__mm, mlc__conv, mlc__attention_args, mlc__bcast, mlc__pool_job and the kind names
+     (mlc__unary_kind_names, mlc__reduce_kind_names, mlc__loss_kind_names); buffers
+     mlc__buffer_of, mlc__device_alloc, mlc__device_in, mlc__device_out, mlc__device_grad,
+     mlc__device_grad_to_overwrite; memory and errors mlc__heap_alloc, mlc__heap_free,
+     mlc__arena_alloc, mlc__fail, mlc__log, mlc__format; shapes mlc__numel, mlc__split,
+     mlc__broadcast, mlc__pool_count; the CPU code it mirrors mlc__update (and the three rules'
+     loops), mlc__matmul_backward; and the rows of MLC__FORMULA_HELPERS, as text. */
 typedef struct mlc__backend {
     const char *name;
     int (*open)(mlc_ctx *ctx, const char *spec);          /* 1: opened; 0: spec is none of its */
@@ -1015,7 +1112,7 @@ static const mlc__backend *MLC_EXTRA_BACKEND(void);      /* a program's own back
 #endif
 
 /* ============================================================================================
-   Memory and errors: the context, a small formatter, tracked allocations, the arena
+   @section memory  Memory and errors: the context, a small formatter, tracked allocations, the arena
    ============================================================================================ */
 
 typedef struct mlc__block {            /* one arena block; blocks are kept and reused */
@@ -1445,7 +1542,7 @@ static void mlc__device_close(mlc_ctx *ctx) {
 }
 
 /* ============================================================================================
-   Context, random numbers, frames
+   @section context  Context, random numbers, frames
    ============================================================================================ */
 
 MLCDEF void mlc_seed(mlc_ctx *ctx, uint64_t seed) {    /* PCG32 (O'Neill), the reference seeding */
@@ -1657,7 +1754,7 @@ static int mlc__usable(mlc_tensor *t, const char *op) {
 }
 
 /* ============================================================================================
-   Devices: where tensors live, and the backend table
+   @section devices  Devices: where tensors live, and the backend table
    A tensor on the device keeps a host copy too; its `stale` bits say which copy is out of
    date. An op on device tensors hands its node to the backend; a backend without that kernel
    declines, the host copies are brought up to date and the CPU code runs (a fallback: counted,
@@ -1818,7 +1915,7 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
 }
 
 /* ============================================================================================
-   Tensors: creation, shapes, reading and writing
+   @section tensors  Tensors: creation, shapes, reading and writing
    ============================================================================================ */
 
 static size_t mlc__numel(int ndim, const int *shape) {
@@ -2073,6 +2170,7 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
 #endif
 
 /* ============================================================================================
+   @section op-plumbing
    Op plumbing, the code: dispatch to the device or the CPU, input checks, the tape, gradient
    buffers, threads
    ============================================================================================ */
@@ -2096,6 +2194,15 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
     for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
     out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
     return ctx->error ? -1 : 0;
+}
+
+/* Run the op described by `call`: on the device (mlc__dispatch), else its CPU forward from the
+   op table. 1: its output holds the result; 0: it failed, with the error set. The builder then
+   records it (mlc__record). */
+static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
+    int where = mlc__dispatch(ctx, call);
+    if (where == 0 && !mlc__cpu_of[call->op](call)) return 0;
+    return where >= 0 && !ctx->error;
 }
 
 
@@ -2243,7 +2350,7 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
 }
 
 /* ============================================================================================
-   Threads
+   @section threads  Threads
    Ops share their work out through mlc__parallel: fn(arg, slot, begin, end) on even pieces
    of [0, n), MLC__PIECES_PER_THREAD for each of the `slots` threads it uses (slot: the number
    of the thread running the piece, 0 to slots - 1, for per-thread scratch), or once on all of
@@ -2581,7 +2688,7 @@ static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *ML
 }
 
 /* relu fused into an op (conv2d, linear's product), in place: v = relu(v) over n floats, the
-   bits of mlc_relu's map (its MLC__UNARY_KINDS line; mlc__unary_forward's operands may not
+   bits of mlc_relu's map (its MLC__UNARY_KINDS line; mlc__unary_map's operands may not
    overlap) */
 static void mlc__relu_row(size_t n, float *v) {
     size_t j;
@@ -2589,7 +2696,7 @@ static void mlc__relu_row(size_t n, float *v) {
 }
 
 /* ============================================================================================
-   Elementwise ops with broadcasting
+   @section binary  Elementwise ops with broadcasting
    Shapes align from the right; a dimension of 1 stretches. Each operand is walked by rows of
    the output's last dimension, with stride 0 along stretched dimensions.
      y = a + b   da = g          db = g
@@ -2651,7 +2758,7 @@ static size_t mlc__bcast_row(const mlc__bcast *bc, int k, size_t r) {
     return off;
 }
 
-enum { MLC__ADD, MLC__SUB, MLC__MUL, MLC__DIV };
+enum { MLC__BINARY_ADD, MLC__BINARY_SUB, MLC__BINARY_MUL, MLC__BINARY_DIV };
 
 /* Each operand's gradient row by row: its stride is 1, or 0 where it was stretched, and then
    the row's values sum into one element. */
@@ -2668,15 +2775,15 @@ static void mlc__binary_backward(mlc__node *n) {
         const float *g = n->out->grad + r * bc.inner, *pa = a->data + oa, *pb = b->data + ob;
         float *ra = ga ? ga + oa : NULL, *rb = gb ? gb + ob : NULL;
         switch (kind) {
-        case MLC__ADD:
+        case MLC__BINARY_ADD:
             if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j];
             if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] += g[j];
             break;
-        case MLC__SUB:
+        case MLC__BINARY_SUB:
             if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j];
             if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] -= g[j];
             break;
-        case MLC__MUL:
+        case MLC__BINARY_MUL:
             if (ra) for (j = 0; j < bc.inner; j++) ra[j * sa] += g[j] * pb[j * sb];
             if (rb) for (j = 0; j < bc.inner; j++) rb[j * sb] += g[j] * pa[j * sa];
             break;
@@ -2688,38 +2795,52 @@ static void mlc__binary_backward(mlc__node *n) {
     }
 }
 
+static int mlc__binary_cpu(mlc__node *n) {
+    const mlc_tensor *a = n->in[0], *b = n->in[1];
+    mlc__bcast bc;
+    size_t r, j;
+    mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
+        size_t sa = bc.last[0], sb = bc.last[1];
+        float *o = n->out->data + r * bc.inner;
+        switch (n->args.binary.kind) {
+        case MLC__BINARY_ADD: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] + pb[j * sb]; break;
+        case MLC__BINARY_SUB: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] - pb[j * sb]; break;
+        case MLC__BINARY_MUL: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] * pb[j * sb]; break;
+        default:       for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
+        }
+    }
+    return 1;
+}
+
 static mlc_tensor *mlc__binary(const char *op, int kind, mlc_tensor *a, mlc_tensor *b) {
     mlc__bcast bc;
     mlc__node call;
     mlc_tensor *out;
-    size_t r, j;
-    int where;
     MLC__ENTER(op, a, b);
     if (!mlc__broadcast(ctx, op, &bc, 2, mlc__in_)) return NULL;
     out = mlc__make(ctx, op, bc.ndim, bc.shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_BINARY, op, out, a, b, NULL, NULL);
     call.args.binary.kind = kind;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (r = 0; where == 0 && r < bc.rows; r++) {
-        const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
-        size_t sa = bc.last[0], sb = bc.last[1];
-        float *o = out->data + r * bc.inner;
-        switch (kind) {
-        case MLC__ADD: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] + pb[j * sb]; break;
-        case MLC__SUB: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] - pb[j * sb]; break;
-        case MLC__MUL: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] * pb[j * sb]; break;
-        default:       for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
-        }
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_add(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_add", MLC__ADD, a, b); }
-MLCDEF mlc_tensor *mlc_sub(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_sub", MLC__SUB, a, b); }
-MLCDEF mlc_tensor *mlc_mul(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_mul", MLC__MUL, a, b); }
-MLCDEF mlc_tensor *mlc_div(mlc_tensor *a, mlc_tensor *b) { return mlc__binary("mlc_div", MLC__DIV, a, b); }
+MLCDEF mlc_tensor *mlc_add(mlc_tensor *a, mlc_tensor *b) {
+    return mlc__binary("mlc_add", MLC__BINARY_ADD, a, b);
+}
+MLCDEF mlc_tensor *mlc_sub(mlc_tensor *a, mlc_tensor *b) {
+    return mlc__binary("mlc_sub", MLC__BINARY_SUB, a, b);
+}
+MLCDEF mlc_tensor *mlc_mul(mlc_tensor *a, mlc_tensor *b) {
+    return mlc__binary("mlc_mul", MLC__BINARY_MUL, a, b);
+}
+MLCDEF mlc_tensor *mlc_div(mlc_tensor *a, mlc_tensor *b) {
+    return mlc__binary("mlc_div", MLC__BINARY_DIV, a, b);
+}
 
 /* where: y = c ? a : b      da = c ? g : 0      db = c ? 0 : g      (c gets no gradient) */
 static void mlc__where_backward(mlc__node *n) {
@@ -2738,25 +2859,31 @@ static void mlc__where_backward(mlc__node *n) {
     }
 }
 
+static int mlc__where_cpu(mlc__node *n) {
+    mlc__bcast bc;
+    size_t r, j;
+    mlc__broadcast(n->out->ctx, n->name, &bc, 3, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        const float *pc = n->in[0]->data + mlc__bcast_row(&bc, 0, r),
+                    *pa = n->in[1]->data + mlc__bcast_row(&bc, 1, r),
+                    *pb = n->in[2]->data + mlc__bcast_row(&bc, 2, r);
+        size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
+        for (j = 0; j < bc.inner; j++)
+            n->out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
+    }
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
     mlc__bcast bc;
     mlc__node call;
     mlc_tensor *out;
-    size_t r, j;
-    int where;
     MLC__ENTER("mlc_where", cond, a, b);
     if (!mlc__broadcast(ctx, "mlc_where", &bc, 3, mlc__in_)) return NULL;
     out = mlc__make(ctx, "mlc_where", bc.ndim, bc.shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_WHERE, "mlc_where", out, cond, a, b, NULL);
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (r = 0; where == 0 && r < bc.rows; r++) {
-        const float *pc = cond->data + mlc__bcast_row(&bc, 0, r), *pa = a->data + mlc__bcast_row(&bc, 1, r),
-                    *pb = b->data + mlc__bcast_row(&bc, 2, r);
-        size_t sc = bc.last[0], sa = bc.last[1], sb = bc.last[2];
-        for (j = 0; j < bc.inner; j++)
-            out->data[r * bc.inner + j] = pc[j * sc] != 0.0f ? pa[j * sa] : pb[j * sb];
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -2775,12 +2902,24 @@ static void mlc__masked_fill_backward(mlc__node *n) {
     }
 }
 
+static int mlc__masked_fill_cpu(mlc__node *n) {
+    const float value = n->args.masked_fill.value, *x = n->in[0]->data;
+    mlc__bcast bc;
+    size_t r, j;
+    mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
+    for (r = 0; r < bc.rows; r++) {
+        const float *pm = n->in[1]->data + mlc__bcast_row(&bc, 1, r);
+        size_t sm = bc.last[1];
+        for (j = 0; j < bc.inner; j++)
+            n->out->data[r * bc.inner + j] = pm[j * sm] != 0.0f ? value : x[r * bc.inner + j];
+    }
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value) {
     mlc__bcast bc;
     mlc__node call;
     mlc_tensor *out;
-    size_t r, j;
-    int where;
     MLC__ENTER("mlc_masked_fill", x, mask);
     if (!mlc__broadcast(ctx, "mlc_masked_fill", &bc, 2, mlc__in_)) return NULL;
     if (bc.ndim != x->ndim || memcmp(bc.shape, x->shape, (size_t)x->ndim * sizeof(int)) != 0)
@@ -2790,13 +2929,7 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_MASKED_FILL, "mlc_masked_fill", out, x, mask, NULL, NULL);
     call.args.masked_fill.value = value;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (r = 0; where == 0 && r < bc.rows; r++) {
-        const float *pm = mask->data + mlc__bcast_row(&bc, 1, r);
-        size_t sm = bc.last[1];
-        for (j = 0; j < bc.inner; j++)
-            out->data[r * bc.inner + j] = pm[j * sm] != 0.0f ? value : x->data[r * bc.inner + j];
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -2866,7 +2999,7 @@ MLC__FORMULA_HELPERS(MLC__FORMULA_HELPER_DEFINE)
 #undef MLC__FORMULA_HELPER_DEFINE
 
 /* ============================================================================================
-   Elementwise ops of one tensor, and activations: y = f(x), dx += g f'(x). Each kind is one
+   @section unary  Elementwise ops of one tensor, and activations: y = f(x), dx += g f'(x). Each kind is one
    line of MLC__UNARY_KINDS: its public name, f(x), and f'(x) written with x, y = f(x) and the
    op's parameters p, q. That line makes the enum value, the CPU loops forward and backward,
    and the OpenCL kernels' cases (the same text, compiled for the device). Kinds without
@@ -2877,19 +3010,19 @@ MLC__FORMULA_HELPERS(MLC__FORMULA_HELPER_DEFINE)
 #define MLC__UNARY_SCALED(X) \
     X(POW,        pow,          MLC_POWF(x, p),         p == 0.0f ? 0.0f : p * MLC_POWF(x, p - 1.0f)) \
     X(CLAMP,      clamp,        x < p ? p : x > q ? q : x,                  x >= p && x <= q ? 1.0f : 0.0f) \
-    X(ADDS,       add_scalar,   x + p,                                      1.0f) \
-    X(MULS,       mul_scalar,   x * p,                                      p) \
-    X(RSUBS,      rsub_scalar,  p - x,                                      -1.0f) \
-    X(LEAKY,      leaky_relu,   x > 0 ? x : p * x,                          x > 0 ? 1.0f : p)
+    X(ADD_SCALAR, add_scalar,   x + p,                                      1.0f) \
+    X(MUL_SCALAR, mul_scalar,   x * p,                                      p) \
+    X(RSUB_SCALAR, rsub_scalar,  p - x,                                      -1.0f) \
+    X(LEAKY_RELU, leaky_relu,   x > 0 ? x : p * x,                          x > 0 ? 1.0f : p)
 #define MLC__UNARY_KINDS(X) MLC__UNARY_MAPS(X) MLC__UNARY_SCALED(X)
 
-#define MLC__UNARY_ENUM(NAME, name, f, df) MLC__##NAME,
+#define MLC__UNARY_ENUM(NAME, name, f, df) MLC__UNARY_##NAME,
 typedef enum mlc__unary_kind { MLC__UNARY_KINDS(MLC__UNARY_ENUM) MLC__UNARY_COUNT } mlc__unary_kind;
 #undef MLC__UNARY_ENUM
 #define MLC__UNARY_NAME(NAME, name, f, df) "mlc_" #name,
 static const char *const mlc__unary_names[] = { MLC__UNARY_KINDS(MLC__UNARY_NAME) };
 #undef MLC__UNARY_NAME
-#define MLC__UNARY_KIND_NAME(NAME, name, f, df) #NAME,
+#define MLC__UNARY_KIND_NAME(NAME, name, f, df) "UNARY_" #NAME,
 /* for kernels */
 static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY_KIND_NAME) };
 #undef MLC__UNARY_KIND_NAME
@@ -2922,13 +3055,13 @@ static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__
 }
 #endif
 
-static void mlc__unary_forward(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+static void mlc__unary_map(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
                                float *MLC__RESTRICT ys, float p, float q) {
     size_t i;
 #if MLC__X86
-    if (kind == MLC__TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
+    if (kind == MLC__UNARY_TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
 #endif
-#define MLC__UNARY_FORWARD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP(f);
+#define MLC__UNARY_FORWARD_CASE(NAME, name, f, df) case MLC__UNARY_##NAME: MLC__MAP(f);
     switch (kind) {
     MLC__UNARY_KINDS(MLC__UNARY_FORWARD_CASE)
     case MLC__UNARY_COUNT: break;
@@ -2940,7 +3073,7 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
                             const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
                             float *MLC__RESTRICT gx, int overwrite, float p, float q) {
     size_t i;
-#define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__##NAME: MLC__MAP_GRAD(df);
+#define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__UNARY_##NAME: MLC__MAP_GRAD(df);
     switch (kind) {
     MLC__UNARY_KINDS(MLC__UNARY_GRAD_CASE)
     case MLC__UNARY_COUNT: break;
@@ -2953,10 +3086,10 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
 
 /* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel (backward:
    onto x's gradient, or over it when beta is 0). */
-static void mlc__unary_forward_slice(void *node, int slot, size_t begin, size_t end) {
+static void mlc__unary_map_slice(void *node, int slot, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)slot;
-    mlc__unary_forward((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
+    mlc__unary_map((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
                        n->out->data + begin, n->args.unary.p, n->args.unary.q);
 }
 typedef struct mlc__unary_grad_job { const mlc__node *n; float *gx, beta; } mlc__unary_grad_job;
@@ -2976,40 +3109,53 @@ static void mlc__unary_backward(mlc__node *n) {
         mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_grad_slice, &job);
 }
 
+static int mlc__unary_cpu(mlc__node *n) {
+    mlc__parallel(n->out->ctx, n->out->size, MLC__MAP_PARALLEL, mlc__unary_map_slice, n);
+    return 1;
+}
+
 static mlc_tensor *mlc__unary(mlc__unary_kind kind, mlc_tensor *x, float p, float q) {
     const char *op = mlc__unary_names[kind];
     mlc_tensor *out;
     mlc__node call;
-    int where;
     MLC__ENTER(op, x);
     out = mlc__like(x, op);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_UNARY, op, out, x, NULL, NULL, NULL);
     call.args.unary.kind = kind; call.args.unary.p = p; call.args.unary.q = q;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__parallel(ctx, x->size, MLC__MAP_PARALLEL, mlc__unary_forward_slice, &call);
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
 #define MLC__UNARY_DEFINE(NAME, name, f, df) \
-    MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x) { return mlc__unary(MLC__##NAME, x, 0, 0); }
+    MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x) { return mlc__unary(MLC__UNARY_##NAME, x, 0, 0); }
 MLC__UNARY_MAPS(MLC__UNARY_DEFINE)
 #undef MLC__UNARY_DEFINE
-MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) { return mlc__unary(MLC__POW, x, exponent, 0); }
+MLCDEF mlc_tensor *mlc_pow(mlc_tensor *x, float exponent) {
+    return mlc__unary(MLC__UNARY_POW, x, exponent, 0);
+}
 MLCDEF mlc_tensor *mlc_clamp(mlc_tensor *x, float lo, float hi) {
     if (x && !x->ctx->error && (mlc__is_nan(lo) || mlc__is_nan(hi) || !(lo <= hi)))
         return (mlc_tensor *)mlc__fail(x->ctx, MLC_ERR_ARG, "mlc_clamp: lo %g is above hi %g", (double)lo,
                                        (double)hi);
-    return mlc__unary(MLC__CLAMP, x, lo, hi);
+    return mlc__unary(MLC__UNARY_CLAMP, x, lo, hi);
 }
-MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__ADDS, x, s, 0); }
-MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__MULS, x, s, 0); }
-MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s) { return mlc__unary(MLC__RSUBS, x, s, 0); }
-MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) { return mlc__unary(MLC__LEAKY, x, slope, 0); }
+MLCDEF mlc_tensor *mlc_add_scalar(mlc_tensor *x, float s) {
+    return mlc__unary(MLC__UNARY_ADD_SCALAR, x, s, 0);
+}
+MLCDEF mlc_tensor *mlc_mul_scalar(mlc_tensor *x, float s) {
+    return mlc__unary(MLC__UNARY_MUL_SCALAR, x, s, 0);
+}
+MLCDEF mlc_tensor *mlc_rsub_scalar(mlc_tensor *x, float s) {
+    return mlc__unary(MLC__UNARY_RSUB_SCALAR, x, s, 0);
+}
+MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) {
+    return mlc__unary(MLC__UNARY_LEAKY_RELU, x, slope, 0);
+}
 
 /* ============================================================================================
-   Matrix products
+   @section matmul  Matrix products
      C = op(A) op(B)          A [M, K], B [K, N] after the optional transposes
      dA = dC op(B)^T          dB = op(A)^T dC     (with transposes, worked out per case below)
    mlc_gemm_reference is the plain loop every faster path is tested against; mlc_gemm is the
@@ -3718,7 +3864,7 @@ static void mlc__linear_grad_columns(void *arg, int slot, size_t begin, size_t e
         const float *dc = job->g + at;
         if (job->y) {
             const float *y = job->y + at;
-            mlc__unary_grad(MLC__RELU, end - begin, y, y, dc, job->dc + at, 1, 0.0f, 0.0f);
+            mlc__unary_grad(MLC__UNARY_RELU, end - begin, y, y, dc, job->dc + at, 1, 0.0f, 0.0f);
             dc = job->dc + at;
         }
         if (job->db) mlc__axpy(end - begin, 1.0f, dc, job->db + begin);
@@ -3760,12 +3906,24 @@ static void mlc__matmul_backward(mlc__node *n) {
 
 /* C = op(A) op(B) (+ bias [N] on every row: linear's bias, and (relu) then relu(C): both fused
    into the product's parts on the CPU; on a device relu runs as an op of its own) */
+static int mlc__matmul_cpu(mlc__node *n) {
+    const mlc__mm *mm = (const mlc__mm *)n->saved;
+    mlc_tensor *a = n->in[0], *b = n->in[1], *bias = n->in[2];
+    if (mm->batches == 1)                /* (linear's always: its 2-D weight makes one product) */
+        mlc__gemm_then(n->out->ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, b->data, 0.0f, n->out->data,
+                       NULL, bias ? bias->data : NULL, mm->relu);
+    else                                 /* (mlc_matmul's: no bias, no relu) */
+        mlc__gemm_batched(n->out->ctx, mm, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, mm->step_a, b->data,
+                          mm->step_b, 0.0f, n->out->data, mm->step_c);
+    return 1;
+}
+
 static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b,
                                mlc_tensor *bias, int relu) {
     mlc__mm mm;
     mlc_tensor *out;
     mlc__node call;
-    int shape[MLC_MAX_DIMS], ndim, K2, d, where;
+    int shape[MLC_MAX_DIMS], ndim, K2, d;
     MLC__ENTER(op, a, b);
     if (a->ndim < 2 || b->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op,
@@ -3799,14 +3957,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
         mm.M *= mm.batches; mm.batches = 1; mm.step_a = mm.step_c = 0;
     }
     mlc__call(&call, MLC__OP_MATMUL, op, out, a, b, bias, NULL);
-    if (!mlc__save(&call, &mm, sizeof mm)) return NULL;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0 && mm.batches == 1)   /* (linear's always: its 2-D weight makes one product) */
-        mlc__gemm_then(ctx, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, b->data, 0.0f, out->data, NULL,
-                       bias ? bias->data : NULL, relu);
-    else if (where == 0)                 /* (mlc_matmul's: no bias, no relu) */
-        mlc__gemm_batched(ctx, &mm, mm.ta, mm.tb, mm.M, mm.N, mm.K, a->data, mm.step_a, b->data, mm.step_b,
-                          0.0f, out->data, mm.step_c);
+    if (!mlc__save(&call, &mm, sizeof mm) || !mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -3823,7 +3974,7 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
 }
 
 /* ============================================================================================
-   Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
+   @section reduce  Reductions over one axis; x is viewed as [outer, n, inner] and the axis is the middle.
      sum   y = Σ x                  dx = g
      mean  y = Σ x / n              dx = g / n
      max   y = max x                dx = g at the (first) argmax, 0 elsewhere (a NaN is the max:
@@ -3833,10 +3984,10 @@ MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bia
    ============================================================================================ */
 
 #define MLC__REDUCE_KINDS(X) X(SUM) X(MEAN) X(MAX) X(VAR) X(ARGMAX)
-#define MLC__REDUCE_ENUM(NAME) MLC__##NAME,
+#define MLC__REDUCE_ENUM(NAME) MLC__REDUCE_##NAME,
 typedef enum mlc__reduce_kind { MLC__REDUCE_KINDS(MLC__REDUCE_ENUM) MLC__REDUCE_COUNT } mlc__reduce_kind;
 #undef MLC__REDUCE_ENUM
-#define MLC__REDUCE_KIND_NAME(NAME) #NAME,
+#define MLC__REDUCE_KIND_NAME(NAME) "REDUCE_" #NAME,
 /* for kernels */
 static const char *const mlc__reduce_kind_names[] = { MLC__REDUCE_KINDS(MLC__REDUCE_KIND_NAME) };
 #undef MLC__REDUCE_KIND_NAME
@@ -3849,13 +4000,13 @@ static void mlc__reduce_backward(mlc__node *n) {
     int kind = n->args.reduce.kind, len = n->args.reduce.len, i;
     size_t inner = (size_t)n->args.reduce.inner, outer = len && inner ? x->size / ((size_t)len * inner) : 0,
            o, k;
-    float denom = kind == MLC__VAR ? (float)(len - n->args.reduce.unbiased) : (float)len;
+    float denom = kind == MLC__REDUCE_VAR ? (float)(len - n->args.reduce.unbiased) : (float)len;
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
             size_t base = o * len * inner + k;
             float gv = g[o * inner + k];
-            if (kind == MLC__MAX) { gx[base + (size_t)argmax[o * inner + k] * inner] += gv; continue; }
-            if (kind == MLC__VAR) {
+            if (kind == MLC__REDUCE_MAX) { gx[base + (size_t)argmax[o * inner + k] * inner] += gv; continue; }
+            if (kind == MLC__REDUCE_VAR) {
                 mlc__sum_t mean = 0;
                 for (i = 0; i < len; i++) mean += (mlc__sum_t)x->data[base + (size_t)i * inner];
                 mean /= (mlc__sum_t)len;
@@ -3864,23 +4015,68 @@ static void mlc__reduce_backward(mlc__node *n) {
                         gv * 2.0f * (float)((mlc__sum_t)x->data[base + (size_t)i * inner] - mean) / denom;
                 continue;
             }
-            for (i = 0; i < len; i++) gx[base + (size_t)i * inner] += kind == MLC__SUM ? gv : gv / denom;
+            for (i = 0; i < len; i++)
+                gx[base + (size_t)i * inner] += kind == MLC__REDUCE_SUM ? gv : gv / denom;
         }
+}
+
+static int mlc__reduce_cpu(mlc__node *n) {
+    const mlc__reduce_kind kind = (mlc__reduce_kind)n->args.reduce.kind;
+    const int len = n->args.reduce.len, unbiased = n->args.reduce.unbiased;
+    const size_t inner = (size_t)n->args.reduce.inner, outer = inner ? n->out->size / inner : 0;
+    const float *x = n->in[0]->data;
+    float *y = n->out->data;
+    int i, *argmax = NULL;
+    size_t o, k;
+    if (kind == MLC__REDUCE_MAX || kind == MLC__REDUCE_ARGMAX) {   /* (a device finds it again) */
+        argmax = (int *)mlc__arena_alloc(n->out->ctx, outer * inner * sizeof(int), n->name);
+        if (!argmax) return 0;
+    }
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            const float *p = x + o * len * inner + k;
+            mlc__sum_t s = 0, mean, d;
+            float best;
+            int at = 0;
+            switch (kind) {
+            case MLC__REDUCE_MAX: case MLC__REDUCE_ARGMAX:
+                best = p[0];
+                for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
+                    if (mlc__is_nan(p[(size_t)i * inner]) || p[(size_t)i * inner] > best) {
+                        best = p[(size_t)i * inner]; at = i;
+                    }
+                argmax[o * inner + k] = at;
+                y[o * inner + k] = kind == MLC__REDUCE_MAX ? best : (float)at;
+                break;
+            case MLC__REDUCE_VAR:
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                mean = s / (mlc__sum_t)len; s = 0;
+                for (i = 0; i < len; i++) { d = (mlc__sum_t)p[(size_t)i * inner] - mean; s += d * d; }
+                y[o * inner + k] = (float)(s / (mlc__sum_t)(len - unbiased));
+                break;
+            case MLC__REDUCE_SUM: case MLC__REDUCE_MEAN:
+                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
+                y[o * inner + k] = (float)(kind == MLC__REDUCE_MEAN ? s / (mlc__sum_t)len : s);
+                break;
+            case MLC__REDUCE_COUNT: break;
+            }
+        }
+    n->saved = argmax;
+    return 1;
 }
 
 static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor *x, int axis, int keepdim,
                                int unbiased) {
-    int shape[MLC_MAX_DIMS], ndim = 0, d, len, i, *argmax = NULL;
-    size_t outer, inner, o, k;
+    int shape[MLC_MAX_DIMS], ndim = 0, d, len;
+    size_t outer, inner;
     mlc_tensor *out;
     mlc__node call;
-    int where;
     MLC__ENTER(op, x);
     if (!mlc__axis(ctx, op, x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
-    if (len == 0 && kind != MLC__SUM)
+    if (len == 0 && kind != MLC__REDUCE_SUM)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: axis %d of %T is empty", op, axis, x);
-    if (kind == MLC__VAR && len <= unbiased)
+    if (kind == MLC__REDUCE_VAR && len <= unbiased)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
                                        "%s: unbiased variance needs 2 or more values along axis %d of %T", op,
                                        axis, x);
@@ -3893,60 +4089,26 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     mlc__call(&call, MLC__OP_REDUCE, op, out, x, NULL, NULL, NULL);
     call.args.reduce.kind = kind; call.args.reduce.len = len; call.args.reduce.inner = (int)inner;
     call.args.reduce.unbiased = unbiased;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0 && (kind == MLC__MAX || kind == MLC__ARGMAX)) {   /* the device finds it again */
-        argmax = (int *)mlc__arena_alloc(ctx, outer * inner * sizeof(int), op);
-        if (!argmax) return NULL;
-    }
-    for (o = 0; where == 0 && o < outer; o++)
-        for (k = 0; k < inner; k++) {
-            const float *p = x->data + o * len * inner + k;
-            mlc__sum_t s = 0, mean, d;
-            float best;
-            int at = 0;
-            switch (kind) {
-            case MLC__MAX: case MLC__ARGMAX:
-                best = p[0];
-                for (i = 1; i < len && !mlc__is_nan(best); i++)     /* the first NaN wins, as in PyTorch */
-                    if (mlc__is_nan(p[(size_t)i * inner]) || p[(size_t)i * inner] > best) {
-                        best = p[(size_t)i * inner]; at = i;
-                    }
-                argmax[o * inner + k] = at;
-                out->data[o * inner + k] = kind == MLC__MAX ? best : (float)at;
-                break;
-            case MLC__VAR:
-                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
-                mean = s / (mlc__sum_t)len; s = 0;
-                for (i = 0; i < len; i++) { d = (mlc__sum_t)p[(size_t)i * inner] - mean; s += d * d; }
-                out->data[o * inner + k] = (float)(s / (mlc__sum_t)(len - unbiased));
-                break;
-            case MLC__SUM: case MLC__MEAN:
-                for (i = 0; i < len; i++) s += (mlc__sum_t)p[(size_t)i * inner];
-                out->data[o * inner + k] = (float)(kind == MLC__MEAN ? s / (mlc__sum_t)len : s);
-                break;
-            case MLC__REDUCE_COUNT: break;
-            }
-        }
-    if (kind == MLC__ARGMAX) return out;                 /* indices carry no gradient */
-    call.saved = argmax;
+    if (!mlc__run(ctx, &call)) return NULL;
+    if (kind == MLC__REDUCE_ARGMAX) return out;                 /* indices carry no gradient */
     mlc__record(&call);
     return out;
 }
 
 MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim) {
-    return mlc__reduce("mlc_sum", MLC__SUM, x, axis, keepdim, 0);
+    return mlc__reduce("mlc_sum", MLC__REDUCE_SUM, x, axis, keepdim, 0);
 }
 MLCDEF mlc_tensor *mlc_mean(mlc_tensor *x, int axis, int keepdim) {
-    return mlc__reduce("mlc_mean", MLC__MEAN, x, axis, keepdim, 0);
+    return mlc__reduce("mlc_mean", MLC__REDUCE_MEAN, x, axis, keepdim, 0);
 }
 MLCDEF mlc_tensor *mlc_max(mlc_tensor *x, int axis, int keepdim) {
-    return mlc__reduce("mlc_max", MLC__MAX, x, axis, keepdim, 0);
+    return mlc__reduce("mlc_max", MLC__REDUCE_MAX, x, axis, keepdim, 0);
 }
 MLCDEF mlc_tensor *mlc_var(mlc_tensor *x, int axis, int keepdim, int unbiased) {
-    return mlc__reduce("mlc_var", MLC__VAR, x, axis, keepdim, unbiased != 0);
+    return mlc__reduce("mlc_var", MLC__REDUCE_VAR, x, axis, keepdim, unbiased != 0);
 }
 MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis) {
-    return mlc__reduce("mlc_argmax", MLC__ARGMAX, x, axis, 0, 0);
+    return mlc__reduce("mlc_argmax", MLC__REDUCE_ARGMAX, x, axis, 0, 0);
 }
 MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x) {
     int n = x ? (int)x->size : 0;
@@ -3982,9 +4144,17 @@ static void mlc__cumsum_backward(mlc__node *n) {
     if (gx) mlc__cumsum_rows(n->out->grad, gx, outer, len, inner, 1, 1);
 }
 
+static int mlc__cumsum_cpu(mlc__node *n) {
+    int len = n->args.cumsum.len;
+    size_t inner = (size_t)n->args.cumsum.inner,
+           outer = len && inner ? n->out->size / ((size_t)len * inner) : 0;
+    mlc__cumsum_rows(n->in[0]->data, n->out->data, outer, len, inner, 0, 0);
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_cumsum(mlc_tensor *x, int axis) {
     size_t outer, inner;
-    int len, where;
+    int len;
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER("mlc_cumsum", x);
@@ -3993,14 +4163,13 @@ MLCDEF mlc_tensor *mlc_cumsum(mlc_tensor *x, int axis) {
     if (!(out = mlc__like(x, "mlc_cumsum"))) return NULL;
     mlc__call(&call, MLC__OP_CUMSUM, "mlc_cumsum", out, x, NULL, NULL, NULL);
     call.args.cumsum.len = len; call.args.cumsum.inner = (int)inner;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__cumsum_rows(x->data, out->data, outer, len, inner, 0, 0);
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
 /* ============================================================================================
-   Softmax along an axis (max subtracted first, so large logits do not overflow)
+   @section softmax  Softmax along an axis (max subtracted first, so large logits do not overflow)
      softmax      y = e^(x - max) / Σ e^(x - max)     dx = y (g - Σ g y)
      log_softmax  y = x - max - ln Σ e^(x - max)      dx = g - e^y Σ g
    ============================================================================================ */
@@ -4026,9 +4195,28 @@ static void mlc__softmax_backward(mlc__node *n) {
         }
 }
 
+static int mlc__softmax_cpu(mlc__node *n) {
+    const int len = n->args.softmax.len, is_log = n->args.softmax.is_log;
+    const size_t inner = (size_t)n->args.softmax.inner, outer = n->out->size / ((size_t)len * inner);
+    size_t o, k;
+    int i;
+    for (o = 0; o < outer; o++)
+        for (k = 0; k < inner; k++) {
+            const float *p = n->in[0]->data + o * len * inner + k;
+            float *q = n->out->data + o * len * inner + k, m = p[0];
+            mlc__sum_t s = 0;
+            for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
+            for (i = 0; i < len; i++) s += (mlc__sum_t)MLC_EXPF(p[(size_t)i * inner] - m);
+            for (i = 0; i < len; i++)
+                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)MLC__SUM_LOG(s)
+                                              : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
+        }
+    return 1;
+}
+
 static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int axis) {
-    size_t outer, inner, o, k;
-    int len, i, where;
+    size_t outer, inner;
+    int len;
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER(op, x);
@@ -4038,18 +4226,7 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
     if (!out || len == 0 || inner == 0) return out;
     mlc__call(&call, MLC__OP_SOFTMAX, op, out, x, NULL, NULL, NULL);
     call.args.softmax.is_log = is_log; call.args.softmax.len = len; call.args.softmax.inner = (int)inner;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (o = 0; where == 0 && o < outer; o++)
-        for (k = 0; k < inner; k++) {
-            const float *p = x->data + o * len * inner + k;
-            float *q = out->data + o * len * inner + k, m = p[0];
-            mlc__sum_t s = 0;
-            for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
-            for (i = 0; i < len; i++) s += (mlc__sum_t)MLC_EXPF(p[(size_t)i * inner] - m);
-            for (i = 0; i < len; i++)
-                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)MLC__SUM_LOG(s)
-                                              : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
-        }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4060,7 +4237,7 @@ MLCDEF mlc_tensor *mlc_log_softmax(mlc_tensor *x, int axis) {
 }
 
 /* ============================================================================================
-   Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
+   @section losses  Losses. Reduction: mean (over counted elements), sum, or none (one loss per element/row).
      cross_entropy  ℓ_i = -Σ_c q_c log softmax(x_i)[c]  dx_i = g (softmax(x_i) - q),
                     q = (1 - ε) onehot(t_i) + ε / C (label smoothing ε; 0: q is the one-hot)
      nll            ℓ_i = -x_i[t_i]                     dx_i[t_i] = -g
@@ -4109,11 +4286,44 @@ static void mlc__class_loss_backward(mlc__node *n) {   /* cross entropy (saved p
     }
 }
 
+/* The rows' losses (cross entropy keeps its probabilities for backward), reduced. A row whose
+   target is ignore_index (-1 when none is) counts for nothing. */
+static int mlc__class_loss_cpu(mlc__node *n) {
+    const mlc_tensor *x = n->in[0];
+    const float *tgt = n->in[1]->data, eps = n->args.loss.smoothing;
+    const int N = x->shape[0], C = x->shape[1], softmax_first = n->args.loss.softmax_first;
+    const float ignore = (float)n->args.loss.ignore_index;
+    float *l = mlc__floats(n->out->ctx, (size_t)N, n->name), *probs = NULL;
+    size_t counted = 0;
+    int i, c;
+    if (softmax_first) probs = mlc__floats(n->out->ctx, (size_t)N * C, n->name);
+    if (!l || (softmax_first && !probs)) return 0;
+    for (i = 0; i < N; i++) {
+        const float *row = x->data + (size_t)i * C;
+        int tc = (int)tgt[i];
+        l[i] = 0.0f;
+        if (tgt[i] == ignore) continue;
+        counted++;
+        if (softmax_first) {
+            float m = row[0];
+            mlc__sum_t s = 0, sx = 0;                    /* sx: Σ_c (x_c - m), for smoothing */
+            for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
+            for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
+            for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
+            if (eps > 0.0f) for (c = 0; c < C; c++) sx += (mlc__sum_t)(row[c] - m);
+            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(1.0f - eps) * (mlc__sum_t)(row[tc] - m)
+                           - (mlc__sum_t)eps / C * sx);
+        } else l[i] = -row[tc];
+    }
+    mlc__loss_reduce(n->out, (mlc_reduction)n->args.loss.reduction, l, (size_t)N, counted);
+    n->saved = probs;
+    return 1;
+}
+
 static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor *x, mlc_tensor *target,
                                    mlc_reduction red, int ignore_index, float eps) {
-    int N, C, i, c, where;
+    int N, C, i;
     size_t counted = 0;
-    float *l, *probs = NULL;
     const float *tgt;
     mlc_tensor *out;
     mlc__node call;
@@ -4135,29 +4345,7 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     call.args.loss.ignore_index = ignore_index == MLC_NO_IGNORE ? -1 : ignore_index;
     call.args.loss.softmax_first = softmax_first; call.args.loss.scale = 1.0f / (float)counted;
     call.args.loss.smoothing = eps;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) { mlc__record(&call); return out; }
-    l = mlc__floats(ctx, (size_t)N, op);
-    if (softmax_first) probs = mlc__floats(ctx, (size_t)N * C, op);
-    if (!l || (softmax_first && !probs)) return NULL;
-    for (i = 0; i < N; i++) {
-        const float *row = x->data + (size_t)i * C;
-        int tc = (int)tgt[i];
-        l[i] = 0.0f;
-        if (tgt[i] == (float)ignore_index && ignore_index != MLC_NO_IGNORE) continue;
-        if (softmax_first) {
-            float m = row[0];
-            mlc__sum_t s = 0, sx = 0;                    /* sx: Σ_c (x_c - m), for smoothing */
-            for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
-            for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
-            for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
-            if (eps > 0.0f) for (c = 0; c < C; c++) sx += (mlc__sum_t)(row[c] - m);
-            l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(1.0f - eps) * (mlc__sum_t)(row[tc] - m)
-                           - (mlc__sum_t)eps / C * sx);
-        } else l[i] = -row[tc];
-    }
-    mlc__loss_reduce(out, red, l, (size_t)N, counted);
-    call.saved = probs;
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4181,10 +4369,10 @@ MLCDEF mlc_tensor *mlc_nll_loss(mlc_tensor *log_probs, mlc_tensor *target, mlc_r
     X(MSE, mse_loss,        (x - t) * (x - t),           2.0f * (x - t),        -2.0f * (x - t)) \
     X(BCE, bce_with_logits, (x > 0 ? x : 0.0f) - x * t + MLC_LOG1PF(MLC_EXPF(x < 0 ? x : -x)), \
                             mlc__sigmoidf(x) - t,        -x)
-#define MLC__LOSS_ENUM(NAME, name, l, dx, dt) MLC__##NAME,
+#define MLC__LOSS_ENUM(NAME, name, l, dx, dt) MLC__LOSS_##NAME,
 typedef enum mlc__loss_kind { MLC__POINTWISE_LOSSES(MLC__LOSS_ENUM) MLC__LOSS_COUNT } mlc__loss_kind;
 #undef MLC__LOSS_ENUM
-#define MLC__LOSS_KIND_NAME(NAME, name, l, dx, dt) #NAME,
+#define MLC__LOSS_KIND_NAME(NAME, name, l, dx, dt) "LOSS_" #NAME,
 /* for kernels */
 static const char *const mlc__loss_kind_names[] = { MLC__POINTWISE_LOSSES(MLC__LOSS_KIND_NAME) };
 #undef MLC__LOSS_KIND_NAME
@@ -4197,7 +4385,7 @@ static void mlc__pointwise_loss_backward(mlc__node *n) {
         const float g = mlc__loss_scale(n, i), x = p->data[i], t = target->data[i];
         float dx = 0.0f, dt = 0.0f;
         switch ((mlc__loss_kind)n->args.loss.kind) {
-#define MLC__LOSS_GRAD(NAME, name, l, dx_, dt_) case MLC__##NAME: dx = (dx_); dt = (dt_); break;
+#define MLC__LOSS_GRAD(NAME, name, l, dx_, dt_) case MLC__LOSS_##NAME: dx = (dx_); dt = (dt_); break;
         MLC__POINTWISE_LOSSES(MLC__LOSS_GRAD)
 #undef MLC__LOSS_GRAD
         case MLC__LOSS_COUNT: break;
@@ -4207,13 +4395,28 @@ static void mlc__pointwise_loss_backward(mlc__node *n) {
     }
 }
 
+static int mlc__pointwise_loss_cpu(mlc__node *n) {
+    const mlc_tensor *p = n->in[0], *target = n->in[1];
+    float *l = mlc__floats(n->out->ctx, p->size, n->name);
+    size_t i;
+    if (!l) return 0;
+    for (i = 0; i < p->size; i++) {
+        const float x = p->data[i], t = target->data[i];
+        switch ((mlc__loss_kind)n->args.loss.kind) {
+#define MLC__LOSS_FORWARD(NAME, name, l_, dx, dt) case MLC__LOSS_##NAME: l[i] = (l_); break;
+        MLC__POINTWISE_LOSSES(MLC__LOSS_FORWARD)
+#undef MLC__LOSS_FORWARD
+        case MLC__LOSS_COUNT: break;
+        }
+    }
+    mlc__loss_reduce(n->out, (mlc_reduction)n->args.loss.reduction, l, p->size, p->size);
+    return 1;
+}
+
 static mlc_tensor *mlc__pointwise_loss(const char *op, mlc__loss_kind kind, mlc_tensor *p, mlc_tensor *target,
                                        mlc_reduction red) {
-    float *l;
     mlc_tensor *out;
     mlc__node call;
-    size_t i;
-    int where;
     MLC__ENTER(op, p, target);
     if (!mlc_same_shape(p, target))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op,
@@ -4223,35 +4426,26 @@ static mlc_tensor *mlc__pointwise_loss(const char *op, mlc__loss_kind kind, mlc_
     call.args.loss.reduction = (int)red;
     call.args.loss.kind = kind;
     call.args.loss.scale = 1.0f / (float)p->size;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) { mlc__record(&call); return out; }
-    l = mlc__floats(ctx, p->size, op);
-    if (!l) return NULL;
-    for (i = 0; i < p->size; i++) {
-        const float x = p->data[i], t = target->data[i];
-        switch (kind) {
-#define MLC__LOSS_FORWARD(NAME, name, l_, dx, dt) case MLC__##NAME: l[i] = (l_); break;
-        MLC__POINTWISE_LOSSES(MLC__LOSS_FORWARD)
-#undef MLC__LOSS_FORWARD
-        case MLC__LOSS_COUNT: break;
-        }
-    }
-    mlc__loss_reduce(out, red, l, p->size, p->size);
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
 #define MLC__LOSS_FUNCTION(NAME, name, l, dx, dt) \
     MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x, mlc_tensor *target, mlc_reduction reduction) { \
-        return mlc__pointwise_loss("mlc_" #name, MLC__##NAME, x, target, reduction); \
+        return mlc__pointwise_loss("mlc_" #name, MLC__LOSS_##NAME, x, target, reduction); \
     }
 MLC__POINTWISE_LOSSES(MLC__LOSS_FUNCTION)
 #undef MLC__LOSS_FUNCTION
 
 /* ============================================================================================
-   Shape ops. reshape shares storage; the others copy. Gradients flow back through the same
+   @section shape  Shape ops. reshape shares storage; the others copy. Gradients flow back through the same
    index map:  y = x[map(i)]   dx[map(i)] += g[i]
    ============================================================================================ */
+
+/* reshape's output is a view of its input that mlc_reshape makes: nothing to compute, and no
+   call to run (its row in MLC__OPS has this for its forward) */
+static int mlc__reshape_cpu(mlc__node *n) { (void)n; return 1; }
 
 static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g */
     float beta, *gx = mlc__grad_to_overwrite(n->in[0], &beta);
@@ -4332,16 +4526,19 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     return out;
 }
 
+static int mlc__copy_cpu(mlc__node *n) {
+    if (n->out->size) memcpy(n->out->data, n->in[0]->data, n->out->size * sizeof(float));
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
     mlc_tensor *out;
     mlc__node call;
-    int where;
     MLC__ENTER("mlc_copy", x);
     out = mlc__like(x, "mlc_copy");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_COPY, "mlc_copy", out, x, NULL, NULL, NULL);
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0 && x->size) memcpy(out->data, x->data, x->size * sizeof(float));
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4368,8 +4565,13 @@ static void mlc__permute_backward(mlc__node *n) {
     mlc__permute_walk(n->in[0], n->args.permute.order, n->out->grad, mlc__grad(n->in[0]), 1);
 }
 
+static int mlc__permute_cpu(mlc__node *n) {
+    mlc__permute_walk(n->in[0], n->args.permute.order, n->in[0]->data, n->out->data, 0);
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
-    int shape[MLC_MAX_DIMS], seen[MLC_MAX_DIMS] = {0}, ord[MLC_MAX_DIMS], d, where;
+    int shape[MLC_MAX_DIMS], seen[MLC_MAX_DIMS] = {0}, ord[MLC_MAX_DIMS], d;
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER("mlc_permute", x);
@@ -4386,8 +4588,7 @@ MLCDEF mlc_tensor *mlc_permute(mlc_tensor *x, const int *order) {
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_PERMUTE, "mlc_permute", out, x, NULL, NULL, NULL);
     memcpy(call.args.permute.order, ord, sizeof(int) * (size_t)x->ndim);
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) mlc__permute_walk(x, ord, x->data, out->data, 0);
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4417,9 +4618,20 @@ static void mlc__slice_backward(mlc__node *n) {
     }
 }
 
-MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
-    int shape[MLC_MAX_DIMS], len, count, where;
+static int mlc__slice_cpu(mlc__node *n) {
+    const int start = n->args.slice.start, count = n->args.slice.count;
     size_t outer, inner, o;
+    int len;
+    mlc__split(n->in[0], n->args.slice.axis, &outer, &len, &inner);
+    for (o = 0; o < outer; o++)
+        memcpy(n->out->data + o * count * inner, n->in[0]->data + (o * len + start) * inner,
+               (size_t)count * inner * sizeof(float));
+    return 1;
+}
+
+MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
+    int shape[MLC_MAX_DIMS], len, count;
+    size_t outer, inner;
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER("mlc_slice", x);
@@ -4436,10 +4648,7 @@ MLCDEF mlc_tensor *mlc_slice(mlc_tensor *x, int axis, int start, int end) {
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_SLICE, "mlc_slice", out, x, NULL, NULL, NULL);
     call.args.slice.start = start; call.args.slice.count = count; call.args.slice.axis = axis;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (o = 0; where == 0 && o < outer; o++)
-        memcpy(out->data + o * count * inner, x->data + (o * len + start) * inner,
-               (size_t)count * inner * sizeof(float));
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4462,11 +4671,27 @@ static void mlc__concat_backward(mlc__node *n) {
     }
 }
 
+/* (the inputs are the saved list; in[0] is one of them, the one the tape follows) */
+static int mlc__concat_cpu(mlc__node *n) {
+    mlc_tensor *const *xs = (mlc_tensor *const *)n->saved;
+    int k, axis = n->args.concat.axis, total = n->out->shape[axis], offset = 0;
+    for (k = 0; k < n->args.concat.count; k++) {
+        size_t outer, inner, o;
+        int len;
+        const float *src = mlc__host(xs[k]);
+        mlc__split(xs[k], axis, &outer, &len, &inner);
+        for (o = 0; o < outer; o++)
+            memcpy(n->out->data + (o * total + offset) * inner, src + o * len * inner,
+                   (size_t)len * inner * sizeof(float));
+        offset += len;
+    }
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, int axis) {
-    int shape[MLC_MAX_DIMS], k, d, total = 0, offset = 0, where;
+    int shape[MLC_MAX_DIMS], k, d, total = 0;
     mlc_tensor *out, **saved, *needs_grad = NULL;
     mlc__node call;
-    size_t outer, inner, o;
     if (!ctx || ctx->error) return NULL;
     if (!xs || count < 1)
         return (mlc_tensor *)mlc__fail(ctx, xs ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_concat: %s (count %d)",
@@ -4495,22 +4720,13 @@ MLCDEF mlc_tensor *mlc_concat(mlc_ctx *ctx, mlc_tensor *const *xs, int count, in
     memcpy(saved, xs, (size_t)count * sizeof(mlc_tensor *));  /* the inputs, in a list of their own */
     mlc__call(&call, MLC__OP_CONCAT, "mlc_concat", out, needs_grad ? needs_grad : xs[0], NULL, NULL, NULL);
     call.saved = saved; call.args.concat.count = count; call.args.concat.axis = axis;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (k = 0; where == 0 && k < count; k++) {
-        int len;
-        const float *src = mlc__host(xs[k]);
-        mlc__split(xs[k], axis, &outer, &len, &inner);
-        for (o = 0; o < outer; o++)
-            memcpy(out->data + (o * total + offset) * inner, src + o * len * inner,
-                   (size_t)len * inner * sizeof(float));
-        offset += len;
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
 /* ============================================================================================
-   Indexing ops. Indices are float tensors holding whole numbers (checked).
+   @section indexing  Indexing ops. Indices are float tensors holding whole numbers (checked).
      index_select  y[.., l, ..] = x[.., idx[l], ..]        dx[.., idx[l], ..] += g[.., l, ..]
      gather        y[i] = x[i with axis coordinate idx[i]] dx[same] += g[i]
      embedding     y[..., :] = W[idx[...], :]             (index_select on axis 0)
@@ -4530,9 +4746,22 @@ static void mlc__index_select_backward(mlc__node *n) {
         }
 }
 
-MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) {
-    int shape[MLC_MAX_DIMS], len, l, L, where;
+static int mlc__index_select_cpu(mlc__node *n) {
+    const float *idx = n->in[1]->data;
+    const int L = n->in[1]->shape[0];
     size_t outer, inner, o;
+    int len, l;
+    mlc__split(n->in[0], n->args.index_select.axis, &outer, &len, &inner);
+    for (o = 0; o < outer; o++)
+        for (l = 0; l < L; l++)
+            memcpy(n->out->data + (o * L + l) * inner, n->in[0]->data + (o * len + (size_t)idx[l]) * inner,
+                   inner * sizeof(float));
+    return 1;
+}
+
+MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) {
+    int shape[MLC_MAX_DIMS], len, l, L;
+    size_t outer, inner;
     const float *idx;
     mlc_tensor *out;
     mlc__node call;
@@ -4552,11 +4781,7 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
     /* index gets no gradient */
     mlc__call(&call, MLC__OP_INDEX_SELECT, "mlc_index_select", out, x, index, NULL, NULL);
     call.args.index_select.axis = axis;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (o = 0; where == 0 && o < outer; o++)
-        for (l = 0; l < L; l++)
-            memcpy(out->data + (o * L + l) * inner, x->data + (o * len + (size_t)idx[l]) * inner,
-                   inner * sizeof(float));
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4587,11 +4812,18 @@ static void mlc__gather_backward(mlc__node *n) {
     for (i = 0; i < n->out->size; i++) gx[map[i]] += n->out->grad[i];
 }
 
+static int mlc__gather_cpu(mlc__node *n) {
+    const size_t *map = (const size_t *)n->saved;
+    size_t i;
+    for (i = 0; i < n->out->size; i++) n->out->data[i] = n->in[0]->data[map[i]];
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     mlc_tensor *out;
     mlc__node call;
-    size_t *map, i;
-    int d, where;
+    size_t *map;
+    int d;
     MLC__ENTER("mlc_gather", x, index);
     if (!mlc__axis(ctx, "mlc_gather", x, &axis)) return NULL;
     if (index->ndim != x->ndim)
@@ -4606,8 +4838,7 @@ MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_GATHER, "mlc_gather", out, x, NULL, NULL, NULL);
     call.saved = map;                   /* the offsets into x, one per output element */
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    for (i = 0; where == 0 && i < index->size; i++) out->data[i] = x->data[map[i]];
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4629,7 +4860,7 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index) {
 }
 
 /* ============================================================================================
-   Dropout and normalisation
+   @section norm  Dropout and normalisation
      dropout     y = x m / (1 - p), m ~ Bernoulli(1 - p)      dx = g m / (1 - p)
      layer_norm  over the last axes (D values):  x̂ = (x - μ) r,  r = 1/√(σ² + eps),  y = x̂ w + b
                  dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)),  ĝ = g w;   dw = Σ g x̂;   db = Σ g
@@ -4644,12 +4875,24 @@ static void mlc__dropout_backward(mlc__node *n) {
     for (i = 0; i < n->out->size; i++) gx[i] += n->out->grad[i] * m[i];
 }
 
+/* The CPU draws its mask from the context's generator and keeps it for backward. */
+static int mlc__dropout_cpu(mlc__node *n) {
+    mlc_ctx *ctx = n->out->ctx;
+    const float p = n->args.dropout.p, scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    float *mask = mlc__floats(ctx, n->out->size, n->name);
+    size_t i;
+    if (!mask) return 0;
+    for (i = 0; i < n->out->size; i++) {
+        mask[i] = mlc_rand_uniform(ctx) >= p ? scale : 0.0f;
+        n->out->data[i] = n->in[0]->data[i] * mask[i];
+    }
+    n->saved = mask;
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     mlc_tensor *out;
     mlc__node call;
-    float *mask, scale;
-    size_t i;
-    int where;
     MLC__ENTER("mlc_dropout", x);
     if (!mlc__in_range(ctx, "mlc_dropout", "p", p, 0.0f, 1.0f, 0)) return NULL;
     if (!training || p == 0.0f) return x;
@@ -4658,16 +4901,7 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     mlc__call(&call, MLC__OP_DROPOUT, "mlc_dropout", out, x, NULL, NULL, NULL);
     call.args.dropout.p = p;
     call.args.dropout.seed = mlc_rand_u32(ctx) >> 1;      /* a device draws its mask from this seed */
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) {
-        if (!(mask = mlc__floats(ctx, x->size, "mlc_dropout"))) return NULL;
-        scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-        for (i = 0; i < x->size; i++) {
-            mask[i] = mlc_rand_uniform(ctx) >= p ? scale : 0.0f;
-            out->data[i] = x->data[i] * mask[i];
-        }
-        call.saved = mask;
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4707,13 +4941,39 @@ static int mlc__fits_last_dims(const mlc_tensor *t, const mlc_tensor *x, int dim
         || (t->ndim == dims && memcmp(t->shape, x->shape + x->ndim - dims, (size_t)dims * sizeof(int)) == 0);
 }
 
+/* Each row's mean and 1/σ are kept for backward (stats: [rows, 2]). */
+static int mlc__layer_norm_cpu(mlc__node *n) {
+    const mlc_tensor *x = n->in[0], *weight = n->in[1], *bias = n->in[2];
+    const int D = n->args.layer_norm.D;
+    const float eps = n->args.layer_norm.eps;
+    const size_t rows = D ? x->size / (size_t)D : 0;
+    float *stats = mlc__floats(n->out->ctx, 2 * rows + 1, n->name);
+    size_t r;
+    int j;
+    if (!stats) return 0;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x->data + r * D;
+        mlc__sum_t s = 0, v = 0, mu, d;
+        for (j = 0; j < D; j++) s += (mlc__sum_t)xr[j];
+        mu = s / (mlc__sum_t)D;
+        for (j = 0; j < D; j++) { d = (mlc__sum_t)xr[j] - mu; v += d * d; }
+        stats[2 * r] = (float)mu;
+        stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
+        for (j = 0; j < D; j++)
+            n->out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1]
+                                          * (weight ? weight->data[j] : 1.0f)
+                                      + (bias ? bias->data[j] : 0.0f);
+    }
+    n->saved = stats;
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
                                        float eps) {
     mlc_tensor *out;
     mlc__node call;
-    float *stats;
-    int D, j, where;
-    size_t rows, r, per_row = 1;
+    int D, j;
+    size_t per_row = 1;
     MLC__ENTER("mlc_layer_norm", x);
     if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight)
         || !mlc__same_device(ctx, "mlc_layer_norm", x, bias))
@@ -4736,24 +4996,7 @@ MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weig
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
     call.args.layer_norm.eps = eps; call.args.layer_norm.D = D;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) { mlc__record(&call); return out; }
-    rows = D ? x->size / (size_t)D : 0;
-    if (!(stats = mlc__floats(ctx, 2 * rows + 1, "mlc_layer_norm"))) return NULL;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x->data + r * D;
-        mlc__sum_t s = 0, v = 0, mu, d;
-        for (j = 0; j < D; j++) s += (mlc__sum_t)xr[j];
-        mu = s / (mlc__sum_t)D;
-        for (j = 0; j < D; j++) { d = (mlc__sum_t)xr[j] - mu; v += d * d; }
-        stats[2 * r] = (float)mu;
-        stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
-        for (j = 0; j < D; j++)
-            out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1]
-                                       * (weight ? weight->data[j] : 1.0f)
-                                   + (bias ? bias->data[j] : 0.0f);
-    }
-    call.saved = stats;
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -4786,14 +5029,62 @@ static void mlc__batch_norm_backward(mlc__node *n) {
     }
 }
 
+/* Per channel c: the batch's mean and variance in training (the running statistics move
+   towards them, in place), else the running ones; mean and 1/σ are kept for backward. */
+static int mlc__batch_norm_cpu(mlc__node *n) {
+    const mlc_tensor *x = n->in[0], *weight = n->in[1], *bias = n->in[2];
+    mlc_tensor *running_mean = n->in[3], *running_var = n->in[4];
+    const int N = x->shape[0], C = x->shape[1], training = n->args.batch_norm.training;
+    const float momentum = n->args.batch_norm.momentum, eps = n->args.batch_norm.eps;
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
+    float *stats = mlc__floats(n->out->ctx, 2 * (size_t)C, n->name);
+    size_t k;
+    int c, i;
+    if (!stats) return 0;
+    if (training && running_mean) mlc__host_wrote(running_mean);
+    if (training && running_var) mlc__host_wrote(running_var);
+    for (c = 0; c < C; c++) {
+        if (training) {
+            mlc__sum_t s = 0, v = 0, d, mu, var;
+            for (i = 0; i < N; i++)
+                for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
+            mu = s / (mlc__sum_t)M;
+            for (i = 0; i < N; i++)
+                for (k = 0; k < inner; k++) {
+                    d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu;
+                    v += d * d;
+                }
+            var = v / (mlc__sum_t)M;
+            if (running_mean)
+                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
+            if (running_var)
+                running_var->data[c] = (1.0f - momentum) * running_var->data[c]
+                                       + momentum * (float)(v / (M - 1));
+            stats[2 * c] = (float)mu;
+            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
+        } else {                                /* in float: no double on a float-only FPU */
+            stats[2 * c] = running_mean->data[c];
+            stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
+        }
+        for (i = 0; i < N; i++)
+            for (k = 0; k < inner; k++) {
+                size_t at = ((size_t)i * C + c) * inner + k;
+                n->out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1]
+                                       * (weight ? weight->data[c] : 1.0f)
+                                   + (bias ? bias->data[c] : 0.0f);
+            }
+    }
+    n->saved = stats;
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,
                                   mlc_tensor *weight, mlc_tensor *bias, int training, float momentum,
                                   float eps) {
     mlc_tensor *out, *params[4];
     mlc__node call;
-    float *stats;
-    int N, C, c, i, p, where;
-    size_t inner, k, M;
+    int N, C, p;
+    size_t inner, M;
     MLC__ENTER("mlc_batch_norm", x);
     if (x->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]",
@@ -4825,54 +5116,17 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     call.in[4] = running_var; call.n_in = 5;   /* the running statistics are updated in place */
     call.args.batch_norm.training = training != 0; call.args.batch_norm.momentum = momentum;
     call.args.batch_norm.eps = eps;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) {
-        if (training && running_mean) running_mean->stale = MLC__HOST_STALE;
-        if (training && running_var) running_var->stale = MLC__HOST_STALE;
-        mlc__record(&call);
-        return out;
+    if (!mlc__run(ctx, &call)) return NULL;
+    if (call.device && training) {             /* the running statistics changed there */
+        if (running_mean) running_mean->stale = MLC__HOST_STALE;
+        if (running_var) running_var->stale = MLC__HOST_STALE;
     }
-    if (training && running_mean) mlc__host_wrote(running_mean);
-    if (training && running_var) mlc__host_wrote(running_var);
-    if (!(stats = mlc__floats(ctx, 2 * (size_t)C, "mlc_batch_norm"))) return NULL;
-    for (c = 0; c < C; c++) {
-        if (training) {
-            mlc__sum_t s = 0, v = 0, d, mu, var;
-            for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
-            mu = s / (mlc__sum_t)M;
-            for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) {
-                    d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu;
-                    v += d * d;
-                }
-            var = v / (mlc__sum_t)M;
-            if (running_mean)
-                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
-            if (running_var)
-                running_var->data[c] = (1.0f - momentum) * running_var->data[c]
-                                       + momentum * (float)(v / (M - 1));
-            stats[2 * c] = (float)mu;
-            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
-        } else {                                /* in float: no double on a float-only FPU */
-            stats[2 * c] = running_mean->data[c];
-            stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
-        }
-        for (i = 0; i < N; i++)
-            for (k = 0; k < inner; k++) {
-                size_t at = ((size_t)i * C + c) * inner + k;
-                out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1]
-                                    * (weight ? weight->data[c] : 1.0f)
-                                + (bias ? bias->data[c] : 0.0f);
-            }
-    }
-    call.saved = stats;
     mlc__record(&call);
     return out;
 }
 
 /* ============================================================================================
-   Convolution and pooling, x [N, C, H, W]
+   @section conv  Convolution and pooling, x [N, C, H, W]
      conv2d   y[n, o] = b[o] + Σ_{c in o's group, i, j} w[o, c, i, j]
                                    x[n, c, sh·h + dh·i - ph, sw·w + dw·j - pw]
               computed per image and group as W_g [Og, Cg·KH·KW] @ col [Cg·KH·KW, OH·OW]
@@ -4973,6 +5227,56 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
             }
 }
 
+typedef struct mlc__conv_fast mlc__conv_fast;   /* mlc's own stride-1 path, below */
+
+/* The images are shared out between threads: each thread has scratch of its own (col, packing
+   space) and runs the products of its pieces of images itself. With one image, or products
+   through a hook or BLAS (one at a time), the images go in turn and each product may use the
+   threads itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
+   most MLC__CONV_SUMS, each its own partial sum, added in order at the end), and the threads
+   share out groups, so any thread count gives the same sums (a fixed arena: one group). */
+#define MLC__CONV_SUMS 8
+typedef struct mlc__conv_job {
+    mlc_ctx *ctx;
+    const mlc__conv *cv;
+    size_t parallel_from;               /* mlc__parallel's: 2 images (groups), or never */
+    int slots, sums;                    /* threads (scratch slots); backward: groups of images */
+    const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
+    float *y, *gx, *gw, *gb;
+    float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
+    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, sums_at;
+    const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
+    int by_rows;                        /* backward: dW through mlc__im2row */
+    int gx_overwrite;                   /* backward: gx is fresh, each image written over */
+} mlc__conv_job;
+
+/* Plan the job: how many threads, and their scratch (with_grads: the groups and their partial dW
+   and db; fast_floats for the fast path's and mlc__im2row's, which forward needs no col or
+   packing space beside). */
+static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
+                          size_t fast_floats, const char *op) {
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
+    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P),
+           w3 = mlc__gemm_work(rows, P, Og);
+    memset(job, 0, sizeof *job);
+    job->ctx = ctx; job->cv = cv;
+    job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
+    job->sums = !with_grads || ctx->config.arena ? 1 : cv->N < MLC__CONV_SUMS ? cv->N : MLC__CONV_SUMS;
+    job->slots = mlc__slots(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
+    job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
+    job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
+    if (job->slots < 2 || !job->col_floats) job->work_floats = 0;
+    job->fast_at = job->col_floats + job->work_floats;
+    job->slot_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
+    job->sums_at = (size_t)job->slots * job->slot_floats;
+    job->scratch = mlc__floats(ctx, job->sums_at + (job->sums > 1 ? (size_t)job->sums * (cv->O * (size_t)rows
+                                                                                     + cv->O) : 0), op);
+    return job->scratch != NULL;
+}
+
+/* ---- Paths for mlc's own products: everything in the convolutions that depends on
+   MLC_USE_CBLAS is in this one switch. Under it, products go through cblas_sgemm, and none of
+   these paths fits (each says 0 and the general im2col path runs). */
 #ifndef MLC_USE_CBLAS
 /* Stride 1 without im2col (mlc's own products, groups 1): the input's planes are copied once
    into zero-padded planes Hp x Wp, and the output is computed at every column of the padded
@@ -4983,14 +5287,14 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
    [O rounded to MR, columns rounded to NR] (no edge tiles), copied out with the bias added.
    The same serves dx: stride 1 makes dx = conv(dy, w flipped, its channels swapped) with
    padding dh·(KH-1) - ph (when not negative), dx += its output. */
-typedef struct mlc__conv_fast {
+struct mlc__conv_fast {
     const mlc__gemm_arch *g;
     int C, H, W, M, KH, KW, ph, pw, dh, dw;   /* input planes C x H x W, M output planes */
     int Hp, Wp, OH, Pn, R, kc, Mr;            /* padded plane, output rows, columns, col rows, slice, M */
     size_t plane, piece_floats;               /* floats per padded plane, and per image in flight */
     float *wp;                                /* packed weights: per k slice, per MR rows */
     int *off;                                 /* per row of col: its offset in the planes */
-} mlc__conv_fast;
+};
 
 /* Plan it and pack the weights: w [M, C, KH, KW] as stored, or (flip) w [C, M, KH, KW] read
    as dx needs it: A[m, (c, i, j)] = w[c, m, KH-1-i, KW-1-j]. 0 when out of memory. */
@@ -5052,56 +5356,7 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
         }
     return cs;
 }
-#endif
 
-/* The images are shared out between threads: each thread has scratch of its own (col, packing
-   space) and runs the products of its pieces of images itself. With one image, or products
-   through a hook or BLAS (one at a time), the images go in turn and each product may use the
-   threads itself. Backward adds dW and db up over the images in groups fixed by the batch alone (at
-   most MLC__CONV_SUMS, each its own partial sum, added in order at the end), and the threads
-   share out groups, so any thread count gives the same sums (a fixed arena: one group). */
-#define MLC__CONV_SUMS 8
-typedef struct mlc__conv_job {
-    mlc_ctx *ctx;
-    const mlc__conv *cv;
-    size_t parallel_from;               /* mlc__parallel's: 2 images (groups), or never */
-    int slots, sums;                    /* threads (scratch slots); backward: groups of images */
-    const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
-    float *y, *gx, *gw, *gb;
-    float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
-    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, sums_at;
-#ifndef MLC_USE_CBLAS
-    const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
-#endif
-    int by_rows;                        /* backward: dW through mlc__im2row */
-    int gx_overwrite;                   /* backward: gx is fresh, each image written over */
-} mlc__conv_job;
-
-/* Plan the job: how many threads, and their scratch (with_grads: the groups and their partial dW
-   and db; fast_floats for the fast path's and mlc__im2row's, which forward needs no col or
-   packing space beside). */
-static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
-                          size_t fast_floats, const char *op) {
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
-    size_t w1 = mlc__gemm_work(Og, P, rows), w2 = mlc__gemm_work(Og, rows, P),
-           w3 = mlc__gemm_work(rows, P, Og);
-    memset(job, 0, sizeof *job);
-    job->ctx = ctx; job->cv = cv;
-    job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
-    job->sums = !with_grads || ctx->config.arena ? 1 : cv->N < MLC__CONV_SUMS ? cv->N : MLC__CONV_SUMS;
-    job->slots = mlc__slots(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
-    job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
-    job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
-    if (job->slots < 2 || !job->col_floats) job->work_floats = 0;
-    job->fast_at = job->col_floats + job->work_floats;
-    job->slot_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
-    job->sums_at = (size_t)job->slots * job->slot_floats;
-    job->scratch = mlc__floats(ctx, job->sums_at + (job->sums > 1 ? (size_t)job->sums * (cv->O * (size_t)rows
-                                                                                     + cv->O) : 0), op);
-    return job->scratch != NULL;
-}
-
-#ifndef MLC_USE_CBLAS
 /* Whether the fast path takes this convolution (dx: its backward to dx), with f's shapes set:
    mlc's own products, groups 1, stride 1, more than one image or one thread (one image is
    left to the general path, whose products use the threads), channels in and out (an empty
@@ -5144,7 +5399,47 @@ static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const f
             if (!dx && job->cv->relu) mlc__relu_row((size_t)OW, dst);
         }
 }
-#endif
+
+/* dW_g += dY_g colᵀ (Og x rows, over P pixels) by dot products, with few rows of col (a first
+   layer's C·KH·KW: 9 for one channel): they read both operands where they lie, where packing
+   would gather colᵀ and pad its few columns to a kernel's 16 or 32. 0: not taken. */
+#define MLC__CONV_DOT_ROWS 16
+static int mlc__conv_grad_w_dots(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col,
+                                 float *gw) {
+    if (ctx->config.gemm || rows > MLC__CONV_DOT_ROWS) return 0;
+    mlc__gemm_direct(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw);
+    return 1;
+}
+
+/* Whether dW goes through mlc__im2row (x channels last, both operands as they lie): groups 1,
+   more rows than the dot products take, mlc's own products, no fixed arena (its scratch). */
+static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
+    return !ctx->config.gemm && !ctx->config.arena && cv->groups == 1 && rows > MLC__CONV_DOT_ROWS;
+}
+#else
+struct mlc__conv_fast { size_t piece_floats; };
+static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
+    (void)ctx; (void)cv; (void)dx; (void)f;
+    return 0;
+}
+static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, int flip, const char *op) {
+    (void)f; (void)ctx; (void)w; (void)flip; (void)op;
+    return 0;
+}
+static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in, size_t i, int dx) {
+    (void)job; (void)scratch; (void)in; (void)i; (void)dx;
+}
+static int mlc__conv_grad_w_dots(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col,
+                                 float *gw) {
+    (void)ctx; (void)Og; (void)rows; (void)P; (void)dy; (void)col; (void)gw;
+    return 0;
+}
+static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
+    (void)ctx; (void)cv; (void)rows;
+    return 0;
+}
+#endif /* !MLC_USE_CBLAS */
+
 
 /* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
 static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
@@ -5156,12 +5451,10 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
           *work = job->work_floats ? col + job->col_floats : NULL;
     size_t i;
     for (i = begin; i < end; i++) {
-#ifndef MLC_USE_CBLAS
         if (job->fast) {
             mlc__conv_fast_out(job, col + job->fast_at, job->x + i * cv->C * cv->H * cv->W, i, 0);
             continue;
         }
-#endif
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
             for (o = 0; job->bias && o < Og; o++) {
@@ -5204,19 +5497,11 @@ static void mlc__im2row(const mlc__conv *cv, const float *x, float *xt, float *c
         }
 }
 
-/* dW_g += dY_g colᵀ (Og x rows, over P pixels). With few rows of col (a first layer's C·KH·KW:
-   9 for one channel) mlc's own product takes dot products of rows, which read both where they
-   lie; packing would gather colᵀ and pad its few columns to a kernel's 16 or 32. */
-#define MLC__CONV_DOT_ROWS 16
+/* dW_g += dY_g colᵀ (Og x rows, over P pixels) */
 static void mlc__conv_grad_w(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col,
                              float *gw, float *work) {
-#ifndef MLC_USE_CBLAS
-    if (!ctx->config.gemm && rows <= MLC__CONV_DOT_ROWS) {
-        mlc__gemm_direct(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw);
-        return;
-    }
-#endif
-    mlc__gemm(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw, work);
+    if (!mlc__conv_grad_w_dots(ctx, Og, rows, P, dy, col, gw))
+        mlc__gemm(ctx, 0, 1, Og, rows, P, dy, col, 1.0f, gw, work);
 }
 
 /* backward over the groups of images [begin, end); each group's dW and db go to its partial sums
@@ -5244,7 +5529,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
             const float *dy_image = job->dy + i * cv->O * P;
             if (cv->relu) {                             /* relu's own map, y for x: y > 0 where x > 0 */
                 const float *y = job->y + i * cv->O * P;
-                mlc__unary_grad(MLC__RELU, (size_t)cv->O * P, y, y, dy_image, dy_relu, 1, 0.0f, 0.0f);
+                mlc__unary_grad(MLC__UNARY_RELU, (size_t)cv->O * P, y, y, dy_image, dy_relu, 1, 0.0f, 0.0f);
                 dy_image = dy_relu;
             }
             for (g = 0; g < cv->groups; g++) {
@@ -5257,11 +5542,8 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                                         job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
                     mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
                 }
-#ifndef MLC_USE_CBLAS
                 if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, dy_image, i, 1);
-                else
-#endif
-                if (job->gx) {
+                else if (job->gx) {
                     float *gx = job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
                     mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col,
                               work);
@@ -5284,23 +5566,17 @@ static void mlc__conv2d_backward(mlc__node *n) {
     int rows = cv->C / cv->groups * cv->KH * cv->KW, s;
     mlc__conv_job job;
     size_t fast_floats = 0, rows_floats, relu_floats = cv->relu ? (size_t)cv->O * cv->OH * cv->OW : 0;
-    int by_rows = 0;
+    int by_rows = mlc__grad(w) && mlc__conv_im2row_fits(x->ctx, cv, rows);
     float gx_beta;
-#ifndef MLC_USE_CBLAS
     mlc__conv_fast fast;
     if (x->requires_grad && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
         if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
         fast_floats = (fast.piece_floats + 15) / 16 * 16;
     }
-    by_rows = mlc__grad(w) && !x->ctx->config.gemm && !x->ctx->config.arena && cv->groups == 1
-              && rows > MLC__CONV_DOT_ROWS;             /* (its scratch: x channels last, dW) */
-#endif
     rows_floats = by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0;
     if (!mlc__conv_plan(&job, x->ctx, cv, 1, fast_floats + rows_floats + relu_floats, "mlc_conv2d backward"))
         return;
-#ifndef MLC_USE_CBLAS
     job.fast = fast_floats ? &fast : NULL;
-#endif
     job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats; job.relu_at = job.rows_at + rows_floats;
     job.x = x->data; job.w = w->data; job.y = n->out->data; job.dy = n->out->grad;
     job.gx = mlc__grad_to_overwrite(x, &gx_beta); job.gx_overwrite = gx_beta == 0.0f;
@@ -5336,18 +5612,31 @@ static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, 
 /* An option where 0 takes def (the height's value for a width's field) and MLC_ZERO_INT is 0 */
 static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
+static int mlc__conv2d_cpu(mlc__node *n) {
+    const mlc__conv *cv = (const mlc__conv *)n->saved;
+    mlc_ctx *ctx = n->out->ctx;
+    mlc__conv_job job;
+    size_t fast_floats = 0;
+    mlc__conv_fast fast;
+    if (mlc__conv_fast_fits(ctx, cv, 0, &fast)) {
+        if (!mlc__conv_fast_plan(&fast, ctx, n->in[1]->data, 0, n->name)) return 0;
+        fast_floats = fast.piece_floats;
+    }
+    if (!mlc__conv_plan(&job, ctx, cv, 0, fast_floats, n->name)) return 0;
+    job.fast = fast_floats ? &fast : NULL;
+    job.x = n->in[0]->data; job.w = n->in[1]->data; job.bias = n->in[2] ? n->in[2]->data : NULL;
+    job.y = n->out->data;
+    mlc__parallel(ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_images, &job);
+    return 1;
+}
+
 /* conv2d, then (relu) relu fused into it on the CPU; on a device the two ops run in turn */
 static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
                                int relu) {
     mlc__conv cv;
     mlc_tensor *out;
     mlc__node call;
-    mlc__conv_job job;
-    int shape[4], where;
-    size_t fast_floats = 0;
-#ifndef MLC_USE_CBLAS
-    mlc__conv_fast fast;
-#endif
+    int shape[4];
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     if (relu && x->on_device) return mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
@@ -5385,21 +5674,7 @@ static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bi
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_CONV2D, "mlc_conv2d", out, x, weight, bias, NULL);
-    if (!mlc__save(&call, &cv, sizeof cv)) return NULL;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) { mlc__record(&call); return out; }
-#ifndef MLC_USE_CBLAS
-    if (mlc__conv_fast_fits(ctx, &cv, 0, &fast)) {
-        if (!mlc__conv_fast_plan(&fast, ctx, weight->data, 0, "mlc_conv2d")) return NULL;
-        fast_floats = fast.piece_floats;
-    }
-#endif
-    if (!mlc__conv_plan(&job, ctx, &cv, 0, fast_floats, "mlc_conv2d")) return NULL;
-#ifndef MLC_USE_CBLAS
-    job.fast = fast_floats ? &fast : NULL;
-#endif
-    job.x = x->data; job.w = weight->data; job.bias = bias ? bias->data : NULL; job.y = out->data;
-    mlc__parallel(ctx, (size_t)cv.N, job.parallel_from, mlc__conv2d_images, &job);
+    if (!mlc__save(&call, &cv, sizeof cv) || !mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -5672,13 +5947,25 @@ static int mlc__pool_size(int H, int K, int S, int Pd, int ceil_mode) {
     return (int)n;
 }
 
+/* (max pooling keeps each window's argmax for backward; a device finds it again) */
+static int mlc__pool_cpu(mlc__node *n) {
+    mlc__pool_job job;
+    mlc__pool_job_of(&job, n, NULL, NULL);
+    if (n->args.pool.is_max && mlc__recording(n)
+        && !(job.argmax = (int *)mlc__arena_alloc(n->out->ctx, n->out->size * sizeof(int) + 1, n->name)))
+        return 0;
+    mlc__parallel(n->out->ctx, (size_t)n->out->shape[0] * n->out->shape[1], mlc__pool_parallel_from(n->out),
+                  mlc__pool_planes, &job);
+    n->saved = job.argmax;
+    return 1;
+}
+
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
-    int shape[4], H, W, where, KW = opts.kernel_w ? opts.kernel_w : K, SH = opts.stride ? opts.stride : K;
+    int shape[4], H, W, KW = opts.kernel_w ? opts.kernel_w : K, SH = opts.stride ? opts.stride : K;
     int SW = opts.stride_w ? opts.stride_w : opts.stride ? opts.stride : KW, PH = opts.padding;
     int PW = mlc__int_setting(opts.padding_w, PH);
     mlc_tensor *out;
     mlc__node call;
-    mlc__pool_job job;
     MLC__ENTER(op, x);
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
@@ -5705,14 +5992,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     call.args.pool.ph = PH; call.args.pool.pw = PW;
     call.args.pool.is_max = is_max;
     call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 1) { mlc__record(&call); return out; }  /* the device finds the argmax again */
-    mlc__pool_job_of(&job, &call, NULL, NULL);
-    if (is_max && mlc__recording(&call)
-        && !(job.argmax = (int *)mlc__arena_alloc(ctx, out->size * sizeof(int) + 1, op)))
-        return NULL;
-    mlc__parallel(ctx, (size_t)shape[0] * shape[1], mlc__pool_parallel_from(out), mlc__pool_planes, &job);
-    call.saved = job.argmax;
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
@@ -5747,7 +6027,7 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
 }
 
 /* ============================================================================================
-   Attention, per head (b, h): q [T, D], k [S, D], v [S, Dv]; M the additive mask, causal
+   @section attention  Attention, per head (b, h): q [T, D], k [S, D], v [S, Dv]; M the additive mask, causal
    positions j > i at -∞, m the dropout keep-scale (0 or 1 / (1 - p)), scale s
      s_ij = s q_i·k_j + M_ij,  ℓ_i = log Σ_j e^(s_ij),  P_ij = e^(s_ij - ℓ_i),  y_i = Σ_j m_ij P_ij v_j
      dP_ij = m_ij g_i·v_j,  Δ_i = Σ_j P_ij dP_ij,  dS_ij = P_ij (dP_ij - Δ_i)
@@ -5898,13 +6178,25 @@ static int mlc__attention_mask(mlc__attention_args *a, const mlc_tensor *mask) {
     return 1;
 }
 
+/* (each head's log-sum-exp ℓ is kept for backward) */
+static int mlc__attention_cpu(mlc__node *n) {
+    const mlc__attention_args *a = &n->args.attention;
+    mlc__attention_job job;
+    size_t parallel_from, heads = (size_t)a->B * (size_t)a->H;
+    if (!mlc__attention_plan(&job, &parallel_from, n, 1, n->name)) return 0;
+    job.y = n->out->data;
+    job.save_lse = mlc__floats(n->out->ctx, heads * (size_t)a->T + 1, n->name);
+    if (!job.save_lse) return 0;
+    mlc__parallel(n->out->ctx, heads, parallel_from, mlc__attention_heads, &job);
+    n->saved = job.save_lse;
+    return 1;
+}
+
 MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts) {
     mlc_tensor *out, *mask = opts.mask;
     mlc__node call;
     mlc__attention_args *a = &call.args.attention;
-    mlc__attention_job job;
-    size_t parallel_from;
-    int shape[MLC_MAX_DIMS], lead, d, where;
+    int shape[MLC_MAX_DIMS], lead, d;
     MLC__ENTER("mlc_attention", q, k, v);
     if (!mlc__same_device(ctx, "mlc_attention", q, mask)) return NULL;
     lead = q->ndim - 2;
@@ -5935,31 +6227,17 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
     a->scale = mlc__setting(opts.scale, 1.0f / MLC_SQRTF((float)(a->D ? a->D : 1)));
     a->dropout = opts.dropout;
     if (opts.dropout > 0.0f) a->seed = mlc_rand_u32(ctx);
-    if ((where = mlc__dispatch(ctx, &call)) < 0) return NULL;
-    if (where == 0) {
-        if (!mlc__attention_plan(&job, &parallel_from, &call, 1, "mlc_attention")) return NULL;
-        job.y = out->data;
-        job.save_lse = mlc__floats(ctx, (size_t)a->B * (size_t)a->H * (size_t)a->T + 1, "mlc_attention");
-        call.saved = job.save_lse;
-        if (!job.save_lse) return NULL;
-        mlc__parallel(ctx, (size_t)a->B * (size_t)a->H, parallel_from, mlc__attention_heads, &job);
-    }
+    if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
 }
 
 /* ============================================================================================
+   @section autograd
    Autograd: walk the tape from the newest node back. A node runs when its output received a
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
    ============================================================================================ */
-
-/* The CPU backward of every op, in the enum's order (from MLC__OPS) */
-#define MLC__OP_BACKWARD(name, backward) backward,
-static const mlc__backward_fn mlc__backward_of[] = { MLC__OPS(MLC__OP_BACKWARD) };
-#undef MLC__OP_BACKWARD
-typedef char mlc__backward_of_covers_every_op
-    [sizeof mlc__backward_of / sizeof mlc__backward_of[0] == MLC__OP_COUNT ? 1 : -1];
 
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     mlc_ctx *ctx;
@@ -6142,7 +6420,7 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
 }
 
 /* ============================================================================================
-   Initialisers (fan_in = shape[1]·receptive field, fan_out = shape[0]·receptive field)
+   @section init  Initialisers (fan_in = shape[1]·receptive field, fan_out = shape[0]·receptive field)
    ============================================================================================ */
 
 static void mlc__fans(const mlc_tensor *t, double *fan_in, double *fan_out) {
@@ -6200,7 +6478,7 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain) {  /* std = gain �
 }
 
 /* ============================================================================================
-   Modules
+   @section modules  Modules
    ============================================================================================ */
 
 static mlc_module *mlc__module(mlc_ctx *ctx, const char *type, mlc_forward_fn forward) {
@@ -6814,7 +7092,7 @@ MLCDEF size_t mlc_module_param_count(mlc_module *m) {
 }
 
 /* ============================================================================================
-   Optimisers (PyTorch's update rules; g = gradient, p = parameter, t = step number)
+   @section optim  Optimisers (PyTorch's update rules; g = gradient, p = parameter, t = step number)
      SGD      g += wd p;  b = μ b + (1 - τ) g (b = g at t = 1);  g = nesterov ? g + μ b : b;  p -= lr g
      Adam     g += wd p;  m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²;
               p -= lr m/(1-β1^t) / (√(v/(1-β2^t)) + eps)
@@ -7193,7 +7471,7 @@ MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_
 }
 
 /* ============================================================================================
-   Files: IDX and CSV data, batches
+   @section data  Files: IDX and CSV data, batches
    A small gzip reader (RFC 1952 around deflate, RFC 1951), the IDX and CSV parsers on top of
    it, reading whole files, and the batch iterator. Input is untrusted: each read is checked
    against the input's length before it happens, and corrupt data stops with an MLC_ERR_IO
@@ -8031,7 +8309,7 @@ MLCDEF void mlc_batches_free(mlc_batches *b) {
 }
 
 /* ============================================================================================
-   Files: safetensors and checkpoints
+   @section safetensors  Files: safetensors and checkpoints
    Reading checks before it touches anything: the header length (8 bytes, little-endian, at
    most 100 MiB and inside the file), then a strict JSON parser (nesting at most 64 deep,
    escapes with \uXXXX and surrogate pairs, UTF-8 checked, no NUL in a string) fills a table
@@ -9277,9 +9555,10 @@ MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim
 #endif
 
 /* ============================================================================================
+   @section registry
    Backends: the registry, the one place that names them. mlc_create offers the device spec to
    each in turn; mlc_devices lists theirs. A program adds its own backend by defining
-   MLC_EXTRA_BACKEND as the name of a function that returns it (tests/test_device.c does).
+   MLC_EXTRA_BACKEND as the name of a function that returns it (examples/backend_skeleton.c does).
    ============================================================================================ */
 #ifdef MLC_OPENCL
 #include "mlc_opencl.h"                 /* mlc__opencl_backend */

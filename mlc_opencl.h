@@ -9,6 +9,19 @@
    config.device (or $MLC_DEVICE) = "opencl", "opencl:N", "best" or a piece of a device's name
    puts a context on one of them.
 
+CONTENTS
+   Each section's banner carries "@section cl-<name>": search for that to jump to it.
+   cl-library   the OpenCL library, opened at run time: the table of every entry point mlc uses
+   cl-devices   every platform's devices, numbered in order; a device's name and properties
+   cl-state     a context's state (queue, program, kernel cache, settings), OpenCL errors, buffers
+   cl-kernels   the OpenCL C source (formulas from mlc.h's tables, then the kernels), its lazy
+                build, and the launcher that sets a kernel's arguments and runs it
+   cl-buffers   tensors' buffers: uploads, fills, and a tensor's or gradient's cl_mem for an op
+   cl-ops       each op family's forward and backward, as calls of the kernels
+   cl-backend   the backend's entries: which ops run here, dispatch by op, optimiser steps, fills,
+                copies, waits, closing, and the table mlc.h registers (mlc__opencl_backend)
+   cl-open      opening a device: "opencl", "opencl:N", "best", or a piece of a device's name
+
 LINKING
    Nothing at build time: the OpenCL library (libOpenCL.so.1, OpenCL.framework, OpenCL.dll) is
    opened at run time, so one binary runs with or without an OpenCL driver (mlc_devices then
@@ -17,11 +30,12 @@ LINKING
 WHAT RUNS ON THE DEVICE
    OpenCL 1.2 and OpenCL C 1.2, float32 only, no relaxed maths (the CPU loops are the reference
    and tests compare against them). Every op family of mlc.h has kernels, forward and backward
-   (the table mlc__cl_families), as have the SGD/Adam/AdamW/RMSprop steps and fills; an op a
-   future family lacks runs on the CPU through copies (mlc_stats.fallbacks). Gradients of
-   broadcast add/sub/mul/div operands are summed by one work-item per operand element, in the
-   CPU's order, so they are deterministic; index_select, gather and where add their gradients
-   with atomics (a compare-and-swap loop), so those sums may differ in the last bits run to run.
+   (the table mlc__cl_kernels, checked against mlc.h's MLC__OPS), as have the SGD/Adam/AdamW/
+   RMSprop steps and fills; an op a future family lacks runs on the CPU through copies
+   (mlc_stats.fallbacks). Gradients of broadcast add/sub/mul/div operands are summed by one
+   work-item per operand element, in the CPU's order, so they are deterministic; index_select,
+   gather and where add their gradients with atomics (a compare-and-swap loop), so those sums
+   may differ in the last bits run to run.
 
 MEMORY
    mlc.h keeps the books (mlc__device_alloc): long-lived tensors' buffers go with
@@ -69,7 +83,7 @@ LIMITS
 #endif
 
 /* ============================================================================================
-   The OpenCL library, opened at run time: every entry point mlc uses, in one table
+   @section cl-library  The OpenCL library, opened at run time: every entry point mlc uses, in one table
    ============================================================================================ */
 
 typedef struct mlc__cl_api {
@@ -153,7 +167,7 @@ static int mlc__cl_load(void) {
 }
 
 /* ============================================================================================
-   Devices: every platform's devices, numbered in order (N in "opencl:N")
+   @section cl-devices  Devices: every platform's devices, numbered in order (N in "opencl:N")
    ============================================================================================ */
 
 #define MLC__CL_MAX_DEVICES 64
@@ -214,7 +228,7 @@ static void mlc__cl_describe(cl_platform_id platform, cl_device_id device, int i
     info->compute_units = (int)units;
 }
 
-static int mlc__opencl_devices(mlc_device_info *out, int max) {
+static int mlc__cl_devices(mlc_device_info *out, int max) {
     cl_platform_id platforms[MLC__CL_MAX_DEVICES];
     cl_device_id devices[MLC__CL_MAX_DEVICES];
     int count = mlc__cl_enumerate(platforms, devices), i;
@@ -223,12 +237,12 @@ static int mlc__opencl_devices(mlc_device_info *out, int max) {
 }
 
 /* ============================================================================================
-   The context's state: queue, program, kernels, and the buffer lists
+   @section cl-state  The context's state: queue, program, kernels, and the buffer lists
    ============================================================================================ */
 
 
 /* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
-   a slot for each kernel and no limit to outgrow. */
+   a slot for each kernel, however many the program holds. */
 #define MLC__CL_KERNELS(X) \
     X(gemm_64x64) X(gemm_128x64) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) \
     X(binary_grad) X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) \
@@ -328,7 +342,7 @@ static cl_mem mlc__cl_scratch(mlc_ctx *ctx, size_t n) {
 }
 
 /* ============================================================================================
-   Kernels: the source, the lazy build, and the launcher
+   @section cl-kernels  Kernels: the source, the lazy build, and the launcher
    Every kernel is 1-D over n elements, its global size rounded up to the work-group size and
    guarded with `if (i >= n) return;`. The formulas are mlc.h's, in the same order of
    operations, with contraction into fma turned off, so results match the CPU to a few ulp.
@@ -364,7 +378,7 @@ MLC__FORMULA_HELPERS(MLC__CL_HELPER)
 "    if (i >= n) return;\n"
 "    x = xs[i];\n"
 "    switch (kind) {\n"
-#define MLC__CL_UNARY_FORWARD(NAME, name, f, df) "    case MLC__" #NAME ": y = " #f "; break;\n"
+#define MLC__CL_UNARY_FORWARD(NAME, name, f, df) "    case MLC__UNARY_" #NAME ": y = " #f "; break;\n"
 MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 #undef MLC__CL_UNARY_FORWARD
 "    }\n"
@@ -379,7 +393,7 @@ MLC__UNARY_KINDS(MLC__CL_UNARY_FORWARD)
 "    if (i >= n) return;\n"
 "    x = xs[i]; y = ys[i];\n"
 "    switch (kind) {\n"
-#define MLC__CL_UNARY_GRAD(NAME, name, f, df) "    case MLC__" #NAME ": d = " #df "; break;\n"
+#define MLC__CL_UNARY_GRAD(NAME, name, f, df) "    case MLC__UNARY_" #NAME ": d = " #df "; break;\n"
 MLC__UNARY_KINDS(MLC__CL_UNARY_GRAD)
 #undef MLC__CL_UNARY_GRAD
 "    }\n"
@@ -426,7 +440,8 @@ static const char *const mlc__cl_source[] = {
 "        oa += c * sa[d]; ob += c * sb[d];\n"
 "    }\n"
 "    x = a[oa]; z = b[ob];\n"
-"    y[i] = kind == MLC__ADD ? x + z : kind == MLC__SUB ? x - z : kind == MLC__MUL ? x * z : x / z;\n"
+"    y[i] = kind == MLC__BINARY_ADD ? x + z : kind == MLC__BINARY_SUB ? x - z\n"
+"         : kind == MLC__BINARY_MUL ? x * z : x / z;\n"
 "}\n"
 "/* binary backward for one operand (side 0: a, 1: b): one work-item per element j of it,\n"
 "   summing over the positions it was stretched to, in the output's order (as the CPU does) */\n"
@@ -457,9 +472,9 @@ static const char *const mlc__cl_source[] = {
 "            o += c * sout[d]; q += c * sother[d];\n"
 "        }\n"
 "        gv = g[o];\n"
-"        if (kind == MLC__ADD) acc += gv;\n"
-"        else if (kind == MLC__SUB) acc = side == 0 ? acc + gv : acc - gv;\n"
-"        else if (kind == MLC__MUL) acc += gv * (side == 0 ? b[q] : a[q]);\n"
+"        if (kind == MLC__BINARY_ADD) acc += gv;\n"
+"        else if (kind == MLC__BINARY_SUB) acc = side == 0 ? acc + gv : acc - gv;\n"
+"        else if (kind == MLC__BINARY_MUL) acc += gv * (side == 0 ? b[q] : a[q]);\n"
 "        else if (side == 0) acc += gv / b[q];\n"
 "        else acc -= gv * a[q] / (b[j] * b[j]);\n"
 "    }\n"
@@ -472,7 +487,7 @@ static const char *const mlc__cl_source[] = {
 "   sizes.s<k> elements, its gradient sg<k> and state buffers sa<k>, sb<k>, sc<k> (stand-ins where the\n"
 "   rule keeps none), from work-item starts.s<k> on, a multiple of the work-group size, so that a\n"
 "   work-group finds one slot (unused slots start past the launch). A work-item finds its slot with\n"
-"   selects, not branches (with branches PoCL no longer vectorised the work-items), its p, g, state\n"
+"   selects, not branches (branches keep PoCL from vectorising the work-items), its p, g, state\n"
 "   buffers (named as the rule names them) and j, its element there. */\n"
 "#define MLC_SLOT(k) __global float *sp##k, __global const float *sg##k, __global float *sa##k, \\\n"
 "    __global float *sb##k, __global float *sc##k\n"
@@ -541,8 +556,8 @@ static const char *const mlc__cl_source[] = {
 "   memory. Each work-item loads its share of the next slice into registers (ra, rb) while the\n"
 "   group multiplies the current one; loads run along whichever index is contiguous in memory\n"
 "   (k for A untransposed, the row for A transposed; the column for B, k for B transposed).\n"
-"   Tiles of 64 x 64 (WM = WN = 4) and 128 x 64 (WM = 8); on an H100 these ran at half of cuBLAS\n"
-"   or better from n = 512 up, where 128 x 128 tiles (8 x 8 each) ran slower (bench/RESULTS.md). */\n"
+"   Tiles of 64 x 64 (WM = WN = 4) and 128 x 64 (WM = 8): the larger 128 x 128 tile (8 x 8 each)\n"
+"   measured slower (figures: bench/RESULTS.md). */\n"
 "float mlc_gemm_a(__global const float *A, int ta, int M, int K, int row, int k) {\n"
 "    return row < M && k < K ? (ta ? A[k * M + row] : A[row * K + k]) : 0.0f;\n"
 "}\n"
@@ -779,7 +794,7 @@ static const char *const mlc__cl_source[] = {
 "    }\n"
 "    dx[at] = mlc_plus(beta, dx + at, s);\n"
 "}\n",
-"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__SUM... ----"
+"/* ---- reductions over an axis, x viewed as [outer, len, inner]; kinds as mlc.h's MLC__REDUCE_SUM... ----"
 " */\n""/* Σ x[i inner] for i < len, Kahan-compensated */\n"
 "float mlc_sum_strided(__global const float *x, int len, int inner) {\n"
 "    float s = 0.0f, c = 0.0f, y, t;\n"
@@ -794,21 +809,21 @@ static const char *const mlc__cl_source[] = {
 "    if (at >= outer * inner) return;\n"
 "    o = at / inner; k = at % inner;\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == MLC__MAX || kind == MLC__ARGMAX) {    /* the first NaN wins, like the CPU */\n"
+"    if (kind == MLC__REDUCE_MAX || kind == MLC__REDUCE_ARGMAX) {    /* the first NaN wins, like the CPU */\n"
 "        best = x[0];\n"
 "        for (i = 1; i < len && !isnan(best); i++)\n"
 "            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
-"        y[at] = kind == MLC__MAX ? best : (float)best_at;\n"
+"        y[at] = kind == MLC__REDUCE_MAX ? best : (float)best_at;\n"
 "        return;\n"
 "    }\n"
 "    s = mlc_sum_strided(x, len, inner);                 /* compensated: the CPU sums in double */\n"
-"    if (kind == MLC__VAR) {\n"
+"    if (kind == MLC__REDUCE_VAR) {\n"
 "        mean = s / len; s = 0.0f;\n"
 "        for (i = 0; i < len; i++) s += (x[i * inner] - mean) * (x[i * inner] - mean);\n"
 "        y[at] = s / (float)(len - unbiased);\n"
 "        return;\n"
 "    }\n"
-"    y[at] = kind == MLC__MEAN ? s / len : s;\n"
+"    y[at] = kind == MLC__REDUCE_MEAN ? s / len : s;\n"
 "}\n"
 "\n"
 "__kernel void mlc_reduce_grad(int kind, int outer, int len, int inner, int unbiased,\n"
@@ -819,20 +834,20 @@ static const char *const mlc__cl_source[] = {
 "    k = at % inner; me = (at / inner) % len; o = at / (inner * len);\n"
 "    gv = g[o * inner + k];\n"
 "    x += o * len * inner + k;\n"
-"    if (kind == MLC__MAX) {\n"
+"    if (kind == MLC__REDUCE_MAX) {\n"
 "        best = x[0];\n"
 "        for (i = 1; i < len && !isnan(best); i++)\n"
 "            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
 "        if (best_at == me) dx[at] += gv;\n"
 "        return;\n"
 "    }\n"
-"    if (kind == MLC__VAR) {\n"
+"    if (kind == MLC__REDUCE_VAR) {\n"
 "        for (i = 0; i < len; i++) s += x[i * inner];\n"
 "        mean = s / len;\n"
 "        dx[at] += gv * 2.0f * (x[me * inner] - mean) / (float)(len - unbiased);\n"
 "        return;\n"
 "    }\n"
-"    dx[at] += kind == MLC__MEAN ? gv / len : gv;\n"
+"    dx[at] += kind == MLC__REDUCE_MEAN ? gv / len : gv;\n"
 "}\n"
 "\n"
 "/* ---- softmax over an axis: y = e^(x - m) / Σ, log: x - m - log Σ ---- */\n"
@@ -944,7 +959,7 @@ static const char *const mlc__cl_source[] = {
 "    if (i >= n) return;\n"
 "    x = p[i]; t = ts[i];\n"
 "    switch (kind) {\n"
-#define MLC__CL_LOSS_FORWARD(NAME, name, l, dx, dt) "    case MLC__" #NAME ": l[i] = " #l "; break;\n"
+#define MLC__CL_LOSS_FORWARD(NAME, name, l, dx, dt) "    case MLC__LOSS_" #NAME ": l[i] = " #l "; break;\n"
 MLC__POINTWISE_LOSSES(MLC__CL_LOSS_FORWARD)
 #undef MLC__CL_LOSS_FORWARD
 "    }\n"
@@ -960,7 +975,7 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_FORWARD)
 "    x = p[i]; t = ts[i];\n"
 "    switch (kind) {\n"
 #define MLC__CL_LOSS_GRAD(NAME, name, l, dx, dt) \
-    "    case MLC__" #NAME ": dx = " #dx "; dt_ = " #dt "; break;\n"
+    "    case MLC__LOSS_" #NAME ": dx = " #dx "; dt_ = " #dt "; break;\n"
 MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 #undef MLC__CL_LOSS_GRAD
 "    }\n"
@@ -1265,7 +1280,7 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "}\n"
 };
 
-/* "#define MLC__NAME i" for each kind of a formula family, so kernels name kinds as mlc.h does */
+/* "#define MLC__<NAME> i" for each kind of a formula family, so kernels name kinds as mlc.h does */
 static void mlc__cl_define_kinds(char *prelude, size_t size, const char *const *names, int count) {
     int i;
     for (i = 0; i < count; i++) {
@@ -1283,11 +1298,11 @@ static size_t mlc__cl_group_bytes(int slots) {
 /* The program's head: mlc.h's enum values (the kinds the formulas switch on) as #defines. */
 static void mlc__cl_prelude(char *prelude, size_t size, int slots) {
     mlc__format(prelude, size,
-                "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__ADD %d\n#define MLC__SUB %d\n"
-                "#define MLC__MUL %d\n#define MLC__DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
+                "#pragma OPENCL FP_CONTRACT OFF\n#define MLC__BINARY_ADD %d\n#define MLC__BINARY_SUB %d\n"
+                "#define MLC__BINARY_MUL %d\n#define MLC__BINARY_DIV %d\n#define MLC_REDUCE_MEAN %d\n#define"
                 " MLC_REDUCE_NONE %d\n#define MLC_SLOT_COUNT %d\n",
-                (int)MLC__ADD, (int)MLC__SUB, (int)MLC__MUL, (int)MLC__DIV, (int)MLC_REDUCE_MEAN,
-                (int)MLC_REDUCE_NONE, slots);
+                (int)MLC__BINARY_ADD, (int)MLC__BINARY_SUB, (int)MLC__BINARY_MUL, (int)MLC__BINARY_DIV,
+                (int)MLC_REDUCE_MEAN, (int)MLC_REDUCE_NONE, slots);
     mlc__cl_define_kinds(prelude, size, mlc__unary_kind_names, MLC__UNARY_COUNT);
     mlc__cl_define_kinds(prelude, size, mlc__reduce_kind_names, MLC__REDUCE_COUNT);
     mlc__cl_define_kinds(prelude, size, mlc__loss_kind_names, MLC__LOSS_COUNT);
@@ -1444,7 +1459,7 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
 }
 
 /* ============================================================================================
-   Tensors' buffers: copies, fills, and the helpers kernels take their arguments from
+   @section cl-buffers  Tensors' buffers: copies, fills, and the helpers kernels take their arguments from
    ============================================================================================ */
 
 static int mlc__cl_fill_mem(mlc_ctx *ctx, cl_mem mem, size_t count, float value) {
@@ -1492,7 +1507,7 @@ static cl_mem mlc__cl_grad_over(mlc_ctx *ctx, mlc_tensor *t, float *beta) {
 }
 
 /* ============================================================================================
-   Op families, each named by its CPU backward function (the node's identity)
+   @section cl-ops  Op families, each named by its CPU backward function (the node's identity)
    ============================================================================================ */
 
 static int mlc__cl_unary(mlc_ctx *ctx, mlc__node *call) {
@@ -1541,7 +1556,7 @@ static int mlc__cl_copy(mlc_ctx *ctx, mlc__node *call) {
 static int mlc__cl_accumulate_backward(mlc_ctx *ctx, mlc__node *nd) {
     mlc_tensor *x = nd->in[0], *y = nd->out;
     cl_ulong n = y->size;
-    cl_float beta;
+    cl_float beta = 0.0f;                   /* read below even when gm is NULL */
     cl_mem gm, gxm;
     if (!x->requires_grad) return 1;
     gm = mlc__cl_grad_in(ctx, y);
@@ -1777,10 +1792,11 @@ static int mlc__cl_conv_layout(mlc_ctx *ctx, const mlc__conv *cv, int first, int
     return mlc__cl_run(ctx, MLC__CL_K_conv_layout, (size_t)nb * cv->O * P, args, 9);
 }
 
-/* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args) */
-static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, cl_int8 q, cl_int8 r, cl_mem xm,
-                          cl_ulong x_off, cl_mem col) {
-    mlc__cl_arg args[] = { MLC__CL_ARG(q), MLC__CL_ARG(r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off),
+/* col = im2col of nb images' group from x_off on (q, r from mlc__cl_conv_args; by pointer, since
+   gcc notes an ABI change for passing 32-byte vector types such as cl_int8 by value) */
+static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, const cl_int8 *q, const cl_int8 *r,
+                          cl_mem xm, cl_ulong x_off, cl_mem col) {
+    mlc__cl_arg args[] = { MLC__CL_ARG(*q), MLC__CL_ARG(*r), MLC__CL_ARG(xm), MLC__CL_ARG(x_off),
                            MLC__CL_ARG(col) };
     return mlc__cl_run(ctx, MLC__CL_K_im2col,
                        (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
@@ -1805,7 +1821,7 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
         mlc__cl_conv_args(cv, nb, &q, &r);
         for (g = 0; g < cv->groups; g++) {
             cl_ulong x_off = ((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W;
-            if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 1;
+            if (!mlc__cl_im2col(ctx, cv, nb, &q, &r, xm, x_off, col)) return 1;
             if (!mlc__cl_gemm(ctx, 0, 0, Og, nb * P, rows, wm, (size_t)g * Og * rows, 0, col, 0, 0, 0.0f,
                               yg, (size_t)g * Og * nb * P, 0, 1, NULL)) return ctx->error != 0;
         }
@@ -1843,7 +1859,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
             cl_ulong x_off = ((size_t)first * cv->C + (size_t)g * Cg) * cv->H * cv->W;
             size_t dy_off = (size_t)g * Og * nb * P;
             if (gw) {
-                if (!mlc__cl_im2col(ctx, cv, nb, q, r, xm, x_off, col)) return 0;
+                if (!mlc__cl_im2col(ctx, cv, nb, &q, &r, xm, x_off, col)) return 0;
                 if (!mlc__cl_gemm(ctx, 0, 1, Og, rows, nb * P, dyg, dy_off, 0, col, 0, 0, first ? 1.0f : bw,
                                   gw, (size_t)g * Og * rows, 0, 1, NULL))
                     return 0;
@@ -2362,11 +2378,11 @@ static int mlc__cl_attention(mlc_ctx *ctx, mlc__node *call, int backward) {
 }
 
 /* ============================================================================================
-   The backend table's entries
+   @section cl-backend  The backend table's entries
    ============================================================================================ */
 
 /* Which ops have kernels here: all of them (each with its forward and its backward). */
-#define MLC__CL_HAS_KERNELS(name, backward) 1,
+#define MLC__CL_HAS_KERNELS(name, forward, backward) 1,
 static const unsigned char mlc__cl_kernels[] = { MLC__OPS(MLC__CL_HAS_KERNELS) };
 #undef MLC__CL_HAS_KERNELS
 typedef char mlc__cl_kernels_cover_every_op[sizeof mlc__cl_kernels == MLC__OP_COUNT ? 1 : -1];
@@ -2551,16 +2567,18 @@ static void mlc__cl_destroy(mlc_ctx *ctx) {
     ctx->device = NULL;
 }
 
-static int mlc__opencl_open(mlc_ctx *ctx, const char *spec);
-static int mlc__opencl_devices(mlc_device_info *out, int max);
-static const mlc__backend mlc__opencl_backend = { "opencl",        mlc__opencl_open, mlc__opencl_devices,
+static int mlc__cl_open(mlc_ctx *ctx, const char *spec);
+static int mlc__cl_devices(mlc_device_info *out, int max);
+/* The one internal not named mlc__cl_*: mlc.h's backend registry and the tests know each backend
+   by the name mlc__<backend>_backend, so this stays mlc__opencl_backend. */
+static const mlc__backend mlc__opencl_backend = { "opencl",        mlc__cl_open,     mlc__cl_devices,
                                                   mlc__cl_kernels, mlc__cl_run_op,   mlc__cl_step,
                                                   mlc__cl_fill,    mlc__cl_upload,   mlc__cl_download,
                                                   mlc__cl_create,  mlc__cl_release,  mlc__cl_wait,
                                                   mlc__cl_destroy };
 
 /* ============================================================================================
-   Opening a device: "opencl", "opencl:N", "best", or a piece of a device's name
+   @section cl-open  Opening a device: "opencl", "opencl:N", "best", or a piece of a device's name
    ============================================================================================ */
 
 static int mlc__cl_lower(int c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; }
@@ -2622,7 +2640,7 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     return 1;
 }
 
-static int mlc__opencl_open(mlc_ctx *ctx, const char *spec) {
+static int mlc__cl_open(mlc_ctx *ctx, const char *spec) {
     cl_platform_id platforms[MLC__CL_MAX_DEVICES];
     cl_device_id devices[MLC__CL_MAX_DEVICES];
     int is_best = strcmp(spec, "best") == 0, index = -1, count, i;

@@ -1,14 +1,15 @@
-/* The device machinery without OpenCL: a fake backend whose "device buffers" are separate
-   malloc'd copies, and the test contexts (test_ctx, test_adopt, test_destroy) of every suite.
-   This file holds the implementation (MLC_IMPLEMENTATION), so mlc's internals are visible.
+/* The device machinery without OpenCL, and the test contexts (test_ctx, test_adopt,
+   test_destroy) of every suite. This file holds the implementation (MLC_IMPLEMENTATION), so
+   mlc's internals are visible.
 
-   The fake device has no kernels by default: forward, backward and step decline, so every op
-   on it falls back to the CPU through the host copies, exactly as an op a real backend lacks.
-   Its buffers are malloc'd through mlc's books (mlc__device_alloc), as a real backend's are,
-   and hold NaN until written (so a read of what nobody wrote shows): uploads and downloads copy
-   and count (mlc_stats), long-lived tensors' buffers go when the tensor is freed or moved home,
-   and a frame's temporaries become spares at mlc_frame_end.
-   Three switches for the tests here:
+   The fake device is examples/backend_skeleton.c, included here whole (less its main): the
+   documented starting point for a new backend, so the tests keep it working. Its buffers are
+   malloc'd through mlc's books (mlc__device_alloc), as a real backend's are, and hold NaN until
+   written (so a read of what nobody wrote shows): uploads and downloads copy and count
+   (mlc_stats), long-lived tensors' buffers go when the tensor is freed or moved home, and a
+   frame's temporaries become spares at mlc_frame_end. By default it declines every op, step
+   and all, so each falls back to the CPU through the host copies, exactly as an op a real
+   backend lacks. Its test hooks (fields of fake_device) for the tests here:
      kernel_neg  mlc_neg runs "on the device" (forward and backward on the device buffers), so
                  an output whose host copy is out of date, downloads, and a gradient written
                  on the device can be tested;
@@ -18,165 +19,15 @@
                  gradient) are both marked current must hold the same values in both (else
                  someone wrote t->data without telling mlc, or mlc's books are wrong), and a
                  host copy of the data marked newer is uploaded. MLC_TEST_FAKE_DEVICE=1 runs the
-                 whole suite this way, which checks the suites' own reads and writes too. */
+                 whole suite this way, which checks the suites' own reads and writes too;
+     limit_bytes a device that holds no more than this. */
 #define _POSIX_C_SOURCE 200112L   /* setenv, dup, dup2 */
-#define MLC_IMPLEMENTATION
-#define MLC_EXTRA_BACKEND test_fake_backend   /* the registry offers "fake" to mlc_create */
+#define BACKEND_SKELETON_NO_MAIN
+#include "../examples/backend_skeleton.c"   /* MLC_IMPLEMENTATION, and "fake" in the registry */
 #include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include "test.h"
-
-/* ---- the fake backend ------------------------------------------------------------------- */
-
-typedef struct fake_step_call { int first, count, done; } fake_step_call;   /* one call of step */
-#define FAKE_STEPS 64
-typedef struct fake_device {
-    int kernel_neg, kernel_step, verify;
-    fake_step_call steps[FAKE_STEPS];   /* the first calls of step */
-    int n_steps;
-    size_t limit_bytes;             /* > 0: a "device" that holds no more than this */
-    const char *op;                 /* the op being run, for messages */
-} fake_device;
-
-/* t's data (grad 0) or gradient buffer on the device, made when missing. */
-static float *fake_buffer(mlc_tensor *t, int grad) {
-    const char *op = ((fake_device *)t->ctx->device)->op;
-    return (float *)mlc__buffer_of(t, grad, op ? op : "fake device");
-}
-
-static void *fake_create(mlc_ctx *ctx, size_t bytes) {
-    fake_device *fd = (fake_device *)ctx->device;
-    void *buffer;
-    if (fd->limit_bytes && ctx->stats.device_bytes_current + bytes > fd->limit_bytes) return NULL;   /* full */
-    if ((buffer = malloc(bytes)) != NULL) memset(buffer, 0xff, bytes);   /* all bits set: NaN */
-    return buffer;
-}
-static void fake_free(mlc_ctx *ctx, void *buffer) { (void)ctx; free(buffer); }
-static void fake_wait(mlc_ctx *ctx, int all) { (void)ctx; (void)all; }
-
-static int fake_upload(mlc_tensor *t, int grad) {
-    float *dst = fake_buffer(t, grad);
-    const float *src = grad ? t->grad : t->data;
-    if (!dst) return 0;
-    if (!src) { mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no host %s to upload", t, grad ? "gradient" : "data"); return 0; }
-    memcpy(dst, src, t->size * sizeof(float));
-    t->ctx->stats.uploads++;
-    return 1;
-}
-
-static int fake_download(mlc_tensor *t, int grad) {
-    const float *src = (const float *)(grad ? t->device_grad : t->device_data);
-    float *dst = grad ? t->grad : t->data;
-    if (!src || !dst) { mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no device %s to download", t, grad ? "gradient" : "data"); return 0; }
-    memcpy(dst, src, t->size * sizeof(float));
-    t->ctx->stats.downloads++;
-    return 1;
-}
-
-static int fake_fill(mlc_tensor *t, int grad, float value) {
-    float *d = fake_buffer(t, grad);
-    size_t i;
-    if (!d) return 0;
-    for (i = 0; i < t->size; i++) d[i] = value;
-    return 1;
-}
-
-static void fake_destroy(mlc_ctx *ctx) {
-    free(ctx->device);
-    ctx->device = NULL;
-    ctx->backend = NULL;
-}
-
-/* verify: both copies marked current must agree; a newer host copy of the data goes up. */
-static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
-    const unsigned grad_stale = MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO;
-    if (!t || !t->on_device) return 1;
-    if (t->grad && t->device_grad && !(t->stale & grad_stale) &&
-        memcmp(t->grad, t->device_grad, t->size * sizeof(float)) != 0) {
-        mlc__fail(ctx, MLC_ERR_DEVICE, "fake device: %s: the gradient copies of input %d %T are both marked "
-                  "current but differ", op, k, t);
-        return 0;
-    }
-    if (t->stale & MLC__DEVICE_STALE) {
-        if (!fake_upload(t, 0)) return 0;
-        t->stale &= ~(unsigned)MLC__DEVICE_STALE;
-    } else if (!(t->stale & MLC__HOST_STALE) && t->device_data &&
-               memcmp(t->data, t->device_data, t->size * sizeof(float)) != 0) {
-        mlc__fail(ctx, MLC_ERR_DEVICE, "fake device: %s: the host copy of input %d %T changed without mlc_write "
-                  "(its device copy differs)", op, k, t);
-        return 0;
-    }
-    return 1;
-}
-
-/* y = -x on the device buffers; dx = -dy + beta dx (through the core's books: mlc__device_in,
-   mlc__device_out, mlc__device_grad, mlc__device_grad_to_overwrite, as a real backend's
-   launchers use them) */
-static int fake_neg(mlc_ctx *ctx, mlc__node *n, int backward) {
-    mlc_tensor *x = n->in[0], *y = n->out;
-    const float *src;
-    float *dst, beta;
-    size_t i;
-    if (!backward) {
-        if (!fake_check(ctx, x, n->name, 0)) return 0;
-        src = (const float *)mlc__device_in(x);
-        dst = (float *)mlc__device_out(y, n->name);
-        if (!src || !dst) return 0;
-        for (i = 0; i < y->size; i++) dst[i] = -src[i];
-        return 1;
-    }
-    if (!x->requires_grad) return 1;
-    src = (const float *)mlc__device_grad(y, 0, n->name);
-    dst = src ? (float *)mlc__device_grad_to_overwrite(x, &beta, n->name) : NULL;
-    if (!dst) return 0;
-    for (i = 0; i < x->size; i++) dst[i] = beta != 0.0f ? beta * dst[i] - src[i] : -src[i];
-    return 1;
-}
-
-/* The fake offers every op (so verify sees each one's inputs) and runs only mlc_neg, when
-   kernel_neg is set; it declines the rest, which then fall back to the CPU. */
-static int fake_run(mlc_ctx *ctx, mlc__node *n, int backward) {
-    fake_device *fd = (fake_device *)ctx->device;
-    int k;
-    fd->op = n->name;
-    if (!backward && fd->verify)
-        for (k = 0; k < n->n_in; k++) if (!fake_check(ctx, n->in[k], n->name, k)) return 0;
-    if (fd->kernel_neg && n->op == MLC__OP_UNARY && n->args.unary.kind == MLC__NEG) return fake_neg(ctx, n, backward);
-    return 0;
-}
-#define FAKE_OFFERS(name, backward) 1,
-static const unsigned char fake_kernels[] = { MLC__OPS(FAKE_OFFERS) };
-
-/* Declines (the CPU updates parameter `first`), or with kernel_step updates up to 3 of the run
-   "on the device": the CPU's loops on the device buffers. Each call is recorded in steps[]. */
-static int fake_step(mlc_optim *opt, int first, int count) {
-    fake_device *fd = (fake_device *)opt->ctx->device;
-    int done = fd->kernel_step ? (count < 3 ? count : 3) : 0, i, k;
-    if (fd->n_steps < FAKE_STEPS) {
-        fake_step_call call = { first, count, done };
-        fd->steps[fd->n_steps++] = call;
-    }
-    for (i = first; fd->verify && i < first + (done ? done : 1); i++) {   /* the parameters it reads */
-        if (!fake_check(opt->ctx, opt->params[i], "mlc_step", 0)) return 0;
-        for (k = 0; k < 3; k++) if (!fake_check(opt->ctx, opt->state[3 * i + k], "mlc_step", 1 + k)) return 0;
-    }
-    for (i = first; i < first + done; i++) {
-        mlc_tensor *p = opt->params[i], **st = opt->state + 3 * i;
-        float *pd = (float *)mlc__device_in(p), *g = (float *)mlc__device_grad(p, 0, "mlc_step"), *s[3];
-        for (k = 0; k < 3; k++) s[k] = st[k] ? (float *)mlc__device_in(st[k]) : NULL;
-        if (!pd || !g || (st[0] && !s[0]) || (st[1] && !s[1]) || (st[2] && !s[2])) return 0;
-        mlc__update(opt, p->size, pd, g, s[0], s[1], s[2]);
-    }
-    return done;
-}
-
-static int fake_open(mlc_ctx *ctx, const char *spec);
-static const mlc__backend fake_backend = {
-    "fake", fake_open, NULL, fake_kernels, fake_run, fake_step, fake_fill, fake_upload, fake_download,
-    fake_create, fake_free, fake_wait, fake_destroy
-};
-static const mlc__backend *test_fake_backend(void) { return &fake_backend; }
 
 const float *test_optim_state(mlc_optim *opt, int i, int k) {
     return opt->state[3 * i + k] ? mlc_host_data(opt->state[3 * i + k]) : NULL;
@@ -198,20 +49,8 @@ void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
 
 /* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
-    fake_device *fd;
-    if (!ctx || ctx->error || ctx->backend) return ctx;
-    fd = (fake_device *)calloc(1, sizeof *fd);
-    if (!fd) { mlc__fail(ctx, MLC_ERR_MEMORY, "fake device: out of memory"); return ctx; }
-    ctx->device = fd;
-    ctx->backend = &fake_backend;
+    fake_install(ctx);
     return ctx;
-}
-
-/* mlc_create's device "fake" (through the registry, as any backend is opened). */
-static int fake_open(mlc_ctx *ctx, const char *spec) {
-    if (strcmp(spec, "fake") != 0) return 0;
-    test_install_fake_device(ctx);
-    return !ctx->error;
 }
 
 static fake_device *fake_of(mlc_ctx *ctx) { return ctx && ctx->backend == &fake_backend ? (fake_device *)ctx->device : NULL; }
@@ -647,6 +486,15 @@ static const char *opencl_spec(void) {
     return spec && *spec && strcmp(spec, "cpu") != 0 ? spec : "opencl";
 }
 
+/* A context of its own on the test's OpenCL device that logs nothing (its errors are expected) */
+static mlc_ctx *opencl_quiet_ctx(void) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.device = opencl_spec();
+    c.quiet = 1;
+    return mlc_create(&c);
+}
+
 /* mlc_device_name says which device: "opencl:N <the driver's device name>" */
 static int opencl_device_named(void) {
     mlc_device_info rows[4];
@@ -767,14 +615,9 @@ static int opencl_gemm_kernels_agree(void) {
    and both sizes, and nothing is launched (mlc_binary's take 240 bytes, its broadcast shape and
    strides first so that they need no padding) */
 static int opencl_argument_bytes_checked(void) {
-    mlc_config c;
-    mlc_ctx *ctx;
+    mlc_ctx *ctx = opencl_quiet_ctx();
     mlc_tensor *x;
     size_t launched;
-    memset(&c, 0, sizeof c);
-    c.device = opencl_spec();
-    c.quiet = 1;
-    ctx = mlc_create(&c);
     CHECK(ctx && mlc_has_device(ctx) && test_device_max_args(ctx, 239));
     x = mlc_from_data(ctx, MLC_SHAPE(3), ((const float[]){ 1, 2, 3 }));
     launched = mlc_get_stats(ctx).launches;
@@ -786,8 +629,23 @@ static int opencl_argument_bytes_checked(void) {
     return 1;
 }
 
+/* Standard output and error to /dev/null and back (saved: the two originals), for a compiler
+   that prints its own diagnostics */
+static void silence_begin(int saved[2]) {
+    int null = open("/dev/null", O_WRONLY);
+    fflush(stdout); fflush(stderr);
+    saved[0] = dup(1); saved[1] = dup(2);
+    if (null >= 0) { dup2(null, 1); dup2(null, 2); close(null); }
+}
+static void silence_end(const int saved[2]) {
+    fflush(stdout); fflush(stderr);
+    if (saved[0] >= 0) { dup2(saved[0], 1); close(saved[0]); }
+    if (saved[1] >= 0) { dup2(saved[1], 2); close(saved[1]); }
+}
+
 /* A kernel build that fails (here: options that break one kernel) is MLC_ERR_DEVICE naming
-   the device with the compiler's log; the op returns NULL, nothing crashes, data stays. */
+   the device with the compiler's log; the op returns NULL, nothing crashes, data stays. The
+   formula tables still build alone, so the message is the whole program's. */
 static int opencl_build_failure(void) {
     mlc_config c;
     mlc_ctx *ctx;
@@ -801,14 +659,11 @@ static int opencl_build_failure(void) {
     CHECK(ctx && mlc_has_device(ctx));
     x = mlc_from_data(ctx, MLC_SHAPE(3), values);
     {   /* the OpenCL compiler may print its diagnostics itself ("3 errors generated."): not here */
-        int out = dup(1), err = dup(2), null = open("/dev/null", O_WRONLY);
+        int saved[2];
         mlc_tensor *y;
-        fflush(stdout); fflush(stderr);
-        if (null >= 0) { dup2(null, 1); dup2(null, 2); close(null); }
+        silence_begin(saved);
         y = mlc_neg(x);
-        fflush(stdout); fflush(stderr);
-        if (out >= 0) { dup2(out, 1); close(out); }
-        if (err >= 0) { dup2(err, 2); close(err); }
+        silence_end(saved);
         CHECK(y == NULL);
     }
     unsetenv("MLC_OPENCL_OPTIONS");
@@ -816,6 +671,33 @@ static int opencl_build_failure(void) {
               "%.400s", mlc_error_message(ctx));
     mlc_clear_error(ctx);
     CHECK(mlc_read(x, back, 3) == MLC_OK && back[0] == 1 && back[1] == 2 && back[2] == 3);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* The program's formula pieces (mlc.h's MLC__FORMULA_HELPERS and MLC__UNARY_KINDS, nothing else)
+   build by themselves; and a formula that calls a helper outside the table (as a new row of
+   MLC__UNARY_KINDS would that used a helper written in C only) fails that build with the
+   compiler's words naming the helper. */
+static int opencl_formulas_build_alone(void) {
+    enum { FORMULAS = sizeof mlc__cl_formulas / sizeof mlc__cl_formulas[0] };
+    const char *pieces[FORMULAS + 1];
+    mlc_ctx *ctx = opencl_quiet_ctx();
+    int i;
+    CHECK(ctx && mlc_has_device(ctx));
+    CHECK_MSG(mlc__cl_check_formulas(ctx), "%.400s", mlc_error_message(ctx));
+    for (i = 0; i < FORMULAS; i++) pieces[i] = mlc__cl_formulas[i];
+    pieces[FORMULAS] = "float mlc__new_row(float x) { return mlc__no_such_helper(x) * mlc__sigmoidf(x); }\n";
+    {   /* the OpenCL compiler may print its diagnostics itself: not here */
+        int saved[2];
+        cl_program program;
+        silence_begin(saved);
+        program = mlc__cl_program(ctx, "kernel build of a new formula", pieces, FORMULAS + 1);
+        silence_end(saved);
+        CHECK(program == NULL);
+    }
+    CHECK_MSG(mlc_error(ctx) == MLC_ERR_DEVICE && strstr(mlc_error_message(ctx), "a new formula failed on ")
+              && strstr(mlc_error_message(ctx), "mlc__no_such_helper"), "%.400s", mlc_error_message(ctx));
     mlc_destroy(ctx);
     return 1;
 }
@@ -1217,6 +1099,7 @@ const test_case tests_device[] = {
     TEST(opencl_write_after_upload)
     TEST(opencl_gemm_kernels_agree)
     TEST(opencl_build_failure)
+    TEST(opencl_formulas_build_alone)
     TEST(opencl_argument_bytes_checked)
 #endif
     { NULL, NULL }
