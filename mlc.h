@@ -52,7 +52,7 @@ QUICK START
       mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 42 });
       mlc_module *l1 = mlc_nn_linear(ctx, 10, 100), *l2 = mlc_nn_linear(ctx, 100, 1);  // in order
       mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_tanh(ctx), l2, NULL);
-      mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
+      mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-3f });
       mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10)), *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
       for (int epoch = 0; epoch < 100; epoch++) {
           mlc_frame f = mlc_frame_begin(ctx);          // temporaries of one step
@@ -131,10 +131,10 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
    subnormals it is 0 in arithmetic), which mlc reads as an exact 0. It is not -0.0f: under
    -ffast-math or -fno-signed-zeros a compiler may write -0.0f as +0.0f (GCC does when it
    zero-fills a config struct), and the zero would silently become the default.
-     mlc_sgd_config      lr 0.01; momentum, dampening, weight_decay 0
-     mlc_adam_config     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01),
+     mlc_sgd_opts      lr 0.01; momentum, dampening, weight_decay 0
+     mlc_adam_opts     lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0 (AdamW: 0.01),
                          amsgrad 0
-     mlc_rmsprop_config  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
+     mlc_rmsprop_opts  lr 0.01, alpha 0.99, eps 1e-8; weight_decay, momentum 0
      batch norm          momentum 0.1, eps 1e-5 (mlc_batch_norm's arguments, module fields)
      layer norm          eps 1e-5
      mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1; the _w fields: the height's
@@ -696,24 +696,24 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    infinite or out-of-range is MLC_ERR_ARG. */
 #define MLC_ZERO 1.40129846e-45f
 /* lr 0.01 */
-typedef struct mlc_sgd_config { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_config;
+typedef struct mlc_sgd_opts { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_opts;
 /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01; amsgrad 1: divide by the largest v so far (PyTorch's
    amsgrad=True, one more state buffer, max_exp_avg_sq) */
-typedef struct mlc_adam_config {
+typedef struct mlc_adam_opts {
     float lr, beta1, beta2, eps, weight_decay;
     int amsgrad;
-} mlc_adam_config;
+} mlc_adam_opts;
 /* 0.01, .99, 1e-8 */
-typedef struct mlc_rmsprop_config {
+typedef struct mlc_rmsprop_opts {
     float lr, alpha, eps, weight_decay, momentum;
     int centered;
-} mlc_rmsprop_config;
+} mlc_rmsprop_opts;
 
 /* module may be NULL: then add parameters with mlc_optim_add_param */
-MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config config);
-MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config config);
-MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config config);
-MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config config);
+MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_opts config);
+MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_opts config);
+MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_opts config);
+MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_opts config);
 MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *param);
 MLCDEF void mlc_zero_grad(mlc_optim *opt);
 MLCDEF void mlc_step(mlc_optim *opt);
@@ -761,12 +761,12 @@ MLCDEF mlc_tensor *mlc_csv_load(mlc_ctx *ctx, const char *path, int header);
    context's RNG (Fisher-Yates from 0..N-1 at each epoch's start, so a run repeats from its
    seed). x and y must outlive the iterator, which lives until mlc_batches_free or mlc_destroy. */
 typedef struct mlc_batches mlc_batches;
-typedef struct mlc_batch_config {
+typedef struct mlc_batch_opts {
     int batch_size;                     /* 0: 32 */
     int shuffle;                        /* 1: a new order every epoch */
     int drop_last;                      /* 1: no short last batch */
-} mlc_batch_config;
-MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_config config);
+} mlc_batch_opts;
+MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_opts config);
 /* The epoch's next batch, as new tensors in the current frame ([B, ...] rows of x and y): 1.
    0 when the epoch is over (or on an error), with *x and *y NULL; the next call starts the
    next epoch. */
@@ -814,8 +814,8 @@ MLCDEF mlc_tensor *mlc_safetensors_get(mlc_safetensors *st, const char *name);
    reserved prefix "__mlc__." excepted), else an error naming them and nothing is changed.
    Partial: matching tensors load; missing, unexpected and wrongly shaped ones are skipped. */
 MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const mlc_load_opts *opts);
-MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
-                                         const mlc_load_opts *opts);
+MLCDEF mlc_result mlc_module_load_from_memory(mlc_module *m, const void *data, size_t size,
+                                              const mlc_load_opts *opts);
 /* Encode tensors as a safetensors file into buf (when cap is large enough); returns the
    file's size (0 on error). metadata: key, value, key, value, ..., NULL (or NULL). */
 MLCDEF size_t mlc_safetensors_encode(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count,
@@ -831,8 +831,8 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 typedef struct mlc_train_state { long long step, epoch; } mlc_train_state;   /* yours to count */
 MLCDEF size_t mlc_checkpoint_encode(mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
                                     void *buf, size_t cap);   /* as mlc_safetensors_encode */
-MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_module *m,
-                                             mlc_optim *opt, mlc_train_state *state);
+MLCDEF mlc_result mlc_checkpoint_load_from_memory(const void *data, size_t size, mlc_module *m,
+                                                  mlc_optim *opt, mlc_train_state *state);
 #ifndef MLC_NO_STDIO
 MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path);  /* reads it whole */
 MLCDEF mlc_result mlc_module_load(mlc_module *m, const char *path, const mlc_load_opts *opts);
@@ -846,6 +846,30 @@ MLCDEF mlc_result mlc_checkpoint_save(const char *path, mlc_module *m, mlc_optim
 MLCDEF mlc_result mlc_checkpoint_load(const char *path, mlc_module *m, mlc_optim *opt,
                                       mlc_train_state *state);
 #endif
+
+/* ============================================================================================
+   @section api-deprecated  Old names, kept for one release (0.2 removes them; CHANGELOG lists
+   them). Each still works and makes the compiler say the new name.
+   ============================================================================================ */
+#if defined(__GNUC__) || defined(__clang__)
+#define MLC__DEPRECATED(use) __attribute__((deprecated("use " use)))
+#else
+#define MLC__DEPRECATED(use)
+#endif
+typedef mlc_sgd_opts mlc_sgd_config MLC__DEPRECATED("mlc_sgd_opts");
+typedef mlc_adam_opts mlc_adam_config MLC__DEPRECATED("mlc_adam_opts");
+typedef mlc_rmsprop_opts mlc_rmsprop_config MLC__DEPRECATED("mlc_rmsprop_opts");
+typedef mlc_batch_opts mlc_batch_config MLC__DEPRECATED("mlc_batch_opts");
+MLC__DEPRECATED("mlc_module_load_from_memory")
+static inline mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
+                                                const mlc_load_opts *opts) {
+    return mlc_module_load_from_memory(m, data, size, opts);
+}
+MLC__DEPRECATED("mlc_checkpoint_load_from_memory")
+static inline mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_module *m,
+                                                    mlc_optim *opt, mlc_train_state *state) {
+    return mlc_checkpoint_load_from_memory(data, size, m, opt, state);
+}
 
 #ifdef __cplusplus
 }
@@ -2387,7 +2411,7 @@ static size_t mlc__piece_begin(size_t n, int p, int pieces) { return n * (size_t
    each thread's run of unclaimed pieces [next, end) as job << 20 | end << 10 | next (pieces <=
    MLC__MAX_THREADS * MLC__PIECES_PER_THREAD < 1024): 32 bits, which every CPU with threads can
    swap atomically (a 64-bit one on i386 sits at a 4-byte offset in the struct, and qemu-i386
-   hung on it). A claim swaps one exact value for the next (next + 1 by the owner, end - 1 by
+   hangs on it). A claim swaps one exact value for the next (next + 1 by the owner, end - 1 by
    another thread), so a value seen again 4096 jobs later can only be claimed as a piece of the
    job that holds it. */
 typedef struct mlc__workers mlc__workers;
@@ -2486,9 +2510,9 @@ static int mlc__workers_start_next(mlc__workers *pool) {
 #ifdef _OPENMP
 /* Where OpenMP binds its threads to places (OMP_PROC_BIND or OMP_PLACES set), it has bound the
    program's first thread to one place, and a thread inherits the binding of the one that
-   starts it: workers started by the caller would all share its core (the bench's MLP trained
-   on 2 threads at half its 1-thread speed, on 16 cores at a fifth to a seventh). So OpenMP's
-   thread k starts worker k, in turn, and each worker runs where OpenMP put that thread. */
+   starts it: workers started by the caller would all share its core, slower than one thread
+   (bench/RESULTS.md). So OpenMP's thread k starts worker k, in turn, and each worker runs
+   where OpenMP put that thread. */
 static void mlc__workers_start_on_places(mlc__workers *pool, int workers) {
     int k;
     MLC__OMP(omp parallel for ordered schedule(static, 1) num_threads(workers + 1))
@@ -2579,9 +2603,9 @@ static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces
 
 #if MLC__THREADS && !defined(_OPENMP) && !defined(MLC_NO_STDIO)
 /* The CPUs the calling thread may run on (Linux: what taskset, a cpuset or a binding allows;
-   its Cpus_allowed_list, such as "0-3,8"), 0 where that is not known. Every online CPU instead
-   put two threads on one allowed CPU, and under `taskset -c 0` an MLP step ran 1.75x slower
-   than on one thread. */
+   its Cpus_allowed_list, such as "0-3,8"), 0 where that is not known. Counting every online
+   CPU instead can put two threads on one allowed CPU (under `taskset -c 0`), slower than one
+   thread (bench/RESULTS.md). */
 static long mlc__cpus_allowed(void) {
     long count = 0;
 #ifdef __linux__
@@ -3031,8 +3055,7 @@ static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY
    gx += g f'(x) backward, given x and y = f(x) (or, onto a fresh gradient, gx = 0 + g f'(x):
    the same bits, without zeros written first and read back). Threads share the elements from
    64k on. f'(x) goes through a variable: GCC 12 keeps g·(x > 0 ? 1 : 0) written inline as a
-   branch (relu's backward ran scalar, mispredicting on every sign change), and vectorises it
-   this way. */
+   branch (a scalar loop that mispredicts at every sign change), and vectorises it this way. */
 #define MLC__MAP(expr) MLC__VECTOR_LOOP(i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
 #define MLC__MAP_GRAD_LOOP(expr, start) MLC__VECTOR_LOOP(i, 0, n, { \
         const float x = xs[i], y = ys[i], slope = (expr); \
@@ -3542,8 +3565,7 @@ static void mlc__gemm_share(void *arg, int slot, size_t begin, size_t end) {
    own on this thread with the thread's share of the work, for mlc__parallel. Each thread packs
    its part of the operand it does not share, so the threads never wait for each other inside
    a product; a small shared operand it packs whole into a copy of its own in its first piece,
-   so that its kernel reads none out of another core's cache (with one copy that the threads
-   packed together, 64 x 128 x 256 ran no faster on two threads than on one). */
+   so that its kernel reads none out of another core's cache, which is slow (bench/RESULTS.md). */
 static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     mlc__gemm_job part = *(const mlc__gemm_job *)arg;
     int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit,
@@ -3768,8 +3790,8 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
                                                     job.split_rows ? N : per * nr, K);
             job.work = mlc__floats(ctx, job.work_floats * (size_t)slots, "mlc_gemm");
             if (slots > 1) {    /* the operand every thread reads whole: a copy for each thread when
-                                   it is small, else one that all threads pack together first (a
-                                   copy each of the MLP's 64 x 784 batch gained nothing in a step) */
+                                   it is small, else one that all threads pack together first
+                                   (copies of a large one gain no speed and cost memory) */
                 int kc, mc, w = job.split_rows ? nr : mr;
                 size_t copy;
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
@@ -7210,7 +7232,7 @@ static mlc_optim *mlc__optim_of(mlc_optim *opt, mlc_module *module, const char *
     return opt;
 }
 
-MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
+MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_opts c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__SGD, c.lr, 0.01f);
     if (opt) {                                          /* 0 is the default: MLC_ZERO reads as 0 too */
         opt->momentum = mlc__setting(c.momentum, 0.0f); opt->dampening = mlc__setting(c.dampening, 0.0f);
@@ -7219,7 +7241,7 @@ MLCDEF mlc_optim *mlc_sgd(mlc_ctx *ctx, mlc_module *module, mlc_sgd_config c) {
     return mlc__optim_of(opt, module, "mlc_sgd");
 }
 
-static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c, mlc__optim_kind kind,
+static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_opts c, mlc__optim_kind kind,
                             float default_wd) {
     mlc_optim *opt = mlc__optim(ctx, kind, c.lr, 1e-3f);
     if (!opt) return NULL;
@@ -7230,14 +7252,14 @@ static mlc_optim *mlc__adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c,
     opt->amsgrad = c.amsgrad != 0;
     return mlc__optim_of(opt, module, kind == MLC__ADAM ? "mlc_adam" : "mlc_adamw");
 }
-MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
+MLCDEF mlc_optim *mlc_adam(mlc_ctx *ctx, mlc_module *module, mlc_adam_opts c) {
     return mlc__adam(ctx, module, c, MLC__ADAM, 0.0f);
 }
-MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_config c) {
+MLCDEF mlc_optim *mlc_adamw(mlc_ctx *ctx, mlc_module *module, mlc_adam_opts c) {
     return mlc__adam(ctx, module, c, MLC__ADAMW, 0.01f);
 }
 
-MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_config c) {
+MLCDEF mlc_optim *mlc_rmsprop(mlc_ctx *ctx, mlc_module *module, mlc_rmsprop_opts c) {
     mlc_optim *opt = mlc__optim(ctx, MLC__RMSPROP, c.lr, 0.01f);
     if (!opt) return NULL;
     opt->beta2 = mlc__setting(c.alpha, 0.99f);
@@ -7257,8 +7279,8 @@ MLCDEF void mlc_zero_grad(mlc_optim *opt) {
    -fopenmp's simd pragma, or -O3; sqrt in Adam and RMSprop also needs -fno-math-errno).
    State below FLT_MIN is stored as 0 (mlc__flush): a moment that small moves no parameter,
    but one that decays while the gradient stays 0 (a pixel that is always black) ends stuck at
-   the smallest denormal (0.9 x that rounds back to it), and denormal arithmetic made every
-   Adam step 4.6x slower on an Intel Xeon (bench/RESULTS.md). */
+   the smallest denormal (0.9 x that rounds back to it), and denormal arithmetic is slow on x86
+   (bench/RESULTS.md). */
 
 static void mlc__sgd_update(const mlc_optim *o, size_t n, float *MLC__RESTRICT p,
                             const float *MLC__RESTRICT g, float *MLC__RESTRICT buf) {
@@ -8239,7 +8261,7 @@ static uint32_t mlc__rand_below(mlc_ctx *ctx, uint32_t bound) {
     return r % bound;
 }
 
-MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_config config) {
+MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_opts config) {
     mlc_ctx *ctx;
     mlc_batches *b;
     if (!x) return NULL;
@@ -9023,7 +9045,7 @@ done:
     return ctx->error;
 }
 
-MLCDEF mlc_result mlc_module_load_memory(mlc_module *m, const void *data, size_t size,
+MLCDEF mlc_result mlc_module_load_from_memory(mlc_module *m, const void *data, size_t size,
                                          const mlc_load_opts *opts) {
     mlc_safetensors *st;
     if (!m) return MLC_ERR_NULL;
@@ -9410,8 +9432,8 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
     return ctx->error;
 }
 
-MLCDEF mlc_result mlc_checkpoint_load_memory(const void *data, size_t size, mlc_module *m, mlc_optim *opt,
-                                             mlc_train_state *state) {
+MLCDEF mlc_result mlc_checkpoint_load_from_memory(const void *data, size_t size, mlc_module *m,
+                                                  mlc_optim *opt, mlc_train_state *state) {
     mlc_safetensors *st;
     if (!m) return MLC_ERR_NULL;
     if (!(st = mlc_safetensors_from_memory(m->ctx, data, size, NULL))) return m->ctx->error;

@@ -456,7 +456,7 @@ static int trainer_init(trainer *t, int with_hook, mlc_module *(*build)(mlc_ctx 
     t->ctx = make_ctx(with_hook);
     if (!t->ctx) return 0;
     t->model = build(t->ctx);
-    t->opt = mlc_adam(t->ctx, t->model, (mlc_adam_config){ .lr = 1e-3f });
+    t->opt = mlc_adam(t->ctx, t->model, (mlc_adam_opts){ .lr = 1e-3f });
     t->data = data;
     t->classify = data != NULL;
     if (data) {

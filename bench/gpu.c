@@ -179,7 +179,7 @@ static int bench_step(mlc_ctx *ctx, const digits_set *ds, int cnn, const char *w
     }
     if (mlc_has_device(ctx)) { mlc_to(x, 1); mlc_to(y, 1); }
     mlc_module *model = make_model(ctx, cnn);
-    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_config){ .lr = 3e-3f, .weight_decay = 1e-2f });
+    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_opts){ .lr = 3e-3f, .weight_decay = 1e-2f });
     if (!model || !opt) return 1;
     float order[DIGITS_TRAIN_COUNT];
     double times[TIMED_STEPS], first_loss = 0, last_loss = 0;

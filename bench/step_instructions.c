@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
     mlc_module *a2 = mlc_nn_relu(ctx);
     mlc_module *l3 = mlc_nn_linear(ctx, 128, 10);
     mlc_module *net = which ? mlc_nn_sequential(ctx, l1, a1, l2, a2, l3, NULL) : mlc_nn_sequential(ctx, l1, a1, l2, NULL);
-    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
+    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-3f });
     int batch = which ? 64 : 64;
     mlc_tensor *x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(batch, which ? 784 : 10)));
     mlc_tensor *y = which ? mlc_keep(mlc_full(ctx, MLC_SHAPE(batch), 3.0f)) : mlc_keep(mlc_randn(ctx, MLC_SHAPE(batch, 1)));

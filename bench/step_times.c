@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
                             mlc_nn_linear(ctx, 128, 10), NULL)
         : mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 784, 256), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 256, 128),
                             mlc_nn_relu(ctx), mlc_nn_linear(ctx, 128, 10), NULL);
-    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-3f });
+    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-3f });
     mlc_tensor *x = mlc_keep(model ? mlc_rand(ctx, MLC_SHAPE(64, 1, 28, 28)) : mlc_rand(ctx, MLC_SHAPE(64, 784)));
     mlc_tensor *y;
     float labels[64];

@@ -314,7 +314,7 @@ static int train(mlc_ctx *ctx, int steps, float *losses) {
     mlc_module *model = mlc_nn_sequential(ctx, hidden, mlc_nn_tanh(ctx), out, NULL);
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(16, 4));
     mlc_tensor *y = mlc_randn(ctx, MLC_SHAPE(16, 1));
-    mlc_adam_config config;
+    mlc_adam_opts config;
     mlc_optim *opt;
     int s;
     memset(&config, 0, sizeof config);              /* zero: the defaults */

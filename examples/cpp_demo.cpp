@@ -19,7 +19,7 @@ int main(int argc, char **argv) {
     mlc_tensor *x = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(batch, features), xs.data()));
     mlc_tensor *y = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(batch, 1), ys.data()));
     mlc_module *net = mlc_nn_linear(ctx, features, 1);
-    mlc_adam_config adam = mlc_adam_config();
+    mlc_adam_opts adam = mlc_adam_opts();
     adam.lr = 0.05f;
     mlc_optim *opt = mlc_adam(ctx, net, adam);
     float loss_value = 0;

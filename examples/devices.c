@@ -84,8 +84,8 @@ static int make_workloads(workloads *w, const digits_set *ds) {
         c2, mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
         mlc_nn_flatten(ctx), c3, NULL);
     w->wide = mlc_nn_sequential(ctx, w1, mlc_nn_relu(ctx), w2, mlc_nn_relu(ctx), w3, NULL);
-    w->mlp_opt = mlc_adam(ctx, w->mlp, (mlc_adam_config){ .lr = 1e-3f });
-    w->wide_opt = mlc_adam(ctx, w->wide, (mlc_adam_config){ .lr = 1e-3f });
+    w->mlp_opt = mlc_adam(ctx, w->mlp, (mlc_adam_opts){ .lr = 1e-3f });
+    w->wide_opt = mlc_adam(ctx, w->wide, (mlc_adam_opts){ .lr = 1e-3f });
     if (w->cnn) mlc_module_train(w->cnn, 0);
     return mlc_error(ctx) == MLC_OK;
 }

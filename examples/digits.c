@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
         conv1, mlc_nn_batch_norm(ctx, 16), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
         conv2, mlc_nn_batch_norm(ctx, 32), mlc_nn_relu(ctx), mlc_nn_max_pool2d(ctx, 2, 2),
         mlc_nn_flatten(ctx), mlc_nn_dropout(ctx, 0.3f), fc, NULL);
-    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_config){ .lr = 3e-3f, .weight_decay = 1e-2f });
+    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_opts){ .lr = 3e-3f, .weight_decay = 1e-2f });
     if (!model || !opt) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); mlc_destroy(ctx); return 1; }
 
     int tty = isatty(1);

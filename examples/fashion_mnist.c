@@ -120,7 +120,7 @@ static mlc_module *make_cnn(mlc_ctx *ctx) {
 /* Mean loss and accuracy over x and y, in eval mode, batches of 500, no gradients. */
 static void evaluate(mlc_ctx *ctx, mlc_module *model, mlc_tensor *x, mlc_tensor *y, double *loss,
                      double *acc) {
-    mlc_batches *batches = mlc_batches_create(x, y, (mlc_batch_config){ .batch_size = 500 });
+    mlc_batches *batches = mlc_batches_create(x, y, (mlc_batch_opts){ .batch_size = 500 });
     mlc_tensor *bx, *by;
     int was = mlc_set_grad_enabled(ctx, 0), correct = 0, seen = 0;
     double loss_sum = 0;
@@ -172,9 +172,9 @@ int main(int argc, char **argv) {
     }
     int cnn = !strcmp(o.model, "cnn");
     mlc_module *model = cnn ? make_cnn(ctx) : make_mlp(ctx);
-    mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_config){ .lr = o.lr });
+    mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_opts){ .lr = o.lr });
     mlc_batches *batches = mlc_batches_create(x_train, y_train,
-                                              (mlc_batch_config){ .batch_size = o.batch, .shuffle = 1 });
+                                              (mlc_batch_opts){ .batch_size = o.batch, .shuffle = 1 });
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
     if (!model || !opt || !batches || (o.csv && !csv)) {
         fprintf(stderr, "error: %s\n", o.csv && !csv ? "cannot write the --csv file"

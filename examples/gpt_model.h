@@ -61,6 +61,6 @@ static mlc_tensor *gpt_loss(mlc_module *gpt, mlc_tensor *x, mlc_tensor *y, int v
 
 /* AdamW as examples/gpt.c trains it (lr set per step by the schedule). */
 static mlc_optim *gpt_optimiser(mlc_module *gpt, float lr) {
-    return mlc_adamw(gpt->ctx, gpt, (mlc_adam_config){ .lr = lr, .beta2 = 0.99f, .weight_decay = 0.1f });
+    return mlc_adamw(gpt->ctx, gpt, (mlc_adam_opts){ .lr = lr, .beta2 = 0.99f, .weight_decay = 0.1f });
 }
 #endif

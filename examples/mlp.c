@@ -17,7 +17,7 @@ int main(void) {
     mlc_module *hidden = mlc_nn_linear(ctx, 10, 100);
     mlc_module *out = mlc_nn_linear(ctx, 100, 1);
     mlc_module *model = mlc_nn_sequential(ctx, hidden, mlc_nn_tanh(ctx), out, NULL);
-    mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_config){ .lr = 1e-3f });
+    mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_opts){ .lr = 1e-3f });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10));     /* lives until mlc_destroy */
     mlc_tensor *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
 

@@ -86,6 +86,30 @@ if command -v arm-none-eabi-gcc >/dev/null 2>&1; then
         -Wdouble-promotion -DMLC_NO_STDIO -DMLC_FLOAT_ONLY -O2 -I. -c -o "$tmp/arm.o" "$tmp/impl.c"
 else skipped="$skipped arm-none-eabi-gcc(gcc-arm-none-eabi)"; fi
 
+# The old names (mlc.h's api-deprecated section) still build and run, and each use makes the
+# compiler name its replacement.
+cat >"$tmp/old_names.c" <<'SRC'
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+int main(void) {
+    mlc_ctx *ctx = mlc_create(NULL);
+    mlc_module *m = mlc_nn_linear(ctx, 2, 1);
+    mlc_sgd_config s = { 0.1f, 0, 0, 0, 0 };
+    mlc_adam_config a = { 0.1f, 0, 0, 0, 0, 0 };
+    mlc_rmsprop_config r = { 0.1f, 0, 0, 0, 0, 0 };
+    mlc_batch_config b = { 1, 0, 0 };
+    int ok = mlc_sgd(ctx, m, s) && mlc_adam(ctx, m, a) && mlc_rmsprop(ctx, m, r)
+             && mlc_module_load_memory(m, "", 0, NULL) == MLC_ERR_IO
+             && mlc_checkpoint_load_memory("", 0, m, NULL, NULL) == MLC_ERR_IO;
+    (void)b;
+    mlc_destroy(ctx);
+    return !ok;
+}
+SRC
+check "gcc.old_names" sh -c "gcc -std=c99 -Wall -Wextra -pedantic -I. -o '$tmp/old' '$tmp/old_names.c' -lm 2>'$tmp/old.log' \
+    && '$tmp/old' && for new in mlc_sgd_opts mlc_adam_opts mlc_rmsprop_opts mlc_batch_opts mlc_module_load_from_memory \
+    mlc_checkpoint_load_from_memory; do grep -q \"use \$new\" '$tmp/old.log' || exit 1; done"
+
 # MLC_USE_CBLAS: the header routes products to cblas_sgemm (OpenBLAS here) and gets them right.
 cat >"$tmp/cblas.c" <<'SRC'
 #define MLC_USE_CBLAS

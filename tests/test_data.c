@@ -591,8 +591,8 @@ static int batches_cover_every_row(void) {
     y = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(10), ys));
     x2 = mlc_keep(mlc_from_data(again, MLC_SHAPE(10, 2), xs));
     y2 = mlc_keep(mlc_from_data(again, MLC_SHAPE(10), ys));
-    b = mlc_batches_create(x, y, (mlc_batch_config){ .batch_size = 3, .shuffle = 1 });
-    b2 = mlc_batches_create(x2, y2, (mlc_batch_config){ .batch_size = 3, .shuffle = 1 });
+    b = mlc_batches_create(x, y, (mlc_batch_opts){ .batch_size = 3, .shuffle = 1 });
+    b2 = mlc_batches_create(x2, y2, (mlc_batch_opts){ .batch_size = 3, .shuffle = 1 });
     CHECK(b && b2 && mlc_batches_count(b) == 4);
     for (epoch = 0; epoch < 3; epoch++) {
         n = run_epoch(ctx, b, order[epoch], &count, sizes);
@@ -606,12 +606,12 @@ static int batches_cover_every_row(void) {
     }
     CHECK(memcmp(order[0], order[1], sizeof order[0]) != 0
           || memcmp(order[1], order[2], sizeof order[0]) != 0);      /* epochs reshuffle */
-    last = mlc_batches_create(x, y, (mlc_batch_config){ .batch_size = 4, .drop_last = 1 });
+    last = mlc_batches_create(x, y, (mlc_batch_opts){ .batch_size = 4, .drop_last = 1 });
     CHECK(mlc_batches_count(last) == 2);
     CHECK(run_epoch(ctx, last, order[0], &count, sizes) == 8 && count == 2);
     for (i = 0; i < 8; i++) CHECK(order[0][i] == i);          /* no shuffle: in order */
     mlc_batches_free(last);
-    CHECK(!mlc_batches_create(x, mlc_zeros(ctx, MLC_SHAPE(9)), (mlc_batch_config){ 0 }));
+    CHECK(!mlc_batches_create(x, mlc_zeros(ctx, MLC_SHAPE(9)), (mlc_batch_opts){ 0 }));
     CHECK(mlc_error(ctx) == MLC_ERR_SHAPE);
     mlc_clear_error(ctx);
     test_destroy(again);

@@ -168,7 +168,7 @@ static int op_falls_back(void) {
    CPU's bit for bit (the fallbacks run the same code on the same host copies). */
 static int run_mlp(mlc_ctx *ctx, float *losses, int steps, float *params, int *n_params) {
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 6, 16), mlc_nn_gelu(ctx), mlc_nn_linear(ctx, 16, 3), NULL);
-    mlc_optim *opt = mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 0.01f });
+    mlc_optim *opt = mlc_adamw(ctx, net, (mlc_adam_opts){ .lr = 0.01f });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(8, 6));
     mlc_tensor *y = mlc_from_data(ctx, MLC_SHAPE(8), (const float[]){ 0, 1, 2, 0, 1, 2, 0, 1 });
     mlc_named_tensor ps[8];
@@ -226,7 +226,7 @@ static int step_takes_runs_of_device_parameters(void) {
     static const int sizes[NS] = { 1, 30, 7, 4, 2, 65, 1, 301, 9, 25, 5 };
     static const fake_step_call want[] = { { 0, 2, 2 }, { 3, 6, 3 }, { 6, 3, 3 }, { 10, 1, 1 } };
     mlc_ctx *ctx = fake_ctx(31, NULL), *cpu = mlc_create(&(mlc_config){ .seed = 31, .quiet = 1, .device = "cpu" });
-    mlc_adam_config cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, 1 };
+    mlc_adam_opts cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, 1 };
     mlc_tensor *p[NS], *q[NS];
     mlc_optim *opt, *ref = mlc_adam(cpu, NULL, cfg);
     fake_device *fd = fake_of(ctx);
@@ -833,7 +833,7 @@ static int small_net_make(mlc_ctx *ctx, small_net *n) {
     n->w2 = mlc_parameter(ctx, MLC_SHAPE(3, 16)); n->b2 = mlc_parameter(ctx, MLC_SHAPE(3));
     n->x = mlc_randn(ctx, MLC_SHAPE(8, 6));
     n->y = mlc_from_data(ctx, MLC_SHAPE(8), (const float[]){ 0, 1, 2, 1, 0, 2, 2, 0 });
-    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f });
+    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.01f });
     CHECK(n->w1 && n->b1 && n->w2 && n->b2 && n->x && n->y && n->opt);
     mlc_init_normal(n->w1, 0.0f, 0.5f); mlc_init_normal(n->b1, 0.0f, 0.5f);
     mlc_init_normal(n->w2, 0.0f, 0.5f); mlc_init_normal(n->b2, 0.0f, 0.5f);
@@ -935,7 +935,7 @@ static int small_cnn_make(mlc_ctx *ctx, small_cnn *n) {
                                       { 2, 3, 64 }, { 1, 3 } };   /* rank, then the shape */
     int k;
     n->ctx = ctx;
-    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f });
+    n->opt = mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.01f });
     for (k = 0; k < 8; k++) {
         n->p[k] = mlc_parameter(ctx, shapes[k][0], shapes[k] + 1);
         CHECK(n->p[k] && mlc_optim_add_param(n->opt, n->p[k]) == MLC_OK);

@@ -61,8 +61,8 @@ static int const_weights_in_place(void) {
     lin->params[0] = tw;
     y = mlc_forward(lin, tx);
     CHECK(y && mlc_error(ctx) == MLC_OK);
-    CHECK(mlc_adam(ctx, lin, (mlc_adam_config){ 0 }) == NULL && refused(ctx, "mlc_optim_add_param"));
-    CHECK(mlc_module_load_memory(lin, file, size, NULL) == MLC_ERR_STATE);
+    CHECK(mlc_adam(ctx, lin, (mlc_adam_opts){ 0 }) == NULL && refused(ctx, "mlc_optim_add_param"));
+    CHECK(mlc_module_load_from_memory(lin, file, size, NULL) == MLC_ERR_STATE);
     CHECK(refused(ctx, "mlc_safetensors_load"));
     CHECK(w[0] == 1.0f && mlc_get(lin->params[1], 0) != b[0]);   /* nothing was loaded, not even the bias */
     CHECK(mlc_from_const(ctx, MLC_SHAPE(2), NULL) == NULL && mlc_error(ctx) == MLC_ERR_NULL);

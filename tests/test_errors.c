@@ -425,7 +425,7 @@ static mlc_ctx *counting_ctx(counting_alloc *a, size_t arena_block_bytes) {
    of the forward and backward passes. */
 static mlc_result small_training_run(mlc_ctx *ctx, float *last_loss) {
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 8), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 8, 2), NULL);
-    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
     int step;
     *last_loss = NAN;
     for (step = 0; step < 2; step++) {
@@ -601,7 +601,7 @@ static int no_leak_in_normal_use(void) {
     CHECK(ctx);
     net = mlc_nn_sequential(ctx, mlc_nn_conv2d(ctx, 1, 2, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 2),
                             mlc_nn_relu(ctx), mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 32, 3), NULL);
-    opt = mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.1f, .momentum = 0.9f });
+    opt = mlc_sgd(ctx, net, (mlc_sgd_opts){ .lr = 0.1f, .momentum = 0.9f });
     x = mlc_randn(ctx, MLC_SHAPE(4, 1, 4, 4));
     y = mlc_zeros(ctx, MLC_SHAPE(4));
     CHECK(net && opt && x && y);

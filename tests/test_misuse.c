@@ -54,7 +54,7 @@ static int null_context(void) {
     CHECK(mlc_gradcheck(NULL, square_sum, NULL, &x, 1, NULL, NULL) == 0);
     CHECK(mlc_zeros(NULL, MLC_SHAPE(2)) == NULL && mlc_parameter(NULL, MLC_SHAPE(2)) == NULL);
     CHECK(mlc_nn_linear(NULL, 2, 2) == NULL && mlc_nn_sequential(NULL, NULL) == NULL);
-    CHECK(mlc_sgd(NULL, NULL, (mlc_sgd_config){ 0 }) == NULL && mlc_adam(NULL, NULL, (mlc_adam_config){ 0 }) == NULL);
+    CHECK(mlc_sgd(NULL, NULL, (mlc_sgd_opts){ 0 }) == NULL && mlc_adam(NULL, NULL, (mlc_adam_opts){ 0 }) == NULL);
     CHECK(mlc_error(NULL) == MLC_ERR_NULL && strcmp(mlc_device_name(NULL), "cpu") == 0);
     mlc_destroy(NULL);
     /* with a context: bad arguments are errors naming the call */
@@ -236,13 +236,13 @@ static int contexts_not_mixed(void) {
     mlc_ctx *a = test_ctx(1), *b = test_ctx(2);
     mlc_module *na = mlc_nn_linear(a, 2, 2), *nb = mlc_nn_linear(b, 2, 2), *seq = mlc_nn_custom(a, "Seq", NULL, NULL);
     mlc_tensor *pb = mlc_parameter(b, MLC_SHAPE(2)), *xb = mlc_ones(b, MLC_SHAPE(1, 2)), *xa = mlc_ones(a, MLC_SHAPE(1, 2));
-    mlc_optim *oa = mlc_sgd(a, na, (mlc_sgd_config){ 0 });
+    mlc_optim *oa = mlc_sgd(a, na, (mlc_sgd_opts){ 0 });
     CHECK(na && nb && seq && pb && xb && xa && oa);
     CHECK(mlc_module_add_child(seq, "0", nb) == MLC_ERR_ARG);
     CHECK_SETS(a, 0, MLC_ERR_ARG, "mlc_module_add_child", "another context");
     CHECK(mlc_module_add_param(seq, "w", pb) == MLC_ERR_ARG);
     CHECK_SETS(a, 0, MLC_ERR_ARG, "mlc_module_add", "another context");
-    CHECK_FAILS(a, mlc_adam(a, nb, (mlc_adam_config){ 0 }), MLC_ERR_ARG, "mlc_adam", "another context");
+    CHECK_FAILS(a, mlc_adam(a, nb, (mlc_adam_opts){ 0 }), MLC_ERR_ARG, "mlc_adam", "another context");
     CHECK(mlc_optim_add_param(oa, pb) == MLC_ERR_ARG);
     CHECK_SETS(a, 0, MLC_ERR_ARG, "mlc_optim_add_param", "another context");
     CHECK_FAILS(a, mlc_forward(na, xb), MLC_ERR_ARG, "mlc_forward", "another context");
@@ -279,7 +279,7 @@ static int parameter_added_twice(void) {
     mlc_optim *opt;
     mlc_tensor *w;
     CHECK(lin && twice && mlc_module_add_child(twice, "a", lin) == MLC_OK && mlc_module_add_child(twice, "b", lin) == MLC_OK);
-    opt = mlc_sgd(ctx, twice, (mlc_sgd_config){ .lr = 1.0f });
+    opt = mlc_sgd(ctx, twice, (mlc_sgd_opts){ .lr = 1.0f });
     CHECK(opt);
     w = lin->params[0];
     CHECK(mlc_optim_add_param(opt, w) == MLC_OK);
@@ -316,25 +316,25 @@ static int explicit_zeros(void) {
         CHECK(w && bits == 1u);
     }
     /* AdamW weight_decay MLC_ZERO: no decay, so the step equals Adam's: 1 - lr */
-    o = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f, .weight_decay = MLC_ZERO });
+    o = mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.1f, .weight_decay = MLC_ZERO });
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
     CHECK_NEAR(one_step(ctx, o, w), 0.9f, 1e-6);
-    o = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });  /* 0: the default 0.01 */
+    o = mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.1f });  /* 0: the default 0.01 */
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
     CHECK_NEAR(one_step(ctx, o, w), 0.9f - 0.1f * 0.01f, 1e-6);
     /* Adam beta1 MLC_ZERO: m = g, and the first step is still 1 - lr */
-    o = mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = 0.1f, .beta1 = MLC_ZERO });
+    o = mlc_adam(ctx, NULL, (mlc_adam_opts){ .lr = 0.1f, .beta1 = MLC_ZERO });
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
     CHECK_NEAR(one_step(ctx, o, w), 0.9f, 1e-6);
     /* RMSprop alpha MLC_ZERO: v = g² = 1, step lr g / (1 + eps) */
-    o = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .lr = 0.1f, .alpha = MLC_ZERO });
+    o = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .lr = 0.1f, .alpha = MLC_ZERO });
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
     CHECK_NEAR(one_step(ctx, o, w), 0.9f, 1e-6);
-    o = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .lr = 0.1f });   /* alpha 0.99: v = 0.01, step lr / 0.1 */
+    o = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .lr = 0.1f });   /* alpha 0.99: v = 0.01, step lr / 0.1 */
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK);
     CHECK_NEAR(one_step(ctx, o, w), 0.0f, 1e-5);
     /* lr MLC_ZERO: nothing moves */
-    o = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = MLC_ZERO });
+    o = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = MLC_ZERO });
     CHECK(o && mlc_optim_add_param(o, w) == MLC_OK && mlc_optim_lr(o) == 0.0f);
     CHECK_NEAR(one_step(ctx, o, w), 1.0f, 0);
     /* batch norm momentum MLC_ZERO: the running statistics stay as they are */
@@ -362,19 +362,19 @@ static int explicit_zeros(void) {
 
 static int hyperparameters_checked(void) {
     mlc_ctx *ctx = test_ctx(1);
-    mlc_optim *o = mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 });
+    mlc_optim *o = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0 });
     mlc_tensor *x = mlc_ones(ctx, MLC_SHAPE(2, 3)), *p = mlc_parameter(ctx, MLC_SHAPE(2));
     float inf = HUGE_VALF;
     CHECK(o && x && p && mlc_optim_add_param(o, p) == MLC_OK);
-    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = NAN }), MLC_ERR_ARG, "mlc_adam", "lr");
-    CHECK_FAILS(ctx, mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = -0.1f }), MLC_ERR_ARG, "mlc_sgd", "lr = -0.1");
-    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_config){ .beta1 = 1.0f }), MLC_ERR_ARG, "mlc_adam", "beta1 = 1");
-    CHECK_FAILS(ctx, mlc_adamw(ctx, NULL, (mlc_adam_config){ .beta2 = 1.5f }), MLC_ERR_ARG, "mlc_adamw", "beta2");
-    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_config){ .eps = -1e-8f }), MLC_ERR_ARG, "mlc_adam", "eps");
-    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_config){ .weight_decay = inf }), MLC_ERR_ARG, "weight_decay");
-    CHECK_FAILS(ctx, mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .alpha = 2.0f }), MLC_ERR_ARG, "mlc_rmsprop", "alpha");
-    CHECK_FAILS(ctx, mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = -1.0f }), MLC_ERR_ARG, "momentum");
-    CHECK_FAILS(ctx, mlc_sgd(ctx, NULL, (mlc_sgd_config){ .nesterov = 1 }), MLC_ERR_ARG, "mlc_sgd", "nesterov");
+    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_opts){ .lr = NAN }), MLC_ERR_ARG, "mlc_adam", "lr");
+    CHECK_FAILS(ctx, mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = -0.1f }), MLC_ERR_ARG, "mlc_sgd", "lr = -0.1");
+    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_opts){ .beta1 = 1.0f }), MLC_ERR_ARG, "mlc_adam", "beta1 = 1");
+    CHECK_FAILS(ctx, mlc_adamw(ctx, NULL, (mlc_adam_opts){ .beta2 = 1.5f }), MLC_ERR_ARG, "mlc_adamw", "beta2");
+    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_opts){ .eps = -1e-8f }), MLC_ERR_ARG, "mlc_adam", "eps");
+    CHECK_FAILS(ctx, mlc_adam(ctx, NULL, (mlc_adam_opts){ .weight_decay = inf }), MLC_ERR_ARG, "weight_decay");
+    CHECK_FAILS(ctx, mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .alpha = 2.0f }), MLC_ERR_ARG, "mlc_rmsprop", "alpha");
+    CHECK_FAILS(ctx, mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .momentum = -1.0f }), MLC_ERR_ARG, "momentum");
+    CHECK_FAILS(ctx, mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .nesterov = 1 }), MLC_ERR_ARG, "mlc_sgd", "nesterov");
     CHECK_SETS(ctx, mlc_optim_set_lr(o, NAN), MLC_ERR_ARG, "mlc_optim_set_lr", "lr");
     CHECK(test_same_float(mlc_optim_lr(o), 0.01f));
     CHECK_SETS(ctx, mlc_clip_grad_norm(o, -1.0f), MLC_ERR_ARG, "mlc_clip_grad_norm", "max_norm");
@@ -383,7 +383,7 @@ static int hyperparameters_checked(void) {
     CHECK_FAILS(ctx, mlc_layer_norm(x, NULL, NULL, -1.0f), MLC_ERR_ARG, "mlc_layer_norm", "eps");
     CHECK_FAILS(ctx, mlc_batch_norm(x, NULL, NULL, NULL, NULL, 1, 2.0f, 0.0f), MLC_ERR_ARG, "mlc_batch_norm", "momentum");
     CHECK_FAILS(ctx, mlc_batch_norm(x, NULL, NULL, NULL, NULL, 1, 0.0f, NAN), MLC_ERR_ARG, "mlc_batch_norm", "eps");
-    CHECK(mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .momentum = 0.9f, .nesterov = 1 }) != NULL);
+    CHECK(mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f, .momentum = 0.9f, .nesterov = 1 }) != NULL);
     CHECK(mlc_error(ctx) == MLC_OK);
     test_destroy(ctx);
     return 1;
@@ -410,7 +410,7 @@ static void fault_free_fn(void *ptr, void *user) {
 static mlc_result whole_session(mlc_ctx *ctx, mlc_module **net_out) {
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 8), mlc_nn_relu(ctx), mlc_nn_dropout(ctx, 0.25f),
                                         mlc_nn_linear(ctx, 8, 3), NULL);
-    mlc_optim *opt = mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    mlc_optim *opt = mlc_adamw(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
     int step, grad_was;
     mlc_frame f;
     for (step = 0; step < 3; step++) {

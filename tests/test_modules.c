@@ -664,7 +664,7 @@ static int custom_module_with_optimiser(void) {
     n = mlc_module_parameters(m, ps, 8);
     CHECK(n == 3 && strcmp(ps[0].name, "scale") == 0 && strcmp(ps[1].name, "inner.weight") == 0 && strcmp(ps[2].name, "inner.bias") == 0);
     CHECK(mlc_module_param_count(m) == 3 + 9 + 3);
-    opt = mlc_sgd(ctx, m, (mlc_sgd_config){ .lr = lr });
+    opt = mlc_sgd(ctx, m, (mlc_sgd_opts){ .lr = lr });
     CHECK(opt);
     y = mlc_forward(m, x);
     CHECK_SHAPE(y, 4, 3);

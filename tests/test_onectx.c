@@ -213,13 +213,13 @@ static int run_optimisers(mlc_ctx *ctx, record *r) {
         for (step = 0; step < 15; step++) w0[step] = 0.1f * (float)(step % 7) - 0.3f;
         for (step = 0; step < 3; step++) b0[step] = 0.05f * (float)step;
         CHECK(mlc_write(wt, w0, 15) == MLC_OK && mlc_write(bt, b0, 3) == MLC_OK);
-        opt = k == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0.1f, 0.01f, 0 })
-            : k == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0.1f, 0.9f, 0, 0, 1 })
-            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f, 0 })
-            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0, 0, 0.1f, 0 })
-            : k == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 })
-            : k == 5 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0.01f, 0.8f, 0.5f, 1e-6f, 0.01f, 1 })
-                     : mlc_adamw(ctx, NULL, (mlc_adam_config){ 0.01f, 0, 0.5f, 0, 0.1f, 1 });
+        opt = k == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0.1f, 0.9f, 0.1f, 0.01f, 0 })
+            : k == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0.1f, 0.9f, 0, 0, 1 })
+            : k == 2 ? mlc_adam(ctx, NULL, (mlc_adam_opts){ 0.01f, 0.8f, 0.99f, 1e-6f, 0.01f, 0 })
+            : k == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_opts){ 0.01f, 0, 0, 0, 0.1f, 0 })
+            : k == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ 0.01f, 0.9f, 1e-6f, 0.01f, 0.5f, 1 })
+            : k == 5 ? mlc_adam(ctx, NULL, (mlc_adam_opts){ 0.01f, 0.8f, 0.5f, 1e-6f, 0.01f, 1 })
+                     : mlc_adamw(ctx, NULL, (mlc_adam_opts){ 0.01f, 0, 0.5f, 0, 0.1f, 1 });
         CHECK(mlc_optim_add_param(opt, wt) == MLC_OK && mlc_optim_add_param(opt, bt) == MLC_OK);
         for (step = 0; step < 3; step++) {
             mlc_frame f = mlc_frame_begin(ctx);

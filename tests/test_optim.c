@@ -77,7 +77,7 @@ static int sgd_case(sgd_ref c, int steps) {
     mlc_tensor *p = make_param(ctx);
     mlc_optim *opt;
     double want[8][NP];
-    mlc_sgd_config cfg;
+    mlc_sgd_opts cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.lr = (float)c.lr; cfg.momentum = (float)c.mu; cfg.dampening = (float)c.damp;
     cfg.weight_decay = (float)c.wd; cfg.nesterov = c.nesterov;
@@ -96,7 +96,7 @@ static int sgd_plain(void) {
     /* one step by hand: p1 = p0 - lr (c + p0) */
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f });
     int j;
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
     CHECK(compute_grad(opt, p));
@@ -110,7 +110,7 @@ static int sgd_plain(void) {
 static int sgd_weight_decay(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .weight_decay = 0.25f });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f, .weight_decay = 0.25f });
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
@@ -124,7 +124,7 @@ static int sgd_momentum(void) {
     /* first step: buf = g, so p1 equals plain SGD's; second: buf = μ g1 + (1-τ) g2 */
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .momentum = 0.5f, .dampening = 0.5f });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f, .momentum = 0.5f, .dampening = 0.5f });
     double p1, g1, g2;
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
     CHECK(compute_grad(opt, p));
@@ -143,7 +143,7 @@ static int sgd_momentum(void) {
 static int sgd_nesterov(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f, .momentum = 0.5f, .nesterov = 1 });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f, .momentum = 0.5f, .nesterov = 1 });
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
     CHECK(compute_grad(opt, p));
     mlc_step(opt);
@@ -180,7 +180,7 @@ static void adam_reference(adam_ref c, int steps, double out[][NP]) {
 static int adam_three_steps(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });
+    mlc_optim *opt = mlc_adam(ctx, NULL, (mlc_adam_opts){ .lr = 0.1f });
     adam_ref c = { 0, 0, 0, 0, 0, 0 };
     double want[3][NP];
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
@@ -200,7 +200,7 @@ static int adam_three_steps(void) {
 static int adam_l2_versus_adamw(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *pa = make_param(ctx), *pw = make_param(ctx);
-    mlc_adam_config cfg = { 0.05f, 0.8f, 0.99f, 1e-6f, 0.3f, 0 };
+    mlc_adam_opts cfg = { 0.05f, 0.8f, 0.99f, 1e-6f, 0.3f, 0 };
     mlc_optim *adam = mlc_adam(ctx, NULL, cfg), *adamw = mlc_adamw(ctx, NULL, cfg);
     adam_ref c = { 0, 0, 0, 0, 0, 0 };
     double want_a[4][NP], want_w[4][NP];
@@ -218,7 +218,7 @@ static int adam_l2_versus_adamw(void) {
     /* step 1 of AdamW by hand for p = 2: p (1 - lr wd) - lr sign(g) = 2 · 0.985 - 0.05 */
     CHECK_NEAR(want_w[0][2], 2.0 * (1 - 0.05 * 0.3) - 0.05, 1e-6);
     /* AdamW's default weight decay is 0.01, Adam's 0 */
-    { mlc_tensor *q = make_param(ctx); mlc_optim *w = mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.1f });
+    { mlc_tensor *q = make_param(ctx); mlc_optim *w = mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.1f });
       CHECK(q && w && mlc_optim_add_param(w, q) == MLC_OK && compute_grad(w, q));
       mlc_step(w);
       CHECK_NEAR(mlc_host_data(q)[2], 2.0 * (1 - 0.1 * 0.01) - 0.1, 1e-6); }
@@ -250,7 +250,7 @@ static int adam_amsgrad_against_pytorch(void) {
     for (w = 0; w < 2; w++) {
         mlc_ctx *ctx = test_ctx(1);
         mlc_tensor *p = make_param(ctx);
-        mlc_adam_config cfg = { 0.5f, 0.8f, 0.5f, 1e-6f, 0.1f, 1 };
+        mlc_adam_opts cfg = { 0.5f, 0.8f, 0.5f, 1e-6f, 0.1f, 1 };
         mlc_optim *opt = w ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg);
         CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK);
         for (s = 0; s < 6; s++) {
@@ -276,7 +276,7 @@ static int adam_blocks_equal_the_loop(void) {
     int kind, s, j;
     for (kind = 0; kind < 3; kind++) {
         mlc_ctx *ctx = test_ctx(1);
-        mlc_adam_config cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, kind == 2 };
+        mlc_adam_opts cfg = { 0.01f, 0.8f, 0.95f, 1e-6f, 0.1f, kind == 2 };
         mlc_optim *whole = kind == 1 ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg),
                   *single = kind == 1 ? mlc_adamw(ctx, NULL, cfg) : mlc_adam(ctx, NULL, cfg);
         mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(N)), *q[N];
@@ -328,7 +328,7 @@ static void rms_reference(rms_ref c, int steps, double out[][NP]) {
         }
 }
 
-static int rmsprop_case(mlc_rmsprop_config cfg, int steps, double tol) {
+static int rmsprop_case(mlc_rmsprop_opts cfg, int steps, double tol) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *p = make_param(ctx);
     mlc_optim *opt = mlc_rmsprop(ctx, NULL, cfg);
@@ -349,8 +349,8 @@ static int rmsprop_plain(void) {
     rms_ref c = { 0.01f, 0.99f, 1e-8f, 0, 0, 0 };
     rms_reference(c, 1, want);
     CHECK_NEAR(want[0][0], 0.5 - 0.01f / sqrt(1 - 0.99f), 1e-6);
-    return rmsprop_case((mlc_rmsprop_config){ 0, 0, 0, 0, 0, 0 }, 5, 1e-5) &&      /* all defaults */
-           rmsprop_case((mlc_rmsprop_config){ 0.02f, 0.9f, 1e-6f, 0.1f, 0, 0 }, 5, 1e-5);
+    return rmsprop_case((mlc_rmsprop_opts){ 0, 0, 0, 0, 0, 0 }, 5, 1e-5) &&      /* all defaults */
+           rmsprop_case((mlc_rmsprop_opts){ 0.02f, 0.9f, 1e-6f, 0.1f, 0, 0 }, 5, 1e-5);
 }
 
 static int rmsprop_centered(void) {
@@ -360,12 +360,12 @@ static int rmsprop_centered(void) {
     c.centered = 0;
     rms_reference(c, 5, b);
     CHECK(fabs(a[4][0] - b[4][0]) > 1e-3);                        /* centering changes the path */
-    return rmsprop_case((mlc_rmsprop_config){ 0.01f, 0.9f, 0, 0, 0, 1 }, 5, 1e-5);
+    return rmsprop_case((mlc_rmsprop_opts){ 0.01f, 0.9f, 0, 0, 0, 1 }, 5, 1e-5);
 }
 
 static int rmsprop_momentum(void) {
-    return rmsprop_case((mlc_rmsprop_config){ 0.01f, 0.9f, 0, 0, 0.8f, 0 }, 6, 1e-5) &&
-           rmsprop_case((mlc_rmsprop_config){ 0.005f, 0.95f, 0, 0.02f, 0.5f, 1 }, 6, 1e-5);
+    return rmsprop_case((mlc_rmsprop_opts){ 0.01f, 0.9f, 0, 0, 0.8f, 0 }, 6, 1e-5) &&
+           rmsprop_case((mlc_rmsprop_opts){ 0.005f, 0.95f, 0, 0.02f, 0.5f, 1 }, 6, 1e-5);
 }
 
 /* ---------- the state each rule keeps ---------- */
@@ -382,14 +382,14 @@ static int state_only_what_the_rule_reads(void) {
         size_t before = mlc_get_stats(ctx).bytes_current, grew;
         static const int kept[8] = { 0, 1, 2, 2, 1, 2, 3, 3 };
         int want = kept[kind];
-        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 })
-                       : kind == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ .momentum = 0.9f })
-                       : kind == 2 ? mlc_adam(ctx, NULL, (mlc_adam_config){ 0 })
-                       : kind == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ 0 })
-                       : kind == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 })
-                       : kind == 5 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f })
-                       : kind == 6 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .momentum = 0.5f, .centered = 1 })
-                       : mlc_adam(ctx, NULL, (mlc_adam_config){ .amsgrad = 1 });
+        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0 })
+                       : kind == 1 ? mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .momentum = 0.9f })
+                       : kind == 2 ? mlc_adam(ctx, NULL, (mlc_adam_opts){ 0 })
+                       : kind == 3 ? mlc_adamw(ctx, NULL, (mlc_adam_opts){ 0 })
+                       : kind == 4 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ 0 })
+                       : kind == 5 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .momentum = 0.5f })
+                       : kind == 6 ? mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .momentum = 0.5f, .centered = 1 })
+                       : mlc_adam(ctx, NULL, (mlc_adam_opts){ .amsgrad = 1 });
         CHECK(mlc_optim_add_param(opt, p) == MLC_OK);
         grew = mlc_get_stats(ctx).bytes_current - before;
         CHECK_MSG(grew >= (size_t)want * buffer && grew < (size_t)want * buffer + buffer / 4,
@@ -437,11 +437,11 @@ static int set_grads(mlc_optim **opts, int n_opts, param_set *s) {
    Adam with AMSGrad and L2 weight decay, AdamW, and centered RMSprop with momentum. */
 #define GROUP_RULES 4
 static mlc_optim *group_rule(mlc_ctx *ctx, int rule) {
-    return rule == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f,
+    return rule == 0 ? mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f,
                                                              .nesterov = 1 })
-         : rule == 1 ? mlc_adam(ctx, NULL, (mlc_adam_config){ .lr = 0.01f, .weight_decay = 0.1f, .amsgrad = 1 })
-         : rule == 2 ? mlc_adamw(ctx, NULL, (mlc_adam_config){ .lr = 0.01f, .weight_decay = 0.1f })
-         : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ .lr = 0.005f, .weight_decay = 0.01f, .momentum = 0.5f,
+         : rule == 1 ? mlc_adam(ctx, NULL, (mlc_adam_opts){ .lr = 0.01f, .weight_decay = 0.1f, .amsgrad = 1 })
+         : rule == 2 ? mlc_adamw(ctx, NULL, (mlc_adam_opts){ .lr = 0.01f, .weight_decay = 0.1f })
+         : mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ .lr = 0.005f, .weight_decay = 0.01f, .momentum = 0.5f,
                                                         .centered = 1 });
 }
 
@@ -608,7 +608,7 @@ static int zero_grad_then_overwrite(void) {
     mlc_tensor *w1 = mlc_parameter(ctx, MLC_SHAPE(6, 5)), *w2 = mlc_parameter(ctx, MLC_SHAPE(2, 6));
     mlc_tensor *a = mlc_parameter(ctx, MLC_SHAPE(3, 4)), *x = mlc_randn(ctx, MLC_SHAPE(7, 5));
     mlc_tensor *b = mlc_randn(ctx, MLC_SHAPE(2, 4, 5));
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.1f });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.1f });
     float first[30];
     int i, k, j, round;
     CHECK(w1 && w2 && a && x && b && opt);
@@ -641,7 +641,7 @@ static int zero_grad_then_overwrite(void) {
 static int zero_grad_zeroes(void) {
     mlc_ctx *ctx = test_ctx(2);
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 3, 4), mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 4, 2), NULL);
-    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_config){ 0 });
+    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_opts){ 0 });
     mlc_named_tensor ps[4];
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(5, 3));
     int i, n;
@@ -668,7 +668,7 @@ static int zero_grad_zeroes(void) {
 static int clip_grad_norm(void) {
     mlc_ctx *ctx = test_ctx(3);
     mlc_tensor *a = mlc_parameter(ctx, MLC_SHAPE(2)), *b = mlc_parameter(ctx, MLC_SHAPE(2, 2));
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0 });
     const float ga[] = { 3.0f, -4.0f }, gb[] = { 1.0f, 2.0f, -2.0f, 4.0f };
     double norm = sqrt(9.0 + 16 + 1 + 4 + 4 + 16), scale;     /* √50 */
     float r;
@@ -744,13 +744,13 @@ static int lr_cosine_schedule(void) {
 static int set_and_get_lr(void) {
     mlc_ctx *ctx = test_ctx(4);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *sgd = mlc_sgd(ctx, NULL, (mlc_sgd_config){ 0 });
-    mlc_optim *adam = mlc_adam(ctx, NULL, (mlc_adam_config){ 0 });
-    mlc_optim *rms = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_config){ 0 });
+    mlc_optim *sgd = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0 });
+    mlc_optim *adam = mlc_adam(ctx, NULL, (mlc_adam_opts){ 0 });
+    mlc_optim *rms = mlc_rmsprop(ctx, NULL, (mlc_rmsprop_opts){ 0 });
     CHECK(p && sgd && adam && rms);
     CHECK(test_same_float(mlc_optim_lr(sgd), 0.01f) && test_same_float(mlc_optim_lr(adam), 1e-3f)
           && test_same_float(mlc_optim_lr(rms), 0.01f));   /* PyTorch's defaults */
-    CHECK(test_same_float(mlc_optim_lr(mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.3f })), 0.3f));
+    CHECK(test_same_float(mlc_optim_lr(mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.3f })), 0.3f));
     mlc_optim_set_lr(sgd, 0.25f);
     CHECK(mlc_optim_lr(sgd) == 0.25f);
     CHECK(mlc_optim_add_param(sgd, p) == MLC_OK);
@@ -770,7 +770,7 @@ static int set_and_get_lr(void) {
 static int step_skipped_on_error(void) {
     mlc_ctx *ctx = test_ctx(5);
     mlc_tensor *p = make_param(ctx);
-    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_config){ .lr = 0.5f });
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.5f });
     CHECK(p && opt && mlc_optim_add_param(opt, p) == MLC_OK && compute_grad(opt, p));
     CHECK(mlc_sum(p, 3, 0) == NULL);                              /* an error is pending */
     mlc_step(opt);
@@ -787,7 +787,7 @@ static int step_skipped_on_error(void) {
 static int linear_regression_converges(void) {
     mlc_ctx *ctx = test_ctx(6);
     mlc_module *lin = mlc_nn_linear(ctx, 1, 1);
-    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f });
+    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
     mlc_tensor *x = mlc_empty(ctx, MLC_SHAPE(64, 1)), *y = mlc_empty(ctx, MLC_SHAPE(64, 1));
     float first = 0, last = 0;
     int i, step;
@@ -824,9 +824,9 @@ static int tiny_state_is_zero(void) {
     for (rule = 0; rule < 5; rule++) {
         mlc_ctx *ctx = test_ctx(7);
         mlc_frame f;
-        mlc_sgd_config sgd = { 0.1f, 0.9f, 0.0f, 0.0f, 0 };
-        mlc_adam_config adam = { 0.1f, 0.9f, 0.9f, 1e-8f, 0.0f, rule == 2 };
-        mlc_rmsprop_config rms = { 0.1f, 0.9f, 1e-8f, 0.0f, rule == 4 ? 0.9f : 0.0f, rule == 4 };
+        mlc_sgd_opts sgd = { 0.1f, 0.9f, 0.0f, 0.0f, 0 };
+        mlc_adam_opts adam = { 0.1f, 0.9f, 0.9f, 1e-8f, 0.0f, rule == 2 };
+        mlc_rmsprop_opts rms = { 0.1f, 0.9f, 1e-8f, 0.0f, rule == 4 ? 0.9f : 0.0f, rule == 4 };
         mlc_optim *opt = rule == 0 ? mlc_sgd(ctx, NULL, sgd) : rule <= 2 ? mlc_adam(ctx, NULL, adam)
                                                                         : mlc_rmsprop(ctx, NULL, rms);
         mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(12));
@@ -859,10 +859,10 @@ static int every_optimiser_reduces_loss(void) {
     for (kind = 0; kind < 4; kind++) {
         mlc_ctx *ctx = test_ctx(7);
         mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 16), mlc_nn_tanh(ctx), mlc_nn_linear(ctx, 16, 1), NULL);
-        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f })
-                       : kind == 1 ? mlc_adam(ctx, net, (mlc_adam_config){ .lr = 0.01f })
-                       : kind == 2 ? mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 0.01f })
-                       : mlc_rmsprop(ctx, net, (mlc_rmsprop_config){ .lr = 0.005f });
+        mlc_optim *opt = kind == 0 ? mlc_sgd(ctx, net, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f })
+                       : kind == 1 ? mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 0.01f })
+                       : kind == 2 ? mlc_adamw(ctx, net, (mlc_adam_opts){ .lr = 0.01f })
+                       : mlc_rmsprop(ctx, net, (mlc_rmsprop_opts){ .lr = 0.005f });
         mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(32, 4)), *y;
         float first = 0, last = 0;
         int step;

@@ -418,7 +418,7 @@ static int lstm_loads_a_pytorch_state_dict_by_name(void) {
     }
     size = mlc_safetensors_encode(ctx, st, 10, NULL, file, sizeof file);
     CHECK(size > 0 && size <= sizeof file);
-    CHECK_MSG(mlc_module_load_memory(net, file, size, NULL) == MLC_OK, "%.300s", mlc_error_message(ctx));
+    CHECK_MSG(mlc_module_load_from_memory(net, file, size, NULL) == MLC_OK, "%.300s", mlc_error_message(ctx));
     CHECK(mlc_module_state(net, own, 10) == 10);
     for (k = 0; k < 10; k++)
         for (j = 0; j < 10; j++)
@@ -429,7 +429,7 @@ static int lstm_loads_a_pytorch_state_dict_by_name(void) {
             }
     st[3].tensor = mlc_zeros(ctx, MLC_SHAPE(8, 3));                    /* 0.weight_hh_l1 [8, 3]: wrong */
     size = mlc_safetensors_encode(ctx, st, 10, NULL, file, sizeof file);
-    CHECK(mlc_module_load_memory(net, file, size, NULL) != MLC_OK);
+    CHECK(mlc_module_load_from_memory(net, file, size, NULL) != MLC_OK);
     CHECK(strstr(mlc_error_message(ctx), "0.weight_hh_l1") != NULL);
     mlc_clear_error(ctx);
     CHECK(mlc_host_data(own[5].tensor)[0] != 0.0f);                   /* unchanged */
@@ -449,7 +449,7 @@ static int each_cell_learns_to_recall(void) {
         mlc_ctx *ctx = test_ctx(1);
         mlc_module *rnn = make(ctx, kind, 1, 16, 1), *head = mlc_nn_linear(ctx, 16, 1);
         mlc_module *net = mlc_nn_sequential(ctx, rnn, head, NULL);
-        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 2e-2f });
+        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 2e-2f });
         float first = 0, last = 0;
         for (step = 0; step < 150; step++) {
             mlc_frame f = mlc_frame_begin(ctx);

@@ -51,7 +51,7 @@ static int train_steps(mlc_module *net, mlc_optim *opt, int steps) {
 static int round_trip_memory(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_module *a = small_model(ctx), *b;
-    mlc_optim *opt = mlc_adam(ctx, a, (mlc_adam_config){ .lr = 1e-2f });
+    mlc_optim *opt = mlc_adam(ctx, a, (mlc_adam_opts){ .lr = 1e-2f });
     const char *meta[] = { "author", "mlc tests", "note", "quote \" backslash \\ tab \t é", NULL };
     mlc_safetensors *st;
     size_t size, again;
@@ -85,7 +85,7 @@ static int round_trip_memory(void) {
     yb = mlc_forward(b, x);
     CHECK(ya && yb);
     CHECK(memcmp(mlc_host_data(ya), mlc_host_data(yb), 4 * ya->size) == 0);
-    CHECK(mlc_module_load_memory(b, buf, size, NULL) == MLC_OK);
+    CHECK(mlc_module_load_from_memory(b, buf, size, NULL) == MLC_OK);
     free(buf);
     test_destroy(ctx);
     return 1;
@@ -184,7 +184,7 @@ static int half_and_bfloat16(void) {
                     "\"num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[24,32]}}", data, 32);
     bn = mlc_nn_batch_norm(ctx, 4);
     /* running_var shares running_mean's bytes: an overlap, which is refused */
-    CHECK(mlc_module_load_memory(bn, file, n, NULL) == MLC_ERR_IO);
+    CHECK(mlc_module_load_from_memory(bn, file, n, NULL) == MLC_ERR_IO);
     CHECK(contains(mlc_error_message(ctx), "overlaps"));
     mlc_clear_error(ctx);
     n = build(file, "{\"weight\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]},"
@@ -192,14 +192,14 @@ static int half_and_bfloat16(void) {
                     "\"running_mean\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[8,16]},"
                     "\"running_var\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
                     "\"num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[24,32]}}", data, 32);
-    CHECK(mlc_module_load_memory(bn, file, n, NULL) == MLC_ERR_SHAPE);   /* strict: running_var is [0] */
+    CHECK(mlc_module_load_from_memory(bn, file, n, NULL) == MLC_ERR_SHAPE);   /* strict: running_var is [0] */
     CHECK(contains(mlc_error_message(ctx), "running_var"));
     mlc_clear_error(ctx);
     {
         mlc_load_report report;
         mlc_load_opts opts = { 1, &report };
         const float w[4] = { 1, -2, 0.5f, 65504 };
-        CHECK_MSG(mlc_module_load_memory(bn, file, n, &opts) == MLC_OK, "%s", mlc_error_message(ctx));
+        CHECK_MSG(mlc_module_load_from_memory(bn, file, n, &opts) == MLC_OK, "%s", mlc_error_message(ctx));
         CHECK(report.loaded == 4 && report.mismatched == 1 && report.missing == 0 && report.unexpected == 0);
         CHECK(contains(report.names, "shape running_var [0] in the file, [4] here"));
         CHECK_TENSOR(bn->params[0], w, 0.0);
@@ -226,7 +226,7 @@ static int strict_and_partial(void) {
     CHECK(size && (buf = (unsigned char *)malloc(size)) && mlc_module_encode(small, NULL, buf, size) == size);
     memcpy(before, mlc_host_data(other->children[0]->params[1]), sizeof before);
     /* strict: 2.weight's shape differs, 3.* are missing; nothing changes */
-    CHECK(mlc_module_load_memory(other, buf, size, &strict) == MLC_ERR_SHAPE);
+    CHECK(mlc_module_load_from_memory(other, buf, size, &strict) == MLC_ERR_SHAPE);
     CHECK(contains(mlc_error_message(ctx), "nothing loaded"));
     CHECK(contains(mlc_error_message(ctx), "missing 3.weight"));
     CHECK(contains(mlc_error_message(ctx), "shape 2.weight [3, 8] in the file, [5, 8] here"));
@@ -234,17 +234,17 @@ static int strict_and_partial(void) {
     CHECK_TENSOR(other->children[0]->params[1], before, 0.0);
     mlc_clear_error(ctx);
     /* partial: the first layer loads (fine-tuning a new head) */
-    CHECK(mlc_module_load_memory(other, buf, size, &partial) == MLC_OK);
+    CHECK(mlc_module_load_from_memory(other, buf, size, &partial) == MLC_OK);
     CHECK(report.loaded == 2 && report.missing == 2 && report.mismatched == 2);
     CHECK_TENSOR(other->children[0]->params[0], mlc_host_data(small->children[0]->params[0]), 0.0);
     free(buf);
     /* the other way round: the file has tensors the module lacks */
     size = mlc_module_encode(other, NULL, NULL, 0);
     CHECK(size && (buf = (unsigned char *)malloc(size)) && mlc_module_encode(other, NULL, buf, size) == size);
-    CHECK(mlc_module_load_memory(small, buf, size, NULL) == MLC_ERR_SHAPE);
+    CHECK(mlc_module_load_from_memory(small, buf, size, NULL) == MLC_ERR_SHAPE);
     CHECK(contains(mlc_error_message(ctx), "unexpected 3.bias"));
     mlc_clear_error(ctx);
-    CHECK(mlc_module_load_memory(fresh, buf, size, &strict) == MLC_OK && report.loaded == 6);
+    CHECK(mlc_module_load_from_memory(fresh, buf, size, &strict) == MLC_OK && report.loaded == 6);
     CHECK(same_state(fresh, other));
     free(buf);
     test_destroy(ctx);
@@ -326,7 +326,7 @@ static int corrupt_files(void) {
             CHECK_MSG(contains(msg, quoted), "%s: message \"%s\" does not name %s", k->what, msg, quoted);
         }
         mlc_clear_error(ctx);
-        CHECK(mlc_module_load_memory(lin, file, n, NULL) == MLC_ERR_IO);   /* and through the module loader */
+        CHECK(mlc_module_load_from_memory(lin, file, n, NULL) == MLC_ERR_IO);   /* and through the module loader */
         mlc_clear_error(ctx);
     }
     /* the header length: short files, too long, past the end */
@@ -344,7 +344,7 @@ static int corrupt_files(void) {
     /* an F8 tensor is a valid file but cannot become float32 */
     n = build(file, "{\"weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[1,1],\"data_offsets\":[0,1]},"
                     "\"bias\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[1,5]}}", zeros, 5);
-    CHECK(mlc_module_load_memory(lin, file, n, NULL) == MLC_ERR_IO);
+    CHECK(mlc_module_load_from_memory(lin, file, n, NULL) == MLC_ERR_IO);
     CHECK(contains(mlc_error_message(ctx), "F8_E4M3 cannot be loaded"));
     mlc_clear_error(ctx);
     CHECK(mlc_host_data(lin->params[0])[0] == w);               /* untouched through all of it */
@@ -394,11 +394,11 @@ static int names_and_escapes(void) {
 typedef enum { ADAM, SGD_NESTEROV, RMSPROP_CENTERED, ADAMW_AMSGRAD } optim_kind;
 
 static mlc_optim *make_optim(mlc_ctx *ctx, mlc_module *net, optim_kind kind) {
-    if (kind == ADAM) return mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f, .weight_decay = 1e-3f });
+    if (kind == ADAM) return mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f, .weight_decay = 1e-3f });
     if (kind == ADAMW_AMSGRAD)   /* beta2 0.5: v falls below its largest, so the max matters */
-        return mlc_adamw(ctx, net, (mlc_adam_config){ .lr = 1e-2f, .beta2 = 0.5f, .amsgrad = 1 });
-    if (kind == SGD_NESTEROV) return mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f, .nesterov = 1 });
-    return mlc_rmsprop(ctx, net, (mlc_rmsprop_config){ .lr = 1e-2f, .momentum = 0.5f, .centered = 1 });
+        return mlc_adamw(ctx, net, (mlc_adam_opts){ .lr = 1e-2f, .beta2 = 0.5f, .amsgrad = 1 });
+    if (kind == SGD_NESTEROV) return mlc_sgd(ctx, net, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f, .nesterov = 1 });
+    return mlc_rmsprop(ctx, net, (mlc_rmsprop_opts){ .lr = 1e-2f, .momentum = 0.5f, .centered = 1 });
 }
 
 /* Steps [from, to) of a run: fresh data from the context's RNG each step, dropout, batch norm,
@@ -481,38 +481,38 @@ static int checkpoint_mismatches(void) {
     CHECK(strcmp(mlc_safetensors_metadata(st, "mlc.optim"), "adam") == 0);
     mlc_safetensors_close(st);
     /* weights from a checkpoint load as a model (reserved names are not "unexpected") */
-    CHECK(mlc_module_load_memory(net, buf, size, NULL) == MLC_OK);
+    CHECK(mlc_module_load_from_memory(net, buf, size, NULL) == MLC_OK);
     sgd = make_optim(ctx, net, SGD_NESTEROV);
-    CHECK(mlc_checkpoint_load_memory(buf, size, net, sgd, NULL) == MLC_ERR_IO);
+    CHECK(mlc_checkpoint_load_from_memory(buf, size, net, sgd, NULL) == MLC_ERR_IO);
     CHECK(contains(mlc_error_message(ctx), "holds optimiser \"adam\", not sgd"));
     mlc_clear_error(ctx);
     {   /* AMSGrad's max_exp_avg_sq (PyTorch's name) is saved, and a plain Adam's checkpoint lacks it */
-        mlc_optim *ams = mlc_adam(ctx, net, (mlc_adam_config){ .amsgrad = 1 });
+        mlc_optim *ams = mlc_adam(ctx, net, (mlc_adam_opts){ .amsgrad = 1 });
         size_t n = mlc_checkpoint_encode(net, ams, &state, NULL, 0);
         unsigned char *b = (unsigned char *)malloc(n);
         CHECK(n && b && mlc_checkpoint_encode(net, ams, &state, b, n) == n);
         st = mlc_safetensors_from_memory(ctx, b, n, NULL);
         CHECK(st && mlc_safetensors_get(st, "__mlc__.optim.7.max_exp_avg_sq"));
         mlc_safetensors_close(st);
-        CHECK(mlc_checkpoint_load_memory(b, n, net, adam, NULL) == MLC_ERR_IO);
+        CHECK(mlc_checkpoint_load_from_memory(b, n, net, adam, NULL) == MLC_ERR_IO);
         CHECK(contains(mlc_error_message(ctx), "optimiser entries"));
         mlc_clear_error(ctx);
-        CHECK(mlc_checkpoint_load_memory(buf, size, net, ams, NULL) == MLC_ERR_IO);
+        CHECK(mlc_checkpoint_load_from_memory(buf, size, net, ams, NULL) == MLC_ERR_IO);
         CHECK(contains(mlc_error_message(ctx), "max_exp_avg_sq"));
         mlc_clear_error(ctx);
         free(b);
     }
     bigger = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 8), NULL);
-    CHECK(mlc_checkpoint_load_memory(buf, size, bigger, NULL, NULL) == MLC_ERR_ARG);   /* unexpected tensors */
+    CHECK(mlc_checkpoint_load_from_memory(buf, size, bigger, NULL, NULL) == MLC_ERR_ARG);   /* unexpected tensors */
     mlc_clear_error(ctx);
-    adam = mlc_adam(ctx, bigger, (mlc_adam_config){ .lr = 0 });
-    CHECK(mlc_checkpoint_load_memory(buf, size, bigger, adam, NULL) == MLC_ERR_IO);     /* optimiser state count */
+    adam = mlc_adam(ctx, bigger, (mlc_adam_opts){ .lr = 0 });
+    CHECK(mlc_checkpoint_load_from_memory(buf, size, bigger, adam, NULL) == MLC_ERR_IO);     /* optimiser state count */
     CHECK(contains(mlc_error_message(ctx), "optimiser entries"));
     mlc_clear_error(ctx);
     size = mlc_module_encode(net, NULL, NULL, 0);
     plain = (unsigned char *)malloc(size);
     CHECK(plain && mlc_module_encode(net, NULL, plain, size) == size);
-    CHECK(mlc_checkpoint_load_memory(plain, size, net, NULL, NULL) == MLC_ERR_IO);
+    CHECK(mlc_checkpoint_load_from_memory(plain, size, net, NULL, NULL) == MLC_ERR_IO);
     CHECK(contains(mlc_error_message(ctx), "not an mlc checkpoint"));
     mlc_clear_error(ctx);
     free(plain);

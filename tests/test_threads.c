@@ -96,8 +96,8 @@ static int train(int threads, float *mlp_out, float *conv_out) {
     l2 = mlc_nn_linear(ctx, 384, 10);
     net = mlc_nn_sequential(ctx, l1, mlc_nn_relu(ctx), l2, NULL);
     conv = mlc_nn_conv2d(ctx, 3, 8, 3, (mlc_conv_opts){ .padding = 1 });
-    opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
-    conv_opt = mlc_adam(ctx, conv, (mlc_adam_config){ .lr = 1e-2f });
+    opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
+    conv_opt = mlc_adam(ctx, conv, (mlc_adam_opts){ .lr = 1e-2f });
     x = mlc_randn(ctx, MLC_SHAPE(32, 96));
     y = mlc_randn(ctx, MLC_SHAPE(32, 10));
     images = mlc_randn(ctx, MLC_SHAPE(4, 3, 12, 12));

@@ -25,7 +25,7 @@ static float mlp_step(mlc_ctx *ctx, mlc_module *net, mlc_optim *opt, mlc_tensor 
 static int steady_loop_allocates_nothing(void) {
     mlc_ctx *ctx = test_ctx(1);
     mlc_module *net = small_mlp(ctx);
-    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 10)), *y = mlc_randn(ctx, MLC_SHAPE(64, 1));
     mlc_stats before, after;
     size_t arena_before;
@@ -53,7 +53,7 @@ static int steady_cnn_loop_allocates_nothing(void) {
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_custom(ctx, "Reshape", to_image, NULL),
         mlc_nn_conv2d(ctx, 1, 4, 3, (mlc_conv_opts){ .padding = 1 }), mlc_nn_batch_norm(ctx, 4), mlc_nn_relu(ctx),
         mlc_nn_max_pool2d(ctx, 2, 0), mlc_nn_flatten(ctx), mlc_nn_linear(ctx, 64, 10), NULL);
-    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.05f, .momentum = 0.9f });
+    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
     mlc_tensor *x = mlc_rand(ctx, MLC_SHAPE(16, 64)), *y = mlc_empty(ctx, MLC_SHAPE(16));
     size_t allocs = 0;
     int i, step;
@@ -79,7 +79,7 @@ static int same_seed_same_losses(void) {
     for (run = 0; run < 2; run++) {
         mlc_ctx *ctx = test_ctx(1234);
         mlc_module *net = small_mlp(ctx);
-        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
         mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(32, 10)), *y = mlc_randn(ctx, MLC_SHAPE(32, 1));
         for (i = 0; i < 100; i++) losses[run][i] = mlp_step(ctx, net, opt, x, y);
         CHECK(mlc_error(ctx) == MLC_OK);
@@ -90,7 +90,7 @@ static int same_seed_same_losses(void) {
     {   /* and another seed gives other numbers */
         mlc_ctx *ctx = test_ctx(1235);
         mlc_module *net = small_mlp(ctx);
-        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+        mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
         mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(32, 10)), *y = mlc_randn(ctx, MLC_SHAPE(32, 1));
         CHECK(mlp_step(ctx, net, opt, x, y) != losses[0][0]);
         test_destroy(ctx);
@@ -161,7 +161,7 @@ static int mlp_learns_digits(void) {
     }
     digits_free(&ds);
     net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 64, 64), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 64, 10), NULL);
-    opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 3e-3f });
+    opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 3e-3f });
     for (epoch = 0; epoch < 10; epoch++)
         for (i = 0; i + 50 <= n; i += 50) {
             mlc_frame f = mlc_frame_begin(ctx);

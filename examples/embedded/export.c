@@ -51,7 +51,7 @@ static void rows(const digits_set *ds, int first, int count, float *x, float *y)
 static void train(mlc_ctx *ctx, mlc_module *model, const digits_set *ds) {
     static float x[DIGITS_TRAIN_COUNT * DIGITS_PIXELS], y[DIGITS_TRAIN_COUNT], order[DIGITS_TRAIN_COUNT];
     int n = DIGITS_TRAIN_COUNT, step = 0, steps_per_epoch = (n + BATCH - 1) / BATCH;
-    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_config){ .lr = 3e-3f, .weight_decay = 1e-2f });
+    mlc_optim *opt = mlc_adamw(ctx, model, (mlc_adam_opts){ .lr = 3e-3f, .weight_decay = 1e-2f });
     mlc_tensor *xs, *ys;
     rows(ds, 0, n, x, y);
     xs = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(n, DIGITS_PIXELS), x));

@@ -27,12 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ctx = mlc_create(&config);
     if (!ctx) return 0;
     net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 2, 3), mlc_nn_batch_norm(ctx, 3), mlc_nn_linear(ctx, 3, 1), NULL);
-    opt = mlc_sgd(ctx, net, (mlc_sgd_config){ .lr = 0.1f, .momentum = 0.9f });
-    mlc_module_load_memory(net, data, size, NULL);
+    opt = mlc_sgd(ctx, net, (mlc_sgd_opts){ .lr = 0.1f, .momentum = 0.9f });
+    mlc_module_load_from_memory(net, data, size, NULL);
     mlc_clear_error(ctx);
-    mlc_module_load_memory(net, data, size, &partial);
+    mlc_module_load_from_memory(net, data, size, &partial);
     mlc_clear_error(ctx);
-    mlc_checkpoint_load_memory(data, size, net, opt, &state);
+    mlc_checkpoint_load_from_memory(data, size, net, opt, &state);
     mlc_clear_error(ctx);
     if ((st = mlc_safetensors_from_memory(ctx, data, size, "fuzz"))) {
         /* every tensor as float32, then written again: the writer's file must read back */

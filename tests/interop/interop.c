@@ -119,7 +119,7 @@ static void run_model(const char *dir, const char *name) {
     /* mlc trains a few steps and saves; PyTorch loads the file and matches mlc's output */
     mlc_requires_grad(x, 0);
     mlc_module_train(net, 1);
-    opt = mlc_adam(ctx, net, (mlc_adam_config){ .lr = 1e-2f });
+    opt = mlc_adam(ctx, net, (mlc_adam_opts){ .lr = 1e-2f });
     for (step = 0; step < 3; step++) {
         mlc_frame f = mlc_frame_begin(ctx);
         mlc_tensor *l = loss_of(name, mlc_forward(net, x), y);
