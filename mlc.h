@@ -281,6 +281,7 @@ typedef struct mlc_stats {
     size_t device_bytes_current, device_bytes_peak;   /* device buffers, now and at most   */
     size_t uploads, downloads;          /* copies host -> device and device -> host          */
     size_t fallbacks;                   /* device ops that ran on the CPU (no kernel)        */
+    size_t widened;                     /* CPU ops on bf16/f16 tensors run on float32 copies */
     size_t launches;                    /* kernels the device was given to run               */
     size_t jobs_shared, jobs_alone;     /* CPU ops' work shared with worker threads, and run on
                                            the caller alone after a worker lost its core (see
@@ -322,6 +323,12 @@ MLCDEF void mlc_frame_end(mlc_frame frame);
    @section api-tensors  Public API: tensors
    ============================================================================================ */
 
+/* What a tensor stores: float32 (the default), bfloat16 or float16. Arithmetic is float32
+   whatever the storage (an op on half tensors computes in float32 and rounds its result once,
+   to nearest even, as PyTorch does on the CPU); gradients are float32 for every dtype. Mixing
+   dtypes in an op promotes as PyTorch does: the same dtype stays, anything else is float32. */
+typedef enum mlc_scalar_type { MLC_F32 = 0, MLC_BF16, MLC_F16 } mlc_scalar_type;
+
 struct mlc_tensor {                     /* read the fields; change them only through the API */
     mlc_ctx *ctx;
     int ndim;
@@ -341,6 +348,8 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     unsigned stale;                     /* which copies are out of date (MLC__*_STALE bits) */
     void *device_data, *device_grad;    /* the backend's buffers */
     int read_only;                      /* 1: data is the caller's read-only memory (mlc_from_const) */
+    mlc_scalar_type dtype;              /* MLC_F32: values in data; else in half, and data is NULL */
+    uint16_t *half;                     /* a bf16 or f16 tensor's values (read them with mlc_read) */
 };
 
 MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
@@ -358,6 +367,23 @@ MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape);
 MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, const float *data);
 /* A long-lived copy of t (a leaf; requires_grad copied). */
 MLCDEF mlc_tensor *mlc_keep(mlc_tensor *t);
+/* dtypes: a tensor's, its name ("float32", "bfloat16", "float16"), creation in a dtype (values
+   rounded to nearest even), and the differentiable cast (x itself when x has that dtype; the
+   gradient flows back in float32) */
+MLCDEF mlc_scalar_type mlc_dtype(const mlc_tensor *t);
+MLCDEF const char *mlc_dtype_name(mlc_scalar_type dtype);
+MLCDEF mlc_tensor *mlc_full_dtype(mlc_ctx *ctx, int ndim, const int *shape, float value,
+                                  mlc_scalar_type dtype);
+MLCDEF mlc_tensor *mlc_from_data_dtype(mlc_ctx *ctx, int ndim, const int *shape, const float *data,
+                                       mlc_scalar_type dtype);
+MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype);
+/* One value's conversions, bit-exact with PyTorch's .to(): round to nearest even, subnormals
+   kept, overflow to infinity, signed zero kept, NaN stays NaN (bf16: 0x7fc0, PyTorch's scalar
+   rounding; f16: quiet, its sign kept, payload dropped; widening is exact, f16 NaNs quieted). */
+MLCDEF uint16_t mlc_float_to_bf16(float v);
+MLCDEF uint16_t mlc_float_to_f16(float v);
+MLCDEF float mlc_bf16_to_float(uint16_t bits);
+MLCDEF float mlc_f16_to_float(uint16_t bits);
 MLCDEF void mlc_tensor_free(mlc_tensor *t);             /* long-lived tensors only */
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on);   /* returns t */
@@ -394,7 +420,7 @@ MLCDEF int mlc_has_device(const mlc_ctx *ctx);          /* 1 when the context ru
 MLCDEF void mlc_sync(mlc_ctx *ctx);     /* waits until the device has run every op given so far */
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device); /* moves t (and its gradient); returns t */
 MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every parameter and buffer */
-MLCDEF float *mlc_host_data(mlc_tensor *t);             /* t->data, brought up to date (write: mlc_write) */
+MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
 /* ============================================================================================
@@ -563,6 +589,16 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 MLCDEF mlc_result mlc_backward(mlc_tensor *loss);        /* loss has one element */
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out);
 MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled);   /* returns the previous state */
+
+/* Mixed precision, as torch.autocast: from begin to end, the products (matmul, linear, conv2d,
+   attention, and the recurrent layers' products through them) run on dtype copies of their
+   float32 inputs and return dtype, accumulating in float32; softmax, log_softmax, the losses,
+   the norms and the reductions take float32 (a half input is cast up). A parameter's copy is
+   made once and reused until mlc_step, mlc_autocast_end or the end of the frame it was made in,
+   so a step casts each weight once. dtype: MLC_BF16 or MLC_F16 (with mlc_grad_scaler). Master
+   weights and the optimiser stay float32. Device tensors keep float32 in this version. */
+MLCDEF mlc_result mlc_autocast_begin(mlc_ctx *ctx, mlc_scalar_type dtype);
+MLCDEF void mlc_autocast_end(mlc_ctx *ctx);
 
 /* Finite-difference gradient check of fn(inputs) against mlc_backward, for any composition.
    The output is projected on fixed random weights and the sums are taken in double. */
@@ -1182,6 +1218,10 @@ struct mlc_ctx {
     void *device;                      /* the backend's state */
     char device_name[160];             /* set by the backend: "opencl:1 NVIDIA H100 80GB HBM3" */
     int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
+    mlc_scalar_type op_dtype;          /* the dtype of the op's output (mlc__make) */
+    mlc_scalar_type autocast;          /* MLC_F32: off; else the products' dtype */
+    struct mlc__autocast_copy { mlc_tensor *of, *copy; } *autocast_copies;   /* parameters' copies */
+    int n_autocast_copies, autocast_capacity;
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
     int level;                         /* frames open now */
@@ -1671,6 +1711,24 @@ MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     return previous;
 }
 
+MLCDEF mlc_result mlc_autocast_begin(mlc_ctx *ctx, mlc_scalar_type dtype) {
+    if (!ctx) return MLC_ERR_NULL;
+    if (ctx->error) return ctx->error;
+    if (dtype != MLC_BF16 && dtype != MLC_F16) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_autocast_begin: dtype %d is not MLC_BF16 or MLC_F16", (int)dtype);
+        return ctx->error;
+    }
+    ctx->autocast = dtype;
+    ctx->n_autocast_copies = 0;
+    return MLC_OK;
+}
+
+MLCDEF void mlc_autocast_end(mlc_ctx *ctx) {
+    if (!ctx) return;
+    ctx->autocast = MLC_F32;
+    ctx->n_autocast_copies = 0;
+}
+
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
     mlc_stats s;
     if (!ctx) { memset(&s, 0, sizeof s); return s; }
@@ -1778,6 +1836,82 @@ static int mlc__usable(mlc_tensor *t, const char *op) {
 }
 
 /* ============================================================================================
+   @section dtypes  bfloat16 and float16: one value's conversions, and arrays of them
+   bf16 is float32's upper half: 1 sign, 8 exponent, 7 mantissa bits; rounding adds half an ulp
+   of bf16 (plus the tie's evenness) to the float's bits and keeps the top 16. f16 has 5 exponent
+   bits (bias 15) and 10 mantissa bits: below 2^-14 it is subnormal (steps of 2^-24), from 65520
+   on it overflows. Both are PyTorch's rounding bit for bit (tests/dtype_table.h).
+   ============================================================================================ */
+
+MLCDEF uint16_t mlc_float_to_bf16(float v) {
+    uint32_t b = mlc__bits(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;                  /* NaN */
+    return (uint16_t)((b + 0x7fffu + (b >> 16 & 1u)) >> 16);            /* to nearest, ties to even */
+}
+
+MLCDEF float mlc_bf16_to_float(uint16_t bits) {
+    uint32_t b = (uint32_t)bits << 16;
+    float v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+MLCDEF uint16_t mlc_float_to_f16(float v) {
+    uint32_t b = mlc__bits(v), sign = b >> 16 & 0x8000u, a = b & 0x7fffffffu, e = a >> 23, m, shift, q, rest;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);             /* NaN: quiet, payload dropped */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);            /* 65520 and up: infinity */
+    if (e >= 113) {                                                      /* normal in f16: 2^-14 and up */
+        m = a + 0x0fffu + (a >> 13 & 1u) - (112u << 23);                 /* rebias, round to 10 bits */
+        return (uint16_t)(sign | m >> 13);
+    }
+    if (e < 102) return (uint16_t)sign;                                  /* below 2^-25: a signed zero */
+    m = (a & 0x7fffffu) | 0x800000u;                                     /* subnormal: steps of 2^-24 */
+    shift = 126 - e;                                                     /* 14..24 */
+    q = m >> shift;
+    rest = m & ((1u << shift) - 1);
+    q += rest > 1u << (shift - 1) || (rest == 1u << (shift - 1) && (q & 1u));
+    return (uint16_t)(sign | q);
+}
+
+MLCDEF float mlc_f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31u, mantissa = h & 1023u, bits;
+    float f;
+    if (exponent == 0) {                                 /* the sign as a bit: -0 stays -0 under fast-math */
+        f = (float)mantissa * 5.9604644775390625e-8f;
+        bits = sign | mlc__bits(f);
+    } else if (exponent == 31)
+        bits = sign | 0x7f800000u | mantissa << 13 | (mantissa ? 0x400000u : 0u);   /* NaN comes back quiet */
+    else bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static int mlc__is_half(mlc_scalar_type dtype) { return dtype != MLC_F32; }
+
+/* n values of dtype at src, widened to float32 at dst; and rounded back */
+static void mlc__widen(mlc_scalar_type dtype, const uint16_t *src, float *dst, size_t n) {
+    size_t i;
+    if (dtype == MLC_BF16) for (i = 0; i < n; i++) dst[i] = mlc_bf16_to_float(src[i]);
+    else for (i = 0; i < n; i++) dst[i] = mlc_f16_to_float(src[i]);
+}
+static void mlc__narrow(mlc_scalar_type dtype, const float *src, uint16_t *dst, size_t n) {
+    size_t i;
+    if (dtype == MLC_BF16) for (i = 0; i < n; i++) dst[i] = mlc_float_to_bf16(src[i]);
+    else for (i = 0; i < n; i++) dst[i] = mlc_float_to_f16(src[i]);
+}
+
+/* Element i of t as a float, whatever its dtype (t's host copy is current) */
+static float mlc__value(const mlc_tensor *t, size_t i) {
+    return t->dtype == MLC_F32 ? t->data[i] : t->dtype == MLC_BF16 ? mlc_bf16_to_float(t->half[i])
+                                                                    : mlc_f16_to_float(t->half[i]);
+}
+
+MLCDEF mlc_scalar_type mlc_dtype(const mlc_tensor *t) { return t ? t->dtype : MLC_F32; }
+MLCDEF const char *mlc_dtype_name(mlc_scalar_type dtype) {
+    return dtype == MLC_F32 ? "float32" : dtype == MLC_BF16 ? "bfloat16" : dtype == MLC_F16 ? "float16" : "?";
+}
+
+/* ============================================================================================
    @section devices  Devices: where tensors live, and the backend table
    A tensor on the device keeps a host copy too; its `stale` bits say which copy is out of
    date. An op on device tensors hands its node to the backend; a backend without that kernel
@@ -1818,8 +1952,14 @@ static void mlc__settle_grad(mlc_tensor *t) {
     mlc__host_wrote_grad(t);
 }
 
-/* The host copy of t's data (or gradient), brought up to date. */
+/* The host copy of t's data (or gradient), brought up to date. A bf16 or f16 tensor's values
+   come as a float32 copy in the frame's arena, for reading (NULL when out of memory). */
 static float *mlc__host(mlc_tensor *t) {
+    if (t->dtype != MLC_F32) {
+        float *copy = (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float) + 1, "mlc_read");
+        if (copy) mlc__widen(t->dtype, t->half, copy, t->size);
+        return copy;
+    }
     if ((t->stale & MLC__HOST_STALE) && !t->ctx->error) {
         if (!t->ctx->backend->download(t, 0)) return t->data;
         t->stale &= ~(unsigned)MLC__HOST_STALE;
@@ -1893,7 +2033,12 @@ static void mlc__clear_grad(mlc_tensor *t) {
     if (t->grad || t->device_grad) t->stale |= MLC__GRAD_ZERO;
 }
 
-MLCDEF float *mlc_host_data(mlc_tensor *t) { return mlc__usable(t, "mlc_host_data") ? mlc__host(t) : NULL; }
+MLCDEF float *mlc_host_data(mlc_tensor *t) {
+    if (!mlc__usable(t, "mlc_host_data")) return NULL;
+    if (t->dtype == MLC_F32) return mlc__host(t);
+    return (float *)mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_host_data: tensor %T is %s, not float32: read it "
+                              "with mlc_read or mlc_get", t, mlc_dtype_name(t->dtype));
+}
 MLCDEF float *mlc_host_grad(mlc_tensor *t) {
     return mlc__usable(t, "mlc_host_grad") ? mlc__host_grad(t) : NULL;
 }
@@ -1920,6 +2065,10 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE,
                                        "mlc_to: context runs on the CPU only (no device)");
     if (on_device == t->on_device) return t;
+    if (on_device && t->dtype != MLC_F32)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: tensor %T is %s; devices hold float32 "
+                                       "tensors in this version (cast it with mlc_to_dtype first)", t,
+                                       mlc_dtype_name(t->dtype));
     if (!on_device) {                            /* bring both copies home */
         mlc__host(t);
         mlc__host_grad(t);
@@ -1964,29 +2113,39 @@ static int mlc__check_shape(mlc_ctx *ctx, const char *op, int ndim, const int *s
     return 1;
 }
 
-/* Make a tensor: in the arena (temporaries) or on the owned heap (long-lived); over (not NULL):
-   a long-lived one whose data is the caller's read-only memory (only the struct is allocated). */
+/* Make a tensor of ctx->op_dtype: in the arena (temporaries: the values right after the struct)
+   or on the owned heap (long-lived: the values in a block of their own, which
+   mlc_module_to_dtype can replace); over (not NULL): a long-lived float32 one whose data is the
+   caller's read-only memory (only the struct is allocated). */
 static mlc_tensor *mlc__make_over(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent,
                                   const float *over) {
+    const size_t header = (sizeof(mlc_tensor) + 31) & ~(size_t)31;
     mlc_tensor *t;
-    size_t size = 1, bytes;
+    size_t size = 1, bytes, width;
+    unsigned char *values;
     int d;
     if (!ctx || ctx->error || !mlc__check_shape(ctx, op, ndim, shape)) return NULL;
+    width = over || !mlc__is_half(ctx->op_dtype) ? sizeof(float) : sizeof(uint16_t);
     for (d = 0; d < ndim; d++)
         if (!mlc__size(size, (size_t)shape[d], 0, &size)) break;
-    if (d < ndim || !mlc__size(size, sizeof(float), (sizeof(mlc_tensor) + 31) & ~(size_t)31, &bytes))
+    if (d < ndim || !mlc__size(size, width, header, &bytes))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: a tensor of shape %s has more bytes than "
                                        "size_t counts", op, mlc__shape_text(ndim, shape).text);
-    if (over) bytes = sizeof(mlc_tensor);
+    if (over || persistent) bytes = sizeof(mlc_tensor);
     t = (mlc_tensor *)(persistent ? mlc__owned_alloc(ctx, bytes, op) : mlc__arena_alloc(ctx, bytes, op));
     if (!t) return NULL;
+    values = persistent ? over ? (unsigned char *)(uintptr_t)over
+                               : (unsigned char *)mlc__owned_alloc(ctx, size * width + 1, op)
+                        : (unsigned char *)t + header;
+    if (!values) { mlc__owned_free(ctx, t); return NULL; }
     memset(t, 0, sizeof *t);
     t->ctx = ctx;
     t->ndim = ndim;
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof(int));
     t->size = size;
-    t->data = over ? (float *)(uintptr_t)over
-                   : (float *)((unsigned char *)t + ((sizeof(mlc_tensor) + 31) & ~(size_t)31));
+    t->dtype = over ? MLC_F32 : ctx->op_dtype;
+    if (mlc__is_half(t->dtype)) t->half = (uint16_t *)(void *)values;
+    else t->data = (float *)(void *)values;
     t->read_only = over != NULL;
     t->persistent = persistent;
     t->on_device = ctx->op_device;
@@ -2000,9 +2159,12 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     return mlc__make_over(ctx, op, ndim, shape, persistent, NULL);
 }
 
-/* A tensor the user creates: it lives on the context's device. */
+/* A long-lived tensor's values (data or half), which it owns apart from its struct */
+static void *mlc__storage(const mlc_tensor *t) { return t->half ? (void *)t->half : (void *)t->data; }
+
+/* A float32 tensor the user creates: it lives on the context's device. */
 static mlc_tensor *mlc__new(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
-    if (ctx) ctx->op_device = ctx->backend != NULL;
+    if (ctx) { ctx->op_device = ctx->backend != NULL; ctx->op_dtype = MLC_F32; }
     return mlc__make(ctx, op, ndim, shape, persistent);
 }
 
@@ -2039,9 +2201,39 @@ MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const
     return t;
 }
 
+/* In a dtype: float32 values made, then rounded (on the CPU: devices hold float32 tensors) */
+static mlc_tensor *mlc__new_dtype(mlc_ctx *ctx, const char *op, int ndim, const int *shape,
+                                  mlc_scalar_type dtype, const float *data, float value) {
+    mlc_tensor *t;
+    size_t i;
+    if (!ctx || ctx->error) return NULL;
+    if ((unsigned)dtype > (unsigned)MLC_F16)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d is not a dtype", op, (int)dtype);
+    if (dtype == MLC_F32)
+        return data ? mlc_from_data(ctx, ndim, shape, data) : mlc_full(ctx, ndim, shape, value);
+    ctx->op_device = 0;
+    ctx->op_dtype = dtype;
+    if (!(t = mlc__make(ctx, op, ndim, shape, 0))) return NULL;
+    if (data) mlc__narrow(dtype, data, t->half, t->size);
+    else {
+        const uint16_t bits = dtype == MLC_BF16 ? mlc_float_to_bf16(value) : mlc_float_to_f16(value);
+        for (i = 0; i < t->size; i++) t->half[i] = bits;
+    }
+    return t;
+}
+MLCDEF mlc_tensor *mlc_full_dtype(mlc_ctx *ctx, int ndim, const int *shape, float value,
+                                  mlc_scalar_type dtype) {
+    return mlc__new_dtype(ctx, "mlc_full_dtype", ndim, shape, dtype, NULL, value);
+}
+MLCDEF mlc_tensor *mlc_from_data_dtype(mlc_ctx *ctx, int ndim, const int *shape, const float *data,
+                                       mlc_scalar_type dtype) {
+    if (ctx && !data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_from_data_dtype: data is NULL");
+    return mlc__new_dtype(ctx, "mlc_from_data_dtype", ndim, shape, dtype, data, 0.0f);
+}
+
 MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, const float *data) {
     if (ctx && !data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_from_const: data is NULL");
-    if (ctx) ctx->op_device = ctx->backend != NULL;
+    if (ctx) { ctx->op_device = ctx->backend != NULL; ctx->op_dtype = MLC_F32; }
     return mlc__make_over(ctx, "mlc_from_const", ndim, shape, 1, data);
 }
 
@@ -2098,7 +2290,7 @@ MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
     mlc_tensor *t = mlc__new(ctx, "mlc_parameter", ndim, shape, 1);
     if (!t) return NULL;
     t->requires_grad = 1;
-    if (!mlc__alloc_grad(t, "mlc_parameter")) { mlc__owned_free(ctx, t); return NULL; }
+    if (!mlc__alloc_grad(t, "mlc_parameter")) { mlc_tensor_free(t); return NULL; }
     return t;
 }
 
@@ -2106,9 +2298,11 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     mlc_tensor *t;
     if (!x || x->ctx->error || !mlc__usable(x, "mlc_keep")) return NULL;
     x->ctx->op_device = x->on_device;
+    x->ctx->op_dtype = x->dtype;
     t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
     if (!t) return NULL;
-    memcpy(t->data, mlc__host(x), x->size * sizeof(float));
+    if (x->dtype != MLC_F32) memcpy(t->half, x->half, x->size * sizeof(uint16_t));
+    else memcpy(t->data, mlc__host(x), x->size * sizeof(float));
     if (x->requires_grad && !mlc_requires_grad(t, 1)) { mlc_tensor_free(t); return NULL; }
     return t;
 }
@@ -2122,6 +2316,7 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     }
     if (t->on_device) mlc__device_release(t);
     if (t->grad) mlc__owned_free(t->ctx, t->grad);
+    if (!t->read_only) mlc__owned_free(t->ctx, mlc__storage(t));
     mlc__owned_free(t->ctx, t);
 }
 
@@ -2138,7 +2333,7 @@ MLCDEF float mlc_item(mlc_tensor *t) {
         mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size);
         return NAN;
     }
-    return mlc__host(t)[0];
+    return t->dtype != MLC_F32 ? mlc__value(t, 0) : mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
@@ -2148,7 +2343,7 @@ MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
                   t->size);
         return NAN;
     }
-    return mlc__host(t)[i];
+    return t->dtype != MLC_F32 ? mlc__value(t, i) : mlc__host(t)[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
@@ -2158,7 +2353,8 @@ MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
                   t->size);
         return t->ctx->error;
     }
-    memcpy(dst, mlc__host(t), count * sizeof(float));
+    if (t->dtype != MLC_F32) mlc__widen(t->dtype, t->half, dst, count);
+    else memcpy(dst, mlc__host(t), count * sizeof(float));
     return MLC_OK;
 }
 
@@ -2171,7 +2367,8 @@ MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
     }
     if (!mlc__writable(t, "mlc_write")) return t->ctx->error;
     if (t->device_data) t->ctx->backend->wait(t->ctx, 0);   /* an upload may still read t->data */
-    memcpy(t->data, src, count * sizeof(float));
+    if (t->dtype != MLC_F32) mlc__narrow(t->dtype, src, t->half, count);   /* rounded */
+    else memcpy(t->data, src, count * sizeof(float));
     mlc__host_wrote(t);
     return MLC_OK;
 }
@@ -2188,7 +2385,8 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
     mlc__format(shape, sizeof shape, "%T", t);
     printf("%s %s = [", label ? label : "tensor", shape);
     n = t->size < 16 ? t->size : 16;
-    for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)mlc__host(t)[i]);
+    if (t->dtype == MLC_F32) mlc__host(t);
+    for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)mlc__value(t, i));
     printf("%s]\n", t->size > n ? ", ..." : "");
 }
 #endif
@@ -2220,18 +2418,115 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
     return ctx->error ? -1 : 0;
 }
 
+/* A float32 stand-in for half tensor t in the frame's arena: its header, with data a widened
+   copy of its values (and t's float32 gradient, shared); NULL when out of memory. */
+static mlc_tensor *mlc__widened(mlc_tensor *t, int with_values) {
+    mlc_tensor *w = (mlc_tensor *)mlc__arena_alloc(t->ctx, sizeof(mlc_tensor), "mlc_to_dtype");
+    if (!w) return NULL;
+    *w = *t;
+    w->dtype = MLC_F32;
+    w->half = NULL;
+    w->data = mlc__floats(t->ctx, t->size + 1, "mlc_to_dtype");
+    if (!w->data) return NULL;
+    if (with_values) mlc__widen(t->dtype, t->half, w->data, t->size);
+    return w;
+}
+
+/* Float32 stand-ins for the node's half tensors: w[k] for in[k] (in[k] itself when float32) and
+   *w_out for out (with its values when out_values). 0 when out of memory. */
+static int mlc__stand_ins(const mlc__node *n, mlc_tensor **w, mlc_tensor **w_out, int out_values) {
+    int k;
+    for (k = 0; k < n->n_in; k++) {
+        w[k] = n->in[k] && n->in[k]->dtype != MLC_F32 ? mlc__widened(n->in[k], 1) : n->in[k];
+        if (n->in[k] && !w[k]) return 0;
+    }
+    *w_out = n->out->dtype != MLC_F32 ? mlc__widened(n->out, out_values) : n->out;
+    return *w_out != NULL;
+}
+
+/* The CPU forward of an op with bf16 or f16 tensors: on float32 stand-ins for them, the result
+   rounded once into the output (counted in mlc_stats.widened). Batch norm updates its running
+   statistics in place: those are rounded back too. */
+static int mlc__cpu_widened(mlc__node *call) {
+    mlc__node w = *call;
+    int k;
+    call->out->ctx->stats.widened++;
+    if (!mlc__stand_ins(call, w.in, &w.out, 0) || !mlc__cpu_of[call->op](&w)) return 0;
+    if (w.out != call->out) mlc__narrow(call->out->dtype, w.out->data, call->out->half, call->out->size);
+    for (k = 3; call->op == MLC__OP_BATCH_NORM && k < 5; k++)
+        if (w.in[k] != call->in[k])
+            mlc__narrow(call->in[k]->dtype, w.in[k]->data, call->in[k]->half, w.in[k]->size);
+    call->saved = w.saved;                               /* what the forward keeps for backward */
+    return 1;
+}
+
+/* Whether the node has a bf16 or f16 tensor */
+static int mlc__has_half(const mlc__node *n) {
+    int k;
+    if (n->out->dtype != MLC_F32) return 1;
+    for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->dtype != MLC_F32) return 1;
+    return 0;
+}
+
 /* Run the op described by `call`: on the device (mlc__dispatch), else its CPU forward from the
    op table. 1: its output holds the result; 0: it failed, with the error set. The builder then
    records it (mlc__record). */
 static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
     int where = mlc__dispatch(ctx, call);
-    if (where == 0 && !mlc__cpu_of[call->op](call)) return 0;
+    if (where == 0 && !(mlc__has_half(call) ? mlc__cpu_widened(call) : mlc__cpu_of[call->op](call))) return 0;
     return where >= 0 && !ctx->error;
 }
 
 
+/* Autocast's casts, at the start of an op: a product's input to the autocast dtype (a long-lived
+   tensor's copy kept and reused while its frame lives and no backward has run through it), and
+   a float32 op's half input to float32. Off, on a device, or already so: t itself. */
+static mlc_tensor *mlc__autocast_low(mlc_tensor *t) {
+    mlc_ctx *ctx;
+    mlc_tensor *copy;
+    int i;
+    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == t->ctx->autocast || t->on_device) return t;
+    ctx = t->ctx;
+    for (i = 0; t->persistent && i < ctx->n_autocast_copies; i++)
+        if (ctx->autocast_copies[i].of == t) {
+            copy = ctx->autocast_copies[i].copy;
+            if (!mlc__ended(ctx, copy) && !copy->graph_used) return copy;
+            break;
+        }
+    copy = mlc_to_dtype(t, ctx->autocast);
+    if (!copy || !t->persistent) return copy;
+    if (i == ctx->autocast_capacity) {                   /* a new entry, in a larger list */
+        int capacity = 2 * ctx->autocast_capacity + 16;
+        struct mlc__autocast_copy *list = (struct mlc__autocast_copy *)mlc__owned_alloc(
+            ctx, (size_t)capacity * sizeof *list, "mlc_autocast");
+        if (!list) return NULL;
+        if (ctx->n_autocast_copies)
+            memcpy(list, ctx->autocast_copies, (size_t)ctx->n_autocast_copies * sizeof *list);
+        if (ctx->autocast_copies) mlc__owned_free(ctx, ctx->autocast_copies);
+        ctx->autocast_copies = list;
+        ctx->autocast_capacity = capacity;
+    }
+    ctx->autocast_copies[i].of = t;
+    ctx->autocast_copies[i].copy = copy;
+    if (i == ctx->n_autocast_copies) ctx->n_autocast_copies++;
+    return copy;
+}
+static mlc_tensor *mlc__autocast_f32(mlc_tensor *t) {
+    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == MLC_F32) return t;
+    return mlc_to_dtype(t, MLC_F32);
+}
+
+/* The dtype of an op's result (PyTorch's promotion among float dtypes): the inputs' when they
+   all have one, else float32 (bf16 with f16, or either with float32). */
+static mlc_scalar_type mlc__promote(int count, mlc_tensor *const *inputs) {
+    int i;
+    for (i = 1; i < count; i++) if (inputs[i]->dtype != inputs[0]->dtype) return MLC_F32;
+    return inputs[0]->dtype;
+}
+
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
-   inputs come from different contexts, or the context already holds an error. */
+   inputs come from different contexts, or the context already holds an error. Sets the op's
+   device and result dtype (ctx->op_device, ctx->op_dtype). */
 static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs) {
     mlc_ctx *ctx = NULL;
     int i;
@@ -2251,6 +2546,7 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
                                         inputs[i]->on_device ? mlc_device_name(ctx) : "cpu");
     }
     ctx->op_device = inputs[0]->on_device;
+    ctx->op_dtype = mlc__promote(count, inputs);
     return ctx;
 }
 #define MLC__ENTER(op, ...) \
@@ -2903,6 +3199,7 @@ MLCDEF mlc_tensor *mlc_where(mlc_tensor *cond, mlc_tensor *a, mlc_tensor *b) {
     mlc__node call;
     mlc_tensor *out;
     MLC__ENTER("mlc_where", cond, a, b);
+    ctx->op_dtype = mlc__promote(2, mlc__in_ + 1);        /* (cond is a condition) */
     if (!mlc__broadcast(ctx, "mlc_where", &bc, 3, mlc__in_)) return NULL;
     out = mlc__make(ctx, "mlc_where", bc.ndim, bc.shape, 0);
     if (!out) return NULL;
@@ -2945,6 +3242,7 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     mlc__node call;
     mlc_tensor *out;
     MLC__ENTER("mlc_masked_fill", x, mask);
+    ctx->op_dtype = x->dtype;                            /* (the mask is a condition) */
     if (!mlc__broadcast(ctx, "mlc_masked_fill", &bc, 2, mlc__in_)) return NULL;
     if (bc.ndim != x->ndim || memcmp(bc.shape, x->shape, (size_t)x->ndim * sizeof(int)) != 0)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
@@ -3946,6 +4244,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     mlc_tensor *out;
     mlc__node call;
     int shape[MLC_MAX_DIMS], ndim, K2, d;
+    a = mlc__autocast_low(a); b = mlc__autocast_low(b); bias = mlc__autocast_low(bias);
     MLC__ENTER(op, a, b);
     if (a->ndim < 2 || b->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op,
@@ -4093,6 +4392,7 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
     size_t outer, inner;
     mlc_tensor *out;
     mlc__node call;
+    x = mlc__autocast_f32(x);
     MLC__ENTER(op, x);
     if (!mlc__axis(ctx, op, x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
@@ -4106,6 +4406,7 @@ static mlc_tensor *mlc__reduce(const char *op, mlc__reduce_kind kind, mlc_tensor
         if (d != axis) shape[ndim++] = x->shape[d];
         else if (keepdim) shape[ndim++] = 1;
     }
+    if (kind == MLC__REDUCE_ARGMAX) ctx->op_dtype = MLC_F32;   /* indices, as float32 */
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_REDUCE, op, out, x, NULL, NULL, NULL);
@@ -4179,6 +4480,7 @@ MLCDEF mlc_tensor *mlc_cumsum(mlc_tensor *x, int axis) {
     int len;
     mlc_tensor *out;
     mlc__node call;
+    x = mlc__autocast_f32(x);
     MLC__ENTER("mlc_cumsum", x);
     if (!mlc__axis(ctx, "mlc_cumsum", x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
@@ -4241,6 +4543,7 @@ static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int a
     int len;
     mlc_tensor *out;
     mlc__node call;
+    x = mlc__autocast_f32(x);
     MLC__ENTER(op, x);
     if (!mlc__axis(ctx, op, x, &axis)) return NULL;
     mlc__split(x, axis, &outer, &len, &inner);
@@ -4349,7 +4652,9 @@ static mlc_tensor *mlc__class_loss(const char *op, int softmax_first, mlc_tensor
     const float *tgt;
     mlc_tensor *out;
     mlc__node call;
+    x = mlc__autocast_f32(x);
     MLC__ENTER(op, x, target);
+    ctx->op_dtype = x->dtype;                            /* (target: classes, not values) */
     if (x->ndim != 2 || target->ndim != 1 || target->shape[0] != x->shape[0])
         return (mlc_tensor *)mlc__fail(
             ctx, MLC_ERR_SHAPE, "%s: expects input [N, C] and target [N], got %T and %T", op, x, target);
@@ -4439,6 +4744,7 @@ static mlc_tensor *mlc__pointwise_loss(const char *op, mlc__loss_kind kind, mlc_
                                        mlc_reduction red) {
     mlc_tensor *out;
     mlc__node call;
+    p = mlc__autocast_f32(p); target = mlc__autocast_f32(target);
     MLC__ENTER(op, p, target);
     if (!mlc_same_shape(p, target))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and target %T differ in shape", op,
@@ -4560,6 +4866,26 @@ MLCDEF mlc_tensor *mlc_copy(mlc_tensor *x) {
     out = mlc__like(x, "mlc_copy");
     if (!out) return NULL;
     mlc__call(&call, MLC__OP_COPY, "mlc_copy", out, x, NULL, NULL, NULL);
+    if (!mlc__run(ctx, &call)) return NULL;
+    mlc__record(&call);
+    return out;
+}
+
+/* to_dtype: a copy of x in another dtype (COPY with a bf16 or f16 side runs through
+   mlc__cpu_widened, which rounds)      dx += g */
+MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype) {
+    mlc_tensor *out;
+    mlc__node call;
+    MLC__ENTER("mlc_to_dtype", x);
+    if ((unsigned)dtype > (unsigned)MLC_F16)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_to_dtype: %d is not a dtype", (int)dtype);
+    if (dtype == x->dtype) return x;
+    if (x->on_device)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to_dtype: tensor %T is on %s, which holds "
+                                       "float32 tensors in this version", x, mlc_device_name(ctx));
+    ctx->op_dtype = dtype;
+    if (!(out = mlc__like(x, "mlc_to_dtype"))) return NULL;
+    mlc__call(&call, MLC__OP_COPY, "mlc_to_dtype", out, x, NULL, NULL, NULL);
     if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
@@ -4788,6 +5114,7 @@ MLCDEF mlc_tensor *mlc_index_select(mlc_tensor *x, int axis, mlc_tensor *index) 
     mlc_tensor *out;
     mlc__node call;
     MLC__ENTER("mlc_index_select", x, index);
+    ctx->op_dtype = x->dtype;                            /* (index: positions, not values) */
     if (!mlc__axis(ctx, "mlc_index_select", x, &axis)) return NULL;
     if (index->ndim != 1)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_index_select: index must be 1-D, got %T",
@@ -4847,6 +5174,7 @@ MLCDEF mlc_tensor *mlc_gather(mlc_tensor *x, int axis, mlc_tensor *index) {
     size_t *map;
     int d;
     MLC__ENTER("mlc_gather", x, index);
+    ctx->op_dtype = x->dtype;                            /* (index: positions, not values) */
     if (!mlc__axis(ctx, "mlc_gather", x, &axis)) return NULL;
     if (index->ndim != x->ndim)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_gather: index %T must have the rank of x %T",
@@ -4996,6 +5324,7 @@ MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weig
     mlc__node call;
     int D, j;
     size_t per_row = 1;
+    x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
     MLC__ENTER("mlc_layer_norm", x);
     if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight)
         || !mlc__same_device(ctx, "mlc_layer_norm", x, bias))
@@ -5107,6 +5436,7 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     mlc__node call;
     int N, C, p;
     size_t inner, M;
+    x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
     MLC__ENTER("mlc_batch_norm", x);
     if (x->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]",
@@ -5659,6 +5989,7 @@ static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bi
     mlc_tensor *out;
     mlc__node call;
     int shape[4];
+    x = mlc__autocast_low(x); weight = mlc__autocast_low(weight); bias = mlc__autocast_low(bias);
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
     if (relu && x->on_device) return mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
@@ -6219,6 +6550,8 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
     mlc__node call;
     mlc__attention_args *a = &call.args.attention;
     int shape[MLC_MAX_DIMS], lead, d;
+    q = mlc__autocast_low(q); k = mlc__autocast_low(k); v = mlc__autocast_low(v);
+    mask = mlc__autocast_low(mask);
     MLC__ENTER("mlc_attention", q, k, v);
     if (!mlc__same_device(ctx, "mlc_attention", q, mask)) return NULL;
     lead = q->ndim - 2;
@@ -6260,6 +6593,23 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
    ============================================================================================ */
+
+/* The CPU backward of a node with bf16 or f16 tensors: on float32 stand-ins for them, which
+   share their (float32) gradients; what the backward did to a gradient's buffer and books goes
+   back to the tensor. */
+static void mlc__backward_widened(mlc__node *n) {
+    const unsigned grad_bits = MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO;
+    mlc__node w = *n;
+    int k;
+    n->out->ctx->stats.widened++;
+    if (!mlc__stand_ins(n, w.in, &w.out, 1)) return;
+    mlc__backward_of[n->op](&w);
+    for (k = 0; k < n->n_in; k++)
+        if (w.in[k] != n->in[k]) {
+            n->in[k]->grad = w.in[k]->grad;
+            n->in[k]->stale = (n->in[k]->stale & ~grad_bits) | (w.in[k]->stale & grad_bits);
+        }
+}
 
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     mlc_ctx *ctx;
@@ -6325,7 +6675,8 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
             if (n->in[k]->requires_grad && !mlc__grad_made(n->in[k])) break;
         }
         if (ctx->error) break;
-        mlc__backward_of[n->op](n);
+        if (mlc__has_half(n)) mlc__backward_widened(n);
+        else mlc__backward_of[n->op](n);
         for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }
     for (n = ctx->tape; n; n = n->prev) {
@@ -7422,6 +7773,14 @@ static void mlc__stepped_on_device(mlc_optim *opt, int i) {
 MLCDEF void mlc_step(mlc_optim *opt) {
     int i, k, done;
     if (!opt || opt->ctx->error) return;
+    for (i = 0; i < opt->count; i++)
+        if (opt->params[i]->dtype != MLC_F32) {
+            mlc__fail(opt->ctx, MLC_ERR_ARG, "mlc_step: parameter %d %T is %s: optimisers update float32 "
+                      "(master) weights; train in float32 with mlc_autocast_begin, or convert back with "
+                      "mlc_module_to_dtype", i, opt->params[i], mlc_dtype_name(opt->params[i]->dtype));
+            return;
+        }
+    opt->ctx->n_autocast_copies = 0;                     /* the weights change: autocast copies them anew */
     opt->t++;
     for (i = 0; i < opt->count; i++)                    /* the module moved after the optimiser was made */
         for (k = 0; k < 3; k++) {
@@ -8894,18 +9253,6 @@ static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *
     return NULL;
 }
 
-/* float32 from IEEE half: the bits moved into place (subnormals scaled exactly). */
-static float mlc__half_to_float(unsigned h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = h >> 10 & 31, mantissa = h & 1023, bits;
-    float f;
-    if (exponent == 0) {                                 /* the sign as a bit: -0 stays -0 under fast-math */
-        f = (float)mantissa * 5.9604644775390625e-8f;
-        bits = sign | mlc__bits(f);
-    } else bits = sign | (exponent == 31 ? 255u << 23 : (exponent + 112) << 23) | mantissa << 13;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static int mlc__st_loadable(int dtype) { return dtype != MLC__F8_E4M3 && dtype != MLC__F8_E5M2; }
 
 /* count elements of dtype at p, to float32. */
@@ -8922,7 +9269,7 @@ static void mlc__st_convert(const unsigned char *p, int dtype, float *out, size_
         double d;
         switch (dtype) {
         case MLC__F32: bits = (uint32_t)v; memcpy(&out[i], &bits, 4); continue;
-        case MLC__F16: out[i] = mlc__half_to_float((unsigned)v); continue;
+        case MLC__F16: out[i] = mlc_f16_to_float((uint16_t)v); continue;
         case MLC__BF16: bits = (uint32_t)v << 16; memcpy(&out[i], &bits, 4); continue;
         case MLC__F64: memcpy(&d, &v, 8); break;
         case MLC__I64: d = (double)(int64_t)v; break;
