@@ -420,6 +420,11 @@ MLCDEF int mlc_has_device(const mlc_ctx *ctx);          /* 1 when the context ru
 MLCDEF void mlc_sync(mlc_ctx *ctx);     /* waits until the device has run every op given so far */
 MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device); /* moves t (and its gradient); returns t */
 MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every parameter and buffer */
+/* Every parameter and buffer converted to dtype (model.to(torch.bfloat16)): the values rounded,
+   the old storage freed; a half parameter keeps no gradient buffer until a backward needs one.
+   For inference, or loading a half checkpoint at half the memory: optimisers update float32
+   parameters only (train with mlc_autocast_begin). On the CPU in this version. */
+MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
@@ -757,6 +762,33 @@ MLCDEF void mlc_optim_set_lr(mlc_optim *opt, float lr);
 MLCDEF float mlc_optim_lr(const mlc_optim *opt);
 /* Scale all gradients so their global L2 norm is at most max_norm; returns the norm before. */
 MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm);
+/* Gradient scaling for float16 autocast (torch.amp.GradScaler): the loss is multiplied by the
+   scale before backward, so small gradients survive float16; step unscales the gradients and
+   skips the optimiser's update when one is infinite or NaN; update lowers the scale after such a
+   step (backoff) and raises it after growth_interval clean ones. Fields left 0 take PyTorch's
+   defaults: init_scale 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000.
+     mlc_grad_scaler *scaler = mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0 });
+     ... mlc_backward(mlc_grad_scaler_scale(scaler, loss));
+     mlc_grad_scaler_step(scaler); mlc_grad_scaler_update(scaler);
+   A scaler belongs to the optimiser it steps (one each; freed with the context), and that
+   optimiser's checkpoints keep its scale and clean steps. */
+typedef struct mlc_grad_scaler_opts {
+    float init_scale, growth_factor, backoff_factor;
+    int growth_interval;
+} mlc_grad_scaler_opts;
+typedef struct mlc_grad_scaler {
+    mlc_optim *opt;                     /* the optimiser it steps                           */
+    float scale;                        /* the loss's multiplier now                        */
+    long long growth_tracker;           /* clean steps since the scale last changed         */
+    mlc_grad_scaler_opts opts;          /* with the defaults filled in                      */
+    int found_inf, unscaled;            /* this step: a gradient is inf/NaN; grads unscaled */
+} mlc_grad_scaler;
+MLCDEF mlc_grad_scaler *mlc_grad_scaler_create(mlc_optim *opt, mlc_grad_scaler_opts opts);
+MLCDEF mlc_tensor *mlc_grad_scaler_scale(mlc_grad_scaler *scaler, mlc_tensor *loss);   /* loss * scale */
+/* Divide the gradients by the scale now (before mlc_clip_grad_norm); step does it otherwise. */
+MLCDEF mlc_result mlc_grad_scaler_unscale(mlc_grad_scaler *scaler);
+MLCDEF int mlc_grad_scaler_step(mlc_grad_scaler *scaler);     /* 1: the optimiser stepped; 0: skipped */
+MLCDEF void mlc_grad_scaler_update(mlc_grad_scaler *scaler);
 /* Learning-rate schedules, as pure functions of the step (or epoch) number. */
 MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma);
 MLCDEF float mlc_lr_cosine(float base_lr, int step, int warmup_steps, int total_steps, float min_lr);
@@ -7428,6 +7460,53 @@ MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device) {
     return MLC_OK;
 }
 
+/* t's values in dtype, in storage of their own (the old freed) */
+static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
+    mlc_ctx *ctx = t->ctx;
+    void *values;
+    if (t->dtype == dtype) return 1;
+    if (t->read_only || t->on_device || !t->persistent) {
+        mlc__fail(ctx, t->on_device ? MLC_ERR_DEVICE : MLC_ERR_STATE, "mlc_module_to_dtype: tensor %T %s", t,
+                  t->read_only ? "wraps read-only memory (mlc_from_const)" : t->on_device
+                  ? "is on a device, which holds float32 tensors in this version" : "is not long-lived");
+        return 0;
+    }
+    if (!(values = mlc__owned_alloc(ctx, t->size * (dtype == MLC_F32 ? 4 : 2) + 1, "mlc_module_to_dtype")))
+        return 0;
+    if (dtype == MLC_F32) mlc__widen(t->dtype, t->half, (float *)values, t->size);
+    else if (t->dtype == MLC_F32) mlc__narrow(dtype, t->data, (uint16_t *)values, t->size);
+    else {                                               /* bf16 <-> f16: through float32, exact */
+        size_t i;
+        for (i = 0; i < t->size; i++)
+            ((uint16_t *)values)[i] = dtype == MLC_BF16 ? mlc_float_to_bf16(mlc__value(t, i))
+                                                          : mlc_float_to_f16(mlc__value(t, i));
+    }
+    mlc__owned_free(ctx, mlc__storage(t));
+    t->dtype = dtype;
+    t->data = dtype == MLC_F32 ? (float *)values : NULL;
+    t->half = dtype == MLC_F32 ? NULL : (uint16_t *)values;
+    if (dtype != MLC_F32 && t->grad) { mlc__owned_free(ctx, t->grad); t->grad = NULL; }
+    return dtype != MLC_F32 || !t->requires_grad || mlc__alloc_grad(t, "mlc_module_to_dtype");
+}
+
+MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
+    int i;
+    if (!m) return MLC_ERR_NULL;
+    if (m->ctx->error) return m->ctx->error;
+    if ((unsigned)dtype > (unsigned)MLC_F16) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_to_dtype: %d is not a dtype", (int)dtype);
+        return m->ctx->error;
+    }
+    for (i = 0; i < m->n_params; i++) if (!mlc__convert_storage(m->params[i], dtype)) return m->ctx->error;
+    for (i = 0; i < m->n_buffers; i++)                   /* (a count stays float32: PyTorch's is int64) */
+        if (strcmp(m->buffer_names[i], "num_batches_tracked") != 0
+            && !mlc__convert_storage(m->buffers[i], dtype))
+            return m->ctx->error;
+    for (i = 0; i < m->n_children; i++)
+        if (mlc_module_to_dtype(m->children[i], dtype) != MLC_OK) return m->ctx->error;
+    return MLC_OK;
+}
+
 static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max,
                         int count) {
     int i;
@@ -7485,6 +7564,7 @@ struct mlc_optim {
     long long t;
     float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
     int nesterov, centered, amsgrad;
+    mlc_grad_scaler *scaler;            /* NULL, or its gradient scaler (mlc_grad_scaler_create) */
 };
 
 /* Whether the rule reads state buffer k of each parameter: SGD its b (k = 0) with momentum;
@@ -7836,6 +7916,90 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm) {
             mlc__host_wrote_grad(opt->params[i]);
         }
     return (float)total;
+}
+
+MLCDEF mlc_grad_scaler *mlc_grad_scaler_create(mlc_optim *opt, mlc_grad_scaler_opts opts) {
+    const char *op = "mlc_grad_scaler_create";
+    mlc_grad_scaler *s;
+    if (!opt || opt->ctx->error) return NULL;
+    if (opt->scaler)
+        return (mlc_grad_scaler *)mlc__fail(opt->ctx, MLC_ERR_STATE, "%s: the optimiser has a scaler already",
+                                            op);
+    opts.init_scale = mlc__setting(opts.init_scale, 65536.0f);
+    opts.growth_factor = mlc__setting(opts.growth_factor, 2.0f);
+    opts.backoff_factor = mlc__setting(opts.backoff_factor, 0.5f);
+    if (opts.growth_interval == 0) opts.growth_interval = 2000;
+    if (!mlc__in_range(opt->ctx, op, "init_scale", opts.init_scale, FLT_MIN, FLT_MAX, 0)
+        || !mlc__in_range(opt->ctx, op, "growth_factor", opts.growth_factor, 1.0f, FLT_MAX, 0)
+        || !mlc__in_range(opt->ctx, op, "backoff_factor", opts.backoff_factor, FLT_MIN, 1.0f, 0))
+        return NULL;
+    if (opts.growth_interval < 1)
+        return (mlc_grad_scaler *)mlc__fail(opt->ctx, MLC_ERR_ARG, "%s: growth_interval %d is not positive",
+                                            op, opts.growth_interval);
+    if (!(s = (mlc_grad_scaler *)mlc__owned_alloc(opt->ctx, sizeof *s, op))) return NULL;
+    memset(s, 0, sizeof *s);
+    s->opt = opt;
+    s->opts = opts;
+    s->scale = opts.init_scale;
+    opt->scaler = s;
+    return s;
+}
+
+MLCDEF mlc_tensor *mlc_grad_scaler_scale(mlc_grad_scaler *scaler, mlc_tensor *loss) {
+    if (!scaler || !loss)
+        return loss ? (mlc_tensor *)mlc__fail(loss->ctx, MLC_ERR_NULL, "mlc_grad_scaler_scale: no scaler")
+                    : NULL;
+    scaler->found_inf = scaler->unscaled = 0;
+    return mlc_mul_scalar(loss, scaler->scale);
+}
+
+/* g *= 1/scale (the reciprocal in double, rounded once, as PyTorch's); found_inf when any
+   gradient is infinite or NaN */
+MLCDEF mlc_result mlc_grad_scaler_unscale(mlc_grad_scaler *scaler) {
+    mlc_optim *opt = scaler ? scaler->opt : NULL;
+    float inv;
+    int i;
+    size_t j;
+    if (!opt) return MLC_ERR_NULL;
+    if (opt->ctx->error) return opt->ctx->error;
+    if (scaler->unscaled) {
+        mlc__fail(opt->ctx, MLC_ERR_STATE, "mlc_grad_scaler_unscale: the gradients are unscaled already "
+                  "this step (once between mlc_grad_scaler_scale and _step)");
+        return opt->ctx->error;
+    }
+    inv = (float)(1.0 / (double)scaler->scale);
+    for (i = 0; i < opt->count; i++) {
+        float *g = mlc__host_grad(opt->params[i]);
+        if (!g) { if (opt->ctx->error) return opt->ctx->error; continue; }
+        for (j = 0; j < opt->params[i]->size; j++) {
+            if (!mlc__is_finite(g[j])) scaler->found_inf = 1;
+            g[j] *= inv;
+        }
+        mlc__host_wrote_grad(opt->params[i]);
+    }
+    scaler->unscaled = 1;
+    return MLC_OK;
+}
+
+MLCDEF int mlc_grad_scaler_step(mlc_grad_scaler *scaler) {
+    if (!scaler || scaler->opt->ctx->error) return 0;
+    if (!scaler->unscaled && mlc_grad_scaler_unscale(scaler) != MLC_OK) return 0;
+    if (scaler->found_inf) return 0;
+    mlc_step(scaler->opt);
+    return !scaler->opt->ctx->error;
+}
+
+MLCDEF void mlc_grad_scaler_update(mlc_grad_scaler *scaler) {
+    if (!scaler) return;
+    if (scaler->found_inf) {
+        scaler->scale *= scaler->opts.backoff_factor;
+        scaler->growth_tracker = 0;
+    } else if (++scaler->growth_tracker == scaler->opts.growth_interval) {
+        float grown = scaler->scale * scaler->opts.growth_factor;
+        if (mlc__is_finite(grown)) scaler->scale = grown;
+        scaler->growth_tracker = 0;
+    }
+    scaler->found_inf = scaler->unscaled = 0;
 }
 
 MLCDEF float mlc_lr_step(float base_lr, int epoch, int step_size, float gamma) {
@@ -9322,6 +9486,23 @@ static float *mlc__st_host_for_write(mlc_tensor *t) {
     return t->data;
 }
 
+/* t's values from a file's at p, of its dtype: a bf16 or f16 tensor takes the bits of its own
+   dtype as they are (no widening on the way), other dtypes through float32, rounded. */
+static void mlc__st_load_values(const unsigned char *p, int dtype, mlc_tensor *t) {
+    float chunk[256];
+    size_t i, n, w = mlc__dtype_sizes[dtype];
+    if (t->dtype == MLC_F32) { mlc__st_convert(p, dtype, mlc__st_host_for_write(t), t->size); return; }
+    if (dtype == (t->dtype == MLC_BF16 ? MLC__BF16 : MLC__F16)) {
+        for (i = 0; i < t->size; i++) t->half[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        return;
+    }
+    for (i = 0; i < t->size; i += n) {
+        n = t->size - i < 256 ? t->size - i : 256;
+        mlc__st_convert(p + i * w, dtype, chunk, n);
+        mlc__narrow(t->dtype, chunk, t->half + i, n);
+    }
+}
+
 MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const mlc_load_opts *opts) {
     mlc_ctx *ctx;
     mlc_named_tensor *state = NULL;
@@ -9380,7 +9561,7 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
     for (i = 0; i < n; i++) {
         mlc_tensor *t = state[i].tensor;
         if (!match[i]) continue;
-        mlc__st_convert(st->body + match[i]->begin, match[i]->dtype, mlc__st_host_for_write(t), t->size);
+        mlc__st_load_values(st->body + match[i]->begin, match[i]->dtype, t);
         mlc__host_wrote(t);
         report.loaded++;
     }
@@ -9515,6 +9696,18 @@ static int mlc__st_write(mlc_ctx *ctx, const char *op, const mlc__st_item *items
         const float *data;
         size_t j, k, n;
         if (items[i].raw) { ok = !items[i].bytes || sink(user, items[i].raw, items[i].bytes); continue; }
+        if (items[i].t->dtype != MLC_F32) {              /* bf16, f16: their bits, little-endian */
+            const uint16_t *bits = items[i].t->half;
+            for (j = 0; ok && j < items[i].t->size; j += n) {
+                n = items[i].t->size - j < sizeof chunk / 2 ? items[i].t->size - j : sizeof chunk / 2;
+                for (k = 0; k < n; k++) {
+                    chunk[2 * k] = (unsigned char)bits[j + k];
+                    chunk[2 * k + 1] = (unsigned char)(bits[j + k] >> 8);
+                }
+                ok = sink(user, chunk, 2 * n);
+            }
+            continue;
+        }
         if (!(data = mlc__host(items[i].t)) || ctx->error) return 0;
         for (j = 0; ok && j < items[i].t->size; j += n) {
             n = items[i].t->size - j < sizeof chunk / 4 ? items[i].t->size - j : sizeof chunk / 4;
@@ -9536,7 +9729,7 @@ static int mlc__sink_memory(void *user, const void *bytes, size_t len) {
     return 1;
 }
 
-/* Items for tensors (float32); NULL on error. */
+/* Items for tensors (each in its dtype); NULL on error. */
 static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count, int extra,
                                    const char *op) {
     mlc__st_item *items;
@@ -9550,12 +9743,12 @@ static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors
     for (i = 0; i < count; i++) {
         mlc_tensor *t = tensors[i].tensor;
         items[i].name = tensors[i].name;
-        items[i].dtype = MLC__F32;
+        items[i].dtype = !t || t->dtype == MLC_F32 ? MLC__F32 : t->dtype == MLC_BF16 ? MLC__BF16 : MLC__F16;
         items[i].t = t;
         if (t) {
             items[i].ndim = t->ndim;
             memcpy(items[i].shape, t->shape, sizeof t->shape);
-            items[i].bytes = 4 * t->size;
+            items[i].bytes = mlc__dtype_sizes[items[i].dtype] * t->size;
         }
     }
     return items;
@@ -9611,7 +9804,7 @@ typedef struct mlc__ckpt {              /* a checkpoint's items and the bytes of
     mlc_named_tensor *list;             /* the module's state, then the optimiser's buffers */
     mlc__st_item *items;
     int count;
-    unsigned char t[8], lr[4], train[16], rng[16];
+    unsigned char t[8], lr[4], train[16], rng[16], scale[4], tracker[8];
     const char *metadata[5];
 } mlc__ckpt;
 
@@ -9658,7 +9851,7 @@ static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const ml
                             mlc__optim_slot_names[opt->kind][k]);
                 c->list[c->count++].tensor = opt->state[3 * i + k];
             }
-    if (!(c->items = mlc__st_items(ctx, c->list, c->count, 4, op))) return 0;
+    if (!(c->items = mlc__st_items(ctx, c->list, c->count, 6, op))) return 0;
     mlc__put_le(c->t, opt ? (uint64_t)opt->t : 0, 8);
     memcpy(&lr_bits, &lr, 4);
     mlc__put_le(c->lr, lr_bits, 4);
@@ -9672,6 +9865,12 @@ static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const ml
     }
     mlc__ckpt_raw(c, MLC__ST_RESERVED "train", MLC__I64, 2, c->train, 16);
     mlc__ckpt_raw(c, MLC__ST_RESERVED "rng", MLC__U64, 2, c->rng, 16);
+    if (opt && opt->scaler) {                            /* the gradient scaler's scale and clean steps */
+        mlc__put_le(c->scale, mlc__bits(opt->scaler->scale), 4);
+        mlc__put_le(c->tracker, (uint64_t)opt->scaler->growth_tracker, 8);
+        mlc__ckpt_raw(c, MLC__ST_RESERVED "scaler.scale", MLC__F32, 0, c->scale, 4);
+        mlc__ckpt_raw(c, MLC__ST_RESERVED "scaler.growth_tracker", MLC__I64, 0, c->tracker, 8);
+    }
     c->metadata[0] = "format"; c->metadata[1] = "mlc-checkpoint";
     c->metadata[2] = "mlc.optim"; c->metadata[3] = opt ? mlc__optim_kind_names[opt->kind] : "none";
     return 1;
@@ -9704,7 +9903,7 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
     mlc_ctx *ctx = st->ctx;
     const char *format = mlc_safetensors_metadata(st, "format"),
                *kind = mlc_safetensors_metadata(st, "mlc.optim");
-    const mlc__st_entry *train, *rng, *t = NULL, *lr = NULL;
+    const mlc__st_entry *train, *rng, *t = NULL, *lr = NULL, *scale = NULL, *tracker = NULL;
     int i, k, found = 0, expected = 0;
     char name[128];
     if (!format || strcmp(format, "mlc-checkpoint") != 0) {
@@ -9714,6 +9913,19 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
     }
     if (!(train = mlc__ckpt_entry(st, MLC__ST_RESERVED "train", MLC__I64, 2)) ||
         !(rng = mlc__ckpt_entry(st, MLC__ST_RESERVED "rng", MLC__U64, 2))) return ctx->error;
+    if (opt && opt->scaler
+        && (!(scale = mlc__ckpt_entry(st, MLC__ST_RESERVED "scaler.scale", MLC__F32, 0))
+            || !(tracker = mlc__ckpt_entry(st, MLC__ST_RESERVED "scaler.growth_tracker", MLC__I64, 0))))
+        return ctx->error;
+    if (scale) {                                         /* a scale must be a positive number */
+        float v;
+        mlc__st_convert(st->body + scale->begin, MLC__F32, &v, 1);
+        if (!mlc__is_finite(v) || !(v > 0.0f) || (long long)mlc__le(st->body + tracker->begin, 8) < 0) {
+            mlc__st_fail(st, MLC__ST_RESERVED "scaler.scale", scale->at, "the gradient scaler's scale %g or "
+                         "growth tracker is not valid", (double)v);
+            return ctx->error;
+        }
+    }
     if (opt) {                                          /* check all of it before changing anything */
         if (opt->ctx != ctx)
             return mlc__fail(ctx, MLC_ERR_ARG,
@@ -9764,6 +9976,11 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
                             s->size);
             mlc__host_wrote(s);
         }
+    if (scale) {
+        mlc__st_convert(st->body + scale->begin, MLC__F32, &opt->scaler->scale, 1);
+        opt->scaler->growth_tracker = (long long)mlc__le(st->body + tracker->begin, 8);
+        opt->scaler->found_inf = opt->scaler->unscaled = 0;
+    }
     if (opt) {
         float rate;
         opt->t = (long long)mlc__le(st->body + t->begin, 8);
@@ -9773,6 +9990,7 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
     if (state) {
         state->step = (long long)mlc__le(st->body + train->begin, 8);
         state->epoch = (long long)mlc__le(st->body + train->begin + 8, 8);
+
     }
     ctx->rng_state = mlc__le(st->body + rng->begin, 8);
     ctx->rng_inc = mlc__le(st->body + rng->begin + 8, 8);

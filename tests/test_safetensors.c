@@ -425,7 +425,7 @@ static int resume_case(optim_kind kind, const char *dir) {
     enum { N = 9, K = 4 };
     float straight[N], resumed[N];
     char path[96];
-    mlc_train_state state = { 0, 0 }, loaded = { 0, 0 };
+    mlc_train_state state = { .step = 0 }, loaded = { .step = 0 };
     mlc_ctx *ctx = test_ctx(7);
     mlc_module *net = small_model(ctx);
     mlc_optim *opt = make_optim(ctx, net, kind);
@@ -471,7 +471,7 @@ static int checkpoint_mismatches(void) {
     mlc_ctx *ctx = test_ctx(8);
     mlc_module *net = small_model(ctx), *bigger;
     mlc_optim *adam = make_optim(ctx, net, ADAM), *sgd;
-    mlc_train_state state = { 3, 1 };
+    mlc_train_state state = { .step = 3, .epoch = 1 };
     size_t size = mlc_checkpoint_encode(net, adam, &state, NULL, 0);
     unsigned char *buf = (unsigned char *)malloc(size), *plain;
     mlc_safetensors *st;
@@ -528,7 +528,7 @@ static int failed_save_keeps_previous(void) {
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 64), mlc_nn_batch_norm(ctx, 64),
                                         mlc_nn_linear(ctx, 64, 3), NULL), *back;
     mlc_optim *opt = make_optim(ctx, net, ADAM);
-    mlc_train_state state = { 1, 0 }, loaded;
+    mlc_train_state state = { .step = 1 }, loaded;
     char dir[64], path[96], tmp[100];
     struct rlimit old, small;
     void (*old_handler)(int);

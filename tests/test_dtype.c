@@ -1,0 +1,430 @@
+/* bf16 and f16: conversions bit for bit against PyTorch (tests/dtype_table.h, made by
+   tools/gen_dtype_table.py from PyTorch's .to()), ops on half tensors (float32 arithmetic,
+   rounded once), promotion, the differentiable cast, autocast, the gradient scaler, modules in
+   a dtype and their files, and the misuse each refuses. Half tensors live on the CPU in this
+   version, so these tests make CPU contexts of their own whatever device the suite runs on. */
+#include "test.h"
+#include "dtype_table.h"
+#include <stdlib.h>
+
+static mlc_ctx *cpu_ctx(unsigned long long seed) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    c.device = "cpu";
+    return mlc_create(&c);
+}
+
+static float from_bits(uint32_t b) { float v; memcpy(&v, &b, sizeof v); return v; }
+static int bf16_is_nan(uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
+
+/* Every row of the table: float32 -> bf16 and f16 as PyTorch rounds (a NaN may come back as
+   any NaN in bf16: PyTorch's own paths differ, 0x7fc0 or 0xffff), and bf16/f16 -> float32. */
+static int casts_match_pytorch_bit_for_bit(void) {
+    size_t i;
+    for (i = 0; i < MLC_TEST_F32_TO_HALF_COUNT; i++) {
+        const uint32_t b = mlc_test_f32_to_half[i].f32_bits;
+        const float v = from_bits(b);
+        const uint16_t bf = mlc_float_to_bf16(v), f16 = mlc_float_to_f16(v), want = mlc_test_f32_to_half[i].bf16_bits;
+        const int nan = (b & 0x7fffffffu) > 0x7f800000u;
+        CHECK_MSG(nan ? bf16_is_nan(bf) && bf16_is_nan(want) : bf == want,
+                  "float32 0x%08x -> bf16 0x%04x, PyTorch 0x%04x", (unsigned)b, bf, want);
+        CHECK_MSG(f16 == mlc_test_f32_to_half[i].f16_bits, "float32 0x%08x -> f16 0x%04x, PyTorch 0x%04x",
+                  (unsigned)b, f16, mlc_test_f32_to_half[i].f16_bits);
+    }
+    for (i = 0; i < MLC_TEST_HALF_TO_F32_COUNT; i++) {
+        const uint16_t h = mlc_test_half_to_f32[i].bits;
+        CHECK_MSG(test_bits(mlc_bf16_to_float(h)) == mlc_test_half_to_f32[i].bf16_as_f32,
+                  "bf16 0x%04x -> 0x%08x, PyTorch 0x%08x", h, test_bits(mlc_bf16_to_float(h)),
+                  (unsigned)mlc_test_half_to_f32[i].bf16_as_f32);
+        CHECK_MSG(test_bits(mlc_f16_to_float(h)) == mlc_test_half_to_f32[i].f16_as_f32,
+                  "f16 0x%04x -> 0x%08x, PyTorch 0x%08x", h, test_bits(mlc_f16_to_float(h)),
+                  (unsigned)mlc_test_half_to_f32[i].f16_as_f32);
+    }
+    return 1;
+}
+
+/* Made in a dtype, values come back rounded; written values are rounded; a float32 pointer to
+   a half tensor's values is refused. */
+static int create_read_write_round(void) {
+    static const float v[4] = { 1.0f, 1.00390625f, 3.14159265f, 70000.0f };
+    mlc_ctx *ctx = cpu_ctx(1);
+    mlc_tensor *b = mlc_from_data_dtype(ctx, MLC_SHAPE(4), v, MLC_BF16);
+    mlc_tensor *h = mlc_from_data_dtype(ctx, MLC_SHAPE(2, 2), v, MLC_F16);
+    mlc_tensor *f = mlc_full_dtype(ctx, MLC_SHAPE(3), 0.1f, MLC_BF16);
+    float back[4];
+    int i;
+    CHECK(b && h && f && mlc_dtype(b) == MLC_BF16 && mlc_dtype(h) == MLC_F16);
+    CHECK(strcmp(mlc_dtype_name(MLC_BF16), "bfloat16") == 0 && strcmp(mlc_dtype_name(MLC_F32), "float32") == 0);
+    CHECK(mlc_read(b, back, 4) == MLC_OK);
+    for (i = 0; i < 4; i++) CHECK(test_same_float(back[i], mlc_bf16_to_float(mlc_float_to_bf16(v[i]))));
+    CHECK(mlc_read(h, back, 4) == MLC_OK);
+    for (i = 0; i < 4; i++) CHECK(test_same_float(back[i], mlc_f16_to_float(mlc_float_to_f16(v[i]))));
+    CHECK(test_bits(mlc_get(h, 3)) == 0x7f800000u);      /* 70000 overflows float16 */
+    CHECK(test_same_float(mlc_get(f, 2), mlc_bf16_to_float(mlc_float_to_bf16(0.1f))));
+    CHECK(mlc_write(h, v, 4) == MLC_OK && test_same_float(mlc_get(h, 2), 3.140625f));
+    CHECK(mlc_host_data(b) == NULL && mlc_error(ctx) == MLC_ERR_ARG
+          && strstr(mlc_error_message(ctx), "bfloat16") && strstr(mlc_error_message(ctx), "mlc_read"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_full_dtype(ctx, MLC_SHAPE(1), 0.0f, (mlc_scalar_type)7) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* An op on half tensors is the float32 op on their values, rounded once: bit for bit, for
+   every kind of op (maps, broadcasting, products, reductions, softmax, norms, convolution,
+   pooling, attention, shapes, indexing, losses). */
+typedef mlc_tensor *(*op_fn)(mlc_tensor **in);
+static mlc_tensor *op_tanh(mlc_tensor **in) { return mlc_tanh(in[0]); }
+static mlc_tensor *op_gelu(mlc_tensor **in) { return mlc_gelu(in[0]); }
+static mlc_tensor *op_add(mlc_tensor **in) { return mlc_add(in[0], in[1]); }
+static mlc_tensor *op_div(mlc_tensor **in) { return mlc_div(in[0], in[2]); }
+static mlc_tensor *op_matmul(mlc_tensor **in) { return mlc_matmul(in[0], mlc_transpose(in[1], 0, 1)); }
+static mlc_tensor *op_linear(mlc_tensor **in) { return mlc_linear(in[0], in[1], mlc_slice(in[3], 0, 0, 4)); }
+static mlc_tensor *op_sum(mlc_tensor **in) { return mlc_sum(in[0], 1, 0); }
+static mlc_tensor *op_var(mlc_tensor **in) { return mlc_var(in[0], 0, 1, 1); }
+static mlc_tensor *op_softmax(mlc_tensor **in) { return mlc_log_softmax(in[0], 1); }
+static mlc_tensor *op_layer_norm(mlc_tensor **in) { return mlc_layer_norm(in[0], in[3], in[3], 1e-5f); }
+static mlc_tensor *op_conv(mlc_tensor **in) {
+    mlc_conv_opts o;
+    memset(&o, 0, sizeof o);
+    o.padding = 1;
+    return mlc_conv2d(mlc_reshape(in[0], MLC_SHAPE(1, 2, 3, 4)), mlc_reshape(in[1], MLC_SHAPE(2, 2, 2, 3)), NULL,
+                      o);
+}
+static mlc_tensor *op_pool(mlc_tensor **in) { return mlc_max_pool2d(mlc_reshape(in[0], MLC_SHAPE(1, 1, 4, 6)), 2, 0, 0); }
+static mlc_tensor *op_attention(mlc_tensor **in) {
+    mlc_attention_opts o;
+    memset(&o, 0, sizeof o);
+    o.causal = 1;
+    return mlc_attention(in[0], in[1], in[2], o);
+}
+static mlc_tensor *op_slice_concat(mlc_tensor **in) {
+    mlc_tensor *parts[2];
+    parts[0] = mlc_slice(in[0], 1, 1, 5);
+    parts[1] = in[2];
+    return mlc_concat(in[0]->ctx, parts, 2, 1);
+}
+static mlc_tensor *op_mse(mlc_tensor **in) { return mlc_mse_loss(in[0], in[1], MLC_REDUCE_MEAN); }
+
+static int ops_on_half_are_float32_rounded_once(void) {
+    static const struct { const char *name; op_fn fn; } ops[] = {
+        { "tanh", op_tanh }, { "gelu", op_gelu }, { "add", op_add }, { "div", op_div }, { "matmul", op_matmul },
+        { "linear", op_linear }, { "sum", op_sum }, { "var", op_var }, { "log_softmax", op_softmax },
+        { "layer_norm", op_layer_norm }, { "conv2d", op_conv }, { "max_pool2d", op_pool },
+        { "attention", op_attention }, { "slice+concat", op_slice_concat }, { "mse_loss", op_mse } };
+    static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
+    mlc_ctx *ctx = cpu_ctx(3);
+    size_t o, i;
+    int d, k;
+    for (d = 0; d < 2; d++)
+        for (o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+            mlc_frame f = mlc_frame_begin(ctx);
+            mlc_tensor *half[4], *wide[4], *y, *want;
+            float *got, *ref;
+            for (k = 0; k < 4; k++) {             /* [4, 6] x3 and [6]: values the dtype holds exactly */
+                mlc_tensor *r = k < 3 ? mlc_randn(ctx, MLC_SHAPE(4, 6)) : mlc_randn(ctx, MLC_SHAPE(6));
+                half[k] = mlc_to_dtype(r, dtypes[d]);
+                wide[k] = mlc_to_dtype(half[k], MLC_F32);
+            }
+            y = ops[o].fn(half);
+            want = mlc_to_dtype(ops[o].fn(wide), dtypes[d]);
+            CHECK_MSG(y && want, "%s in %s: %s", ops[o].name, mlc_dtype_name(dtypes[d]), mlc_error_message(ctx));
+            CHECK_MSG(mlc_dtype(y) == dtypes[d], "%s in %s gave %s", ops[o].name, mlc_dtype_name(dtypes[d]),
+                      mlc_dtype_name(mlc_dtype(y)));
+            CHECK(mlc_same_shape(y, want));
+            got = (float *)malloc(y->size * sizeof(float) + 1);
+            ref = (float *)malloc(y->size * sizeof(float) + 1);
+            CHECK(got && ref && mlc_read(y, got, y->size) == MLC_OK && mlc_read(want, ref, want->size) == MLC_OK);
+            for (i = 0; i < y->size; i++)
+                if (test_bits(got[i]) != test_bits(ref[i])) {
+                    free(got); free(ref);
+                    CHECK_MSG(0, "%s in %s: element %zu differs from float32's rounded", ops[o].name,
+                              mlc_dtype_name(dtypes[d]), i);
+                }
+            free(got); free(ref);
+            mlc_frame_end(f);
+        }
+    CHECK(mlc_get_stats(ctx).widened > 0);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* PyTorch's promotion: one dtype stays; with float32, or bf16 with f16, float32. Indices and
+   conditions do not take part; argmax gives float32 indices. */
+static int promotion_as_pytorch(void) {
+    mlc_ctx *ctx = cpu_ctx(4);
+    mlc_tensor *b = mlc_full_dtype(ctx, MLC_SHAPE(2, 3), 1.5f, MLC_BF16);
+    mlc_tensor *h = mlc_full_dtype(ctx, MLC_SHAPE(2, 3), 2.0f, MLC_F16);
+    mlc_tensor *f = mlc_full(ctx, MLC_SHAPE(2, 3), 3.0f);
+    mlc_tensor *idx = mlc_from_data(ctx, MLC_SHAPE(2), ((const float[]){ 1, 0 }));
+    CHECK(mlc_dtype(mlc_add(b, b)) == MLC_BF16 && mlc_dtype(mlc_mul(h, h)) == MLC_F16);
+    CHECK(mlc_dtype(mlc_add(b, f)) == MLC_F32 && mlc_dtype(mlc_add(b, h)) == MLC_F32);
+    CHECK(mlc_dtype(mlc_index_select(b, 0, idx)) == MLC_BF16);
+    CHECK(mlc_dtype(mlc_argmax(h, 1)) == MLC_F32 && test_same_float(mlc_get(mlc_argmax(h, 1), 0), 0.0f));
+    CHECK(mlc_dtype(mlc_where(f, b, b)) == MLC_BF16 && mlc_dtype(mlc_masked_fill(h, f, 0.0f)) == MLC_F16);
+    CHECK(test_same_float(mlc_item(mlc_sum_all(mlc_add(b, f))), 27.0f));
+    CHECK(mlc_to_dtype(b, MLC_BF16) == b);               /* a cast to its own dtype is the tensor itself */
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* Gradients flow back through casts and half ops in float32: d/dx of sum(tanh(bf16(x) W)) is
+   float32's gradient at the rounded values, within bf16's rounding of the forward. */
+static int gradients_through_half(void) {
+    mlc_ctx *ctx = cpu_ctx(5);
+    mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, 4)), 1);
+    mlc_tensor *w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(4, 2)), 1);
+    mlc_tensor *xr, *wr, *loss;
+    float gx[12], gw[8];
+    int i;
+    loss = mlc_sum_all(mlc_tanh(mlc_matmul(mlc_to_dtype(x, MLC_BF16), mlc_to_dtype(w, MLC_BF16))));
+    CHECK(loss && mlc_dtype(loss) == MLC_BF16 && mlc_backward(loss) == MLC_OK);
+    CHECK(x->grad && w->grad);
+    memcpy(gx, x->grad, sizeof gx);
+    memcpy(gw, w->grad, sizeof gw);
+    xr = mlc_requires_grad(mlc_to_dtype(mlc_to_dtype(x, MLC_BF16), MLC_F32), 0);
+    wr = mlc_to_dtype(mlc_to_dtype(w, MLC_BF16), MLC_F32);
+    xr = mlc_requires_grad(mlc_keep(xr), 1);
+    wr = mlc_requires_grad(mlc_keep(wr), 1);
+    CHECK(mlc_backward(mlc_sum_all(mlc_tanh(mlc_matmul(xr, wr)))) == MLC_OK);
+    for (i = 0; i < 12; i++) CHECK_NEAR(gx[i], xr->grad[i], 0.02 * (1.0 + fabs(xr->grad[i])));
+    for (i = 0; i < 8; i++) CHECK_NEAR(gw[i], wr->grad[i], 0.02 * (1.0 + fabs(wr->grad[i])));
+    CHECK(mlc_dtype(x) == MLC_F32 && x->requires_grad);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* Autocast: products take and give the autocast dtype, float32 ops cast up, a parameter is
+   copied once per step however often it is used, and the copies go after mlc_step. */
+static int autocast_products_and_float32_ops(void) {
+    mlc_ctx *ctx = cpu_ctx(6);
+    mlc_module *lin = mlc_nn_linear(ctx, 4, 3);
+    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(5, 4)), *y1, *y2, *p, *loss;
+    size_t nodes_one, nodes_two;
+    mlc_frame f;
+    CHECK(mlc_autocast_begin(ctx, MLC_F32) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_autocast_begin(ctx, MLC_BF16) == MLC_OK);
+    f = mlc_frame_begin(ctx);
+    y1 = mlc_forward(lin, x);
+    nodes_one = mlc_get_stats(ctx).tape_nodes;
+    y2 = mlc_forward(lin, x);                            /* the weight's copy is reused */
+    nodes_two = mlc_get_stats(ctx).tape_nodes;
+    CHECK(y1 && y2 && mlc_dtype(y1) == MLC_BF16);
+    CHECK_MSG(nodes_two - nodes_one < nodes_one, "first use %zu nodes, second %zu more", nodes_one,
+              nodes_two - nodes_one);
+    p = mlc_softmax(y1, 1);
+    CHECK(mlc_dtype(p) == MLC_F32);
+    loss = mlc_mse_loss(mlc_add(y1, y2), mlc_zeros(ctx, MLC_SHAPE(5, 3)), MLC_REDUCE_MEAN);
+    CHECK(loss && mlc_dtype(loss) == MLC_F32);
+    mlc_zero_grad(opt);
+    CHECK(mlc_backward(loss) == MLC_OK);
+    CHECK(mlc_dtype(lin->params[0]) == MLC_F32 && lin->params[0]->grad);   /* master weights: float32 */
+    mlc_step(opt);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_frame_end(f);
+    mlc_autocast_end(ctx);
+    CHECK(mlc_dtype(mlc_forward(lin, x)) == MLC_F32);   /* off again */
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* A small regression trained 150 steps under bf16 and f16 autocast (f16 with the scaler) ends
+   close to float32's loss. */
+static float train_autocast(mlc_scalar_type dtype) {
+    mlc_ctx *ctx = cpu_ctx(7);
+    mlc_module *l1 = mlc_nn_linear(ctx, 8, 32), *l2 = mlc_nn_linear(ctx, 32, 1);
+    mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_tanh(ctx), l2, NULL);
+    mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ 3e-2f, 0, 0, 0, 0, 0 });
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(64, 8)), *y = mlc_sum(mlc_mul(x, x), 1, 1);
+    mlc_grad_scaler *scaler = mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0, 0, 0, 0 });
+    float last = 0.0f;
+    int step;
+    for (step = 0; step < 150; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *loss;
+        if (dtype != MLC_F32) mlc_autocast_begin(ctx, dtype);
+        loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
+        if (dtype != MLC_F32) mlc_autocast_end(ctx);
+        last = mlc_item(loss);
+        mlc_zero_grad(opt);
+        if (dtype == MLC_F16) {
+            mlc_backward(mlc_grad_scaler_scale(scaler, loss));
+            mlc_grad_scaler_step(scaler);
+            mlc_grad_scaler_update(scaler);
+        } else {
+            mlc_backward(loss);
+            mlc_step(opt);
+        }
+        mlc_frame_end(f);
+    }
+    if (mlc_error(ctx)) last = NAN;
+    mlc_destroy(ctx);
+    return last;
+}
+static int autocast_training_follows_float32(void) {
+    float f32 = train_autocast(MLC_F32), bf16 = train_autocast(MLC_BF16), f16 = train_autocast(MLC_F16);
+    CHECK_MSG(test_isfinite(f32) && f32 < 2.0f, "float32 loss %g", (double)f32);
+    CHECK_MSG(fabs((double)bf16 - (double)f32) <= 0.05 * f32 + 0.02, "bf16 loss %g, float32 %g", (double)bf16,
+              (double)f32);
+    CHECK_MSG(fabs((double)f16 - (double)f32) <= 0.05 * f32 + 0.02, "f16 loss %g, float32 %g", (double)f16,
+              (double)f32);
+    return 1;
+}
+
+/* The scaler follows PyTorch's rules: an inf/NaN gradient skips the step and halves the scale,
+   growth_interval clean steps double it; the skipped step leaves the weights as they were. */
+static int grad_scaler_skips_backs_off_and_grows(void) {
+    mlc_ctx *ctx = cpu_ctx(8);
+    mlc_tensor *w = mlc_requires_grad(mlc_keep(mlc_full(ctx, MLC_SHAPE(2), 1.0f)), 1);
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0.5f, 0, 0, 0, 0 });
+    mlc_grad_scaler *s;
+    static const float expect_scale[7] = { 32768, 32768, 32768, 65536, 32768, 32768, 32768 };
+    static const int overflow[7] = { 1, 0, 0, 0, 1, 0, 0 }, expect_tracker[7] = { 0, 1, 2, 0, 0, 1, 2 };
+    int step;
+    CHECK(mlc_optim_add_param(opt, w) == MLC_OK);
+    s = mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0, 0, 0, 3 });
+    CHECK(s && s->scale == 65536.0f && s->opts.growth_factor == 2.0f && s->opts.backoff_factor == 0.5f);
+    CHECK(mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0, 0, 0, 3 }) == NULL);   /* one per optimiser */
+    mlc_clear_error(ctx);
+    for (step = 0; step < 7; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        float before = mlc_get(w, 0);
+        /* loss = sum(w * c): c huge on overflow steps (inf after scaling), else 1e-3 */
+        mlc_tensor *c = mlc_full(ctx, MLC_SHAPE(2), overflow[step] ? 3e34f : 1e-3f);
+        int stepped;
+        mlc_zero_grad(opt);
+        CHECK(mlc_backward(mlc_grad_scaler_scale(s, mlc_sum_all(mlc_mul(w, c)))) == MLC_OK);
+        stepped = mlc_grad_scaler_step(s);
+        CHECK_MSG(stepped == !overflow[step], "step %d stepped %d", step, stepped);
+        if (overflow[step]) CHECK(test_same_float(mlc_get(w, 0), before));
+        else CHECK_NEAR(mlc_get(w, 0), before - 0.5f * 1e-3f, 1e-7);   /* the unscaled gradient */
+        mlc_grad_scaler_update(s);
+        CHECK_MSG(test_same_float(s->scale, expect_scale[step]) && s->growth_tracker == expect_tracker[step],
+                  "after step %d: scale %g tracker %lld", step, (double)s->scale, s->growth_tracker);
+        mlc_frame_end(f);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* A checkpoint of an optimiser with a scaler keeps its scale and clean steps; one without them
+   refuses to restore a scaler, naming the entry; a scaler's bad settings are refused. */
+static int grad_scaler_in_checkpoints(void) {
+    mlc_ctx *ctx = cpu_ctx(9);
+    mlc_module *lin = mlc_nn_linear(ctx, 2, 2);
+    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
+    mlc_optim *plain = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
+    mlc_grad_scaler *s = mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0, 0, 0, 0 });
+    mlc_train_state st = { .step = 5 }, st_back = { .step = 0 };
+    unsigned char *buf;
+    size_t n, plain_n;
+    CHECK(s && mlc_grad_scaler_create(plain, (mlc_grad_scaler_opts){ 0, 0.5f, 0, 0 }) == NULL
+          && mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "growth_factor"));
+    mlc_clear_error(ctx);
+    s->scale = 1024.0f; s->growth_tracker = 1234;
+    n = mlc_checkpoint_encode(lin, opt, &st, NULL, 0);
+    CHECK(n > 0 && (buf = (unsigned char *)malloc(n)) != NULL);
+    CHECK(mlc_checkpoint_encode(lin, opt, &st, buf, n) == n);
+    s->scale = 1.0f; s->growth_tracker = 0;
+    CHECK_MSG(mlc_checkpoint_load_from_memory(buf, n, lin, opt, &st_back) == MLC_OK, "%s", mlc_error_message(ctx));
+    CHECK(s->scale == 1024.0f && s->growth_tracker == 1234 && st_back.step == 5);
+    free(buf);
+    plain_n = mlc_checkpoint_encode(lin, plain, &st, NULL, 0);   /* an optimiser without a scaler */
+    CHECK(plain_n > 0 && plain_n < n && (buf = (unsigned char *)malloc(plain_n)) != NULL);
+    CHECK(mlc_checkpoint_encode(lin, plain, &st, buf, plain_n) == plain_n);
+    CHECK(mlc_checkpoint_load_from_memory(buf, plain_n, lin, opt, &st_back) == MLC_ERR_IO);
+    CHECK(strstr(mlc_error_message(ctx), "scaler.scale") != NULL && s->scale == 1024.0f);
+    free(buf);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+static int holds(const unsigned char *bytes, size_t n, const char *text) {   /* text occurs in bytes */
+    size_t i, len = strlen(text);
+    for (i = 0; i + len <= n; i++) if (memcmp(bytes + i, text, len) == 0) return 1;
+    return 0;
+}
+
+/* A module in bf16: half the bytes, outputs in bf16, saved as BF16 and loaded back bit for bit;
+   a float32 file loads into it rounded; back to float32 it trains again. */
+static int module_to_dtype_and_files(void) {
+    mlc_ctx *ctx = cpu_ctx(10);
+    mlc_module *lin = mlc_nn_linear(ctx, 64, 32), *twin = mlc_nn_linear(ctx, 64, 32);
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(3, 64)), *y32, *y16;
+    mlc_named_tensor named[2] = { { "weight", NULL }, { "bias", NULL } };
+    unsigned char *file;
+    size_t n, n32, before, after;
+    float w32[4], w16[4];
+    int i;
+    named[0].tensor = lin->params[0];
+    n32 = mlc_safetensors_encode(ctx, named, 1, NULL, NULL, 0);
+    CHECK(mlc_read(mlc_slice(mlc_reshape(lin->params[0], MLC_SHAPE(2048)), 0, 0, 4), w32, 4) == MLC_OK);
+    y32 = mlc_forward(lin, x);
+    before = mlc_get_stats(ctx).bytes_current;
+    CHECK(mlc_module_to_dtype(lin, MLC_BF16) == MLC_OK);
+    after = mlc_get_stats(ctx).bytes_current;
+    CHECK_MSG(before - after >= 64 * 32 * 2 + 64 * 32 * 4, "held %zu bytes, then %zu", before, after);
+    CHECK(mlc_dtype(lin->params[0]) == MLC_BF16 && mlc_dtype(lin->params[1]) == MLC_BF16);
+    CHECK(mlc_read(mlc_slice(mlc_reshape(lin->params[0], MLC_SHAPE(2048)), 0, 0, 4), w16, 4) == MLC_OK);
+    for (i = 0; i < 4; i++) CHECK(test_same_float(w16[i], mlc_bf16_to_float(mlc_float_to_bf16(w32[i]))));
+    y16 = mlc_forward(lin, mlc_to_dtype(x, MLC_BF16));
+    CHECK(y16 && mlc_dtype(y16) == MLC_BF16);
+    CHECK_NEAR(mlc_item(mlc_sum_all(mlc_to_dtype(y16, MLC_F32))), mlc_item(mlc_sum_all(y32)), 0.5);
+    named[0].tensor = lin->params[0]; named[1].tensor = lin->params[1];
+    n = mlc_safetensors_encode(ctx, named, 2, NULL, NULL, 0);
+    CHECK(n > 0 && n < n32 && (file = (unsigned char *)malloc(n)) != NULL);
+    CHECK(mlc_safetensors_encode(ctx, named, 2, NULL, file, n) == n);
+    CHECK(holds(file, n, "\"BF16\""));
+    CHECK(mlc_module_to_dtype(twin, MLC_BF16) == MLC_OK);
+    CHECK_MSG(mlc_module_load_from_memory(twin, file, n, NULL) == MLC_OK, "%s", mlc_error_message(ctx));
+    CHECK(memcmp(twin->params[0]->half, lin->params[0]->half, 64 * 32 * 2) == 0);
+    free(file);
+    CHECK(mlc_module_to_dtype(lin, MLC_F32) == MLC_OK && mlc_dtype(lin->params[0]) == MLC_F32 && lin->params[0]->grad);
+    CHECK(mlc_module_to_dtype(twin, MLC_F16) == MLC_OK && mlc_dtype(twin->params[0]) == MLC_F16);
+    CHECK(test_same_float(mlc_get(twin->params[0], 0), mlc_f16_to_float(mlc_float_to_f16(w16[0]))));
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* What half tensors refuse: a device, an optimiser's update, a bad dtype, autocast in float32. */
+static int misuse_is_refused_by_name(void) {
+    mlc_ctx *ctx = cpu_ctx(11);
+    mlc_module *lin = mlc_nn_linear(ctx, 2, 2);
+    mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
+    mlc_tensor *b = mlc_full_dtype(ctx, MLC_SHAPE(2), 1.0f, MLC_BF16);
+    CHECK(mlc_to(b, 1) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+    mlc_clear_error(ctx);
+    CHECK(mlc_to_dtype(b, (mlc_scalar_type)-1) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_module_to_dtype(lin, MLC_F16) == MLC_OK);
+    mlc_step(opt);
+    CHECK(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "float16")
+          && strstr(mlc_error_message(ctx), "mlc_autocast_begin"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_grad_scaler_scale(NULL, b) == NULL && mlc_error(ctx) == MLC_ERR_NULL);
+    mlc_clear_error(ctx);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+const test_case tests_dtype[] = {
+    TEST(casts_match_pytorch_bit_for_bit)
+    TEST(create_read_write_round)
+    TEST(ops_on_half_are_float32_rounded_once)
+    TEST(promotion_as_pytorch)
+    TEST(gradients_through_half)
+    TEST(autocast_products_and_float32_ops)
+    TEST(autocast_training_follows_float32)
+    TEST(grad_scaler_skips_backs_off_and_grows)
+    TEST(grad_scaler_in_checkpoints)
+    TEST(module_to_dtype_and_files)
+    TEST(misuse_is_refused_by_name)
+    { NULL, NULL }
+};
