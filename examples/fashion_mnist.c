@@ -6,7 +6,10 @@
                         linear 1568-128 - ReLU - linear 128-10             (about 92 %)
    Adam with a cosine learning-rate schedule, cross entropy, shuffled batches (mlc_batches).
    Usage: fashion_mnist [--data DIR] [--model mlp|cnn] [--device NAME] [--epochs N] [--batch N]
-                        [--lr X] [--seed N] [--csv FILE] [--save FILE] [--resume FILE]
+                        [--lr X] [--seed N] [--amp bf16|fp16] [--csv FILE] [--save FILE] [--resume FILE]
+   --amp trains with mixed precision (mlc_autocast_begin): the products in bf16 or fp16 with
+   float32 master weights; fp16 with a gradient scaler (mlc_grad_scaler_create), which the
+   checkpoints keep.
    --csv writes one line per epoch (loss and accuracy, train and test); tools/plot_svg.py
    draws it. --save FILE writes a checkpoint after every epoch; --resume FILE continues from one
    (the same --model, and --epochs counting all epochs, the resumed ones too). */
@@ -20,8 +23,9 @@
 #include "mlc.h"
 
 typedef struct options {
-    const char *data, *model, *device, *csv, *save, *resume;
+    const char *data, *model, *device, *csv, *save, *resume, *amp;
     int epochs, batch;
+    mlc_scalar_type amp_dtype;          /* MLC_F32: no autocast */
     float lr;
     unsigned long long seed;
 } options;
@@ -50,10 +54,14 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--csv")) o->csv = value;
         else if (!strcmp(flag, "--save")) o->save = value;
         else if (!strcmp(flag, "--resume")) o->resume = value;
+        else if (!strcmp(flag, "--amp")) o->amp = value;
         else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
     }
     int cnn = !strcmp(o->model, "cnn");
     if (!cnn && strcmp(o->model, "mlp")) { fprintf(stderr, "--model is mlp or cnn\n"); return 0; }
+    o->amp_dtype = !o->amp || !strcmp(o->amp, "off") ? MLC_F32 : !strcmp(o->amp, "bf16") ? MLC_BF16
+                 : !strcmp(o->amp, "fp16") ? MLC_F16 : (mlc_scalar_type)-1;
+    if ((int)o->amp_dtype < 0) { fprintf(stderr, "--amp is bf16, fp16 or off\n"); return 0; }
     if (!o->epochs) o->epochs = cnn ? 5 : 10;
     if (!o->batch) o->batch = cnn ? 64 : 128;
     if (o->lr <= 0.0f) o->lr = 2e-3f;
@@ -117,9 +125,10 @@ static mlc_module *make_cnn(mlc_ctx *ctx) {
                              relu3, fc2, NULL);
 }
 
-/* Mean loss and accuracy over x and y, in eval mode, batches of 500, no gradients. */
-static void evaluate(mlc_ctx *ctx, mlc_module *model, mlc_tensor *x, mlc_tensor *y, double *loss,
-                     double *acc) {
+/* Mean loss and accuracy over x and y, in eval mode, batches of 500, no gradients (under the
+   training's autocast, if any). */
+static void evaluate(mlc_ctx *ctx, mlc_module *model, mlc_tensor *x, mlc_tensor *y, mlc_scalar_type amp,
+                     double *loss, double *acc) {
     mlc_batches *batches = mlc_batches_create(x, y, (mlc_batch_opts){ .batch_size = 500 });
     mlc_tensor *bx, *by;
     int was = mlc_set_grad_enabled(ctx, 0), correct = 0, seen = 0;
@@ -128,9 +137,11 @@ static void evaluate(mlc_ctx *ctx, mlc_module *model, mlc_tensor *x, mlc_tensor 
     for (;;) {
         mlc_frame f = mlc_frame_begin(ctx);
         if (!mlc_batches_next(batches, &bx, &by)) { mlc_frame_end(f); break; }
+        if (amp != MLC_F32) mlc_autocast_begin(ctx, amp);
         mlc_tensor *logits = mlc_forward(model, bx);
         mlc_tensor *pred = mlc_argmax(logits, 1);
         mlc_tensor *l = mlc_cross_entropy(logits, by, MLC_REDUCE_SUM, MLC_NO_IGNORE);
+        mlc_autocast_end(ctx);
         if (!pred || !l) { mlc_frame_end(f); break; }
         const float *p = mlc_host_data(pred), *t = mlc_host_data(by);
         for (int i = 0; i < bx->shape[0]; i++) correct += p[i] == t[i];
@@ -155,7 +166,9 @@ int main(int argc, char **argv) {
     options o;
     if (!parse_options(argc, argv, &o)) {
         fprintf(stderr, "usage: %s [--data DIR] [--model mlp|cnn] [--device NAME] [--epochs N] [--batch N]\n"
-                        "       [--lr X] [--seed N] [--csv FILE] [--save FILE] [--resume FILE]\n", argv[0]);
+                        "       [--lr X] [--seed N] [--amp bf16|fp16] [--csv FILE] [--save FILE]\n"
+                        "       [--resume FILE]\n",
+                argv[0]);
         return 1;
     }
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device });
@@ -173,6 +186,8 @@ int main(int argc, char **argv) {
     int cnn = !strcmp(o.model, "cnn");
     mlc_module *model = cnn ? make_cnn(ctx) : make_mlp(ctx);
     mlc_optim *opt = mlc_adam(ctx, model, (mlc_adam_opts){ .lr = o.lr });
+    mlc_grad_scaler *scaler = NULL;                  /* fp16 autocast: gradients scaled */
+    if (o.amp_dtype == MLC_F16) scaler = mlc_grad_scaler_create(opt, (mlc_grad_scaler_opts){ 0 });
     mlc_batches *batches = mlc_batches_create(x_train, y_train,
                                               (mlc_batch_opts){ .batch_size = o.batch, .shuffle = 1 });
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
@@ -185,9 +200,10 @@ int main(int argc, char **argv) {
     if (csv) fprintf(csv, "epoch,train_loss,train_accuracy,test_loss,test_accuracy,seconds\n");
     printf("Using device: %s\n", mlc_device_name(ctx));
     printf("Fashion-MNIST: %d training and %d test images; %s, %zu parameters; batch %d, Adam lr %g, "
-           "%d epochs\n",
+           "%d epochs%s%s\n",
            x_train->shape[0], x_test->shape[0], o.model, mlc_module_param_count(model), o.batch, (double)o.lr,
-           o.epochs);
+           o.epochs, o.amp_dtype != MLC_F32 ? "; autocast " : "",
+           o.amp_dtype != MLC_F32 ? mlc_dtype_name(o.amp_dtype) : "");
 
     int first_epoch = checkpoint(&o, 1, 0, model, opt);
     if (!first_epoch) {
@@ -206,11 +222,19 @@ int main(int argc, char **argv) {
             mlc_frame f = mlc_frame_begin(ctx);
             if (!mlc_batches_next(batches, &x, &y)) { mlc_frame_end(f); break; }
             mlc_optim_set_lr(opt, mlc_lr_cosine(o.lr, step++, 0, o.epochs * steps, 0.0f));
+            if (o.amp_dtype != MLC_F32) mlc_autocast_begin(ctx, o.amp_dtype);
             mlc_tensor *logits = mlc_forward(model, x);
             mlc_tensor *loss = mlc_cross_entropy(logits, y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+            mlc_autocast_end(ctx);
             mlc_zero_grad(opt);
-            mlc_backward(loss);
-            mlc_step(opt);
+            if (scaler) {                          /* fp16: the loss scaled, the step skipped on overflow */
+                mlc_backward(mlc_grad_scaler_scale(scaler, loss));
+                mlc_grad_scaler_step(scaler);
+                mlc_grad_scaler_update(scaler);
+            } else {
+                mlc_backward(loss);
+                mlc_step(opt);
+            }
             mlc_tensor *pred = mlc_argmax(logits, 1);
             if (!pred) { mlc_frame_end(f); break; }
             const float *p = mlc_host_data(pred), *t = mlc_host_data(y);
@@ -232,7 +256,7 @@ int main(int argc, char **argv) {
         }
         if (mlc_error(ctx)) break;
         double train_time = seconds() - epoch_start, test_loss, test_acc;
-        evaluate(ctx, model, x_test, y_test, &test_loss, &test_acc);
+        evaluate(ctx, model, x_test, y_test, o.amp_dtype, &test_loss, &test_acc);
         if (mlc_error(ctx)) break;
         if (tty) printf("\r%*s\r", 110, "");                     /* clear the bar's line */
         printf("epoch %2d/%d  train loss %.4f acc %5.2f%%  test loss %.4f acc %5.2f%%  %.1f s "
