@@ -489,6 +489,14 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int transpose_a, int transpose_b, int M, int 
 /* The plain triple loop: the reference every fast path (and your hook) is tested against. */
 MLCDEF void mlc_gemm_reference(int transpose_a, int transpose_b, int M, int N, int K,
                                const float *A, const float *B, float beta, float *C);
+/* mlc_gemm with bfloat16 A and B (mlc_float_to_bf16's bits) and float32 C: C = op(A) op(B) +
+   beta C (beta 0 or 1), sums in float32. On x86-64 with AVX-512 BF16 and no gemm hook it runs
+   mlc's vdpbf16ps kernel (matmul and linear on bf16 tensors run it too); that instruction
+   treats subnormal inputs (bf16 below 2^-126) as zero and flushes subnormal sums to zero.
+   Elsewhere, under MLC_USE_CBLAS or with a hook, A and B are widened to float32 (exactly) in
+   arena scratch and multiplied by mlc_gemm. */
+MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int transpose_a, int transpose_b, int M, int N, int K,
+                          const uint16_t *A, const uint16_t *B, float beta, float *C);
 
 /* reductions over one axis (keepdim keeps it with size 1) and over everything */
 MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim);
@@ -1236,6 +1244,8 @@ typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), s
                                           refused as if the device were full; -1: none */
 } mlc__device_buffers;
 
+struct mlc__autocast_copy { mlc_tensor *of, *copy; };   /* autocast's copy of a parameter */
+
 struct mlc_ctx {
     mlc_config config;
     mlc_result error;
@@ -1252,7 +1262,7 @@ struct mlc_ctx {
     int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
     mlc_scalar_type op_dtype;          /* the dtype of the op's output (mlc__make) */
     mlc_scalar_type autocast;          /* MLC_F32: off; else the products' dtype */
-    struct mlc__autocast_copy { mlc_tensor *of, *copy; } *autocast_copies;   /* parameters' copies */
+    struct mlc__autocast_copy *autocast_copies;   /* parameters' copies */
     int n_autocast_copies, autocast_capacity;
     const char *fell_back[64];         /* ops already logged as falling back */
     int n_fell_back;
@@ -2500,12 +2510,27 @@ static int mlc__has_half(const mlc__node *n) {
     return 0;
 }
 
+static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
+
+/* Whether the node's CPU forward takes its half tensors as they are, without float32 stand-ins:
+   a product of bf16 matrices (bias bf16 or none) where mlc's bf16 kernel runs. mlc__matmul_cpu
+   then sums in float32 scratch and rounds into the output once, as the stand-ins would; only
+   the order of the float32 sums differs (and subnormals, see mlc_gemm_bf16). */
+static int mlc__cpu_takes_half(const mlc__node *n) {
+    return n->op == MLC__OP_MATMUL && n->in[0]->dtype == MLC_BF16 && n->in[1]->dtype == MLC_BF16
+           && (!n->in[2] || n->in[2]->dtype == MLC_BF16) && n->out->dtype == MLC_BF16
+           && mlc__bf16_kernel_usable(n->out->ctx);
+}
+
 /* Run the op described by `call`: on the device (mlc__dispatch), else its CPU forward from the
-   op table. 1: its output holds the result; 0: it failed, with the error set. The builder then
-   records it (mlc__record). */
+   op table (through float32 stand-ins where it has half tensors it does not take). 1: its
+   output holds the result; 0: it failed, with the error set. The builder then records it
+   (mlc__record). */
 static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
     int where = mlc__dispatch(ctx, call);
-    if (where == 0 && !(mlc__has_half(call) ? mlc__cpu_widened(call) : mlc__cpu_of[call->op](call))) return 0;
+    if (where == 0 && !(mlc__has_half(call) && !mlc__cpu_takes_half(call) ? mlc__cpu_widened(call)
+                                                                          : mlc__cpu_of[call->op](call)))
+        return 0;
     return where >= 0 && !ctx->error;
 }
 
@@ -3512,7 +3537,8 @@ MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) {
      C = op(A) op(B)          A [M, K], B [K, N] after the optional transposes
      dA = dC op(B)^T          dB = op(A)^T dC     (with transposes, worked out per case below)
    mlc_gemm_reference is the plain loop every faster path is tested against; mlc_gemm is the
-   one place every product goes through (the user's hook, BLAS, or mlc's own).
+   one place every product goes through (the user's hook, BLAS, or mlc's own). Products of bf16
+   matrices go through mlc_gemm_bf16: mlc's bf16 kernel where the CPU has one, else mlc_gemm.
    ============================================================================================ */
 
 /* C[M,N] = op(A) op(B) + beta C; each operand is stored row-major as written, or transposed. */
@@ -3551,6 +3577,15 @@ static void mlc__gemm_epilogue(float *C, size_t ldc, int rows, int cols, const f
         if (relu) mlc__relu_row((size_t)cols, C);
     }
 }
+
+/* mlc's bf16 kernel (below) needs x86-64, mlc's own products and a compiler that knows
+   AVX-512 BF16 (GCC 10, Clang 11); elsewhere bf16 products are widened to float32 */
+#if MLC__X86 && defined(__x86_64__) && !defined(MLC_USE_CBLAS) \
+    && ((defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10))
+#define MLC__BF16_X86 1
+#else
+#define MLC__BF16_X86 0
+#endif
 
 #ifndef MLC_USE_CBLAS
 /* mlc's own matrix product: the Goto/BLIS scheme.
@@ -4075,6 +4110,304 @@ static int mlc__product_below(int M, int N, int K, long long limit) {
     return K <= 0 || (long long)M * N < (limit + K - 1) / K;
 }
 
+#if MLC__BF16_X86
+/* bfloat16 products on AVX-512 BF16 (mlc_gemm_bf16; matmul and linear on bf16 tensors):
+     C[M,N] = op(A) op(B) + beta C     A, B bf16, C float32, sums in float32
+   The scheme above on vdpbf16ps, which adds to each of 16 float lanes the dot product of a
+   *pair* of bf16 values from each source, a[2j] b[2j] + a[2j+1] b[2j+1]; so packing
+   interleaves pairs of k, and a sliver holds 32-bit words:
+     A sliver (MR rows):    word [p*MR + i] = op(A)[i, 2p] | op(A)[i, 2p+1] << 16
+     B sliver (NR columns): word [p*NR + j] = op(B)[2p, j] | op(B)[2p+1, j] << 16
+   The micro-kernel broadcasts row i's word of A against two vectors of B (16 columns' pairs
+   each) per pair of k: twice the multiply-adds of a float32 FMA per instruction, from half the
+   bytes. An odd K pads the last pair with zero in both operands. bf16 halves the bytes, so KC
+   is twice the float32 kernels'. K is cut into slices by its size alone, and every value of C
+   is one lane's sums over them in order, so no split of C between threads changes a bit. */
+enum { MLC__BF16_MR_MAX = 12, MLC__BF16_NR = 32 };
+
+/* micro-kernel: C[mr, 32] (row stride ldc) = (add ? C : 0) + the sums over kp pairs of k of
+   a[p*mr + i] and b[p*32 + j] (packed as above) */
+typedef void (*mlc__bf16_kernel_fn)(int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc, int add);
+typedef struct mlc__bf16_arch { mlc__bf16_kernel_fn kernel; int mr, nr, mc, kc, nc; } mlc__bf16_arch;
+
+#define MLC__BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+/* rows x 32 (rows <= 12, a constant where it is inlined): 2·rows accumulators; per pair of k
+   two B loads, then `rows` broadcasts of a word of A, each against both */
+__attribute__((target(MLC__BF16_TARGET), always_inline))
+static inline void mlc__bf16_tile(int rows, int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc,
+                                  int add) {
+    __m512 acc[MLC__BF16_MR_MAX][2];
+    int i, p;
+    _Pragma("GCC unroll 12") for (i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (p = 0; p < kp; p++, a += rows, b += 32) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+        _Pragma("GCC unroll 12") for (i = 0; i < rows; i++) {
+            const __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+    }
+    _Pragma("GCC unroll 12") for (i = 0; i < rows; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c));
+            acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c + 16));
+        }
+        _mm512_storeu_ps(c, acc[i][0]);
+        _mm512_storeu_ps(c + 16, acc[i][1]);
+    }
+}
+/* 12 x 32, and 8 x 32 where 8 divides M with fewer padded rows (as mlc__gemm_pick) */
+__attribute__((target(MLC__BF16_TARGET)))
+static void mlc__bf16_kernel_12(int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc, int add) {
+    mlc__bf16_tile(12, kp, a, b, c, ldc, add);
+}
+__attribute__((target(MLC__BF16_TARGET)))
+static void mlc__bf16_kernel_8(int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc, int add) {
+    mlc__bf16_tile(8, kp, a, b, c, ldc, add);
+}
+/* block sizes in bf16 values of k (kc even): a KC x NR sliver of B in L1, MC x KC of A in L2 */
+static const mlc__bf16_arch mlc__bf16_12 = { mlc__bf16_kernel_12, 12, 32, 192, 512, 2048 };
+static const mlc__bf16_arch mlc__bf16_8 = { mlc__bf16_kernel_8, 8, 32, 192, 512, 2048 };
+
+/* v[c] = column c of the 16 x 16 matrix of 32-bit words whose row r is v[r] */
+__attribute__((target(MLC__BF16_TARGET), always_inline))
+static inline void mlc__bf16_transpose16(__m512i v[16]) {
+    __m512i t[16], u[16];
+    int r, j;
+    _Pragma("GCC unroll 8") for (r = 0; r < 16; r += 2) {          /* pairs of rows, words interleaved */
+        t[r] = _mm512_unpacklo_epi32(v[r], v[r + 1]);
+        t[r + 1] = _mm512_unpackhi_epi32(v[r], v[r + 1]);
+    }
+    _Pragma("GCC unroll 4") for (r = 0; r < 16; r += 4) {          /* u[r + j]: word j of each 128-bit */
+        u[r] = _mm512_unpacklo_epi64(t[r], t[r + 2]);             /* lane, rows r..r+3 */
+        u[r + 1] = _mm512_unpackhi_epi64(t[r], t[r + 2]);
+        u[r + 2] = _mm512_unpacklo_epi64(t[r + 1], t[r + 3]);
+        u[r + 3] = _mm512_unpackhi_epi64(t[r + 1], t[r + 3]);
+    }
+    _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {              /* gather lane l of the four groups */
+        const __m512i a0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88),
+                      a1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd),
+                      b0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88),
+                      b1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        v[j] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+        v[8 + j] = _mm512_shuffle_i32x4(a0, b0, 0xdd);
+        v[4 + j] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+        v[12 + j] = _mm512_shuffle_i32x4(a1, b1, 0xdd);
+    }
+}
+
+/* Packs one sliver: dst[p*w + x] = the pair (src[x*sx + 2p*sk], src[x*sx + (2p+1)*sk]) for
+   x < m and p < (kc+1)/2; zero for m <= x < w and for the missing half of an odd kc's last
+   pair. One of sx, sk is 1. Where x runs along contiguous values (sx = 1: B as stored, or Aᵀ),
+   32 values of rows 2p and 2p+1 are interleaved by two vpermt2w; where k does (sk = 1: A as
+   stored, or Bᵀ), each pair is already a 32-bit word, and 16 rows x 16 pairs are transposed as
+   words in registers. Edges are masked loads of zeros; a sliver narrower than 16 (w = 12, 8)
+   is written through a store mask. */
+__attribute__((target(MLC__BF16_TARGET)))
+static void mlc__bf16_pack(uint32_t *dst, const uint16_t *src, size_t sx, size_t sk, int m, int kc, int w) {
+    const int pairs = kc / 2, kp = (kc + 1) / 2;
+    int p, x;
+    if (sx == 1) {   /* lo, hi: the words of values 0..15 and 16..31 of the two rows */
+        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                            39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
+                      hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+        for (x = 0; x < w; x += 32) {
+            const __mmask32 in = m - x >= 32 ? 0xffffffffu
+                                 : m - x <= 0 ? 0u : (__mmask32)((1u << (m - x)) - 1);
+            const __mmask16 out0 = w - x >= 16 ? 0xffff : (__mmask16)((1u << (w - x)) - 1),
+                            out1 = w - x >= 32 ? 0xffff
+                                   : w - x <= 16 ? 0 : (__mmask16)((1u << (w - x - 16)) - 1);
+            for (p = 0; p < kp; p++) {
+                const uint16_t *s0 = src + (size_t)2 * p * sk + x;
+                uint32_t *d = dst + (size_t)p * w + x;
+                const __m512i r0 = _mm512_maskz_loadu_epi16(in, s0),
+                              r1 = p < pairs ? _mm512_maskz_loadu_epi16(in, s0 + sk) : _mm512_setzero_si512();
+                _mm512_mask_storeu_epi32(d, out0, _mm512_permutex2var_epi16(r0, lo, r1));
+                _mm512_mask_storeu_epi32(d + 16, out1, _mm512_permutex2var_epi16(r0, hi, r1));
+            }
+        }
+        return;
+    }
+    for (x = 0; x < w; x += 16) {
+        const __mmask16 out = w - x >= 16 ? 0xffff : (__mmask16)((1u << (w - x)) - 1);
+        int p0, r;
+        for (p0 = 0; p0 < kp; p0 += 16) {
+            const int nk = kc - 2 * p0 < 32 ? kc - 2 * p0 : 32, np = (nk + 1) / 2;   /* values, pairs */
+            const __mmask32 in = nk == 32 ? 0xffffffffu : (__mmask32)((1u << nk) - 1);
+            __m512i v[16];
+            _Pragma("GCC unroll 16") for (r = 0; r < 16; r++)
+                v[r] = x + r < m ? _mm512_maskz_loadu_epi16(in, src + (size_t)(x + r) * sx + 2 * p0)
+                                 : _mm512_setzero_si512();
+            mlc__bf16_transpose16(v);
+            for (p = 0; p < np; p++) _mm512_mask_storeu_epi32(dst + (size_t)(p0 + p) * w + x, out, v[p]);
+        }
+    }
+}
+
+typedef struct mlc__bf16_job {          /* one product, or a block of its rows or columns */
+    const mlc__bf16_arch *g;
+    int M, N, K, kc;                    /* kc: the depth of K's slices (even), the same in every part */
+    const uint16_t *A, *B;
+    /* op(A)[i, k] = A[i*a_sx + k*a_sk], op(B)[k, j] = B[k*b_sk + j*b_sx], C[i, j] = C[i*ldc + j] */
+    size_t a_sx, a_sk, b_sx, b_sk, ldc;
+    float beta, *C;
+    int split_rows;                     /* threads share: 1 rows of C (MR at a time), 0 columns (NR) */
+    uint32_t *work;                     /* per slot: one B panel then one A block, work_words in all */
+    size_t work_words;
+    uint32_t *shared;                   /* with threads, the operand every part reads whole, packed
+                                           once by all first (op(B) when they share rows, op(A)
+                                           columns): slice pc at (pc/2)·padded, sliver x at x·kp
+                                           within it; NULL: a part packs its blocks */
+    size_t padded;                      /* its extent (N or M) rounded up to whole slivers */
+    const float *bias;                  /* each part's epilogue, as mlc__gemm_part's (NULL, 0: none), */
+    int relu;
+    uint16_t *half;                     /* then its C rounded into half (NULL: C is the result) */
+} mlc__bf16_job;
+
+/* the words of one packed B panel of N columns, and of one A block of M rows, kc deep, each a
+   whole number of 64-byte lines */
+static size_t mlc__bf16_panel_words(const mlc__bf16_arch *g, int N, int kc) {
+    return ((size_t)mlc__gemm_round_up(N < g->nc ? N : g->nc, g->nr) * (size_t)(kc / 2) + 15) / 16 * 16;
+}
+static size_t mlc__bf16_block_words(const mlc__bf16_arch *g, int M, int kc) {
+    return ((size_t)mlc__gemm_round_up(M < g->mc ? M : g->mc, g->mr) * (size_t)(kc / 2) + 15) / 16 * 16;
+}
+
+/* The loops over blocks, as mlc__gemm_blocks: for each panel of B (packed, or the shared
+   copy's), each block of A (likewise), the kernel over the tiles of C; an edge tile runs in
+   full aside. */
+static void mlc__bf16_blocks(const mlc__bf16_job *p, uint32_t *work) {
+    const mlc__bf16_arch *g = p->g;
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, kc = p->kc,
+              mblocks = (M + g->mc - 1) / g->mc, mc = mlc__gemm_round_up((M + mblocks - 1) / mblocks, mr);
+    const uint32_t *shared_b = p->split_rows ? p->shared : NULL, *shared_a = p->split_rows ? NULL : p->shared;
+    uint32_t *block = work + mlc__bf16_panel_words(g, N, kc);
+    int jc, pc;
+    for (jc = 0; jc < N; jc += g->nc) {
+        const int nc = N - jc < g->nc ? N - jc : g->nc;
+        for (pc = 0; pc < K; pc += kc) {
+            const int kk = K - pc < kc ? K - pc : kc, kp = (kk + 1) / 2, add = pc > 0 || p->beta != 0.0f;
+            const size_t slice = (size_t)(pc / 2) * p->padded;
+            const uint32_t *bp = shared_b ? shared_b + slice + (size_t)jc * kp : work;
+            int jr, ic;
+            for (jr = 0; jr < nc && !shared_b; jr += nr)
+                mlc__bf16_pack(work + (size_t)jr * kp,
+                               p->B + (size_t)pc * p->b_sk + (size_t)(jc + jr) * p->b_sx, p->b_sx,
+                               p->b_sk, nc - jr < nr ? nc - jr : nr, kk, nr);
+            for (ic = 0; ic < M; ic += mc) {
+                const int m = M - ic < mc ? M - ic : mc;
+                const uint32_t *ap = shared_a ? shared_a + slice + (size_t)ic * kp : block;
+                int ir;
+                for (ir = 0; ir < m && !shared_a; ir += mr)
+                    mlc__bf16_pack(block + (size_t)ir * kp,
+                                   p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx,
+                                   p->a_sk, m - ir < mr ? m - ir : mr, kk, mr);
+                for (jr = 0; jr < nc; jr += nr)
+                    for (ir = 0; ir < m; ir += mr) {
+                        float *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
+                              tile[MLC__BF16_MR_MAX * MLC__BF16_NR];
+                        const int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr;
+                        int i, j;
+                        if (mm == mr && nn == nr) {
+                            g->kernel(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, c, (int)p->ldc, add);
+                            continue;
+                        }
+                        g->kernel(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, tile, nr, 0);
+                        for (i = 0; i < mm; i++)
+                            for (j = 0; j < nn; j++)
+                                c[(size_t)i * p->ldc + j] = add ? c[(size_t)i * p->ldc + j] + tile[i * nr + j]
+                                                                : tile[i * nr + j];
+                    }
+            }
+        }
+    }
+}
+
+/* Packs slivers [begin, end) of the shared operand into p->shared, for mlc__parallel (unit u:
+   slice u / slivers, sliver u % slivers) */
+static void mlc__bf16_share(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__bf16_job *p = (const mlc__bf16_job *)arg;
+    const int w = p->split_rows ? p->g->nr : p->g->mr, extent = p->split_rows ? p->N : p->M;
+    const size_t slivers = p->padded / (size_t)w, sx = p->split_rows ? p->b_sx : p->a_sx,
+                 sk = p->split_rows ? p->b_sk : p->a_sk;
+    const uint16_t *src = p->split_rows ? p->B : p->A;
+    size_t u;
+    (void)slot;
+    for (u = begin; u < end; u++) {
+        const int pc = (int)(u / slivers) * p->kc, x = (int)(u % slivers) * w,
+                  kk = p->K - pc < p->kc ? p->K - pc : p->kc;
+        mlc__bf16_pack(p->shared + (size_t)(pc / 2) * p->padded + (size_t)x * (size_t)((kk + 1) / 2),
+                       src + (size_t)x * sx + (size_t)pc * sk, sx, sk, extent - x < w ? extent - x : w, kk,
+                       w);
+    }
+}
+
+/* Units [begin, end) of the product's rows (MR each) or columns (NR each), for mlc__parallel:
+   the product, then the epilogue and the rounding, of that part of C on this thread */
+static void mlc__bf16_part(void *arg, int slot, size_t begin, size_t end) {
+    mlc__bf16_job part = *(const mlc__bf16_job *)arg;
+    const int unit = part.split_rows ? part.g->mr : part.g->nr, from = (int)begin * unit;
+    int to = (int)end * unit, i;
+    if (part.split_rows) {
+        if (to > part.M) to = part.M;
+        part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
+        if (part.half) part.half += (size_t)from * part.ldc;
+    } else {
+        if (to > part.N) to = part.N;
+        part.B += (size_t)from * part.b_sx; part.C += from; part.N = to - from;
+        if (part.half) part.half += from;
+        if (part.bias) part.bias += from;
+    }
+    mlc__bf16_blocks(&part, part.work + (size_t)slot * part.work_words);
+    mlc__gemm_epilogue(part.C, part.ldc, part.M, part.N, part.bias, part.relu);
+    for (i = 0; part.half && i < part.M; i++)
+        mlc__narrow(MLC_BF16, part.C + (size_t)i * part.ldc, part.half + (size_t)i * part.ldc,
+                    (size_t)part.N);
+}
+
+/* The product on the kernel (M, N, K >= 1): the threads share C's rows, or its columns when it
+   has more of those in tiles, each packing its own part of that operand; with several threads
+   the other operand is packed once, by all, first. Workspace from the arena, released at once;
+   out of memory: the error is set and C is left. */
+static void mlc__bf16_gemm_kernel(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const uint16_t *A,
+                                  const uint16_t *B, float beta, float *C, const float *bias, int relu,
+                                  uint16_t *half) {
+    const mlc__bf16_arch *g = mlc__gemm_round_up(M, 8) < mlc__gemm_round_up(M, 12) ? &mlc__bf16_8
+                                                                                   : &mlc__bf16_12;
+    const int rows = (M + g->mr - 1) / g->mr, cols = (N + g->nr - 1) / g->nr,
+              kblocks = (K + g->kc - 1) / g->kc;
+    const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N,
+                 from = mlc__product_below(M, N, K, MLC__GEMM_PARALLEL) ? (size_t)-1 : 2;
+    mlc_frame scratch = mlc_frame_begin(ctx);
+    mlc__bf16_job job;
+    size_t units;
+    int slots, per;
+    job.g = g; job.M = M; job.N = N; job.K = K; job.A = A; job.B = B; job.beta = beta; job.C = C;
+    job.kc = mlc__gemm_round_up((K + kblocks - 1) / kblocks, 2);          /* equal even slices */
+    job.a_sx = ta ? 1 : lda; job.a_sk = ta ? lda : 1; job.b_sx = tb ? ldb : 1; job.b_sk = tb ? 1 : ldb;
+    job.ldc = (size_t)N; job.bias = bias; job.relu = relu; job.half = half;
+    job.split_rows = rows >= cols;
+    units = (size_t)(job.split_rows ? rows : cols);
+    slots = mlc__slots(ctx, units, from);
+    per = (int)((units + (size_t)mlc__pieces(units, slots) - 1) / (size_t)mlc__pieces(units, slots));
+    job.work_words = mlc__bf16_panel_words(g, job.split_rows ? N : per * g->nr, job.kc)
+                     + mlc__bf16_block_words(g, job.split_rows ? per * g->mr : M, job.kc);
+    job.work = (uint32_t *)mlc__arena_alloc(ctx, job.work_words * (size_t)slots * sizeof(uint32_t),
+                                            "mlc_gemm_bf16");
+    job.shared = NULL;
+    job.padded = (size_t)(job.split_rows ? cols * g->nr : rows * g->mr);
+    if (job.work && slots > 1) {
+        const size_t slices = (size_t)((K + job.kc - 1) / job.kc),
+                     slivers = job.padded / (size_t)(job.split_rows ? g->nr : g->mr);
+        job.shared = (uint32_t *)mlc__arena_alloc(ctx, job.padded * slices * (size_t)(job.kc / 2)
+                                                  * sizeof(uint32_t), "mlc_gemm_bf16");
+        if (job.shared) mlc__parallel(ctx, slivers * slices, 2, mlc__bf16_share, &job);
+    }
+    if (job.work && (slots == 1 || job.shared)) mlc__parallel(ctx, units, from, mlc__bf16_part, &job);
+    mlc_frame_end(scratch);
+}
+#endif
+
 #endif /* !MLC_USE_CBLAS */
 
 /* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
@@ -4160,6 +4493,55 @@ MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const fl
         return;
     }
     mlc__gemm(ctx, ta, tb, M, N, K, A, B, beta, C, NULL);
+}
+
+/* Whether products of bf16 matrices run on mlc's bf16 kernel: x86-64 with AVX-512 BF16, and no
+   gemm hook to take them */
+static int mlc__bf16_kernel_usable(const mlc_ctx *ctx) {
+#if MLC__BF16_X86
+    return !ctx->config.gemm && __builtin_cpu_supports("avx512bf16");
+#else
+    (void)ctx;
+    return 0;
+#endif
+}
+
+/* mlc_gemm_bf16, then linear's epilogue (bias on every row, relu) and, with half, C rounded
+   into half: on the kernel where it runs, else on float32 copies of A and B (arena scratch)
+   through mlc__gemm_then */
+static void mlc__gemm_bf16_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const uint16_t *A,
+                                const uint16_t *B, float beta, float *C, const float *bias, int relu,
+                                uint16_t *half) {
+    mlc_frame scratch;
+    float *a, *b;
+    if (M <= 0 || N <= 0) return;
+#if MLC__BF16_X86
+    if (K > 0 && mlc__bf16_kernel_usable(ctx)) {
+        mlc__bf16_gemm_kernel(ctx, ta, tb, M, N, K, A, B, beta, C, bias, relu, half);
+        return;
+    }
+#endif
+    scratch = mlc_frame_begin(ctx);
+    a = mlc__floats(ctx, (size_t)M * K + 1, "mlc_gemm_bf16");
+    b = mlc__floats(ctx, (size_t)K * N + 1, "mlc_gemm_bf16");
+    if (a && b) {
+        mlc__widen(MLC_BF16, A, a, (size_t)M * K);
+        mlc__widen(MLC_BF16, B, b, (size_t)K * N);
+        mlc__gemm_then(ctx, ta, tb, M, N, K, a, b, beta, C, NULL, bias, relu);
+        if (half) mlc__narrow(MLC_BF16, C, half, (size_t)M * N);
+    }
+    mlc_frame_end(scratch);
+}
+
+MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const uint16_t *A,
+                          const uint16_t *B, float beta, float *C) {
+    if (!ctx || ctx->error) return;
+    if (M < 0 || N < 0 || K < 0 || (beta != 0.0f && beta != 1.0f) || (M && N && (!C || (K && (!A || !B))))) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm_bf16: M %d, N %d, K %d, beta %g or a NULL matrix is not valid",
+                  M, N, K, (double)beta);
+        return;
+    }
+    mlc__gemm_bf16_then(ctx, ta, tb, M, N, K, A, B, beta, C, NULL, 0, NULL);
 }
 
 /* Whether products may run on several threads at once: mlc's own may; a hook or BLAS gets
@@ -4257,10 +4639,26 @@ static void mlc__matmul_backward(mlc__node *n) {
 }
 
 /* C = op(A) op(B) (+ bias [N] on every row: linear's bias, and (relu) then relu(C): both fused
-   into the product's parts on the CPU; on a device relu runs as an op of its own) */
+   into the product's parts on the CPU; on a device relu runs as an op of its own). bf16
+   operands come here as they are only where mlc__cpu_takes_half: each product is summed on the
+   bf16 kernel in float32 scratch, and its parts rounded into the output as they are done. */
 static int mlc__matmul_cpu(mlc__node *n) {
     const mlc__mm *mm = (const mlc__mm *)n->saved;
     mlc_tensor *a = n->in[0], *b = n->in[1], *bias = n->in[2];
+    if (a->dtype == MLC_BF16) {
+        mlc_ctx *ctx = n->out->ctx;
+        mlc_frame scratch = mlc_frame_begin(ctx);
+        float *c = mlc__floats(ctx, (size_t)mm->M * mm->N + 1, n->name);
+        float *bias_f = bias ? mlc__floats(ctx, bias->size + 1, n->name) : NULL;
+        int i;
+        if (bias_f) mlc__widen(MLC_BF16, bias->half, bias_f, bias->size);
+        for (i = 0; c && (bias_f || !bias) && i < mm->batches; i++)
+            mlc__gemm_bf16_then(ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->half + i * mm->step_a,
+                                b->half + i * mm->step_b, 0.0f, c, bias_f, mm->relu,
+                                n->out->half + i * mm->step_c);
+        mlc_frame_end(scratch);
+        return 1;
+    }
     if (mm->batches == 1)                /* (linear's always: its 2-D weight makes one product) */
         mlc__gemm_then(n->out->ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, b->data, 0.0f, n->out->data,
                        NULL, bias ? bias->data : NULL, mm->relu);

@@ -15,6 +15,8 @@
    Then the micro-benchmarks (the second table: best of short chunks of one repeated step):
      1. sgemm GFLOP/s for square n: mlc's own mlc_gemm, mlc through the BLAS hook
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and all threads.
+        Then bf16 (issue 25): mlc_gemm_bf16 against mlc_gemm on the same values, n = 512 and
+        1024, 1 thread, where the CPU has AVX-512 BF16 (elsewhere the rows are skipped).
      2. the tiny MLP 10-100(tanh)-1: one Adam step on a batch of 64 (MSE), in µs.
      3. training samples/s, batch 64, Adam, cross entropy, on Fashion-MNIST (28x28, 10 classes):
         an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10);
@@ -289,6 +291,60 @@ static void bench_gemm(gemm_results *r) {
     mlc_destroy(own);
     mlc_destroy(hooked);
     free(A); free(B); free(C); free(C2);
+}
+
+/* bf16 products: mlc_gemm_bf16 (the AVX-512 BF16 kernel) against mlc_gemm, float32, on the same
+   values (bf16's, widened), square n, 1 thread, each the best of short chunks. Only where mlc.h
+   builds the kernel (x86-64, GCC 10 or Clang 11 on) and the CPU has AVX-512 BF16. */
+#if defined(BENCH_X86) && defined(__x86_64__) \
+    && ((defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10))
+#define BENCH_BF16 1
+typedef struct bf16_case { int n; mlc_ctx *ctx; const uint16_t *A, *B; float *C; } bf16_case;
+
+static void bf16_call(void *arg) {
+    bf16_case *g = (bf16_case *)arg;
+    mlc_gemm_bf16(g->ctx, 0, 0, g->n, g->n, g->n, g->A, g->B, 0.0f, g->C);
+}
+#endif
+static const int bf16_sizes[] = { 512, 1024 };
+#define BF16_SIZES (int)(sizeof bf16_sizes / sizeof bf16_sizes[0])
+
+/* gflops[s][0]: mlc_gemm's GFLOP/s at bf16_sizes[s], [s][1]: mlc_gemm_bf16's; 0: the CPU has no
+   AVX-512 BF16 (nothing measured) */
+static int bench_bf16(double gflops[][2]) {
+    memset(gflops, 0, sizeof(double[2]) * BF16_SIZES);
+#ifdef BENCH_BF16
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    int nmax = bf16_sizes[BF16_SIZES - 1];
+    size_t count = (size_t)nmax * nmax;
+    float *A = malloc(count * sizeof(float)), *B = malloc(count * sizeof(float)), *C = malloc(count * sizeof(float));
+    uint16_t *Ah = malloc(count * sizeof(uint16_t)), *Bh = malloc(count * sizeof(uint16_t));
+    set_threads(1);
+    mlc_ctx *ctx = make_ctx(0);
+    if (!A || !B || !C || !Ah || !Bh || !ctx) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < count; i++) {
+        Ah[i] = mlc_float_to_bf16(mlc_rand_uniform(ctx) - 0.5f);
+        Bh[i] = mlc_float_to_bf16(mlc_rand_uniform(ctx) - 0.5f);
+        A[i] = mlc_bf16_to_float(Ah[i]);
+        B[i] = mlc_bf16_to_float(Bh[i]);
+    }
+    for (int s = 0; s < BF16_SIZES; s++) {
+        int n = bf16_sizes[s];
+        double flops = 2.0 * n * n * n;
+        gemm_case f = { GEMM_MLC, n, ctx, A, B, C };
+        bf16_case h = { n, ctx, Ah, Bh, C };
+        gflops[s][0] = flops / seconds_per_call(gemm_call, &f, 0.2, 5) * 1e-9;
+        gflops[s][1] = flops / seconds_per_call(bf16_call, &h, 0.2, 5) * 1e-9;
+    }
+    if (mlc_error(ctx)) fprintf(stderr, "bench: bf16 GEMM: %s\n", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    set_threads(all_threads);
+    free(A); free(B); free(C); free(Ah); free(Bh);
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* ============================================================================================
@@ -1343,6 +1399,8 @@ int main(int argc, char **argv) {
     /* ---- measure: the micro-benchmarks ---- */
     gemm_results g;
     bench_gemm(&g);
+    double g16[BF16_SIZES][2];
+    int have_bf16 = bench_bf16(g16);
     set_threads(all_threads);
     double tiny = tiny_step_us();
     double mlp_sps = train_samples_per_s(0, fashion_mlp, &data, 1, mlp_input);
@@ -1383,6 +1441,11 @@ int main(int argc, char **argv) {
                 snprintf(what + strlen(what), sizeof what - strlen(what), " (mlc skipped, ~%.0f s/call)", skipped);
             row(what, "GFLOP/s", v[GEMM_MLC], v[GEMM_HOOK], v[GEMM_OPENBLAS], v[GEMM_OPENBLAS] > 0 ? "OpenBLAS" : "-", 1, 0);
         }
+    for (int s = 0; s < BF16_SIZES; s++) {
+        char what[64];
+        snprintf(what, sizeof what, "bf16 / float32 GEMM (mlc), n=%d, 1 thread", bf16_sizes[s]);
+        row(what, "GFLOP/s", have_bf16 ? g16[s][1] : NAN, NAN, have_bf16 ? g16[s][0] : NAN, "mlc f32", 1, 1.7);
+    }
     row("tiny MLP 10-100(tanh)-1 Adam step (MSE)", "us/step", tiny, NAN, kv_num(&torch, "tiny_step_us"), torch_ref, 0, 20);
     row("MLP 784-256-128-10 training", "samples/s", mlp_sps, mlp_hook_sps, kv_num(&torch, "mlp_train_sps"), torch_ref, 1, 2);
     row("CNN conv16-pool-conv32-pool-fc128-fc10 train", "samples/s", cnn_sps, cnn_hook_sps, kv_num(&torch, "cnn_train_sps"), torch_ref, 1, 1.5);
@@ -1412,6 +1475,9 @@ int main(int argc, char **argv) {
     printf("\n\"vs\" columns: how many times faster mlc (or mlc with the OpenBLAS hook) is than the\n"
            "reference: GFLOP/s or samples/s divided by the reference's, or the reference's time\n"
            "divided by mlc's. Memory rows: the ratio is peak RSS / bytes needed (lower is better).\n");
+    printf("%s", have_bf16 ? "bf16 rows: mlc_gemm_bf16 (AVX-512 BF16 kernel) against mlc_gemm (float32) on the same\n"
+                             "values, 1 thread, back to back.\n"
+                           : "bf16 rows: no AVX-512 BF16: row skipped.\n");
     printf("mlc_gemm runs at %.2fx the speed of mlc_gemm_reference (the plain loop) at n = 256",
            g.own_vs_reference);
 #ifdef BENCH_OPENBLAS

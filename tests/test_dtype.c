@@ -72,9 +72,19 @@ static int create_read_write_round(void) {
     return 1;
 }
 
+/* How many values of the dtype apart a and b (values of it) lie: 0 equal, 1 neighbours */
+static long half_ulps(float a, float b, mlc_scalar_type dtype) {
+    const unsigned ha = dtype == MLC_BF16 ? mlc_float_to_bf16(a) : mlc_float_to_f16(a),
+                   hb = dtype == MLC_BF16 ? mlc_float_to_bf16(b) : mlc_float_to_f16(b);
+    const long ka = ha & 0x8000u ? -(long)(ha & 0x7fffu) : (long)ha,
+               kb = hb & 0x8000u ? -(long)(hb & 0x7fffu) : (long)hb;
+    return ka > kb ? ka - kb : kb - ka;
+}
+
 /* An op on half tensors is the float32 op on their values, rounded once: bit for bit, for
    every kind of op (maps, broadcasting, products, reductions, softmax, norms, convolution,
-   pooling, attention, shapes, indexing, losses). */
+   pooling, attention, shapes, indexing, losses); products (matmul, linear) within one value of
+   the dtype, as mlc's bf16 kernel (where the CPU has one) sums in another order. */
 typedef mlc_tensor *(*op_fn)(mlc_tensor **in);
 static mlc_tensor *op_tanh(mlc_tensor **in) { return mlc_tanh(in[0]); }
 static mlc_tensor *op_gelu(mlc_tensor **in) { return mlc_gelu(in[0]); }
@@ -109,11 +119,12 @@ static mlc_tensor *op_slice_concat(mlc_tensor **in) {
 static mlc_tensor *op_mse(mlc_tensor **in) { return mlc_mse_loss(in[0], in[1], MLC_REDUCE_MEAN); }
 
 static int ops_on_half_are_float32_rounded_once(void) {
-    static const struct { const char *name; op_fn fn; } ops[] = {
-        { "tanh", op_tanh }, { "gelu", op_gelu }, { "add", op_add }, { "div", op_div }, { "matmul", op_matmul },
-        { "linear", op_linear }, { "sum", op_sum }, { "var", op_var }, { "log_softmax", op_softmax },
-        { "layer_norm", op_layer_norm }, { "conv2d", op_conv }, { "max_pool2d", op_pool },
-        { "attention", op_attention }, { "slice+concat", op_slice_concat }, { "mse_loss", op_mse } };
+    static const struct { const char *name; op_fn fn; int product; } ops[] = {
+        { "tanh", op_tanh, 0 }, { "gelu", op_gelu, 0 }, { "add", op_add, 0 }, { "div", op_div, 0 },
+        { "matmul", op_matmul, 1 }, { "linear", op_linear, 1 }, { "sum", op_sum, 0 }, { "var", op_var, 0 },
+        { "log_softmax", op_softmax, 0 }, { "layer_norm", op_layer_norm, 0 }, { "conv2d", op_conv, 0 },
+        { "max_pool2d", op_pool, 0 }, { "attention", op_attention, 0 },
+        { "slice+concat", op_slice_concat, 0 }, { "mse_loss", op_mse, 0 } };
     static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
     mlc_ctx *ctx = cpu_ctx(3);
     size_t o, i;
@@ -138,16 +149,168 @@ static int ops_on_half_are_float32_rounded_once(void) {
             ref = (float *)malloc(y->size * sizeof(float) + 1);
             CHECK(got && ref && mlc_read(y, got, y->size) == MLC_OK && mlc_read(want, ref, want->size) == MLC_OK);
             for (i = 0; i < y->size; i++)
-                if (test_bits(got[i]) != test_bits(ref[i])) {
+                if (ops[o].product ? half_ulps(got[i], ref[i], dtypes[d]) > 1
+                                   : test_bits(got[i]) != test_bits(ref[i])) {
                     free(got); free(ref);
-                    CHECK_MSG(0, "%s in %s: element %zu differs from float32's rounded", ops[o].name,
-                              mlc_dtype_name(dtypes[d]), i);
+                    CHECK_MSG(0, "%s in %s: element %zu differs from float32's rounded%s", ops[o].name,
+                              mlc_dtype_name(dtypes[d]), i, ops[o].product ? " by more than one value" : "");
                 }
             free(got); free(ref);
             mlc_frame_end(f);
         }
     CHECK(mlc_get_stats(ctx).widened > 0);
     mlc_destroy(ctx);
+    return 1;
+}
+
+/* Whether mlc runs its bf16 kernel here: mlc.h's condition for building it (MLC__BF16_X86), and
+   the CPU's AVX-512 BF16 */
+static int bf16_kernel_here(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MLC_USE_CBLAS) && !defined(MLC_NO_MALLOC) \
+    && ((defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10))
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+/* A gemm hook that counts its calls: with it set, bf16 products take the widened path that a
+   CPU without AVX-512 BF16 takes */
+static void counting_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                               float beta, float *C, void *user) {
+    (*(int *)user)++;
+    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+}
+
+static mlc_ctx *cpu_ctx_hooked(unsigned long long seed, int *calls) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    c.device = "cpu";
+    c.gemm = calls ? counting_reference : NULL;
+    c.gemm_user = calls;
+    return mlc_create(&c);
+}
+
+/* mlc_gemm_bf16 against a double sum of the same bf16 values, within the worst case of K float32
+   sums in any order ((K + 2) roundings of sum |ab| + |beta C|): the four transposes, beta 0 and
+   1, edge sizes (1x1x1, odd K, M and N off the 12 x 32 and 8 x 32 tiles, K over one slice of 512,
+   M over one block of 192, N over one panel of 2048; threads sharing rows and columns), on 1
+   and 3 threads, which give the same bits; then again through a gemm hook (the widened path). */
+static int bf16_gemm_matches_double_sums(void) {
+    static const int sizes[][3] = { { 1, 1, 1 }, { 1, 7, 3 }, { 13, 33, 1 }, { 12, 32, 2 }, { 8, 32, 3 },
+                                    { 25, 65, 17 }, { 64, 64, 64 }, { 97, 130, 513 }, { 2, 2000, 3 },
+                                    { 3, 2100, 5 }, { 200, 97, 1030 }, { 16, 40, 9 }, { 194, 832, 514 } };
+    int hooked, calls = 0;
+    for (hooked = 0; hooked < 2; hooked++) {
+        mlc_ctx *ctx = cpu_ctx_hooked(20, hooked ? &calls : NULL);
+        size_t s;
+        for (s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
+            if (hooked && (double)M * N * K > 4e6) continue;   /* the widened path: the small ones */
+            const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+            uint16_t *a = (uint16_t *)malloc(na * 2), *b = (uint16_t *)malloc(nb * 2);   /* op(A), op(B) */
+            uint16_t *A = (uint16_t *)malloc(na * 2), *B = (uint16_t *)malloc(nb * 2);   /* as stored */
+            float *C0 = (float *)malloc(nc * 4), *C = (float *)malloc(nc * 4), *C3 = (float *)malloc(nc * 4);
+            double *sum = (double *)malloc(nc * sizeof(double)), *mag = (double *)malloc(nc * sizeof(double));
+            size_t x;
+            int i, j, k, t, beta;
+            CHECK(a && b && A && B && C0 && C && C3 && sum && mag);
+            for (x = 0; x < na; x++) a[x] = mlc_float_to_bf16(4.0f * (mlc_rand_uniform(ctx) - 0.5f));
+            for (x = 0; x < nb; x++) b[x] = mlc_float_to_bf16(mlc_rand_uniform(ctx) - 0.5f);
+            for (x = 0; x < nc; x++) C0[x] = mlc_rand_uniform(ctx) - 0.5f;
+            for (i = 0; i < M; i++)
+                for (j = 0; j < N; j++) {
+                    double sm = 0, mg = 0;
+                    for (k = 0; k < K; k++) {
+                        double p = (double)mlc_bf16_to_float(a[(size_t)i * K + k])
+                                   * mlc_bf16_to_float(b[(size_t)k * N + j]);
+                        sm += p;
+                        mg += fabs(p);
+                    }
+                    sum[(size_t)i * N + j] = sm;
+                    mag[(size_t)i * N + j] = mg;
+                }
+            for (t = 0; t < 4; t++) {
+                const int ta = t & 1, tb = t >> 1;
+                for (i = 0; i < M; i++)
+                    for (k = 0; k < K; k++)
+                        A[ta ? (size_t)k * M + i : (size_t)i * K + k] = a[(size_t)i * K + k];
+                for (k = 0; k < K; k++)
+                    for (j = 0; j < N; j++)
+                        B[tb ? (size_t)j * K + k : (size_t)k * N + j] = b[(size_t)k * N + j];
+                for (beta = 0; beta < 2; beta++) {
+                    memcpy(C, C0, nc * 4);
+                    memcpy(C3, C0, nc * 4);
+                    mlc_set_threads(ctx, 1);
+                    mlc_gemm_bf16(ctx, ta, tb, M, N, K, A, B, (float)beta, C);
+                    mlc_set_threads(ctx, 3);
+                    mlc_gemm_bf16(ctx, ta, tb, M, N, K, A, B, (float)beta, C3);
+                    CHECK_MSG(mlc_error(ctx) == MLC_OK, "%s", mlc_error_message(ctx));
+                    CHECK_MSG(memcmp(C, C3, nc * 4) == 0,
+                              "M %d N %d K %d ta %d tb %d beta %d: 1 and 3 threads differ", M, N, K, ta, tb, beta);
+                    for (x = 0; x < nc; x++) {
+                        const double c0 = beta ? (double)C0[x] : 0.0, want = sum[x] + c0,
+                                     tol = (K + 2) * ldexp(1.0, -24) * (mag[x] + fabs(c0));
+                        CHECK_MSG(fabs((double)C[x] - want) <= tol,
+                                  "M %d N %d K %d ta %d tb %d beta %d%s: C[%zu] = %.9g, want %.9g", M, N, K,
+                                  ta, tb, beta, hooked ? " (hook)" : "", x, (double)C[x], want);
+                    }
+                }
+            }
+            free(a); free(b); free(A); free(B); free(C0); free(C); free(C3); free(sum); free(mag);
+        }
+        mlc_destroy(ctx);
+    }
+    CHECK(calls > 0);                                    /* the hook took the widened products */
+    return 1;
+}
+
+/* Products of bf16 tensors take mlc's bf16 kernel where it runs, with no float32 stand-ins (the
+   widened count stays; a gemm hook sends them through stand-ins), and come within one bf16
+   value of float32's product rounded once: a batched matmul with both transposes, linear with
+   its bias, and linear with the relu fused into it (a sequential's Linear then ReLU). */
+static int bf16_products_on_the_kernel(void) {
+    int hooked, calls = 0;
+    for (hooked = 0; hooked < 2; hooked++) {
+        mlc_ctx *ctx = cpu_ctx_hooked(21, hooked ? &calls : NULL);
+        mlc_module *lin = mlc_nn_linear(ctx, 70, 45);
+        mlc_module *net = mlc_nn_sequential(ctx, lin, mlc_nn_relu(ctx), NULL);
+        mlc_tensor *x = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(37, 70)), MLC_BF16);
+        mlc_tensor *a = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(3, 70, 37)), MLC_BF16);
+        mlc_tensor *b = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(3, 45, 70)), MLC_BF16);
+        mlc_tensor *got[3], *want[3], *w, *bias, *xf = mlc_to_dtype(x, MLC_F32);
+        size_t widened, i;
+        int k;
+        mlc_set_threads(ctx, 3);
+        CHECK(net && mlc_module_to_dtype(net, MLC_BF16) == MLC_OK);
+        w = mlc_to_dtype(lin->params[0], MLC_F32);
+        bias = mlc_to_dtype(lin->params[1], MLC_F32);
+        widened = mlc_get_stats(ctx).widened;
+        got[0] = mlc_matmul_t(a, b, 1, 1);
+        got[1] = mlc_linear(x, lin->params[0], lin->params[1]);
+        got[2] = mlc_forward(net, x);
+        CHECK_MSG(mlc_get_stats(ctx).widened - widened == (hooked || !bf16_kernel_here() ? 3u : 0u),
+                  "%zu products widened", mlc_get_stats(ctx).widened - widened);
+        want[0] = mlc_matmul_t(mlc_to_dtype(a, MLC_F32), mlc_to_dtype(b, MLC_F32), 1, 1);
+        want[1] = mlc_linear(xf, w, bias);
+        want[2] = mlc_relu(mlc_linear(xf, w, bias));
+        for (k = 0; k < 3; k++) {
+            CHECK_MSG(got[k] && want[k] && mlc_dtype(got[k]) == MLC_BF16 && mlc_same_shape(got[k], want[k]),
+                      "%s", mlc_error_message(ctx));
+            for (i = 0; i < got[k]->size; i++) {
+                const float g = mlc_get(got[k], i);
+                const float r = mlc_bf16_to_float(mlc_float_to_bf16(mlc_get(want[k], i)));
+                CHECK_MSG(half_ulps(g, r, MLC_BF16) <= (hooked ? 0 : 1),
+                          "product %d%s: element %zu is %g, want %g", k, hooked ? " (hook)" : "", i, (double)g,
+                          (double)r);
+            }
+        }
+        CHECK(mlc_error(ctx) == MLC_OK);
+        mlc_destroy(ctx);
+    }
+    CHECK(calls > 0);
     return 1;
 }
 
@@ -418,6 +581,8 @@ const test_case tests_dtype[] = {
     TEST(casts_match_pytorch_bit_for_bit)
     TEST(create_read_write_round)
     TEST(ops_on_half_are_float32_rounded_once)
+    TEST(bf16_gemm_matches_double_sums)
+    TEST(bf16_products_on_the_kernel)
     TEST(promotion_as_pytorch)
     TEST(gradients_through_half)
     TEST(autocast_products_and_float32_ops)
