@@ -45,6 +45,41 @@ static int casts_match_pytorch_bit_for_bit(void) {
     return 1;
 }
 
+/* The array conversions (vectorised, F16C where the CPU has it) give the table's bits too, and
+   widen every one of the 65536 patterns as the single conversions do. */
+static int array_conversions_match_single_ones(void) {
+    mlc_ctx *ctx = cpu_ctx(2);
+    float *values = (float *)malloc(MLC_TEST_F32_TO_HALF_COUNT * sizeof(float)), *wide;
+    mlc_tensor *b, *h, *patterns;
+    size_t i;
+    int d;
+    CHECK(values != NULL);
+    for (i = 0; i < MLC_TEST_F32_TO_HALF_COUNT; i++) values[i] = from_bits(mlc_test_f32_to_half[i].f32_bits);
+    b = mlc_from_data_dtype(ctx, MLC_SHAPE((int)MLC_TEST_F32_TO_HALF_COUNT), values, MLC_BF16);
+    h = mlc_from_data_dtype(ctx, MLC_SHAPE((int)MLC_TEST_F32_TO_HALF_COUNT), values, MLC_F16);
+    CHECK(b && h);
+    for (i = 0; i < MLC_TEST_F32_TO_HALF_COUNT; i++) {
+        CHECK_MSG(b->half[i] == mlc_float_to_bf16(values[i]), "bf16 array element %zu", i);
+        CHECK_MSG(h->half[i] == mlc_test_f32_to_half[i].f16_bits, "f16 array element %zu: 0x%04x, PyTorch 0x%04x",
+                  i, h->half[i], mlc_test_f32_to_half[i].f16_bits);
+    }
+    free(values);
+    for (d = 0; d < 2; d++) {
+        patterns = mlc_full_dtype(ctx, MLC_SHAPE(65536), 0.0f, d ? MLC_F16 : MLC_BF16);
+        CHECK(patterns && (wide = (float *)malloc(65536 * sizeof(float))) != NULL);
+        for (i = 0; i < 65536; i++) patterns->half[i] = (uint16_t)i;
+        CHECK(mlc_read(patterns, wide, 65536) == MLC_OK);
+        for (i = 0; i < 65536; i++) {
+            float one = d ? mlc_f16_to_float((uint16_t)i) : mlc_bf16_to_float((uint16_t)i);
+            if (test_bits(wide[i]) != test_bits(one)) { free(wide); CHECK_MSG(0, "%s 0x%04zx widened in an array",
+                                                                             d ? "f16" : "bf16", i); }
+        }
+        free(wide);
+    }
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* Made in a dtype, values come back rounded; written values are rounded; a float32 pointer to
    a half tensor's values is refused. */
 static int create_read_write_round(void) {
@@ -579,6 +614,7 @@ static int misuse_is_refused_by_name(void) {
 
 const test_case tests_dtype[] = {
     TEST(casts_match_pytorch_bit_for_bit)
+    TEST(array_conversions_match_single_ones)
     TEST(create_read_write_round)
     TEST(ops_on_half_are_float32_rounded_once)
     TEST(bf16_gemm_matches_double_sums)
