@@ -2000,6 +2000,12 @@ static void mlc__narrow(mlc_scalar_type dtype, const float *MLC__RESTRICT src, u
     for (; i < n; i++) dst[i] = mlc_float_to_f16(src[i]);
 }
 
+/* Element i of t becomes v, rounded to t's dtype (t's host copy is written) */
+static void mlc__set(mlc_tensor *t, size_t i, float v) {
+    if (t->dtype == MLC_F32) t->data[i] = v;
+    else t->half[i] = t->dtype == MLC_BF16 ? mlc_float_to_bf16(v) : mlc_float_to_f16(v);
+}
+
 /* Element i of t as a float, whatever its dtype (t's host copy is current) */
 static float mlc__value(const mlc_tensor *t, size_t i) {
     return t->dtype == MLC_F32 ? t->data[i] : t->dtype == MLC_BF16 ? mlc_bf16_to_float(t->half[i])
@@ -7211,6 +7217,10 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
             mlc__fail(ctx, inputs[k] ? MLC_ERR_ARG : MLC_ERR_NULL, "mlc_gradcheck: input %d is %s", k,
                       inputs[k] ? "from another context" : "NULL");
             return 0;
+        } else if (inputs[k]->dtype != MLC_F32) {           /* it nudges the inputs by eps */
+            mlc__fail(ctx, MLC_ERR_ARG, "mlc_gradcheck: input %d %T is %s; check float32 inputs (cast inside "
+                      "fn with mlc_to_dtype)", k, inputs[k], mlc_dtype_name(inputs[k]->dtype));
+            return 0;
         }
     outer = mlc_frame_begin(ctx);
     if (!outer.ctx) return 0;
@@ -7295,19 +7305,19 @@ static void mlc__fans(const mlc_tensor *t, double *fan_in, double *fan_out) {
 MLCDEF void mlc_init_uniform(mlc_tensor *t, float lo, float hi) {
     size_t i;
     if (!t || !mlc__writable(t, "mlc_init_uniform")) return;
-    for (i = 0; i < t->size; i++) t->data[i] = lo + (hi - lo) * mlc_rand_uniform(t->ctx);
+    for (i = 0; i < t->size; i++) mlc__set(t, i, lo + (hi - lo) * mlc_rand_uniform(t->ctx));
     mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_normal(mlc_tensor *t, float mean, float std) {
     size_t i;
     if (!t || !mlc__writable(t, "mlc_init_normal")) return;
-    for (i = 0; i < t->size; i++) t->data[i] = mean + std * mlc_rand_normal(t->ctx);
+    for (i = 0; i < t->size; i++) mlc__set(t, i, mean + std * mlc_rand_normal(t->ctx));
     mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_constant(mlc_tensor *t, float value) {
     size_t i;
     if (!t || !mlc__writable(t, "mlc_init_constant")) return;
-    for (i = 0; i < t->size; i++) t->data[i] = value;
+    for (i = 0; i < t->size; i++) mlc__set(t, i, value);
     mlc__host_wrote(t);
 }
 MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain √(3 / fan_in) */
@@ -9262,14 +9272,24 @@ MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_o
 }
 
 /* Rows order[from, from + count) of t as a new [count, ...] tensor in the current frame. */
+/* (a bf16 or f16 data set gives batches of its dtype, on the CPU) */
 static mlc_tensor *mlc__gather_rows(mlc_tensor *t, const int *order, int count) {
     int shape[MLC_MAX_DIMS], i;
     size_t row = t->shape[0] ? t->size / (size_t)t->shape[0] : 0;
-    const float *src = mlc__host(t);
+    const float *src;
     mlc_tensor *out;
     memcpy(shape, t->shape, sizeof shape);
     shape[0] = count;
-    if (!(out = mlc__new(t->ctx, "mlc_batches_next", t->ndim, shape, 0))) return NULL;
+    if (t->dtype != MLC_F32) {
+        t->ctx->op_device = 0;
+        t->ctx->op_dtype = t->dtype;
+        if (!(out = mlc__make(t->ctx, "mlc_batches_next", t->ndim, shape, 0))) return NULL;
+        for (i = 0; i < count; i++)
+            memcpy(out->half + (size_t)i * row, t->half + (size_t)order[i] * row, row * sizeof(uint16_t));
+        return out;
+    }
+    if (!(src = mlc__host(t)) || !(out = mlc__new(t->ctx, "mlc_batches_next", t->ndim, shape, 0)))
+        return NULL;
     for (i = 0; i < count; i++)
         memcpy(out->data + (size_t)i * row, src + (size_t)order[i] * row, row * sizeof(float));
     mlc__host_wrote(out);

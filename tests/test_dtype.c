@@ -591,7 +591,39 @@ static int module_to_dtype_and_files(void) {
     return 1;
 }
 
-/* What half tensors refuse: a device, an optimiser's update, a bad dtype, autocast in float32. */
+static mlc_tensor *half_sum(mlc_tensor **in, void *user) { (void)user; return mlc_sum_all(in[0]); }
+
+/* What fills or walks a tensor takes its dtype: the initialisers round into it, and batches of
+   a bf16 data set are bf16 rows of it. */
+static int initialisers_and_batches_keep_the_dtype(void) {
+    mlc_ctx *ctx = cpu_ctx(12);
+    mlc_tensor *w = mlc_full_dtype(ctx, MLC_SHAPE(64, 32), 0.0f, MLC_BF16), *x, *y, *bx, *by;
+    mlc_batches *batches;
+    float v[8];
+    double sum = 0;
+    int i;
+    mlc_init_normal(w, 0.0f, 1.0f);
+    for (i = 0; i < 64 * 32; i++) sum += mlc_get(w, (size_t)i) * mlc_get(w, (size_t)i);
+    CHECK_NEAR(sum / (64 * 32), 1.0, 0.15);              /* N(0, 1), rounded to bf16 */
+    mlc_init_constant(w, 0.1f);
+    CHECK(w->half[7] == mlc_float_to_bf16(0.1f));
+    mlc_init_kaiming_uniform(w, 0.0f);
+    CHECK(w->half[3] != mlc_float_to_bf16(0.1f));
+    x = mlc_to_dtype(mlc_arange(ctx, 0.0f, 8.0f, 1.0f), MLC_BF16);
+    y = mlc_arange(ctx, 0.0f, 8.0f, 1.0f);
+    batches = mlc_batches_create(mlc_reshape(x, MLC_SHAPE(8, 1)), y, (mlc_batch_opts){ .batch_size = 3, .shuffle = 1 });
+    CHECK(batches && mlc_batches_next(batches, &bx, &by));
+    CHECK(mlc_dtype(bx) == MLC_BF16 && mlc_dtype(by) == MLC_F32 && bx->shape[0] == 3);
+    CHECK(mlc_read(bx, v, 3) == MLC_OK);
+    for (i = 0; i < 3; i++) CHECK(test_same_float(v[i], mlc_get(by, (size_t)i)));   /* rows stay paired */
+    mlc_batches_free(batches);
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* What half tensors refuse: a device, an optimiser's update, a bad dtype, a gradient check
+   (it nudges its inputs by eps). */
 static int misuse_is_refused_by_name(void) {
     mlc_ctx *ctx = cpu_ctx(11);
     mlc_module *lin = mlc_nn_linear(ctx, 2, 2);
@@ -607,6 +639,9 @@ static int misuse_is_refused_by_name(void) {
           && strstr(mlc_error_message(ctx), "mlc_autocast_begin"));
     mlc_clear_error(ctx);
     CHECK(mlc_grad_scaler_scale(NULL, b) == NULL && mlc_error(ctx) == MLC_ERR_NULL);
+    mlc_clear_error(ctx);
+    CHECK(!mlc_gradcheck(ctx, half_sum, NULL, &b, 1, NULL, NULL) && mlc_error(ctx) == MLC_ERR_ARG
+          && strstr(mlc_error_message(ctx), "bfloat16"));
     mlc_clear_error(ctx);
     mlc_destroy(ctx);
     return 1;
@@ -626,6 +661,7 @@ const test_case tests_dtype[] = {
     TEST(grad_scaler_skips_backs_off_and_grows)
     TEST(grad_scaler_in_checkpoints)
     TEST(module_to_dtype_and_files)
+    TEST(initialisers_and_batches_keep_the_dtype)
     TEST(misuse_is_refused_by_name)
     { NULL, NULL }
 };
