@@ -291,6 +291,9 @@ typedef struct mlc_stats {
 MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
 MLCDEF void mlc_destroy(mlc_ctx *ctx);
 MLCDEF const char *mlc_device_name(const mlc_ctx *ctx);
+/* The library's version, "0.1.0" (MLC_VERSION_STRING of the mlc.h the implementation was built
+   from: a program can compare it with the header it includes) */
+MLCDEF const char *mlc_version(void);
 MLCDEF mlc_result mlc_error(const mlc_ctx *ctx);
 MLCDEF const char *mlc_error_message(const mlc_ctx *ctx);
 MLCDEF void mlc_clear_error(mlc_ctx *ctx);
@@ -377,6 +380,11 @@ MLCDEF mlc_tensor *mlc_full_dtype(mlc_ctx *ctx, int ndim, const int *shape, floa
 MLCDEF mlc_tensor *mlc_from_data_dtype(mlc_ctx *ctx, int ndim, const int *shape, const float *data,
                                        mlc_scalar_type dtype);
 MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype);
+/* The dtype of parameters and module buffers made from now on (torch.set_default_dtype; a
+   count such as num_batches_tracked stays float32); returns the previous one. A model built
+   under MLC_BF16 and loaded from a file is bf16 from the start, never float32 in between; half
+   parameters get a gradient buffer only when a backward needs one. CPU contexts only. */
+MLCDEF mlc_scalar_type mlc_set_default_dtype(mlc_ctx *ctx, mlc_scalar_type dtype);
 /* One value's conversions, bit-exact with PyTorch's .to(): round to nearest even, subnormals
    kept, overflow to infinity, signed zero kept, NaN stays NaN (bf16: 0x7fc0, PyTorch's scalar
    rounding; f16: quiet, its sign kept, payload dropped; widening is exact, f16 NaNs quieted). */
@@ -1156,6 +1164,7 @@ struct mlc__node {                      /* one recorded op: its output, inputs a
     static int forward(mlc__node *n); static void backward(mlc__node *n);
 MLC__OPS(MLC__OP_DECLARE)
 #undef MLC__OP_DECLARE
+static int mlc__recording(const mlc__node *call);    /* whether the tape will keep the op */
 #define MLC__OP_FORWARD(name, forward, backward) forward,
 static int (*const mlc__cpu_of[])(mlc__node *n) = { MLC__OPS(MLC__OP_FORWARD) };
 #undef MLC__OP_FORWARD
@@ -1261,6 +1270,7 @@ struct mlc_ctx {
     char device_name[160];             /* set by the backend: "opencl:1 NVIDIA H100 80GB HBM3" */
     int op_device;                     /* where the op being run lives (0 CPU, 1 device) */
     mlc_scalar_type op_dtype;          /* the dtype of the op's output (mlc__make) */
+    mlc_scalar_type default_dtype;     /* parameters' and buffers' (mlc_set_default_dtype) */
     mlc_scalar_type autocast;          /* MLC_F32: off; else the products' dtype */
     struct mlc__autocast_copy *autocast_copies;   /* parameters' copies */
     int n_autocast_copies, autocast_capacity;
@@ -1735,6 +1745,8 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
     a = ctx->config.allocator;
     mlc__sys_free(&a, (unsigned char *)ctx - MLC__HEADER);
 }
+
+MLCDEF const char *mlc_version(void) { return MLC_VERSION_STRING; }
 
 MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) {
     if (!ctx || !ctx->backend) return "cpu";
@@ -2392,11 +2404,31 @@ static int mlc__alloc_grad(mlc_tensor *t, const char *op) {
     return 1;
 }
 
+MLCDEF mlc_scalar_type mlc_set_default_dtype(mlc_ctx *ctx, mlc_scalar_type dtype) {
+    mlc_scalar_type previous;
+    if (!ctx) return MLC_F32;
+    previous = ctx->default_dtype;
+    if ((unsigned)dtype > (unsigned)MLC_F16 || (dtype != MLC_F32 && ctx->backend))
+        mlc__fail(ctx, (unsigned)dtype > (unsigned)MLC_F16 ? MLC_ERR_ARG : MLC_ERR_DEVICE,
+                  "mlc_set_default_dtype: %s", (unsigned)dtype > (unsigned)MLC_F16 ? "not a dtype"
+                  : "the context runs on a device, which holds float32 tensors in this version");
+    else ctx->default_dtype = dtype;
+    return previous;
+}
+
+/* A long-lived tensor of the default dtype for a parameter or a buffer */
+static mlc_tensor *mlc__new_default(mlc_ctx *ctx, const char *op, int ndim, const int *shape) {
+    if (!ctx) return NULL;
+    ctx->op_device = ctx->backend != NULL;
+    ctx->op_dtype = ctx->default_dtype;
+    return mlc__make(ctx, op, ndim, shape, 1);
+}
+
 MLCDEF mlc_tensor *mlc_parameter(mlc_ctx *ctx, int ndim, const int *shape) {
-    mlc_tensor *t = mlc__new(ctx, "mlc_parameter", ndim, shape, 1);
+    mlc_tensor *t = mlc__new_default(ctx, "mlc_parameter", ndim, shape);
     if (!t) return NULL;
     t->requires_grad = 1;
-    if (!mlc__alloc_grad(t, "mlc_parameter")) { mlc_tensor_free(t); return NULL; }
+    if (t->dtype == MLC_F32 && !mlc__alloc_grad(t, "mlc_parameter")) { mlc_tensor_free(t); return NULL; }
     return t;
 }
 
@@ -2552,18 +2584,25 @@ static int mlc__stand_ins(const mlc__node *n, mlc_tensor **w, mlc_tensor **w_out
 
 /* The CPU forward of an op with bf16 or f16 tensors: on float32 stand-ins for them, the result
    rounded once into the output (counted in mlc_stats.widened). Batch norm updates its running
-   statistics in place: those are rounded back too. */
+   statistics in place: those are rounded back too. An op the tape will not keep (inference)
+   makes its stand-ins in a frame of their own, so they take no memory after it. */
 static int mlc__cpu_widened(mlc__node *call) {
+    mlc_ctx *ctx = call->out->ctx;
+    const int recording = mlc__recording(call);
     mlc__node w = *call;
-    int k;
-    call->out->ctx->stats.widened++;
-    if (!mlc__stand_ins(call, w.in, &w.out, 0) || !mlc__cpu_of[call->op](&w)) return 0;
-    if (w.out != call->out) mlc__narrow(call->out->dtype, w.out->data, call->out->half, call->out->size);
-    for (k = 3; call->op == MLC__OP_BATCH_NORM && k < 5; k++)
+    mlc_frame scratch;
+    int k, ok;
+    ctx->stats.widened++;
+    if (!recording) scratch = mlc_frame_begin(ctx);     /* nothing is kept: the stand-ins go at once */
+    ok = mlc__stand_ins(call, w.in, &w.out, 0) && mlc__cpu_of[call->op](&w);
+    if (ok && w.out != call->out)
+        mlc__narrow(call->out->dtype, w.out->data, call->out->half, call->out->size);
+    for (k = 3; ok && call->op == MLC__OP_BATCH_NORM && k < 5; k++)
         if (w.in[k] != call->in[k])
             mlc__narrow(call->in[k]->dtype, w.in[k]->data, call->in[k]->half, w.in[k]->size);
-    call->saved = w.saved;                               /* what the forward keeps for backward */
-    return 1;
+    if (recording) call->saved = w.saved;               /* what the forward keeps for backward */
+    else mlc_frame_end(scratch);
+    return ok;
 }
 
 /* Whether the node has a bf16 or f16 tensor */
@@ -7466,7 +7505,8 @@ static mlc_tensor *mlc__param(mlc_module *m, const char *name, int ndim, const i
     return p;
 }
 static mlc_tensor *mlc__buffer(mlc_module *m, const char *name, int ndim, const int *shape, float value) {
-    mlc_tensor *b = mlc__new(m->ctx, name, ndim, shape, 1);
+    mlc_tensor *b = strcmp(name, "num_batches_tracked") ? mlc__new_default(m->ctx, name, ndim, shape)
+                                                        : mlc__new(m->ctx, name, ndim, shape, 1);
     if (!b || mlc__module_add(m, name, b, 1) != MLC_OK) return NULL;
     mlc_init_constant(b, value);
     return b;

