@@ -9,6 +9,7 @@ EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
         test-models embedded bench-gpu bench-gpu-build
+.PHONY: install uninstall test-install
 
 all: examples
 examples: $(EXAMPLES)
@@ -170,6 +171,37 @@ bench-gpu: bench-gpu-build
 
 clean:
 	rm -rf $(BUILD)
+
+# make install PREFIX=... (default /usr/local; DESTDIR honoured): mlc.h and mlc_opencl.h in
+# include/, the pkg-config file lib/pkgconfig/mlc.pc and the CMake package lib/cmake/mlc/ (target
+# mlc::mlc; components OpenCL and OpenBLAS), from packaging/, with the version read from mlc.h's
+# MLC_VERSION_STRING. Header-only: nothing is compiled. make uninstall removes those files.
+PREFIX  ?= /usr/local
+MLC_VERSION := $(shell sed -n 's/^.define MLC_VERSION_STRING "\(.*\)".*/\1/p' mlc.h)
+INSTALL_INC := $(DESTDIR)$(PREFIX)/include
+INSTALL_LIB := $(DESTDIR)$(PREFIX)/lib
+
+install:
+	@test -n "$(MLC_VERSION)" || { echo "make install: no MLC_VERSION_STRING in mlc.h"; exit 1; }
+	install -d "$(INSTALL_INC)" "$(INSTALL_LIB)/pkgconfig" "$(INSTALL_LIB)/cmake/mlc"
+	install -m 644 mlc.h mlc_opencl.h "$(INSTALL_INC)/"
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(MLC_VERSION)|g' packaging/mlc.pc.in \
+	    >"$(INSTALL_LIB)/pkgconfig/mlc.pc"
+	install -m 644 packaging/mlc-config.cmake "$(INSTALL_LIB)/cmake/mlc/"
+	sed -e 's|@VERSION@|$(MLC_VERSION)|g' packaging/mlc-config-version.cmake.in \
+	    >"$(INSTALL_LIB)/cmake/mlc/mlc-config-version.cmake"
+	@echo "installed mlc $(MLC_VERSION) in $(DESTDIR)$(PREFIX)"
+
+uninstall:
+	rm -f "$(INSTALL_INC)/mlc.h" "$(INSTALL_INC)/mlc_opencl.h" "$(INSTALL_LIB)/pkgconfig/mlc.pc" \
+	    "$(INSTALL_LIB)/cmake/mlc/mlc-config.cmake" "$(INSTALL_LIB)/cmake/mlc/mlc-config-version.cmake"
+	rmdir "$(INSTALL_LIB)/cmake/mlc" 2>/dev/null || true
+
+# make install into a temporary prefix, then a program built against it with pkg-config and
+# with CMake (tools/test_install.sh; SKIPPED lines without pkg-config or cmake, failures under
+# CI=true), then make uninstall.
+test-install:
+	MAKE="$(MAKE)" CC="$(CC)" sh tools/test_install.sh
 
 # The safetensors loader under libFuzzer (clang, with ASan and UBSan) for FUZZ_SECONDS, from
 # the seed corpus in tests/fuzz-corpus/safetensors; new inputs go to build/fuzz-corpus, a
