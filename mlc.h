@@ -65,9 +65,17 @@ QUICK START
       mlc_destroy(ctx);
 
 WHAT MLC DOES NOT DO
-   No graph compiler, no double backward (gradients of gradients), no dtypes other than float32
-   yet, no views with strides (every tensor is contiguous; reshape shares storage, the other
-   shape ops copy).
+   No graph compiler, no double backward (gradients of gradients), no integer tensors (indices
+   are whole floats), no half tensors on devices yet (OpenCL holds float32), no views with
+   strides (every tensor is contiguous; reshape shares storage, the other shape ops copy).
+
+DTYPES AND MIXED PRECISION
+   A tensor stores float32 (default), bfloat16 or float16 (mlc_dtype, mlc_to_dtype). Arithmetic
+   is float32 whatever the storage: an op on half tensors computes in float32 and rounds its
+   result once (bf16 products use AVX-512 BF16 where the CPU has it); gradients are float32.
+   Conversions are PyTorch's .to() bit for bit; promotion is PyTorch's. mlc_autocast_begin/end
+   is torch.autocast, mlc_grad_scaler_create its GradScaler, mlc_module_to_dtype and
+   mlc_set_default_dtype model.to(dtype) and torch.set_default_dtype.
 
 CONFIGURATION MACROS (define before including)
    MLC_IMPLEMENTATION    emit the implementation in this translation unit
