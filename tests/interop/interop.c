@@ -23,8 +23,9 @@ static void report(int ok, const char *model, const char *what, const char *deta
     if (ok) passed++; else failed++;
 }
 
-/* mlc's tensor against PyTorch's, elementwise within the tolerance. */
-static void compare(const char *model, const char *what, mlc_tensor *got, mlc_tensor *want) {
+/* mlc's tensor against PyTorch's, elementwise within atol + rtol |torch|. */
+static void compare_within(const char *model, const char *what, mlc_tensor *got, mlc_tensor *want, double atol,
+                           double rtol) {
     char detail[160];
     double worst = 0;
     size_t i, bad = 0;
@@ -39,11 +40,14 @@ static void compare(const char *model, const char *what, mlc_tensor *got, mlc_te
     for (i = 0; i < got->size; i++) {
         double d = fabs((double)g[i] - (double)w[i]);
         if (d > worst) worst = d;
-        if (!(d <= ATOL + RTOL * fabs((double)w[i]))) bad++;
+        if (!(d <= atol + rtol * fabs((double)w[i]))) bad++;
     }
     snprintf(detail, sizeof detail, "(max |mlc - torch| = %.3g over %zu elements%s)", worst, got->size,
              bad ? ", out of tolerance" : "");
     report(bad == 0, model, what, detail);
+}
+static void compare(const char *model, const char *what, mlc_tensor *got, mlc_tensor *want) {
+    compare_within(model, what, got, want, ATOL, RTOL);
 }
 
 static mlc_module *build(mlc_ctx *ctx, const char *name) {
@@ -115,6 +119,17 @@ static void run_model(const char *dir, const char *name) {
     mlc_module_train(net, 0);
     compare(name, "eval-mode output after the step's running statistics", mlc_forward(net, x),
             mlc_safetensors_get(ref, "out_eval"));
+    if (!strcmp(name, "mlp") || !strcmp(name, "cnn") || !strcmp(name, "attn")) {   /* torch_interop.py's
+                                                          AUTOCAST_MODELS: bf16 products, a bf16 output */
+        mlc_tensor *amp;
+        mlc_autocast_begin(ctx, MLC_BF16);
+        amp = mlc_forward(net, x);
+        mlc_autocast_end(ctx);
+        snprintf(what, sizeof what, "eval-mode output under autocast bf16 (%s)",
+                 mlc_dtype_name(mlc_dtype(amp)));
+        compare_within(name, what, mlc_to_dtype(amp, MLC_F32), mlc_safetensors_get(ref, "out_eval_bf16"), 2e-2,
+                       2e-2);
+    }
     mlc_safetensors_close(ref);
     /* mlc trains a few steps and saves; PyTorch loads the file and matches mlc's output */
     mlc_requires_grad(x, 0);

@@ -12,7 +12,9 @@ length, a JSON header, raw little-endian data).
                                num_batches_tracked as I64) and DIR/<model>.ref.safetensors (an
                                input batch, targets, the training-mode output, the loss, the
                                gradients of the input and of every parameter, the eval-mode
-                               output after that step's running-statistics update).
+                               output after that step's running-statistics update, and for the
+                               MLP, the CNN and the attention model that output under
+                               torch.autocast("cpu", torch.bfloat16) as out_eval_bf16).
   torch_interop.py check DIR   loads mlc's trained DIR/<model>.mlc.safetensors into the same
                                PyTorch model (strict load_state_dict) and matches mlc's eval
                                output in DIR/<model>.mlc_out.safetensors.
@@ -29,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 RTOL, ATOL = 1e-4, 1e-5
+AUTOCAST_MODELS = ("mlp", "cnn", "attn")   # eval output under torch.autocast("cpu", torch.bfloat16) too
 DTYPES = {torch.float32: ("F32", "<f4"), torch.int64: ("I64", "<i8")}
 NUMPY = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "F64": "<f8", "I32": "<i4"}
 
@@ -161,6 +164,9 @@ def write(folder):
         model.eval()
         with torch.no_grad():
             ref["out_eval"] = model(x)
+            if name in AUTOCAST_MODELS:        # the products in bfloat16, as mlc_autocast_begin
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    ref["out_eval_bf16"] = model(x).float()
         write_safetensors(f"{folder}/{name}.ref.safetensors", ref)
         print(f"wrote {name}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
 
