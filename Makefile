@@ -100,6 +100,8 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath $(BUILD)
 	@status=0; \
 	echo "./$(BUILD)/backend_skeleton"; \
 	./$(BUILD)/backend_skeleton || status=1; \
+	echo "sh tests/examples_cli.sh (the examples as programs: --help, bad flags, data from any folder)"; \
+	MAKE="$(MAKE)" BUILD=$(BUILD) sh tests/examples_cli.sh || status=1; \
 	if [ -n "$(TEST_OPENCL)" ] && ! $(MAKE) --no-print-directory $(TEST_OPENCL); then \
 	    echo "FAIL suite opencl: $(TEST_OPENCL) does not build"; status=1; \
 	elif [ -n "$(TEST_OPENCL)" ] && ./$(BUILD)/test-opencl --devices >/dev/null 2>&1; then \

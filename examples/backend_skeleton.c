@@ -336,12 +336,20 @@ static int train(mlc_ctx *ctx, int steps, float *losses) {
 /* The same training on the CPU and on the fake device (every op falling back, then with the
    fake's step kernel): the losses must be equal bit for bit, since the fallbacks run the CPU's
    code on the same values. */
-int main(void) {
+int main(int argc, char **argv) {
     enum { STEPS = 5 };
     float cpu_losses[STEPS], fake_losses[STEPS], step_losses[STEPS];
     mlc_config config;
     mlc_ctx *cpu, *fake, *stepping;
     int ok;
+    if (argc > 1) {                      /* no options: --help prints this and exits 0, others 2 */
+        int help = strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0;
+        if (!help) fprintf(stderr, "unknown argument %s\n", argv[1]);
+        fprintf(help ? stdout : stderr, "usage: %s\n"
+                "Trains a small model for %d steps on the CPU and on the fake device (every op falling\n"
+                "back, then with its step kernel) and checks that the losses are equal.\n", argv[0], STEPS);
+        return help ? 0 : 2;
+    }
     memset(&config, 0, sizeof config);
     config.seed = 7; config.quiet = 1;              /* quiet: no line per op falling back */
     config.device = "cpu";

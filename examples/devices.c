@@ -8,7 +8,8 @@
    Each time is the mean over a run of at least 0.3 s after a warm-up step; "first" is the warm-up
    step of the digits MLP, which on OpenCL includes building the kernels. Data: UCI digits
    (data/digits.bin) and, for the wide MLP, random Fashion-MNIST-shaped batches.
-   Usage: devices [--list] [path/to/digits.bin]     (--list: the device table only)
+   Usage: devices [--list] [--device SPEC] [FILE]   (--list: the device table only; --device cpu or
+          opencl:N: time that one only; FILE: default data/digits.bin, found from any directory)
    Build: make build/devices, or cc -std=c99 -O2 -fopenmp -DMLC_OPENCL -I. examples/devices.c -o devices -lm
    (add -ldl on glibc before 2.34; without -fopenmp the CPU row uses one thread; without
    -DMLC_OPENCL, which needs the OpenCL headers, only the CPU is listed and timed). */
@@ -24,6 +25,7 @@
 #include <omp.h>
 #endif
 
+#define DEFAULT_DIGITS "data/digits.bin"
 enum { MAX_ROWS = 16, MLP_BATCH = 64, CNN_BATCH = 256, WIDE_BATCH = 512, WIDE_IN = 784, WIDE_HIDDEN = 1024 };
 
 static double seconds(void) {
@@ -159,9 +161,48 @@ static void time_device(const char *spec, const digits_set *ds, timing *t) {
     mlc_destroy(w.ctx);
 }
 
+/* A data file from any directory: the path as it is (from the current directory), else from
+   the program's directory (argv[0]'s, up to its last slash), else from that directory's parent,
+   so build/devices finds data/... in the repository wherever it is started. Returns the first path
+   that opens (in buf if it is not `path`), or `path` unchanged. */
+static const char *find_data(const char *argv0, const char *path, char *buf, size_t size) {
+    static const char *const up[] = { "", "../" };
+    size_t dir = strlen(argv0);
+    while (dir > 0 && argv0[dir - 1] != '/' && argv0[dir - 1] != '\\') dir--;   /* '\\': Windows */
+    FILE *f = fopen(path, "rb");
+    for (int i = 0; !f && dir > 0 && i < 2; i++) {
+        snprintf(buf, size, "%.*s%s%s", (int)dir, argv0, up[i], path);
+        if ((f = fopen(buf, "rb")) != NULL) path = buf;
+    }
+    if (f) fclose(f);
+    return path;
+}
+
+static void usage(FILE *out, const char *program) {
+    fprintf(out, "usage: %s [--list] [--device SPEC] [FILE]\n"
+                 "Lists the devices mlc can use and times three workloads on each of them.\n"
+                 "  --list         the device table only\n"
+                 "  --device SPEC  time this device only: cpu or opencl:N (default: every device)\n"
+                 "  FILE           the UCI digits (default " DEFAULT_DIGITS ", looked up in the current\n"
+                 "                 directory, then in the program's directory, then in its parent)\n"
+                 "  -h, --help     this text\n", program);
+}
+
 int main(int argc, char **argv) {
-    int list_only = argc > 1 && strcmp(argv[1], "--list") == 0;
-    const char *path = argc > 1 + list_only ? argv[1 + list_only] : "data/digits.bin";
+    int list_only = 0;
+    const char *path = NULL, *only = NULL;
+    char found[1024];
+    for (int i = 1; i < argc; i++) {                  /* --help: exit 0; a bad command line: 2 */
+        const char *arg = argv[i], *bad = NULL;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { usage(stdout, argv[0]); return 0; }
+        else if (!strcmp(arg, "--list")) list_only = 1;
+        else if (!strcmp(arg, "--device")) { if (++i < argc) only = argv[i]; else bad = "needs a value"; }
+        else if (arg[0] == '-') bad = "unknown option";
+        else if (path) bad = "one data file only";
+        else path = arg;
+        if (bad) { fprintf(stderr, "%s: %s\n", arg, bad); usage(stderr, argv[0]); return 2; }
+    }
+    if (!path) path = find_data(argv[0], DEFAULT_DIGITS, found, sizeof found);
     mlc_device_info rows[MAX_ROWS];
     int count = mlc_devices(rows, MAX_ROWS);
 
@@ -196,7 +237,7 @@ int main(int argc, char **argv) {
     printf("  %-44s %10s %9s %12s %8s %9s %10s %9s\n", "device", "MLP step", "CNN fwd", "wide MLP", "wide", "first",
            "device", "fallbacks");
     printf("  %-44s %10s %9s %12s %8s %9s %10s %9s\n", "", "us", "ms", "samples/s", "GFLOP/s", "step ms", "peak MB", "");
-    int status = 0;
+    int status = 0, timed = 0;
     for (int row = -1; row < count && row < MAX_ROWS; row++) {
         char spec[16], label[64];
         timing t;
@@ -207,12 +248,15 @@ int main(int argc, char **argv) {
             snprintf(spec, sizeof spec, "opencl:%d", row);
             snprintf(label, sizeof label, "opencl:%d %.34s", row, rows[row].name);
         }
+        if (only && strcmp(only, spec)) continue;             /* --device: this one only */
+        timed++;
         fflush(stdout);
         time_device(spec, &ds, &t);
         printf("  %-44s %10.1f %9.2f %12.0f %8.1f %9.1f %10.1f %9zu\n", label, t.mlp_us, t.cnn_ms, t.wide_samples,
                t.wide_samples / WIDE_BATCH * wide_flop * 1e-9, t.first_ms, (double)t.device_peak / 1e6, t.fallbacks);
         if (t.error[0]) { printf("    error: %s\n", t.error); status = 1; }
     }
+    if (!timed) { fprintf(stderr, "no device %s: cpu, or opencl:N from the table\n", only); status = 1; }
     digits_free(&ds);
     return status;
 }

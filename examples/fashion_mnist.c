@@ -12,7 +12,8 @@
    checkpoints keep.
    --csv writes one line per epoch (loss and accuracy, train and test); tools/plot_svg.py
    draws it. --save FILE writes a checkpoint after every epoch; --resume FILE continues from one
-   (the same --model, and --epochs counting all epochs, the resumed ones too). */
+   (the same --model, and --epochs counting all epochs, the resumed ones too).
+   fashion_mnist --help lists the defaults; a bad option exits with status 2. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,14 +37,33 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+static void usage(FILE *out, const char *program) {
+    fprintf(out, "usage: %s [options]\n"
+                 "Trains a classifier for Fashion-MNIST and tests it after every epoch.\n"
+                 "  --data DIR          the four .gz files (" DEFAULT_DATA ",\n"
+                 "                      from Debian's dataset-fashion-mnist)\n"
+                 "  --model mlp|cnn     the model (mlp)\n"
+                 "  --device NAME       cpu, opencl, opencl:N, best (default: $MLC_DEVICE, else the CPU)\n"
+                 "  --epochs N          epochs, resumed ones included (10 for mlp, 5 for cnn)\n"
+                 "  --batch N           batch size (128 for mlp, 64 for cnn)\n"
+                 "  --lr X              Adam's peak learning rate, cosine schedule (0.002)\n"
+                 "  --seed N            random seed (1)\n"
+                 "  --amp bf16|fp16|off mixed precision (off)\n"
+                 "  --csv FILE          write a line per epoch: loss and accuracy, train and test\n"
+                 "  --save FILE         write a checkpoint after every epoch\n"
+                 "  --resume FILE       continue from a checkpoint\n"
+                 "  -h, --help          this text\n", program);
+}
+
+/* The command line into *o: RUN, HELP (-h, --help) or BAD (a message printed). */
+enum { RUN, HELP, BAD };
 static int parse_options(int argc, char **argv, options *o) {
-    *o = (options){ .data = "/usr/share/datasets/fashion-mnist", .model = "mlp", .epochs = 0, .batch = 0,
-                    .lr = 0.0f, .seed = 1 };
+    *o = (options){ .data = DEFAULT_DATA, .model = "mlp", .epochs = 0, .batch = 0, .lr = 0.0f, .seed = 1 };
     for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return 0;
-        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return 0; }
-        i++;
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
         if (!strcmp(flag, "--data")) o->data = value;
         else if (!strcmp(flag, "--model")) o->model = value;
         else if (!strcmp(flag, "--device")) o->device = value;
@@ -55,17 +75,20 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--save")) o->save = value;
         else if (!strcmp(flag, "--resume")) o->resume = value;
         else if (!strcmp(flag, "--amp")) o->amp = value;
-        else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
+        else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
+        if (++i == argc) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
     }
     int cnn = !strcmp(o->model, "cnn");
-    if (!cnn && strcmp(o->model, "mlp")) { fprintf(stderr, "--model is mlp or cnn\n"); return 0; }
+    if (!cnn && strcmp(o->model, "mlp")) { fprintf(stderr, "--model is mlp or cnn\n"); return BAD; }
     o->amp_dtype = !o->amp || !strcmp(o->amp, "off") ? MLC_F32 : !strcmp(o->amp, "bf16") ? MLC_BF16
                  : !strcmp(o->amp, "fp16") ? MLC_F16 : (mlc_scalar_type)-1;
-    if ((int)o->amp_dtype < 0) { fprintf(stderr, "--amp is bf16, fp16 or off\n"); return 0; }
+    if ((int)o->amp_dtype < 0) { fprintf(stderr, "--amp is bf16, fp16 or off\n"); return BAD; }
     if (!o->epochs) o->epochs = cnn ? 5 : 10;
     if (!o->batch) o->batch = cnn ? 64 : 128;
     if (o->lr <= 0.0f) o->lr = 2e-3f;
-    return o->epochs > 0 && o->batch > 0;
+    if (o->epochs > 0 && o->batch > 0) return RUN;
+    fprintf(stderr, "--epochs and --batch must be positive\n");
+    return BAD;
 }
 
 /* Checkpoints: --resume FILE loads model, optimiser, step count and RNG before the first epoch
@@ -164,12 +187,10 @@ static mlc_tensor *load(mlc_ctx *ctx, const char *dir, const char *file, int fla
 
 int main(int argc, char **argv) {
     options o;
-    if (!parse_options(argc, argv, &o)) {
-        fprintf(stderr, "usage: %s [--data DIR] [--model mlp|cnn] [--device NAME] [--epochs N] [--batch N]\n"
-                        "       [--lr X] [--seed N] [--amp bf16|fp16] [--csv FILE] [--save FILE]\n"
-                        "       [--resume FILE]\n",
-                argv[0]);
-        return 1;
+    int parsed = parse_options(argc, argv, &o);
+    if (parsed != RUN) {                              /* --help: exit 0; a bad command line: 2 */
+        usage(parsed == HELP ? stdout : stderr, argv[0]);
+        return parsed == HELP ? 0 : 2;
     }
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device });
     if (!ctx || mlc_error(ctx)) { mlc_destroy(ctx); return 1; }              /* mlc logged why */

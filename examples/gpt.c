@@ -9,6 +9,7 @@
    --every steps and a sample of text continued from a prompt.
    Usage: gpt [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]
               [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]
+   (gpt --help lists the defaults; a bad option exits with status 2.)
    --save writes the trained model as safetensors (the vocabulary in its metadata). */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -33,14 +34,39 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+#define DEFAULT_TEXT "data/kjv_pentateuch.txt"
+static const options defaults = { .steps = 1000, .batch = 16, .block = 64, .layers = 4, .embd = 64,
+                                  .heads = 4, .every = 200, .lr = 2e-3f, .seed = 1 };
+
+static void usage(FILE *out, const char *program) {
+    const options *d = &defaults;
+    fprintf(out, "usage: %s [options]\n"
+                 "Trains a character-level GPT on a text file and prints samples of its writing.\n"
+                 "  --data FILE    the text (default " DEFAULT_TEXT ", looked up in the current\n"
+                 "                 directory, then in the program's directory, then in its parent)\n"
+                 "  --device NAME  cpu, opencl, opencl:N, best (default: $MLC_DEVICE, else the CPU)\n"
+                 "  --steps N      training steps (%d)\n"
+                 "  --batch N      windows per step (%d)\n"
+                 "  --block N      characters per window, the context length (%d)\n"
+                 "  --layers N     transformer blocks (%d)\n"
+                 "  --embd N       embedding width (%d)\n"
+                 "  --heads N      attention heads, dividing --embd (%d)\n"
+                 "  --lr X         peak learning rate (%g)\n"
+                 "  --every N      report the loss and a sample every N steps (%d)\n"
+                 "  --seed N       random seed (%llu)\n"
+                 "  --save FILE    write the trained model as safetensors\n"
+                 "  -h, --help     this text\n",
+            program, d->steps, d->batch, d->block, d->layers, d->embd, d->heads, (double)d->lr, d->every,
+            d->seed);
+}
+
+/* The command line into *o: RUN, HELP (-h, --help) or BAD (a message printed). */
+enum { RUN, HELP, BAD };
 static int parse_options(int argc, char **argv, options *o) {
-    *o = (options){ .data = "data/kjv_pentateuch.txt", .steps = 1000, .batch = 16, .block = 64, .layers = 4,
-                    .embd = 64, .heads = 4, .every = 200, .lr = 2e-3f, .seed = 1 };
+    *o = defaults;
     for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return 0;
-        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return 0; }
-        i++;
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
         if (!strcmp(flag, "--data")) o->data = value;
         else if (!strcmp(flag, "--device")) o->device = value;
         else if (!strcmp(flag, "--save")) o->save = value;
@@ -53,10 +79,30 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--every")) o->every = atoi(value);
         else if (!strcmp(flag, "--lr")) o->lr = (float)atof(value);
         else if (!strcmp(flag, "--seed")) o->seed = strtoull(value, NULL, 10);
-        else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
+        else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
+        if (++i == argc) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
     }
-    return o->steps > 0 && o->batch > 0 && o->block > 1 && o->layers > 0 && o->embd > 0 && o->heads > 0 &&
-           o->embd % o->heads == 0 && o->every > 0 && o->lr > 0.0f;
+    if (o->steps > 0 && o->batch > 0 && o->block > 1 && o->layers > 0 && o->embd > 0 && o->heads > 0 &&
+        o->embd % o->heads == 0 && o->every > 0 && o->lr > 0.0f) return RUN;
+    fprintf(stderr, "each number must be positive, --block at least 2, and --heads must divide --embd\n");
+    return BAD;
+}
+
+/* A data file from any directory: the path as it is (from the current directory), else from
+   the program's directory (argv[0]'s, up to its last slash), else from that directory's parent,
+   so build/gpt finds data/... in the repository wherever it is started. Returns the first path
+   that opens (in buf if it is not `path`), or `path` unchanged. */
+static const char *find_data(const char *argv0, const char *path, char *buf, size_t size) {
+    static const char *const up[] = { "", "../" };
+    size_t dir = strlen(argv0);
+    while (dir > 0 && argv0[dir - 1] != '/' && argv0[dir - 1] != '\\') dir--;   /* '\\': Windows */
+    FILE *f = fopen(path, "rb");
+    for (int i = 0; !f && dir > 0 && i < 2; i++) {
+        snprintf(buf, size, "%.*s%s%s", (int)dir, argv0, up[i], path);
+        if ((f = fopen(buf, "rb")) != NULL) path = buf;
+    }
+    if (f) fclose(f);
+    return path;
 }
 
 /* ---- The text as character ids ------------------------------------------------------------ */
@@ -169,13 +215,15 @@ static void sample(mlc_module *gpt, const corpus *c, const options *o, const cha
 int main(int argc, char **argv) {
     options o;
     corpus c;
-    if (!parse_options(argc, argv, &o)) {
-        fprintf(stderr, "usage: %s [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]\n"
-                        "       [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]\n", argv[0]);
-        return 2;
+    char found[1024];
+    int parsed = parse_options(argc, argv, &o);
+    if (parsed != RUN) {                              /* --help: exit 0; a bad command line: 2 */
+        usage(parsed == HELP ? stdout : stderr, argv[0]);
+        return parsed == HELP ? 0 : 2;
     }
+    if (!o.data) o.data = find_data(argv[0], DEFAULT_TEXT, found, sizeof found);
     if (!corpus_load(&c, o.data)) {
-        fprintf(stderr, "error: cannot read %s (run from the repository root, or give --data FILE)\n", o.data);
+        fprintf(stderr, "error: cannot read %s (give --data FILE)\n", o.data);
         return 1;
     }
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device });

@@ -2,10 +2,20 @@
    fitted by Adam to 64 random samples with the mean squared error. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) {                      /* no options: --help prints this and exits 0, others 2 */
+        int help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+        if (!help) fprintf(stderr, "unknown argument %s\n", argv[1]);
+        fprintf(help ? stdout : stderr, "usage: %s\n"
+                "Fits an MLP 10 -> 100 (tanh) -> 1 to 64 random samples: Adam (lr 0.001), mean squared\n"
+                "error, 100 epochs, seed 42. Device: $MLC_DEVICE (cpu, opencl, opencl:N, best) when set,\n"
+                "else the best one.\n", argv[0]);
+        return help ? 0 : 2;
+    }
     /* $MLC_DEVICE when set (cpu, opencl, opencl:N, a piece of a name), else the best device */
     mlc_config config = { .seed = 42, .device = getenv("MLC_DEVICE") ? NULL : "best" };
     mlc_ctx *ctx = mlc_create(&config);

@@ -76,9 +76,11 @@ static void counted_free(void *p) { frees++; (free)(p); }
 int main(void) { mlc_ctx *c = mlc_create(NULL); mlc_destroy(c); return frees == 0; }
 SRC
 check "gcc.user_macros" sh -c "gcc $strict -I. -o '$tmp/macros' '$tmp/macros.c' -lm && '$tmp/macros'"
-# tcc (no vector extensions, no OpenMP): builds and runs the two-unit program.
+# tcc (no vector extensions, no OpenMP): builds and runs the two-unit program, and builds the
+# whole test suite and runs a quick part of it.
 if command -v tcc >/dev/null 2>&1; then
     check "tcc" sh -c "tcc -I. -o '$tmp/tcc' '$tmp/a.c' '$tmp/b.c' -lm && '$tmp/tcc'"
+    check "tcc.suite" sh -c "tcc -I. -o '$tmp/tcc_test' tests/*.c -lm && '$tmp/tcc_test' tensor. ops. attention."
 else skipped="$skipped tcc"; fi
 # The Cortex-M4F's compiler: short enums, no stdio, warning-free.
 if command -v arm-none-eabi-gcc >/dev/null 2>&1; then
@@ -128,15 +130,23 @@ if printf '#include <cblas.h>\nint main(void){return 0;}\n' | gcc -x c - -o "$tm
     check "gcc.use_cblas" sh -c "gcc $strict -I. -o '$tmp/cblas' '$tmp/cblas.c' -lopenblas -lm && '$tmp/cblas'"
 else skipped="$skipped MLC_USE_CBLAS(libopenblas-dev)"; fi
 
-# Every ```c block of the README is a complete program that compiles with only mlc.h beside it,
-# and runs (on the CPU).
+# Every ```c block of the README is a complete program that compiles with only mlc.h beside it
+# (with -O2, as the README says to build them), and runs (on the CPU); so is every ```cpp block,
+# built by g++ as C++11.
 mkdir -p "$tmp/readme" && cp mlc.h "$tmp/readme/"
-awk -v dir="$tmp/readme" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0; next }
-    on { print > (dir "/block" n ".c") }' README.md
+awk -v dir="$tmp/readme" '/^```(c|cpp)$/ { n++; on = 1; ext = substr($0, 4); next } /^```$/ { on = 0; next }
+    on { print > (dir "/block" n "." ext) }' README.md
 for block in "$tmp"/readme/block*.c; do
     [ -e "$block" ] || { failed=$((failed + 1)); echo "FAIL compile.readme: no C block in README.md"; break; }
-    check "readme.$(basename "$block" .c)" sh -c "cd '$tmp/readme' && cc $strict -o prog '$block' -lm && MLC_DEVICE=cpu ./prog >/dev/null"
+    check "readme.$(basename "$block" .c)" sh -c "cd '$tmp/readme' && cc $strict -O2 -o prog '$block' -lm && MLC_DEVICE=cpu ./prog >/dev/null"
 done
+if command -v g++ >/dev/null 2>&1; then
+    for block in "$tmp"/readme/block*.cpp; do
+        [ -e "$block" ] || { failed=$((failed + 1)); echo "FAIL compile.readme: no C++ block in README.md"; break; }
+        check "readme.$(basename "$block" .cpp).cpp" sh -c "cd '$tmp/readme' && g++ -std=c++11 -Wall -Wextra -Werror \
+            -o prog '$block' && MLC_DEVICE=cpu ./prog >/dev/null"
+    done
+fi
 
 if [ -n "$skipped" ]; then
     echo "compile checks SKIPPED for:$skipped (not installed)"
