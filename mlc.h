@@ -91,7 +91,8 @@ CONFIGURATION MACROS (define before including)
    MLC_FLOAT_ONLY        long sums (reductions, softmax, norms, losses) in float instead of
                          double, for FPUs without double (Cortex-M4F: no soft-float calls)
    MLC_NO_THREADS        every op on the caller's thread (default: a pool of POSIX threads
-                         where the C library has them without -pthread, see mlc_set_threads)
+                         where the C library has them without -pthread, of Win32 threads on
+                         Windows with MinGW-w64 or clang; see mlc_set_threads)
    MLC_THREADS           the pool on other POSIX systems too (link with -pthread)
    MLC_NO_MALLOC         for bare-metal builds: no reference to malloc, free, getenv, x86
                          intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
@@ -148,7 +149,8 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
      mlc_conv_opts       stride 1, padding 0, dilation 1, groups 1; the _w fields: the height's
                          (an int field's explicit 0 is MLC_ZERO_INT, -1: MLC_ZERO would read as 0)
      mlc_ce_opts         reduction mean, no class ignored, label_smoothing 0
-     mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu"
+     mlc_config          arena_block_bytes 1 MiB, device $MLC_DEVICE or "cpu" ("best": a GPU
+                         if there is one, else the CPU)
    Optimiser settings are checked when it is made (and lr by mlc_optim_set_lr): NaN, infinite,
    negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
    naming the call and the field; so are bad module arguments (dropout p outside [0, 1], a conv
@@ -279,6 +281,8 @@ typedef struct mlc_config {             /* zero means default for every field */
     mlc_gemm_fn gemm;                   /* every matrix product goes here when set (BLAS)    */
     void *gemm_user;
     int threads;                        /* threads for ops; 0: see mlc_set_threads           */
+    char *error;                        /* where mlc_create, returning NULL, writes why (a  */
+    size_t error_bytes;                 /*   C string of at most error_bytes); see Devices   */
 } mlc_config;
 
 typedef struct mlc_stats {
@@ -296,8 +300,12 @@ typedef struct mlc_stats {
                                            mlc_set_threads)                                   */
 } mlc_stats;
 
-MLCDEF mlc_ctx *mlc_create(const mlc_config *config);   /* NULL config: all defaults */
+/* NULL config: all defaults. NULL when the context cannot be had: a device asked for by name
+   that is not there (see Devices), the allocator refusing; the reason is logged (stderr by
+   default) and written to config.error. */
+MLCDEF mlc_ctx *mlc_create(const mlc_config *config);
 MLCDEF void mlc_destroy(mlc_ctx *ctx);
+/* "cpu", "opencl:0 NVIDIA H100 ..." (the device the context's ops run on); "none" for NULL */
 MLCDEF const char *mlc_device_name(const mlc_ctx *ctx);
 /* The library's version, "0.1.0" (MLC_VERSION_STRING of the mlc.h the implementation was built
    from: a program can compare it with the header it includes) */
@@ -309,8 +317,9 @@ MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
 /* Threads the ops share their work with (the caller's and workers mlc starts on first use):
    n >= 1, or 0 for the default: $OMP_NUM_THREADS when set (under -fopenmp, OpenMP's own
    setting, omp_set_num_threads included), else every CPU the caller may run on (on Linux its
-   affinity: taskset, cpusets; elsewhere every online CPU). Builds without POSIX threads
-   (or with MLC_NO_THREADS) run on the caller only; mlc_threads says what a context uses. When
+   affinity: taskset, cpusets; on Windows the process's affinity mask; elsewhere every online
+   CPU). Builds without POSIX or Win32 threads (MSVC's cl, tcc, or MLC_NO_THREADS) run on the
+   caller only; mlc_threads says what a context uses. When
    the caller had to wait for a worker whose core was taken away (another program, a VM's
    vCPU), the next 1000 ops that would share their work run on the caller alone, counted in
    mlc_stats.jobs_alone (jobs_shared counts those shared). Under -fopenmp with OMP_PROC_BIND or
@@ -417,7 +426,19 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label);
    A context runs on one device, picked by config.device or, when that is NULL, by the
    environment variable MLC_DEVICE: "cpu" (the default); with MLC_OPENCL defined also "opencl"
    (the first OpenCL device), "opencl:N" (row N of mlc_devices), a piece of a device's name
-   ("Iris", "gfx1030"), or "best" (the first GPU, else the CPU). New tensors live on the
+   ("Iris", "gfx1030"), or "best". "best" is PyTorch's
+       device = "cuda" if torch.cuda.is_available() else "cpu"
+   in one word: the first GPU if there is one, else the CPU, silently (it says which at the INFO
+   level of the log hook). It never takes an OpenCL driver that runs on the CPU (PoCL, Intel's
+   CPU runtime): name one ("opencl", "opencl:N", a piece of its name) to use it. A device named
+   explicitly that cannot be had (no such device, no OpenCL library, no MLC_OPENCL in the
+   build, a driver that fails to open it) makes mlc_create return NULL with the reason, which
+   names the device asked for, logged and written to config.error:
+       char why[256];
+       mlc_ctx *ctx = mlc_create(&(mlc_config){ .device = "opencl", .error = why,
+                                                 .error_bytes = sizeof why });
+       if (!ctx) { fprintf(stderr, "%s\n", why); return 1; }
+   so a program never runs on a device it did not ask for. New tensors live on the
    context's device; ops run where their inputs live (inputs on two devices are an error); each
    tensor on a device keeps a host copy that reads (mlc_item, mlc_read, mlc_host_data) bring up
    to date, so only reads wait for the device. An op the device has no kernel for runs on the
@@ -1062,9 +1083,19 @@ typedef double mlc__sum_t;
 #endif
 
 /* Threads of mlc's own (see "Threads"): POSIX threads where the C library has them without
-   -pthread (glibc 2.34 on, Apple, and an OpenMP build, which links them anyway); MLC_THREADS
-   asks for them elsewhere (link with -pthread), MLC_NO_THREADS keeps every op on the caller. */
+   -pthread (glibc 2.34 on, Apple, and an OpenMP build, which links them anyway); Win32 threads
+   on Windows (MinGW-w64, clang; the pool's atomics are GCC's __atomic builtins, so MSVC's cl
+   runs on the caller only); MLC_THREADS asks for POSIX threads elsewhere (link with -pthread),
+   MLC_NO_THREADS keeps every op on the caller. */
 #if !defined(MLC_NO_THREADS) && !defined(MLC_NO_MALLOC) && (defined(__GNUC__) || defined(__clang__)) \
+    && !defined(__TINYC__) && defined(_WIN32)
+#define MLC__THREADS 1
+#define MLC__WIN32_THREADS 1
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#elif !defined(MLC_NO_THREADS) && !defined(MLC_NO_MALLOC) && (defined(__GNUC__) || defined(__clang__)) \
     && !defined(__TINYC__) && (defined(__unix__) || defined(__APPLE__)) \
     && (defined(MLC_THREADS) || defined(_OPENMP) || defined(__APPLE__) \
         || (defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)))
@@ -1702,9 +1733,19 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     const char *device;
     size_t bytes = sizeof(mlc_ctx) + MLC__HEADER;
     if (config) cfg = *config; else memset(&cfg, 0, sizeof cfg);
-    if (!cfg.allocator.alloc != !cfg.allocator.free) return NULL;    /* all or none */
+    if (!cfg.allocator.alloc != !cfg.allocator.free) {             /* all or none */
+        if (cfg.error && cfg.error_bytes)
+            mlc__format(cfg.error, cfg.error_bytes, "mlc_create: mlc_config.allocator has %s but no %s",
+                        cfg.allocator.alloc ? "alloc" : "free", cfg.allocator.alloc ? "free" : "alloc");
+        return NULL;
+    }
     raw = (unsigned char *)mlc__sys_alloc(&cfg.allocator, bytes);
-    if (!raw) return NULL;
+    if (!raw) {
+        if (cfg.error && cfg.error_bytes)
+            mlc__format(cfg.error, cfg.error_bytes, "mlc_create: the allocator refused %zu bytes for the "
+                        "context", bytes);
+        return NULL;
+    }
     memset(raw, 0, bytes);
     memcpy(raw, &bytes, sizeof bytes);
     ctx = (mlc_ctx *)(raw + MLC__HEADER);
@@ -1722,16 +1763,21 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
 #if !defined(MLC_NO_STDIO) && !defined(MLC_NO_MALLOC)
     if (!device) device = getenv("MLC_DEVICE");
 #endif
-    if (device && *device && strcmp(device, "cpu") != 0) {
+    if (device && *device && strcmp(device, "cpu") != 0 && !ctx->error) {
         int i;
         const mlc__backend *be;
         for (i = 0; (be = mlc__registry(i)) != NULL && !ctx->error; i++) if (be->open(ctx, device)) break;
         if (!be && !ctx->error && strcmp(device, "best") != 0)
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\" (see mlc_devices; \"cpu\" "
-                      "is always there, OpenCL's devices when built with MLC_OPENCL)", device);
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no device matches \"%s\"%s (see mlc_devices; \"cpu\" "
+                      "is always there, OpenCL's devices when built with MLC_OPENCL)", device,
+                      cfg.device ? "" : " ($MLC_DEVICE)");
         else if (!be && !ctx->error)
-            mlc__log(ctx, MLC_LOG_WARN, "best: no device found (OpenCL needs MLC_OPENCL and a driver); "
-                     "running on the CPU");
+            mlc__log(ctx, MLC_LOG_INFO, "best: no GPU; running on the CPU");
+        if (ctx->error) {               /* never a context on a device it did not ask for */
+            if (cfg.error && cfg.error_bytes) mlc__format(cfg.error, cfg.error_bytes, "%s", ctx->message);
+            mlc_destroy(ctx);
+            return NULL;
+        }
     }
     return ctx;
 }
@@ -1757,7 +1803,8 @@ MLCDEF void mlc_destroy(mlc_ctx *ctx) {
 MLCDEF const char *mlc_version(void) { return MLC_VERSION_STRING; }
 
 MLCDEF const char *mlc_device_name(const mlc_ctx *ctx) {
-    if (!ctx || !ctx->backend) return "cpu";
+    if (!ctx) return "none";
+    if (!ctx->backend) return "cpu";
     return ctx->device_name[0] ? ctx->device_name : ctx->backend->name;
 }
 MLCDEF mlc_result mlc_error(const mlc_ctx *ctx) { return ctx ? ctx->error : MLC_ERR_NULL; }
@@ -2846,7 +2893,8 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    handing it out costs more than it saves). Which piece ran on which thread changes no result:
    the pieces are the same on every run.
    The threads are the caller and a pool of workers the context starts on first use (POSIX
-   threads). Each thread of a job owns an even run of its pieces, the same run in every job of
+   threads, or Win32's on Windows: the same pool over mlc__lock, mlc__cond_wait and
+   mlc__thread_start below). Each thread of a job owns an even run of its pieces, the same run in every job of
    that size, so the part of a weight, a gradient or an optimiser state that one thread wrote
    in one op is what it reads in the next, from its own core's cache. A thread claims its own
    pieces from the front of its run, then takes the others' from the back of theirs, each
@@ -2860,7 +2908,7 @@ static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t w
    was done, that worker's core is busy with something else (the system took it away in the
    middle of a piece): sharing costs more than it gives, so the next MLC__ALONE_JOBS jobs run on
    the caller alone, and then the workers are tried again.
-   Without threads (MLC_NO_THREADS, or no POSIX threads) the pieces run in turn, or under OpenMP
+   Without threads (MLC_NO_THREADS, or no POSIX or Win32 threads) the pieces run in turn, or under OpenMP
    where that is what the build has.
    ============================================================================================ */
 enum { MLC__MAX_THREADS = 64, MLC__PIECES_PER_THREAD = 4, MLC__SPINS = 20000, MLC__ALONE_JOBS = 1000 };
@@ -2880,10 +2928,52 @@ static size_t mlc__piece_begin(size_t n, int p, int pieces) { return n * (size_t
    job that holds it. */
 typedef struct mlc__workers mlc__workers;
 typedef struct mlc__worker { mlc__workers *pool; int slot; } mlc__worker;   /* slot: 1 on */
+static void mlc__worker_main(mlc__worker *w);
+
+/* The few thread calls the pool makes, on POSIX threads or Win32's (a slim reader/writer lock
+   taken exclusively is a mutex; its condition variables are POSIX's; _init: 1 when done) */
+#ifdef MLC__WIN32_THREADS
+typedef SRWLOCK mlc__mutex;
+typedef CONDITION_VARIABLE mlc__cond;
+typedef HANDLE mlc__thread;
+static int mlc__mutex_init(mlc__mutex *m) { InitializeSRWLock(m); return 1; }
+static void mlc__mutex_destroy(mlc__mutex *m) { (void)m; }
+static void mlc__lock(mlc__mutex *m) { AcquireSRWLockExclusive(m); }
+static void mlc__unlock(mlc__mutex *m) { ReleaseSRWLockExclusive(m); }
+static int mlc__cond_init(mlc__cond *c) { InitializeConditionVariable(c); return 1; }
+static void mlc__cond_destroy(mlc__cond *c) { (void)c; }
+static void mlc__cond_wait(mlc__cond *c, mlc__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static void mlc__cond_signal(mlc__cond *c) { WakeConditionVariable(c); }
+static void mlc__cond_broadcast(mlc__cond *c) { WakeAllConditionVariable(c); }
+static DWORD WINAPI mlc__thread_entry(LPVOID w) { mlc__worker_main((mlc__worker *)w); return 0; }
+static int mlc__thread_start(mlc__thread *t, mlc__worker *w) {
+    return (*t = CreateThread(NULL, 0, mlc__thread_entry, w, 0, NULL)) != NULL;
+}
+static void mlc__thread_join(mlc__thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+#else
+typedef pthread_mutex_t mlc__mutex;
+typedef pthread_cond_t mlc__cond;
+typedef pthread_t mlc__thread;
+static int mlc__mutex_init(mlc__mutex *m) { return pthread_mutex_init(m, NULL) == 0; }
+static void mlc__mutex_destroy(mlc__mutex *m) { pthread_mutex_destroy(m); }
+static void mlc__lock(mlc__mutex *m) { pthread_mutex_lock(m); }
+static void mlc__unlock(mlc__mutex *m) { pthread_mutex_unlock(m); }
+static int mlc__cond_init(mlc__cond *c) { return pthread_cond_init(c, NULL) == 0; }
+static void mlc__cond_destroy(mlc__cond *c) { pthread_cond_destroy(c); }
+static void mlc__cond_wait(mlc__cond *c, mlc__mutex *m) { pthread_cond_wait(c, m); }
+static void mlc__cond_signal(mlc__cond *c) { pthread_cond_signal(c); }
+static void mlc__cond_broadcast(mlc__cond *c) { pthread_cond_broadcast(c); }
+static void *mlc__thread_entry(void *w) { mlc__worker_main((mlc__worker *)w); return NULL; }
+static int mlc__thread_start(mlc__thread *t, mlc__worker *w) {
+    return pthread_create(t, NULL, mlc__thread_entry, w) == 0;
+}
+static void mlc__thread_join(mlc__thread t) { pthread_join(t, NULL); }
+#endif
+
 struct mlc__workers {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, finished;      /* a job for sleeping workers; the caller's last piece */
-    pthread_t thread[MLC__MAX_THREADS - 1];
+    mlc__mutex lock;
+    mlc__cond wake, finished;           /* a job for sleeping workers; the caller's last piece */
+    mlc__thread thread[MLC__MAX_THREADS - 1];
     mlc__worker worker[MLC__MAX_THREADS - 1];
     int started, sleeping, caller_waiting, quit; /* under lock */
     int busy;                           /* a job is running: what its pieces start stays on their thread */
@@ -2912,9 +3002,9 @@ static void mlc__run_piece(mlc__workers *pool, int slot, int p, int pieces) {
     if (!slot) pool->caller_ran++;
     pool->fn(pool->arg, slot, mlc__piece_begin(n, p, pieces), mlc__piece_begin(n, p + 1, pieces));
     if (__atomic_add_fetch(&pool->done, 1, __ATOMIC_ACQ_REL) == pieces && slot) {
-        pthread_mutex_lock(&pool->lock);
-        if (pool->caller_waiting) pthread_cond_signal(&pool->finished);
-        pthread_mutex_unlock(&pool->lock);
+        mlc__lock(&pool->lock);
+        if (pool->caller_waiting) mlc__cond_signal(&pool->finished);
+        mlc__unlock(&pool->lock);
     }
 }
 
@@ -2938,9 +3028,9 @@ static unsigned mlc__claim_pieces(mlc__workers *pool, int slot) {
     return job;
 }
 
-static void *mlc__worker_main(void *arg) {
-    mlc__workers *pool = ((mlc__worker *)arg)->pool;
-    const int slot = ((mlc__worker *)arg)->slot;
+static void mlc__worker_main(mlc__worker *w) {
+    mlc__workers *pool = w->pool;
+    const int slot = w->slot;
     unsigned seen = __atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20;
     for (;;) {
         int spins = 0;
@@ -2948,14 +3038,14 @@ static void *mlc__worker_main(void *arg) {
             mlc__pause();
         if ((__atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20) == seen) {
             int quit;
-            pthread_mutex_lock(&pool->lock);
+            mlc__lock(&pool->lock);
             pool->sleeping++;
             while ((__atomic_load_n(&pool->job, __ATOMIC_ACQUIRE) >> 20) == seen && !pool->quit)
-                pthread_cond_wait(&pool->wake, &pool->lock);
+                mlc__cond_wait(&pool->wake, &pool->lock);
             pool->sleeping--;
             quit = pool->quit;
-            pthread_mutex_unlock(&pool->lock);
-            if (quit) return NULL;
+            mlc__unlock(&pool->lock);
+            if (quit) return;
         }
         seen = mlc__claim_pieces(pool, slot);
     }
@@ -2966,7 +3056,7 @@ static void *mlc__worker_main(void *arg) {
 static int mlc__workers_start_next(mlc__workers *pool) {
     mlc__worker *w = &pool->worker[pool->started];
     w->pool = pool; w->slot = pool->started + 1;
-    if (pthread_create(&pool->thread[pool->started], NULL, mlc__worker_main, w) != 0) return 0;
+    if (!mlc__thread_start(&pool->thread[pool->started], w)) return 0;
     pool->started++;
     return 1;
 }
@@ -2994,15 +3084,15 @@ static int mlc__workers_start(mlc_ctx *ctx, int workers) {
         pool = (mlc__workers *)mlc__heap_alloc(ctx, sizeof *pool);
         if (!pool) return 0;
         memset(pool, 0, sizeof *pool);
-        if (pthread_mutex_init(&pool->lock, NULL) != 0) { mlc__heap_free(ctx, pool); return 0; }
-        if (pthread_cond_init(&pool->wake, NULL) != 0) {
-            pthread_mutex_destroy(&pool->lock);
+        if (!mlc__mutex_init(&pool->lock)) { mlc__heap_free(ctx, pool); return 0; }
+        if (!mlc__cond_init(&pool->wake)) {
+            mlc__mutex_destroy(&pool->lock);
             mlc__heap_free(ctx, pool);
             return 0;
         }
-        if (pthread_cond_init(&pool->finished, NULL) != 0) {
-            pthread_cond_destroy(&pool->wake);
-            pthread_mutex_destroy(&pool->lock);
+        if (!mlc__cond_init(&pool->finished)) {
+            mlc__cond_destroy(&pool->wake);
+            mlc__mutex_destroy(&pool->lock);
             mlc__heap_free(ctx, pool);
             return 0;
         }
@@ -3020,14 +3110,14 @@ static void mlc__workers_stop(mlc_ctx *ctx) {
     mlc__workers *pool = ctx->workers;
     int i;
     if (!pool) return;
-    pthread_mutex_lock(&pool->lock);
+    mlc__lock(&pool->lock);
     pool->quit = 1;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
-    for (i = 0; i < pool->started; i++) pthread_join(pool->thread[i], NULL);
-    pthread_cond_destroy(&pool->finished);
-    pthread_cond_destroy(&pool->wake);
-    pthread_mutex_destroy(&pool->lock);
+    mlc__cond_broadcast(&pool->wake);
+    mlc__unlock(&pool->lock);
+    for (i = 0; i < pool->started; i++) mlc__thread_join(pool->thread[i]);
+    mlc__cond_destroy(&pool->finished);
+    mlc__cond_destroy(&pool->wake);
+    mlc__mutex_destroy(&pool->lock);
     mlc__heap_free(ctx, pool);
     ctx->workers = NULL;
 }
@@ -3046,19 +3136,19 @@ static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces
                  end = (unsigned)mlc__piece_begin((size_t)pieces, s + 1, slots);
         __atomic_store_n(&pool->run[s], job << 20 | end << 10 | first, __ATOMIC_RELAXED);
     }
-    pthread_mutex_lock(&pool->lock);
+    mlc__lock(&pool->lock);
     __atomic_store_n(&pool->job, job << 20 | (unsigned)pieces << 10, __ATOMIC_RELEASE);
-    if (pool->sleeping) pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    if (pool->sleeping) mlc__cond_broadcast(&pool->wake);
+    mlc__unlock(&pool->lock);
     mlc__claim_pieces(pool, 0);
     while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pieces) {
         if (spins++ < MLC__SPINS) { mlc__pause(); continue; }
-        pthread_mutex_lock(&pool->lock);    /* a worker was preempted inside its piece: sleep */
+        mlc__lock(&pool->lock);             /* a worker was preempted inside its piece: sleep */
         pool->caller_waiting = 1;
         while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pieces)
-            pthread_cond_wait(&pool->finished, &pool->lock);
+            mlc__cond_wait(&pool->finished, &pool->lock);
         pool->caller_waiting = 0;
-        pthread_mutex_unlock(&pool->lock);
+        mlc__unlock(&pool->lock);
         if (pool->caller_ran >= pieces - pieces / (2 * slots)) pool->alone = MLC__ALONE_JOBS;
     }
     __atomic_store_n(&pool->busy, 0, __ATOMIC_RELAXED);
@@ -3072,7 +3162,11 @@ static void mlc__workers_run(mlc__workers *pool, size_t n, int slots, int pieces
    thread (bench/RESULTS.md). */
 static long mlc__cpus_allowed(void) {
     long count = 0;
-#ifdef __linux__
+#ifdef MLC__WIN32_THREADS
+    DWORD_PTR mine = 0, all = 0;        /* the process's affinity mask (its first 64 CPUs) */
+    if (GetProcessAffinityMask(GetCurrentProcess(), &mine, &all))
+        for (; mine; mine &= mine - 1) count++;
+#elif defined(__linux__)
     char line[4096];
     FILE *f = fopen("/proc/thread-self/status", "r");
     if (!f) f = fopen("/proc/self/status", "r");
@@ -3101,7 +3195,14 @@ MLCDEF void mlc_set_threads(mlc_ctx *ctx, int n) {
 #if MLC__THREADS && !defined(_OPENMP) && !defined(MLC_NO_STDIO)
     if (n == 0) {                       /* the default, read once (OpenMP's is read at each op) */
         const char *env = getenv("OMP_NUM_THREADS");
+#ifdef MLC__WIN32_THREADS
+        SYSTEM_INFO info;
+        long cpus, allowed = mlc__cpus_allowed();
+        GetSystemInfo(&info);           /* the CPUs of the process's group */
+        cpus = (long)info.dwNumberOfProcessors;
+#else
         long cpus = sysconf(_SC_NPROCESSORS_ONLN), allowed = mlc__cpus_allowed();
+#endif
         if (allowed > 0 && (cpus <= 0 || allowed < cpus)) cpus = allowed;
         ctx->threads = env && atoi(env) > 0 ? atoi(env) : cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
     }
@@ -4280,6 +4381,13 @@ static void mlc__bf16_kernel_8(int kp, const uint32_t *a, const uint32_t *b, flo
 static const mlc__bf16_arch mlc__bf16_12 = { mlc__bf16_kernel_12, 12, 32, 192, 512, 2048 };
 static const mlc__bf16_arch mlc__bf16_8 = { mlc__bf16_kernel_8, 8, 32, 192, 512, 2048 };
 
+/* GCC 12 as C++ at -O2 reads its own AVX-512 unpack intrinsics' placeholder operand as "may be used
+   uninitialized"; the transposes below are where it says so (popped after mlc__bf16_pack). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 /* v[c] = column c of the 16 x 16 matrix of 32-bit words whose row r is v[r] */
 __attribute__((target(MLC__BF16_TARGET), always_inline))
 static inline void mlc__bf16_transpose16(__m512i v[16]) {
@@ -4354,6 +4462,9 @@ static void mlc__bf16_pack(uint32_t *dst, const uint16_t *src, size_t sx, size_t
         }
     }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 typedef struct mlc__bf16_job {          /* one product, or a block of its rows or columns */
     const mlc__bf16_arch *g;
@@ -10540,8 +10651,17 @@ MLCDEF mlc_result mlc_checkpoint_load_from_memory(const void *data, size_t size,
     (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
 #include <unistd.h>
 #define MLC__FSYNC(f) fsync(fileno(f))   /* the data reaches the disk before the rename */
+#elif defined(_WIN32)
+#include <io.h>
+#define MLC__FSYNC(f) _commit(_fileno(f))
 #else
 #define MLC__FSYNC(f) 0                  /* strict ISO C: no fsync declared; fflush only */
+#endif
+#ifdef _WIN32                           /* MoveFileExA: rename does not replace a file there */
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
 #endif
 
 MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path) {
@@ -10581,11 +10701,12 @@ static int mlc__sink_file(void *user, const void *bytes, size_t len) {
     return fwrite(bytes, 1, len, (FILE *)user) == len;
 }
 
-/* Write "path.tmp", flush, fsync, close, rename over path; on failure remove the temporary. */
+/* Write "path.tmp", flush, fsync, close, rename over path (one step that replaces the old file
+   or leaves it: rename on POSIX, MoveFileEx on Windows); on failure remove the temporary. */
 static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, const mlc__st_item *items,
                                int count, const char *const *metadata) {
     size_t len;
-    char *tmp;
+    char *tmp, reason[64] = "";
     FILE *f;
     int ok, err = 0;
     if (ctx->error) return ctx->error;
@@ -10605,13 +10726,17 @@ static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, c
     if (!ok) err = errno;
     if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
 #ifdef _WIN32
-    if (ok) remove(path);               /* rename does not replace a file there (not atomic) */
-#endif
+    if (ok && !MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+        ok = 0;
+        mlc__format(reason, sizeof reason, "MoveFileEx: Windows error %lu", (unsigned long)GetLastError());
+    }
+#else
     if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
+#endif
     if (!ok) {
         remove(tmp);
         mlc__fail(ctx, MLC_ERR_IO, "%s: writing %s failed (%s); %s is as it was", op, tmp,
-                  err ? strerror(err) : "error", path);
+                  reason[0] ? reason : err ? strerror(err) : "error", path);
     }
     mlc__owned_free(ctx, tmp);
     return ctx->error;

@@ -2594,8 +2594,10 @@ static int mlc__cl_contains(const char *text, const char *piece) {
     return 0;
 }
 
+/* Opens device `index` for `spec`; a driver that fails to open it is an error, or for "best"
+   (quiet_failure) a warning, and the next GPU is tried. */
 static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_id device, int index,
-                               int quiet_failure) {
+                               const char *spec, int quiet_failure) {
     mlc__cl_state *st;
     cl_context_properties props[3];
     cl_ulong max_alloc = 0;
@@ -2607,7 +2609,8 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     mlc__cl_describe(platform, device, index, &info);
     st = (mlc__cl_state *)mlc__heap_alloc(ctx, sizeof *st);
     if (!st) {
-        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: out of memory opening OpenCL device %d", index);
+        mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_create: device \"%s\": out of memory opening OpenCL device %d",
+                  spec, index);
         return 0;
     }
     memset(st, 0, sizeof *st);
@@ -2616,8 +2619,9 @@ static int mlc__cl_open_device(mlc_ctx *ctx, cl_platform_id platform, cl_device_
     st->context = mlc__cl.CreateContext(props, 1, &device, NULL, NULL, &err);
     if (st->context) st->queue = mlc__cl.CreateCommandQueue(st->context, device, 0, &err);
     if (!st->queue) {
-        mlc__format(message, sizeof message, "mlc_create: cannot open OpenCL device %d (%s): %s failed (%d)",
-                    index, info.name, st->context ? "clCreateCommandQueue" : "clCreateContext", (int)err);
+        mlc__format(message, sizeof message, "mlc_create: device \"%s\": cannot open OpenCL device %d (%s): "
+                    "%s failed (%d)", spec, index, info.name,
+                    st->context ? "clCreateCommandQueue" : "clCreateContext", (int)err);
         if (st->context) mlc__cl.ReleaseContext(st->context);
         mlc__heap_free(ctx, st);
         if (quiet_failure) { mlc__log(ctx, MLC_LOG_WARN, message); return 0; }
@@ -2659,40 +2663,47 @@ static int mlc__cl_open(mlc_ctx *ctx, const char *spec) {
             }
         }
     }
-    if (!mlc__cl_load()) {
+    if (!mlc__cl_load()) {                               /* "best": the CPU; a name: the next backend */
         if (is_opencl)
             mlc__fail(ctx, MLC_ERR_DEVICE,
-                      "mlc_create: no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
-                      "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)");
-        else if (is_best) mlc__log(ctx, MLC_LOG_WARN, "best: no OpenCL library; running on the CPU");
+                      "mlc_create: device \"%s\": no OpenCL library (libOpenCL.so.1, OpenCL.framework or "
+                      "OpenCL.dll could not be loaded, or lacks OpenCL 1.2 functions)", spec);
+        else if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL library");
         return 0;
     }
     count = mlc__cl_enumerate(platforms, devices);
     if (is_opencl) {
         if (count == 0) {
-            mlc__fail(ctx, MLC_ERR_DEVICE,
-                      "mlc_create: no OpenCL platform or device found (is an OpenCL driver installed?)");
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: device \"%s\": no OpenCL platform or device found "
+                      "(is an OpenCL driver installed?)", spec);
             return 0;
         }
         if (index >= count) {
-            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: no OpenCL device %d (there are %d; see mlc_devices)",
-                      index, count);
+            mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_create: device \"%s\": no OpenCL device %d (there are %d; "
+                      "see mlc_devices)", spec, index, count);
             return 0;
         }
-        return mlc__cl_open_device(ctx, platforms[index], devices[index], index, 0);
+        return mlc__cl_open_device(ctx, platforms[index], devices[index], index, spec, 0);
     }
-    for (i = 0; i < count; i++) {
-        if (is_best) {
+    for (i = 0; i < count && !ctx->error; i++) {
+        if (is_best) {                                   /* a GPU; never an OpenCL CPU driver */
             cl_device_type type = 0;
             mlc__cl.GetDeviceInfo(devices[i], CL_DEVICE_TYPE, sizeof type, &type, NULL);
-            if (type & CL_DEVICE_TYPE_GPU) return mlc__cl_open_device(ctx, platforms[i], devices[i], i, 1);
+            if ((type & CL_DEVICE_TYPE_GPU) && mlc__cl_open_device(ctx, platforms[i], devices[i], i, spec, 1))
+                return 1;
         } else {
             char name[128];
             mlc__cl_string(platforms[i], devices[i], CL_DEVICE_NAME, name, sizeof name);
-            if (mlc__cl_contains(name, spec)) return mlc__cl_open_device(ctx, platforms[i], devices[i], i, 0);
+            if (mlc__cl_contains(name, spec))
+                return mlc__cl_open_device(ctx, platforms[i], devices[i], i, spec, 0);
         }
     }
-    if (is_best) mlc__log(ctx, MLC_LOG_WARN, "best: no OpenCL GPU found; running on the CPU");
+    if (is_best && count > 0) {
+        char message[200];
+        mlc__format(message, sizeof message, "best: no OpenCL GPU among %d OpenCL device%s (name one, "
+                    "such as \"opencl:0\", to run on an OpenCL CPU driver)", count, count == 1 ? "" : "s");
+        mlc__log(ctx, MLC_LOG_INFO, message);
+    } else if (is_best) mlc__log(ctx, MLC_LOG_INFO, "best: no OpenCL device");
     return 0;
 }
 

@@ -46,12 +46,12 @@ for cc in gcc clang; do
     check "$cc.no_stdio" sh -c "$cc $strict -DMLC_NO_STDIO -I. -c -o '$tmp/ns.o' '$tmp/impl.c' && ! nm -u '$tmp/ns.o' | grep -E 'printf|puts|fopen|fwrite|stderr|stdout'"
 done
 if command -v g++ >/dev/null 2>&1; then
-    check "g++" g++ -x c++ -Wall -Wextra -Werror -I. -o "$tmp/cpp" "$tmp/impl.c"
+    check "g++" g++ -x c++ -O2 -Wall -Wextra -Werror -I. -o "$tmp/cpp" "$tmp/impl.c"
     check "g++.two_units" sh -c "g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/ca.o' '$tmp/impl.c' && g++ -x c++ -Wall -Wextra -Werror -I. -c -o '$tmp/cb.o' '$tmp/b.c'"
     # C++11 and C++20 (enum-float arithmetic is deprecated there), and MLC_SHAPE with run-time
     # sizes from C++ (no compound literals): examples/cpp_demo.cpp builds, runs and learns.
     for std in c++11 c++20; do
-        check "g++.$std.cpp_demo" sh -c "g++ -std=$std -Wall -Wextra -Wdouble-promotion -Werror -I. -o '$tmp/cppdemo' examples/cpp_demo.cpp && '$tmp/cppdemo' 40 >/dev/null"
+        check "g++.$std.cpp_demo" sh -c "g++ -std=$std -O2 -Wall -Wextra -Wdouble-promotion -Werror -I. -o '$tmp/cppdemo' examples/cpp_demo.cpp && '$tmp/cppdemo' 40 >/dev/null"
     done
 else skipped="$skipped g++"; fi
 
@@ -143,7 +143,7 @@ done
 if command -v g++ >/dev/null 2>&1; then
     for block in "$tmp"/readme/block*.cpp; do
         [ -e "$block" ] || { failed=$((failed + 1)); echo "FAIL compile.readme: no C++ block in README.md"; break; }
-        check "readme.$(basename "$block" .cpp).cpp" sh -c "cd '$tmp/readme' && g++ -std=c++11 -Wall -Wextra -Werror \
+        check "readme.$(basename "$block" .cpp).cpp" sh -c "cd '$tmp/readme' && g++ -std=c++11 -O2 -Wall -Wextra -Werror \
             -o prog '$block' && MLC_DEVICE=cpu ./prog >/dev/null"
     done
 fi

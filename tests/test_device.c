@@ -460,22 +460,171 @@ static int device_out_of_memory(void) {
     return 1;
 }
 
+/* ---- choosing a device: "best" is PyTorch's `"cuda" if torch.cuda.is_available() else "cpu"` */
+
+typedef struct device_log { int infos, warnings, errors; char info[256], error[256]; } device_log;
+static void record_device_log(mlc_log_level level, const char *message, void *user) {
+    device_log *l = (device_log *)user;
+    char *to = level == MLC_LOG_INFO ? l->info : level == MLC_LOG_ERROR ? l->error : NULL;
+    if (level == MLC_LOG_INFO) l->infos++; else if (level == MLC_LOG_WARN) l->warnings++; else l->errors++;
+    if (to) { strncpy(to, message, 255); to[255] = '\0'; }
+}
+
+static int set_env(const char *name, const char *value) {   /* value NULL: unset */
+#ifdef _WIN32
+    return _putenv_s(name, value ? value : "") == 0;
+#else
+    return value ? setenv(name, value, 1) == 0 : unsetenv(name) == 0;
+#endif
+}
+
+/* The first GPU mlc_devices lists, or -1 */
+static int first_gpu(void) {
+    mlc_device_info rows[16];
+    int count = mlc_devices(rows, 16), i;
+    for (i = 0; i < count && i < 16; i++) if (strcmp(rows[i].type, "gpu") == 0) return i;
+    return -1;
+}
+
+/* "best": the first GPU where there is one, else the CPU, and nothing logged above INFO (an
+   OpenCL driver on the CPU, PoCL, is never picked: make test runs this where PoCL is the only
+   OpenCL device); a program's own backend that declines "best" is passed over. */
+static int best_is_a_gpu_else_the_cpu_silently(void) {
+    device_log log;
+    mlc_config c;
+    mlc_ctx *ctx;
+    int gpu = first_gpu();
+    memset(&log, 0, sizeof log);
+    memset(&c, 0, sizeof c);
+    c.device = "best";
+    c.log = record_device_log;
+    c.log_user = &log;
+    ctx = mlc_create(&c);
+    CHECK(ctx && mlc_error(ctx) == MLC_OK);
+    CHECK_MSG(log.warnings == 0 && log.errors == 0, "%d warnings, %d errors: %.200s", log.warnings, log.errors,
+              log.error);
+    if (gpu < 0) {
+        CHECK_MSG(!mlc_has_device(ctx) && strcmp(mlc_device_name(ctx), "cpu") == 0, "best took %s",
+                  mlc_device_name(ctx));
+        CHECK_MSG(log.infos >= 1 && strstr(log.info, "best"), "INFO: %d, %.200s", log.infos, log.info);
+    } else {
+        char prefix[16];
+        snprintf(prefix, sizeof prefix, "opencl:%d ", gpu);
+        CHECK_MSG(mlc_has_device(ctx) && strncmp(mlc_device_name(ctx), prefix, strlen(prefix)) == 0,
+                  "best took %s, the first GPU is %s", mlc_device_name(ctx), prefix);
+    }
+    mlc_destroy(ctx);
+    /* the same from $MLC_DEVICE, the default logger quiet */
+    {
+        const char *saved = getenv("MLC_DEVICE");
+        char keep[128] = "";
+        if (saved) { strncpy(keep, saved, sizeof keep - 1); }
+        CHECK(set_env("MLC_DEVICE", "best"));
+        ctx = mlc_create(&(mlc_config){ .log = record_device_log, .log_user = &log });
+        CHECK(set_env("MLC_DEVICE", saved ? keep : NULL));
+        CHECK(ctx && (gpu >= 0) == mlc_has_device(ctx) && log.warnings == 0 && log.errors == 0);
+        mlc_destroy(ctx);
+    }
+    return 1;
+}
+
+/* A device asked for by name that cannot be had: mlc_create returns NULL, logs the reason
+   (naming the device) as an error and writes it to config.error, truncated to error_bytes. */
+static int explicit_device_that_is_not_there_fails(void) {
+    const char *specs[] = { "tpu:7", "no-such-device-anywhere", "opencl:999", "opencl:x"
+#ifndef MLC_OPENCL
+                            , "opencl", "opencl:0"
+#endif
+    };
+    size_t i;
+    for (i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        device_log log;
+        char why[256], small[12];
+        mlc_config c;
+        memset(&log, 0, sizeof log);
+        memset(&c, 0, sizeof c);
+        memset(why, 'x', sizeof why);
+        c.device = specs[i];
+        c.log = record_device_log;
+        c.log_user = &log;
+        c.error = why;
+        c.error_bytes = sizeof why;
+        CHECK_MSG(mlc_create(&c) == NULL, "%s gave a context", specs[i]);
+        CHECK_MSG(memchr(why, '\0', sizeof why) && strstr(why, specs[i]) && strstr(why, "mlc_create"),
+                  "%s: %.200s", specs[i], why);
+        CHECK_MSG(log.errors == 1 && strcmp(log.error, why) == 0, "%s: %d errors logged: %.200s", specs[i],
+                  log.errors, log.error);
+        c.error = small;                                /* a short buffer: cut, still a C string */
+        c.error_bytes = sizeof small;
+        c.log = NULL;
+        c.quiet = 1;
+        memset(small, 'x', sizeof small);
+        CHECK(mlc_create(&c) == NULL && small[sizeof small - 1] == '\0');
+        CHECK(strncmp(small, "mlc_create:", 11) == 0);
+        c.error = NULL;                                 /* no buffer: NULL all the same */
+        CHECK(mlc_create(&c) == NULL);
+    }
+    {                                                   /* from $MLC_DEVICE: the reason says so */
+        const char *saved = getenv("MLC_DEVICE");
+        char keep[128] = "", why[256] = "";
+        if (saved) { strncpy(keep, saved, sizeof keep - 1); }
+        CHECK(set_env("MLC_DEVICE", "tpu:7"));
+        CHECK(mlc_create(&(mlc_config){ .quiet = 1, .error = why, .error_bytes = sizeof why }) == NULL);
+        CHECK(set_env("MLC_DEVICE", saved ? keep : NULL));
+        CHECK_MSG(strstr(why, "tpu:7") && strstr(why, "$MLC_DEVICE"), "%s", why);
+    }
+    return 1;
+}
+
+/* mlc_device_name is "cpu" exactly when the context's ops run on the CPU; "none" without one */
+static int device_name_says_where_ops_run(void) {
+    mlc_ctx *ctx = test_ctx(1), *fake = fake_ctx(1, NULL);
+    mlc_ctx *cpu = mlc_create(&(mlc_config){ .device = "cpu", .quiet = 1 });
+    mlc_tensor *x;
+    CHECK(ctx && fake && cpu);
+    CHECK(strcmp(mlc_device_name(NULL), "none") == 0);
+    CHECK((strcmp(mlc_device_name(ctx), "cpu") == 0) == !mlc_has_device(ctx));
+    CHECK(strcmp(mlc_device_name(fake), "fake") == 0 && mlc_has_device(fake));
+    CHECK(strcmp(mlc_device_name(cpu), "cpu") == 0 && !mlc_has_device(cpu));
+    x = mlc_ones(ctx, MLC_SHAPE(2));
+    CHECK(x && x->on_device == mlc_has_device(ctx));
+    x = mlc_ones(fake, MLC_SHAPE(2));
+    CHECK(x && x->on_device);
+    test_destroy(ctx);
+    test_destroy(fake);
+    mlc_destroy(cpu);
+    return 1;
+}
+
 #ifdef MLC_OPENCL
 /* Asking for an OpenCL device that is not there is an error naming it, never a crash. */
 static int opencl_bad_device_names(void) {
     const char *specs[] = { "opencl:999", "no-such-device-anywhere" };
     int i;
     for (i = 0; i < 2; i++) {
+        char why[256] = "";
         mlc_config c;
-        mlc_ctx *ctx;
         memset(&c, 0, sizeof c);
         c.quiet = 1;
         c.device = specs[i];
-        ctx = mlc_create(&c);
-        CHECK(ctx && mlc_error(ctx) == MLC_ERR_DEVICE && !mlc_has_device(ctx));
-        CHECK_MSG(strstr(mlc_error_message(ctx), specs[i]) || strstr(mlc_error_message(ctx), "999"), "%.200s", mlc_error_message(ctx));
-        mlc_destroy(ctx);
+        c.error = why;
+        c.error_bytes = sizeof why;
+        CHECK(mlc_create(&c) == NULL);
+        CHECK_MSG(strstr(why, specs[i]), "%.200s", why);
     }
+    return 1;
+}
+
+/* "opencl" takes the first OpenCL device whatever its type (PoCL's CPU device included), which
+   "best" passes over when it is no GPU */
+static int opencl_takes_any_device(void) {
+    mlc_device_info row;
+    mlc_ctx *ctx;
+    CHECK(mlc_devices(&row, 1) > 0);
+    ctx = test_adopt(mlc_create(&(mlc_config){ .device = "opencl", .quiet = 1 }));
+    CHECK(ctx && mlc_has_device(ctx) && strncmp(mlc_device_name(ctx), "opencl:0 ", 9) == 0);
+    CHECK(strcmp(mlc_device_name(ctx), "cpu") != 0);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -1078,6 +1227,9 @@ static int device_grads_accumulate(void) {
 }
 
 const test_case tests_device[] = {
+    TEST(best_is_a_gpu_else_the_cpu_silently)
+    TEST(explicit_device_that_is_not_there_fails)
+    TEST(device_name_says_where_ops_run)
     TEST(op_falls_back)
     TEST(training_matches_cpu)
     TEST(step_takes_runs_of_device_parameters)
@@ -1095,6 +1247,7 @@ const test_case tests_device[] = {
     TEST(device_grads_accumulate)
 #ifdef MLC_OPENCL
     TEST(opencl_bad_device_names)
+    TEST(opencl_takes_any_device)
     TEST(opencl_device_named)
     TEST(opencl_write_after_upload)
     TEST(opencl_gemm_kernels_agree)

@@ -12,12 +12,21 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#endif
 
 /* Whether this build has mlc's pool of threads (mlc.h: POSIX threads without -pthread from
-   glibc 2.34), and whether a context may use several threads at all (the pool, or OpenMP's
-   loops where MLC_NO_THREADS leaves it out) */
+   glibc 2.34; Win32 threads with MinGW-w64 or clang), and whether a context may use several
+   threads at all (the pool, or OpenMP's loops where MLC_NO_THREADS leaves it out) */
 #if !defined(MLC_NO_THREADS) && defined(__linux__) && defined(__GLIBC__) && !defined(__TINYC__) \
     && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+#define HAS_POOL 1
+#elif !defined(MLC_NO_THREADS) && defined(_WIN32) && (defined(__GNUC__) || defined(__clang__)) \
+    && !defined(__TINYC__)
 #define HAS_POOL 1
 #else
 #define HAS_POOL 0
@@ -26,6 +35,20 @@
 #define HAS_THREADS 1
 #else
 #define HAS_THREADS 0
+#endif
+
+#if HAS_POOL || (defined(_OPENMP) && defined(__linux__))
+/* Sleep for `ms` milliseconds (a core taken away from a thread, or work that takes time) */
+static void nap(long ms) {
+#ifdef _WIN32
+    Sleep((DWORD)ms);
+#else
+    struct timespec t;
+    t.tv_sec = ms / 1000;
+    t.tv_nsec = ms % 1000 * 1000000L;
+    nanosleep(&t, NULL);
+#endif
+}
 #endif
 
 static int threads_setting(void) {
@@ -174,11 +197,10 @@ typedef struct busy_job { int ran[8], by_workers; } busy_job;
    something else), the caller's 1 ms */
 static void busy_piece(void *arg, int slot, size_t begin, size_t end) {
     busy_job *job = (busy_job *)arg;
-    struct timespec nap = { 0, slot ? 30000000L : 1000000L };
     size_t u;
     for (u = begin; u < end; u++) job->ran[u]++;
     if (slot) job->by_workers += (int)(end - begin);      /* one worker: no race */
-    nanosleep(&nap, NULL);
+    nap(slot ? 30 : 1);
 }
 
 /* A piece that only counts its units (and the worker's) */
@@ -192,10 +214,9 @@ static void count_piece(void *arg, int slot, size_t begin, size_t end) {
 /* A piece that notes the thread that ran each of its units, and takes 3 ms */
 static void noting_piece(void *arg, int slot, size_t begin, size_t end) {
     int *ran_on = (int *)arg;
-    struct timespec nap = { 0, 3000000L };
     size_t u;
     for (u = begin; u < end; u++) ran_on[u] = slot;
-    nanosleep(&nap, NULL);
+    nap(3);
 }
 #endif
 
@@ -278,11 +299,10 @@ static int busy_worker_is_left_alone(void) {
 /* A piece that notes the CPU each of its units ran on, and takes 3 ms */
 static void cpu_noting_piece(void *arg, int slot, size_t begin, size_t end) {
     int *cpu = (int *)arg;
-    struct timespec nap = { 0, 3000000L };
     size_t u;
     (void)slot;
     for (u = begin; u < end; u++) cpu[u] = sched_getcpu();
-    nanosleep(&nap, NULL);
+    nap(3);
 }
 #endif
 
