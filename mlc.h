@@ -2670,10 +2670,11 @@ static int mlc__has_half(const mlc__node *n) {
 
 static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
 
-/* Whether the node's CPU forward takes its half tensors as they are, without float32 stand-ins:
-   a product of bf16 matrices (bias bf16 or none) where mlc's bf16 kernel runs. mlc__matmul_cpu
-   then sums in float32 scratch and rounds into the output once, as the stand-ins would; only
-   the order of the float32 sums differs (and subnormals, see mlc_gemm_bf16). */
+/* Whether the node's CPU forward and backward take its half tensors as they are, without float32
+   stand-ins: a product of bf16 matrices (bias bf16 or none) where mlc's bf16 kernel runs.
+   mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
+   stand-ins would; only the order of the float32 sums differs (and subnormals, see
+   mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products. */
 static int mlc__cpu_takes_half(const mlc__node *n) {
     return n->op == MLC__OP_MATMUL && n->in[0]->dtype == MLC_BF16 && n->in[1]->dtype == MLC_BF16
            && (!n->in[2] || n->in[2]->dtype == MLC_BF16) && n->out->dtype == MLC_BF16
@@ -4827,6 +4828,36 @@ static void mlc__linear_grad_columns(void *arg, int slot, size_t begin, size_t e
     }
 }
 
+/* The backward products of bf16 operands (a node mlc__cpu_takes_half): dC rounded to bf16, as
+   PyTorch's gradient of a bf16 output is, then each product on the bf16 kernel into the float32
+   gradients. Arguments as mlc__gemm_batched's, with bf16 A and B. */
+static void mlc__gemm_batched_bf16(mlc_ctx *ctx, const mlc__mm *mm, int ta, int tb, int M, int N, int K,
+                                   const uint16_t *A, size_t sa, const uint16_t *B, size_t sb, float beta,
+                                   float *C, size_t sc) {
+    int i;
+    for (i = 0; i < mm->batches; i++)
+        mlc__gemm_bf16_then(ctx, ta, tb, M, N, K, A + i * sa, B + i * sb, i && !sc ? 1.0f : beta,
+                            C + i * sc, NULL, 0, NULL);
+}
+static void mlc__matmul_backward_bf16(mlc__node *n, const float *gc, float *ga, float beta_a, float *gb,
+                                      float beta_b) {
+    const mlc__mm *mm = (const mlc__mm *)n->saved;
+    const uint16_t *a = n->in[0]->half, *b = n->in[1]->half;
+    const size_t sa = mm->step_a, sb = mm->step_b, sc = mm->step_c;
+    mlc_ctx *ctx = n->out->ctx;
+    uint16_t *g = (uint16_t *)mlc__arena_alloc(ctx, n->out->size * sizeof(uint16_t) + 1, n->name);
+    if (!g) return;
+    mlc__narrow(MLC_BF16, gc, g, n->out->size);
+    if (ga && !mm->ta)
+        mlc__gemm_batched_bf16(ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, g, sc, b, sb, beta_a, ga, sa);
+    if (ga && mm->ta)
+        mlc__gemm_batched_bf16(ctx, mm, mm->tb, 1, mm->K, mm->M, mm->N, b, sb, g, sc, beta_a, ga, sa);
+    if (gb && !mm->tb)
+        mlc__gemm_batched_bf16(ctx, mm, !mm->ta, 0, mm->K, mm->N, mm->M, a, sa, g, sc, beta_b, gb, sb);
+    if (gb && mm->tb)
+        mlc__gemm_batched_bf16(ctx, mm, 1, mm->ta, mm->N, mm->K, mm->M, g, sc, a, sa, beta_b, gb, sb);
+}
+
 static void mlc__matmul_backward(mlc__node *n) {
     const mlc__mm *mm = (const mlc__mm *)n->saved;
     mlc_tensor *a = n->in[0], *b = n->in[1];
@@ -4838,12 +4869,21 @@ static void mlc__matmul_backward(mlc__node *n) {
     job.db = mlc__grad(n->in[2]);       /* (mlc_backward made it before this node ran) */
     scratch = mlc_frame_begin(ctx);
     job.g = gc; job.y = mm->relu ? n->out->data : NULL; job.dc = NULL;
+    if (mm->relu && n->out->dtype != MLC_F32) job.y = mlc__host(n->out);   /* (bf16: y widened) */
     job.cols = (size_t)mm->N; job.rows = n->out->size / job.cols;
-    if (job.y && !(job.dc = mlc__floats(ctx, n->out->size, "mlc_linear"))) { mlc_frame_end(scratch); return; }
+    if (mm->relu && (!job.y || !(job.dc = mlc__floats(ctx, n->out->size, "mlc_linear")))) {
+        mlc_frame_end(scratch);
+        return;
+    }
     if ((job.y || job.db) && job.rows) {  /* (an empty batch: no rows, nothing to sum) */
         mlc__parallel(ctx, job.cols, MLC__LINEAR_GRAD_PARALLEL / job.rows + 1, mlc__linear_grad_columns,
                       &job);
         if (job.y) gc = job.dc;
+    }
+    if (a->dtype == MLC_BF16) {                          /* (mlc__cpu_takes_half: both bf16) */
+        mlc__matmul_backward_bf16(n, gc, ga, beta_a, gb, beta_b);
+        mlc_frame_end(scratch);
+        return;
     }
     if (ga && !mm->ta)
         mlc__gemm_batched(a->ctx, mm, 0, !mm->tb, mm->M, mm->K, mm->N, gc, mm->step_c, b->data, mm->step_b,
@@ -7327,7 +7367,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
             if (n->in[k]->requires_grad && !mlc__grad_made(n->in[k])) break;
         }
         if (ctx->error) break;
-        if (mlc__has_half(n)) mlc__backward_widened(n);
+        if (mlc__has_half(n) && !mlc__cpu_takes_half(n)) mlc__backward_widened(n);
         else mlc__backward_of[n->op](n);
         for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }

@@ -395,6 +395,39 @@ static int gradients_through_half(void) {
     return 1;
 }
 
+/* Backward through bf16 products (on the bf16 kernel where the CPU has it: the output's gradient
+   rounded to bf16 for the products), Linear + ReLU fused, batched: the gradients of the float32
+   master weights within bf16's rounding of float32's. */
+static float grads_of_mlp(int autocast, float *gw, int n) {
+    mlc_ctx *ctx = cpu_ctx(13);
+    mlc_module *l1 = mlc_nn_linear(ctx, 24, 40), *l2 = mlc_nn_linear(ctx, 40, 3);
+    mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_relu(ctx), l2, NULL);
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 16, 24)), *loss;
+    float value;
+    if (autocast) mlc_autocast_begin(ctx, MLC_BF16);
+    loss = mlc_mean_all(mlc_mul(mlc_forward(net, x), mlc_forward(net, x)));
+    mlc_autocast_end(ctx);
+    if (!loss || mlc_backward(loss) != MLC_OK || !l1->params[0]->grad) {
+        mlc_destroy(ctx);
+        return NAN;
+    }
+    memcpy(gw, l1->params[0]->grad, (size_t)n * sizeof(float));
+    value = mlc_item(loss);
+    mlc_destroy(ctx);
+    return value;
+}
+static int backward_through_bf16_products(void) {
+    float g32[960], g16[960], l32 = grads_of_mlp(0, g32, 960), l16 = grads_of_mlp(1, g16, 960);
+    double scale = 0;
+    int i;
+    CHECK(test_isfinite(l32) && test_isfinite(l16));
+    CHECK_NEAR(l16, l32, 0.02 * fabs(l32) + 1e-3);
+    for (i = 0; i < 960; i++) scale = fabs(g32[i]) > scale ? fabs(g32[i]) : scale;
+    CHECK(scale > 0);
+    for (i = 0; i < 960; i++) CHECK_NEAR(g16[i], g32[i], 0.03 * scale);
+    return 1;
+}
+
 /* Autocast: products take and give the autocast dtype, float32 ops cast up, a parameter is
    copied once per step however often it is used, and the copies go after mlc_step. */
 static int autocast_products_and_float32_ops(void) {
@@ -656,6 +689,7 @@ const test_case tests_dtype[] = {
     TEST(bf16_products_on_the_kernel)
     TEST(promotion_as_pytorch)
     TEST(gradients_through_half)
+    TEST(backward_through_bf16_products)
     TEST(autocast_products_and_float32_ops)
     TEST(autocast_training_follows_float32)
     TEST(grad_scaler_skips_backs_off_and_grows)
