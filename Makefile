@@ -132,7 +132,8 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath $(BUILD)
 
 # The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included), on the fake
 # device and then on the CPU, then ThreadSanitizer on the CPU (mlc's thread pool: its claims,
-# slots and jobs run alone; a report fails the run), then clang's ASan + UBSan on the CPU where
+# slots and jobs run alone; a report fails the run; OpenBLAS on one thread there, since its own
+# threads synchronise where TSan cannot see it), then clang's ASan + UBSan on the CPU where
 # clang is installed (its UBSan also reports pointer arithmetic that overflows, which GCC's
 # does not; under CI=true it may not be skipped).
 test-sanitize: | $(BUILD)
@@ -142,7 +143,7 @@ test-sanitize: | $(BUILD)
 	@status=0; \
 	MLC_TEST_FAKE_DEVICE=1 ./$(BUILD)/test-sanitize || status=1; \
 	./$(BUILD)/test-sanitize || status=1; \
-	TSAN_OPTIONS=halt_on_error=1 ./$(BUILD)/test-tsan || status=1; \
+	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 ./$(BUILD)/test-tsan || status=1; \
 	if command -v clang >/dev/null 2>&1; then \
 	    echo "./$(BUILD)/test-sanitize-clang"; \
 	    clang -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. \
