@@ -145,8 +145,9 @@ static void time_device(const char *spec, const digits_set *ds, timing *t) {
     t->mlp_us = t->cnn_ms = t->wide_samples = t->first_ms = NAN;
     workloads w;
     memset(&w, 0, sizeof w);
-    w.ctx = mlc_create(&(mlc_config){ .seed = 1, .device = spec, .log = show_log });
-    if (!w.ctx) { snprintf(t->error, sizeof t->error, "out of memory"); return; }
+    w.ctx = mlc_create(&(mlc_config){ .seed = 1, .device = spec, .log = show_log,
+                                      .error = t->error, .error_bytes = sizeof t->error });
+    if (!w.ctx) return;                         /* t->error says why: the device cannot be had */
     if (make_workloads(&w, ds)) {
         double start = seconds();
         if (mlp_step(&w, 1)) t->first_ms = 1e3 * (seconds() - start);
@@ -218,9 +219,12 @@ int main(int argc, char **argv) {
                (double)rows[i].memory_bytes / (1024.0 * 1024.0 * 1024.0), rows[i].name, rows[i].platform, rows[i].version);
     if (count > MAX_ROWS) printf("  ... and %d more\n", count - MAX_ROWS);
 
-    mlc_ctx *best = mlc_create(&(mlc_config){ .device = "best", .log = show_log });   /* logs its choice */
-    if (!best) return 1;
-    printf("\nMLC_DEVICE=best picks: %s\n", mlc_error(best) ? mlc_error_message(best) : mlc_device_name(best));
+    /* "best": the first GPU, else the CPU (never an OpenCL CPU driver such as PoCL, unless named) */
+    char why[256] = "";
+    mlc_ctx *best = mlc_create(&(mlc_config){ .device = "best", .log = show_log,
+                                              .error = why, .error_bytes = sizeof why });
+    if (!best) { fprintf(stderr, "error: %s\n", why); return 1; }
+    printf("\nMLC_DEVICE=best picks: %s\n", mlc_device_name(best));
     mlc_destroy(best);
     if (list_only) return 0;
 

@@ -226,8 +226,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: cannot read %s (give --data FILE)\n", o.data);
         return 1;
     }
-    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device });
-    if (mlc_error(ctx)) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); return 1; }
+    char why[256] = "";                               /* why mlc_create returned NULL */
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device,
+                                             .error = why, .error_bytes = sizeof why });
+    if (!ctx) { fprintf(stderr, "error: %s\n", why); return 1; }
     mlc_module *gpt = gpt_create(ctx, (gpt_config){ c.vocab, o.block, o.layers, o.embd, o.heads });
     mlc_optim *opt = gpt ? gpt_optimiser(gpt, o.lr) : NULL;
     if (!opt) { fprintf(stderr, "error: %s\n", mlc_error_message(ctx)); return 1; }

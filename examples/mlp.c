@@ -13,13 +13,14 @@ int main(int argc, char **argv) {
         fprintf(help ? stdout : stderr, "usage: %s\n"
                 "Fits an MLP 10 -> 100 (tanh) -> 1 to 64 random samples: Adam (lr 0.001), mean squared\n"
                 "error, 100 epochs, seed 42. Device: $MLC_DEVICE (cpu, opencl, opencl:N, best) when set,\n"
-                "else the best one.\n", argv[0]);
+                "else best: the first GPU, else the CPU.\n", argv[0]);
         return help ? 0 : 2;
     }
-    /* $MLC_DEVICE when set (cpu, opencl, opencl:N, a piece of a name), else the best device */
+    /* $MLC_DEVICE when set (cpu, opencl, opencl:N, a piece of a name), else "best": the first
+       GPU, else the CPU, silently (PyTorch's "cuda" if torch.cuda.is_available() else "cpu") */
     mlc_config config = { .seed = 42, .device = getenv("MLC_DEVICE") ? NULL : "best" };
     mlc_ctx *ctx = mlc_create(&config);
-    if (!ctx) return 1;
+    if (!ctx) return 1;                  /* a device named in $MLC_DEVICE is not there: mlc printed why */
     printf("Using device: %s\n", mlc_device_name(ctx));
 
     /* one layer a statement: C leaves the order of a call's arguments open, and each layer

@@ -17,6 +17,14 @@ static mlc_ctx *cpu_ctx(unsigned long long seed) {
 }
 
 static float from_bits(uint32_t b) { float v; memcpy(&v, &b, sizeof v); return v; }
+/* a and b are the same float, bit for bit; on x87 (i686 without SSE maths) a float returned
+   through the FPU's stack comes back quiet, so a signalling NaN only needs to stay a NaN there */
+static int same_bits(uint32_t a, uint32_t b) {
+#if defined(__i386__) && !defined(__SSE2_MATH__)
+    if ((a & 0x7fffffffu) > 0x7f800000u && (b & 0x7fffffffu) > 0x7f800000u) return 1;
+#endif
+    return a == b;
+}
 static int bf16_is_nan(uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
 
 /* Every row of the table: float32 -> bf16 and f16 as PyTorch rounds (a NaN may come back as
@@ -35,10 +43,10 @@ static int casts_match_pytorch_bit_for_bit(void) {
     }
     for (i = 0; i < MLC_TEST_HALF_TO_F32_COUNT; i++) {
         const uint16_t h = mlc_test_half_to_f32[i].bits;
-        CHECK_MSG(test_bits(mlc_bf16_to_float(h)) == mlc_test_half_to_f32[i].bf16_as_f32,
+        CHECK_MSG(same_bits(test_bits(mlc_bf16_to_float(h)), mlc_test_half_to_f32[i].bf16_as_f32),
                   "bf16 0x%04x -> 0x%08x, PyTorch 0x%08x", h, test_bits(mlc_bf16_to_float(h)),
                   (unsigned)mlc_test_half_to_f32[i].bf16_as_f32);
-        CHECK_MSG(test_bits(mlc_f16_to_float(h)) == mlc_test_half_to_f32[i].f16_as_f32,
+        CHECK_MSG(same_bits(test_bits(mlc_f16_to_float(h)), mlc_test_half_to_f32[i].f16_as_f32),
                   "f16 0x%04x -> 0x%08x, PyTorch 0x%08x", h, test_bits(mlc_f16_to_float(h)),
                   (unsigned)mlc_test_half_to_f32[i].f16_as_f32);
     }
@@ -71,8 +79,10 @@ static int array_conversions_match_single_ones(void) {
         CHECK(mlc_read(patterns, wide, 65536) == MLC_OK);
         for (i = 0; i < 65536; i++) {
             float one = d ? mlc_f16_to_float((uint16_t)i) : mlc_bf16_to_float((uint16_t)i);
-            if (test_bits(wide[i]) != test_bits(one)) { free(wide); CHECK_MSG(0, "%s 0x%04zx widened in an array",
-                                                                             d ? "f16" : "bf16", i); }
+            if (!same_bits(test_bits(wide[i]), test_bits(one))) {
+                free(wide);
+                CHECK_MSG(0, "%s 0x%04zx widened in an array", d ? "f16" : "bf16", i);
+            }
         }
         free(wide);
     }
