@@ -163,22 +163,37 @@ static void batch(mlc_ctx *ctx, const corpus *c, long from, long to, int B, int 
     free(ys);
 }
 
-/* The mean loss of `count` random validation batches, without gradients. */
-static double validation_loss(mlc_module *gpt, const corpus *c, const options *o, int count) {
+/* The loss (nats per character) over the whole validation text, without gradients: its
+   characters cut into consecutive windows of block + 1 (the tail in a shorter one), each window
+   predicting its last `block` characters from the ones before, batch windows at a time; the
+   mean over every predicted character. */
+static double validation_loss(mlc_module *gpt, const corpus *c, const options *o) {
     mlc_ctx *ctx = gpt->ctx;
     int was = mlc_set_grad_enabled(ctx, 0);
+    float *xs = malloc(sizeof(float) * (size_t)o->batch * (size_t)o->block);
+    float *ys = malloc(sizeof(float) * (size_t)o->batch * (size_t)o->block);
     double sum = 0.0;
+    long start = c->n_train, counted = 0;
     mlc_module_train(gpt, 0);
-    for (int i = 0; i < count; i++) {
+    while (xs && ys && start + 1 < c->n && !mlc_error(ctx)) {
+        int T = c->n - start - 1 < o->block ? (int)(c->n - start - 1) : o->block, B = 0;
+        for (; B < o->batch && start + T < c->n; B++, start += T)   /* full windows of T, then the tail */
+            for (int t = 0; t < T; t++) {
+                xs[B * T + t] = c->ids[start + t];
+                ys[B * T + t] = c->ids[start + t + 1];
+            }
         mlc_frame f = mlc_frame_begin(ctx);
-        mlc_tensor *x, *y;
-        batch(ctx, c, c->n_train, c->n, o->batch, o->block, &x, &y);
-        sum += mlc_item(gpt_loss(gpt, x, y, c->vocab));
+        mlc_tensor *loss = gpt_loss(gpt, mlc_from_data(ctx, MLC_SHAPE(B, T), xs),
+                                    mlc_from_data(ctx, MLC_SHAPE(B * T), ys), c->vocab);
+        if (loss) sum += (double)mlc_item(loss) * B * T;
+        counted += (long)B * T;
         mlc_frame_end(f);
     }
+    free(xs);
+    free(ys);
     mlc_module_train(gpt, 1);
     mlc_set_grad_enabled(ctx, was);
-    return sum / count;
+    return counted ? sum / (double)counted : 0.0;
 }
 
 /* Continue `prompt` by `length` characters, each drawn from softmax(logits / 0.8) of the last
@@ -256,7 +271,7 @@ int main(int argc, char **argv) {
             int steps = step % o.every ? step % o.every : o.every;
             double t = seconds() - start;
             printf("step %5d  train %.4f  val %.4f  %.1f s  %.0f tokens/s\n", step, interval / steps,
-                   validation_loss(gpt, &c, &o, 8), t, (double)step * o.batch * o.block / t);
+                   validation_loss(gpt, &c, &o), t, (double)step * o.batch * o.block / t);
             sample(gpt, &c, &o, "And God said", 100);
             fflush(stdout);
             interval = 0.0;
