@@ -98,6 +98,9 @@ CONFIGURATION MACROS (define before including)
                          intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
                          only from mlc_config.allocator (mlc_create returns NULL without one);
                          with mlc_config.arena the arena is a buffer of yours (see MEMORY).
+   MLC_FREED_KEPT        how many freed tensors' records (a struct each) a context keeps, so
+                         that a second mlc_tensor_free or a use of a freed tensor is refused
+                         (default 256, in the context; 0: none, a second free is undefined)
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
 
 MEMORY
@@ -370,6 +373,9 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int read_only;                      /* 1: data is the caller's read-only memory (mlc_from_const) */
     mlc_scalar_type dtype;              /* MLC_F32: values in data; else in half, and data is NULL */
     uint16_t *half;                     /* a bf16 or f16 tensor's values (read them with mlc_read) */
+    const char *owner, *owner_name;     /* who holds it ("Linear", "an Adam optimiser"; NULL: you), */
+                                        /* and its name there ("weight", "exp_avg", "params")  */
+    int freed;                          /* 1: mlc_tensor_free released it (a second free is refused) */
 };
 
 MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
@@ -409,7 +415,12 @@ MLCDEF uint16_t mlc_float_to_bf16(float v);
 MLCDEF uint16_t mlc_float_to_f16(float v);
 MLCDEF float mlc_bf16_to_float(uint16_t bits);
 MLCDEF float mlc_f16_to_float(uint16_t bits);
-MLCDEF void mlc_tensor_free(mlc_tensor *t);             /* long-lived tensors only */
+/* Long-lived tensors you made only: a module's parameter or buffer and an optimiser's parameter
+   or state belong to it until mlc_destroy, so freeing one is MLC_ERR_STATE naming the owner (to
+   replace a module's tensor, assign the new one; the old stays until mlc_destroy), and so is a
+   second free or a use of a freed tensor while its record is kept (its struct, no values: until
+   MLC_FREED_KEPT later frees, or mlc_destroy; after that a second free is undefined, as free's). */
+MLCDEF void mlc_tensor_free(mlc_tensor *t);
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on);   /* returns t */
 MLCDEF mlc_tensor *mlc_detach(mlc_tensor *t);   /* shares data, cut from the tape */
@@ -1293,6 +1304,9 @@ typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), s
 } mlc__device_buffers;
 
 struct mlc__autocast_copy { mlc_tensor *of, *copy; };   /* autocast's copy of a parameter */
+#ifndef MLC_FREED_KEPT
+#define MLC_FREED_KEPT 256
+#endif
 
 struct mlc_ctx {
     mlc_config config;
@@ -1300,6 +1314,8 @@ struct mlc_ctx {
     char message[512];
     uint64_t rng_state, rng_inc;
     int grad_enabled;
+    mlc_tensor *freed[MLC_FREED_KEPT > 0 ? MLC_FREED_KEPT : 1];  /* the last ones freed (records), a ring */
+    int freed_next;
     mlc_stats stats;
     mlc__block *first_block, *block;   /* the arena: a chain, and the block being filled */
     struct mlc__node *tape;            /* the newest node; nodes link to older ones */
@@ -1938,6 +1954,8 @@ static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
 /* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
 static int mlc__usable(mlc_tensor *t, const char *op) {
     if (!t) return 0;
+    if (t->freed)
+        return mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was freed (mlc_tensor_free)", op, t) != NULL;
     if (!mlc__ended(t->ctx, t)) return 1;
     mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T was made in a frame that has ended "
               "(mlc_frame_end freed it)", op, t);
@@ -2500,17 +2518,39 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     return t;
 }
 
+/* A freed tensor's struct is kept as a record (freed = 1, no values) among the context's last
+   MLC_FREED_KEPT frees, so a second free or a use reads live memory and is refused. */
 MLCDEF void mlc_tensor_free(mlc_tensor *t) {
+    mlc_ctx *ctx;
     if (!t) return;
+    ctx = t->ctx;
+    if (t->freed) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T was freed already", t);
+        return;
+    }
     if (!t->persistent) {
-        mlc__fail(t->ctx, MLC_ERR_STATE,
+        mlc__fail(ctx, MLC_ERR_STATE,
                   "mlc_tensor_free: tensor %T lives in a frame; mlc_frame_end frees it", t);
         return;
     }
+    if (t->owner) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_tensor_free: tensor %T \"%s\" is held by %s, which frees it at "
+                  "mlc_destroy", t, t->owner_name, t->owner);
+        return;
+    }
     if (t->on_device) mlc__device_release(t);
-    if (t->grad) mlc__owned_free(t->ctx, t->grad);
-    if (!t->read_only) mlc__owned_free(t->ctx, mlc__storage(t));
-    mlc__owned_free(t->ctx, t);
+    if (t->grad) mlc__owned_free(ctx, t->grad);
+    if (!t->read_only) mlc__owned_free(ctx, mlc__storage(t));
+    if (MLC_FREED_KEPT < 1) {                /* no records kept */
+        mlc__owned_free(ctx, t);
+        return;
+    }
+    t->freed = 1;
+    t->data = t->grad = NULL; t->half = NULL; t->device_data = t->device_grad = NULL;
+    t->on_device = 0; t->requires_grad = 0; t->node = NULL;
+    if (ctx->freed[ctx->freed_next]) mlc__owned_free(ctx, ctx->freed[ctx->freed_next]);
+    ctx->freed[ctx->freed_next] = t;
+    ctx->freed_next = ctx->freed_next + 1 < MLC_FREED_KEPT ? ctx->freed_next + 1 : 0;
 }
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
@@ -2755,6 +2795,9 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
         if (mlc__ended(ctx, inputs[i]))
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was made in a frame that has ended "
                                         "(mlc_frame_end freed it)", op, i);
+        if (inputs[i]->freed)
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was freed (mlc_tensor_free)", op,
+                                        i);
         if (inputs[i]->on_device != inputs[0]->on_device)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE,
                                         "%s: input 0 is on %s and input %d on %s; move one with mlc_to", op,
@@ -2868,9 +2911,17 @@ static void mlc__split(const mlc_tensor *x, int axis, size_t *outer, int *n, siz
     *inner = mlc__numel(x->ndim - axis - 1, x->shape + axis + 1);
 }
 
-/* An optional input (a norm's weight) must live where x lives. */
+/* An optional input t (NULL: none) of op, checked as mlc__enter checks the others: from ctx
+   (before any shape, so the error names the cause), not ended or freed, on x's device. */
 static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, const mlc_tensor *t) {
-    if (!t || t->on_device == x->on_device) return 1;
+    if (!t) return 1;
+    if (t->ctx != ctx)
+        return mlc__fail(ctx, MLC_ERR_ARG, "%s: tensor %T belongs to another context", op, t) != NULL;
+    if (mlc__ended(ctx, t) || t->freed)
+        return mlc__fail(ctx, MLC_ERR_STATE, "%s: tensor %T was %s", op, t,
+                         t->freed ? "freed (mlc_tensor_free)"
+                                  : "made in a frame that has ended (mlc_frame_end freed it)") != NULL;
+    if (t->on_device == x->on_device) return 1;
     mlc__fail(ctx, MLC_ERR_DEVICE, "%s: %T and %T live on different devices; move one with mlc_to", op, x, t);
     return 0;
 }
@@ -4938,6 +4989,7 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     int shape[MLC_MAX_DIMS], ndim, K2, d;
     a = mlc__autocast_low(a); b = mlc__autocast_low(b); bias = mlc__autocast_low(bias);
     MLC__ENTER(op, a, b);
+    if (!mlc__same_device(ctx, op, a, bias)) return NULL;
     if (a->ndim < 2 || b->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: operands need rank >= 2, got %T and %T", op,
                                        a, b);
@@ -4954,10 +5006,9 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (d = 0; d < ndim - 2; d++) shape[d] = a->ndim > 2 ? a->shape[d] : b->shape[d];
     shape[ndim - 2] = mm.M; shape[ndim - 1] = mm.N;
-    if (bias && (bias->ctx != ctx || bias->ndim != 1 || bias->shape[0] != mm.N))
+    if (bias && (bias->ndim != 1 || bias->shape[0] != mm.N))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op,
                                        bias, mm.N);
-    if (!mlc__same_device(ctx, op, a, bias)) return NULL;
     if (relu && a->on_device) return mlc_relu(mlc__matmul(op, a, b, transpose_a, transpose_b, bias, 0));
     out = mlc__make(ctx, op, ndim, shape, 0);
     if (!out) return NULL;
@@ -6130,17 +6181,17 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
     size_t inner, M;
     x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
     MLC__ENTER("mlc_batch_norm", x);
+    params[0] = running_mean; params[1] = running_var; params[2] = weight; params[3] = bias;
+    for (p = 0; p < 4; p++) if (!mlc__same_device(ctx, "mlc_batch_norm", x, params[p])) return NULL;
     if (x->ndim < 2)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batch_norm: x %T needs the shape [N, C, ...]",
                                        x);
     N = x->shape[0]; C = x->shape[1];
-    params[0] = running_mean; params[1] = running_var; params[2] = weight; params[3] = bias;
     for (p = 0; p < 4; p++)
         if (params[p] && (params[p]->ndim != 1 || params[p]->shape[0] != C))
             return (mlc_tensor *)mlc__fail(
                 ctx, MLC_ERR_SHAPE, "mlc_batch_norm: parameter %T does not match the %d channels of x %T",
                 params[p], C, x);
-    for (p = 0; p < 4; p++) if (!mlc__same_device(ctx, "mlc_batch_norm", x, params[p])) return NULL;
     inner = mlc__numel(x->ndim - 2, x->shape + 2);
     M = (size_t)N * inner;
     if (!training && (!running_mean || !running_var))
@@ -7578,6 +7629,10 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
                   m->type, MLC_MODULE_MAX_TENSORS);
         return m->ctx->error;
     }
+    if (t->freed) {
+        mlc__fail(m->ctx, MLC_ERR_STATE, "mlc_module_add: tensor \"%s\" was freed (mlc_tensor_free)", name);
+        return m->ctx->error;
+    }
     if (!t->persistent) {
         mlc__fail(m->ctx, MLC_ERR_ARG,
                   "mlc_module_add: tensor \"%s\" lives in a frame; use mlc_parameter or mlc_keep", name);
@@ -7588,6 +7643,7 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
         return m->ctx->error;
     }
     if (!(name = mlc__strdup(m->ctx, name))) return m->ctx->error;
+    if (!t->owner) { t->owner = m->type; t->owner_name = name; }  /* mlc_tensor_free refuses it */
     if (is_buffer) { m->buffers[*count] = t; m->buffer_names[*count] = name; }
     else { m->params[*count] = t; m->param_names[*count] = name; }
     ++*count;
@@ -7871,7 +7927,23 @@ MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_t
     if (strcmp(m->type, "MultiheadAttention") != 0)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: module %s is not a "
                                        "MultiheadAttention", m->type);
+    if (query->ctx != m->ctx || key->ctx != m->ctx || value->ctx != m->ctx || (mask && mask->ctx != m->ctx))
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: the %s belongs to "
+                                       "another context than the MultiheadAttention",
+                                       query->ctx != m->ctx ? "query" : key->ctx != m->ctx ? "key"
+                                       : value->ctx != m->ctx ? "value" : "mask");
+    if (m->n_params != 2 || m->n_children != 1 || m->params[0]->ndim != 2 || m->params[1]->ndim != 1
+        || m->params[0]->shape[0] != 3 * m->params[0]->shape[1]
+        || m->params[1]->shape[0] != m->params[0]->shape[0])
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: MultiheadAttention's "
+                                       "in_proj_weight and in_proj_bias were changed (want [3E, E], [3E])");
     w = m->params[0]; b = m->params[1]; E = w->shape[1]; H = m->kernel;
+    if (H < 1 || E % H)                  /* the fields are the user's to change: checked each time */
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: MultiheadAttention's "
+                                       "num_heads (field kernel) %d does not split embed_dim %d", H, E);
+    if (!mlc__in_range(m->ctx, "mlc_forward_attention: MultiheadAttention", "dropout (field alpha)", m->alpha,
+                       0.0f, 1.0f, 0))
+        return NULL;
     if (query->ndim != 3 || key->ndim != 3 || value->ndim != 3 || query->shape[2] != E || key->shape[2] != E
         || value->shape[2] != E || key->shape[0] != query->shape[0] || !mlc_same_shape(key, value))
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_SHAPE, "mlc_forward_attention: query %T, key %T "
@@ -8002,9 +8074,30 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     if (!m->cell)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s is not an RNN, LSTM or GRU",
                                        m->type);
+    if (m->cell < MLC_CELL_RNN_TANH || m->cell > MLC_CELL_GRU || (m->directions != 1 && m->directions != 2)
+        || m->n_children < 1 || m->n_children % m->directions)   /* fields the user may have changed */
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s's cell %d, directions %d or "
+                                       "layers (%d children) are not valid", m->type, m->cell, m->directions,
+                                       m->n_children);
+    if (!mlc__in_range(ctx, "mlc_rnn_forward", "dropout (field alpha)", m->alpha, 0.0f, 1.0f, 0)) return NULL;
     lstm = m->cell == MLC_CELL_LSTM;
     D = m->directions; L = m->n_children / D; G = mlc__cell_gates(m->cell);
+    if (m->children[0]->n_params != 4 || m->children[0]->params[0]->ndim != 2
+        || m->children[0]->params[1]->ndim != 2)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s's layer 0 was changed",
+                                       m->type);
     F = m->children[0]->params[0]->shape[1]; H = m->children[0]->params[1]->shape[1];
+    for (l = 0; l < L * D; l++) {            /* each layer: W_ih [G·H, in], W_hh [G·H, H], biases [G·H] */
+        const mlc_module *c = m->children[l];
+        int in = l < D ? F : D * H;
+        if (c->n_params != 4 || c->params[0]->ndim != 2 || c->params[0]->shape[0] != G * H
+            || c->params[0]->shape[1] != in || c->params[1]->ndim != 2 || c->params[1]->shape[0] != G * H
+            || c->params[1]->shape[1] != H || c->params[2]->ndim != 1 || c->params[2]->shape[0] != G * H
+            || c->params[3]->ndim != 1 || c->params[3]->shape[0] != G * H)
+            return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s's layer %d (direction %d) "
+                                           "does not fit cell %d with hidden_size %d (field cell or its "
+                                           "tensors changed)", m->type, l / D, l % D, m->cell, H);
+    }
     if (x->ctx != ctx || (h0 && h0->ctx != ctx) || (c0 && c0->ctx != ctx))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: a tensor belongs to another "
                                        "context than %s", m->type);
@@ -8172,31 +8265,44 @@ MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
     return MLC_OK;
 }
 
-static int mlc__collect(mlc_module *m, const char *prefix, int with_buffers, mlc_named_tensor *out, int max,
-                        int count) {
-    int i;
+/* A name that does not fit mlc_named_tensor's 127 bytes is an error, never cut short (two cut
+   names could match one entry of a file). long: a prefix that did not fit either. */
+static int mlc__name_fits(mlc_module *m, char *out, const char *prefix, int long_prefix, const char *name) {
+    size_t n = strlen(prefix) + strlen(name);
+    mlc__format(out, 128, "%s%s", prefix, name);
+    if (n < 128 && !long_prefix) return 1;
+    mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_state: the name \"%s...\" (%s \"%s\") is longer than the "
+              "127 bytes of mlc_named_tensor; use shorter names", out, m->type, name);
+    return 0;
+}
+
+static int mlc__collect(mlc_module *m, const char *prefix, int long_prefix, int with_buffers,
+                        mlc_named_tensor *out, int max, int count) {
+    int i, fits;
     char name[128];
     for (i = 0; i < m->n_params; i++, count++)
         if (count < max) {
-            mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->param_names[i]);
+            mlc__name_fits(m, out[count].name, prefix, long_prefix, m->param_names[i]);
             out[count].tensor = m->params[i];
         }
     for (i = 0; with_buffers && i < m->n_buffers; i++, count++)
         if (count < max) {
-            mlc__format(out[count].name, sizeof out[count].name, "%s%s", prefix, m->buffer_names[i]);
+            mlc__name_fits(m, out[count].name, prefix, long_prefix, m->buffer_names[i]);
             out[count].tensor = m->buffers[i];
         }
     for (i = 0; i < m->n_children; i++) {
+        size_t n = strlen(prefix) + strlen(m->child_names[i]) + (m->child_names[i][0] ? 1 : 0);
+        fits = n < sizeof name && !long_prefix;
         mlc__format(name, sizeof name, "%s%s%s", prefix, m->child_names[i], m->child_names[i][0] ? "." : "");
-        count = mlc__collect(m->children[i], name, with_buffers, out, max, count);
+        count = mlc__collect(m->children[i], name, !fits, with_buffers, out, max, count);
     }
     return count;
 }
 MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max) {
-    return m ? mlc__collect(m, "", 0, out, out ? max : 0, 0) : 0;
+    return m ? mlc__collect(m, "", 0, 0, out, out ? max : 0, 0) : 0;
 }
 MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max) {
-    return m ? mlc__collect(m, "", 1, out, out ? max : 0, 0) : 0;
+    return m ? mlc__collect(m, "", 0, 1, out, out ? max : 0, 0) : 0;
 }
 
 MLCDEF size_t mlc_module_param_count(mlc_module *m) {
@@ -8219,6 +8325,13 @@ MLCDEF size_t mlc_module_param_count(mlc_module *m) {
    ============================================================================================ */
 
 typedef enum { MLC__SGD, MLC__ADAM, MLC__ADAMW, MLC__RMSPROP } mlc__optim_kind;
+
+static const char *const mlc__optim_kind_names[] = { "sgd", "adam", "adamw", "rmsprop" };
+static const char *const mlc__optim_owner_names[] = { "an SGD optimiser", "an Adam optimiser",
+                                                      "an AdamW optimiser", "an RMSprop optimiser" };
+static const char *const mlc__optim_slot_names[4][3] = {   /* PyTorch's names for state[3 i + k] */
+    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
+    { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }, { "momentum_buffer", "square_avg", "grad_avg" } };
 
 struct mlc_optim {
     mlc_ctx *ctx;
@@ -8278,8 +8391,11 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
         if (st->on_device && (!mlc__buffer_of(st, 0, "mlc_optim_add_param") || !ctx->backend->upload(st, 0)))
             return ctx->error;                          /* zeros on the device */
         st->stale = 0;
+        st->owner = mlc__optim_owner_names[opt->kind];
+        st->owner_name = mlc__optim_slot_names[opt->kind][k];
         opt->state[3 * opt->count + k] = st;
     }
+    if (!p->owner) { p->owner = mlc__optim_owner_names[opt->kind]; p->owner_name = "params"; }
     opt->params[opt->count++] = p;
     return MLC_OK;
 }
@@ -9391,6 +9507,19 @@ MLCDEF mlc_tensor *mlc_csv_from_memory(mlc_ctx *ctx, const char *text, size_t si
 
 /* ---- Whole files ---------------------------------------------------------------------------- */
 #ifndef MLC_NO_STDIO
+/* Whether an open file's first byte reads (a directory opens on POSIX but does not read: EISDIR,
+   and its "size" would read as a huge allocation); back at the start after. */
+static int mlc__readable(FILE *f) {
+    int c;
+    errno = 0;
+    c = getc(f);
+    if (c == EOF && ferror(f)) {
+        if (!errno) errno = EIO;
+        return 0;
+    }
+    return fseek(f, 0, SEEK_SET) == 0;
+}
+
 /* The file's bytes on the heap (mlc__heap_free them), or NULL with the error set. */
 static unsigned char *mlc__read_file(mlc_ctx *ctx, const char *op, const char *path, size_t *size) {
     FILE *f;
@@ -9401,7 +9530,9 @@ static unsigned char *mlc__read_file(mlc_ctx *ctx, const char *op, const char *p
     if (!(f = fopen(path, "rb")))
         return (unsigned char *)mlc__fail(ctx, MLC_ERR_IO, "%s: cannot open %s: %s", op, path,
                                           strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+    if (!mlc__readable(f))
+        mlc__fail(ctx, MLC_ERR_IO, "%s: cannot read %s: %s", op, path, strerror(errno));
+    else if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
         mlc__fail(ctx, MLC_ERR_IO, "%s: %s: cannot find the file's size", op, path);
     else if (!(bytes = (unsigned char *)mlc__heap_alloc(ctx, (size_t)n + 1)))
         mlc__fail(ctx, MLC_ERR_MEMORY, "%s: %s: out of memory reading %zu bytes", op, path, (size_t)n);
@@ -10199,6 +10330,7 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
     used = (unsigned char *)mlc__owned_alloc(ctx, (size_t)st->count + 1, "mlc_safetensors_load");
     if (!state || !match || !used) goto done;
     mlc_module_state(m, state, n);
+    if (ctx->error) goto done;                                   /* a name too long */
     for (i = 0; i < n; i++) { /* every state tensor: in the file, shaped so? */
         const mlc__st_entry *e = mlc__st_find(st, state[i].name);
         mlc_tensor *t = state[i].tensor, file_shape;
@@ -10455,6 +10587,7 @@ static mlc_named_tensor *mlc__module_state_list(mlc_module *m, int *count, const
     if (!(state = (mlc_named_tensor *)mlc__owned_alloc(m->ctx, ((size_t)*count + 1) * sizeof *state, op)))
         return NULL;
     mlc_module_state(m, state, *count);
+    if (m->ctx->error) { mlc__owned_free(m->ctx, state); return NULL; }   /* a name too long */
     return state;
 }
 
@@ -10470,18 +10603,42 @@ MLCDEF size_t mlc_module_encode(mlc_module *m, const char *const *metadata, void
 
 /* ---- Checkpoints ------------------------------------------------------------------------- */
 
-static const char *const mlc__optim_kind_names[] = { "sgd", "adam", "adamw", "rmsprop" };
-static const char *const mlc__optim_slot_names[4][3] = {   /* PyTorch's names for state[3 i + k] */
-    { "momentum_buffer", NULL, NULL }, { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
-    { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }, { "momentum_buffer", "square_avg", "grad_avg" } };
 
 typedef struct mlc__ckpt {              /* a checkpoint's items and the bytes of its scalars */
     mlc_named_tensor *list;             /* the module's state, then the optimiser's buffers */
     mlc__st_item *items;
     int count;
     unsigned char t[8], lr[4], train[16], rng[16], scale[4], tracker[8];
-    const char *metadata[5];
+    char *params;                       /* the optimiser's parameters, by name and shape */
+    const char *metadata[7];
 } mlc__ckpt;
+
+/* The optimiser's fingerprint: each of its parameters in order as "name[d0,d1]\n", the name the
+   module's state gives it ("?" when not in the module). Owned; NULL and an error when out of memory. */
+static char *mlc__ckpt_params(mlc_ctx *ctx, const mlc_optim *opt, const mlc_named_tensor *list, int n,
+                              const char *op) {
+    size_t cap = 1, at = 0;
+    char *text;
+    int i, j, d;
+    for (i = 0; i < opt->count; i++) {
+        for (j = 0; j < n && list[j].tensor != opt->params[i]; j++) continue;
+        cap += (j < n ? strlen(list[j].name) : 1) + 3 + 12 * (size_t)opt->params[i]->ndim;
+    }
+    if (!(text = (char *)mlc__owned_alloc(ctx, cap, op))) return NULL;
+    for (i = 0; i < opt->count; i++) {
+        const mlc_tensor *p = opt->params[i];
+        for (j = 0; j < n && list[j].tensor != p; j++) continue;
+        mlc__format(text + at, cap - at, "%s[", j < n ? list[j].name : "?");
+        at += strlen(text + at);
+        for (d = 0; d < p->ndim; d++) {
+            mlc__format(text + at, cap - at, d ? ",%d" : "%d", p->shape[d]);
+            at += strlen(text + at);
+        }
+        mlc__format(text + at, cap - at, "]\n");
+        at += strlen(text + at);
+    }
+    return text;
+}
 
 static void mlc__put_le(unsigned char *p, uint64_t v, int bytes) {
     int i;
@@ -10503,6 +10660,7 @@ static void mlc__ckpt_raw(mlc__ckpt *c, const char *name, int dtype, int dim, co
 static void mlc__ckpt_free(mlc_ctx *ctx, mlc__ckpt *c) {
     mlc__owned_free(ctx, c->list);
     mlc__owned_free(ctx, c->items);
+    mlc__owned_free(ctx, c->params);
 }
 
 static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const mlc_train_state *state,
@@ -10519,6 +10677,7 @@ static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const ml
               ctx, ((size_t)n + (size_t)extra + 1) * sizeof *c->list, op)))
         return 0;
     mlc_module_state(m, c->list, n);
+    if (ctx->error) return 0;                                    /* a name too long */
     for (i = 0, c->count = n; opt && i < opt->count; i++)
         for (k = 0; k < 3; k++)
             if (opt->state[3 * i + k]) {
@@ -10548,6 +10707,10 @@ static int mlc__ckpt_build(mlc__ckpt *c, mlc_module *m, mlc_optim *opt, const ml
     }
     c->metadata[0] = "format"; c->metadata[1] = "mlc-checkpoint";
     c->metadata[2] = "mlc.optim"; c->metadata[3] = opt ? mlc__optim_kind_names[opt->kind] : "none";
+    if (opt) {
+        if (!(c->params = mlc__ckpt_params(ctx, opt, c->list, n, op))) return 0;
+        c->metadata[4] = "mlc.optim.params"; c->metadata[5] = c->params;
+    }
     return 1;
 }
 
@@ -10571,6 +10734,36 @@ static const mlc__st_entry *mlc__ckpt_entry(mlc_safetensors *st, const char *nam
         return (const mlc__st_entry *)mlc__st_fail(st, name, e->at, "expected %s of shape [%s%d]",
                                                    mlc__dtype_names[dtype], dim ? "" : "scalar ", dim);
     return e;
+}
+
+/* The optimiser's parameters must be the ones it saved, by name and shape, in order (a file
+   from before mlc 0.1.1 has no "mlc.optim.params": then the entries' shapes are all checked). */
+static mlc_result mlc__ckpt_check_params(mlc_safetensors *st, mlc_module *m, mlc_optim *opt) {
+    mlc_ctx *ctx = st->ctx;
+    const char *saved = mlc_safetensors_metadata(st, "mlc.optim.params"), *a, *b;
+    mlc_named_tensor *list;
+    char *here = NULL;
+    int n, i;
+    if (!saved) return MLC_OK;
+    if ((list = mlc__module_state_list(m, &n, "mlc_checkpoint_load")))
+        here = mlc__ckpt_params(ctx, opt, list, n, "mlc_checkpoint_load");
+    mlc__owned_free(ctx, list);
+    if (!here) return ctx->error;
+    for (a = here, b = saved, i = 0; strcmp(a, b) != 0; i++) {   /* find the first line that differs */
+        size_t la = strcspn(a, "\n"), lb = strcspn(b, "\n");
+        if (la != lb || memcmp(a, b, la) || a[la] != b[lb] || !a[la]) {
+            char x[128], y[128];
+            mlc__format(x, la < sizeof x ? la + 1 : sizeof x, "%s", a);
+            mlc__format(y, lb < sizeof y ? lb + 1 : sizeof y, "%s", b);
+            mlc__st_fail(st, NULL, 8, "the optimiser's parameter %d is %s here but %s in the checkpoint "
+                         "(another model's or another optimiser's state)", i, *a ? x : "(none)",
+                         *b ? y : "(none)");
+            break;
+        }
+        a += la + 1; b += lb + 1;
+    }
+    mlc__owned_free(ctx, here);
+    return ctx->error;
 }
 
 static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_optim *opt,
@@ -10601,6 +10794,19 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
             return ctx->error;
         }
     }
+    {                                                   /* every scalar, before anything changes */
+        long long step = (long long)mlc__le(st->body + train->begin, 8),
+                  epoch = (long long)mlc__le(st->body + train->begin + 8, 8);
+        if (step < 0 || epoch < 0) {
+            mlc__st_fail(st, MLC__ST_RESERVED "train", train->at, "the step or epoch count is negative");
+            return ctx->error;
+        }
+        if (!(mlc__le(st->body + rng->begin + 8, 8) & 1u)) {   /* PCG's increment is odd */
+            mlc__st_fail(st, MLC__ST_RESERVED "rng", rng->at, "not a random generator's state (even "
+                         "increment)");
+            return ctx->error;
+        }
+    }
     if (opt) {                                          /* check all of it before changing anything */
         if (opt->ctx != ctx)
             return mlc__fail(ctx, MLC_ERR_ARG,
@@ -10613,6 +10819,22 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
         }
         if (!(t = mlc__ckpt_entry(st, MLC__ST_RESERVED "optim.t", MLC__I64, 0)) ||
             !(lr = mlc__ckpt_entry(st, MLC__ST_RESERVED "optim.lr", MLC__F32, 0))) return ctx->error;
+        {
+            long long steps = (long long)mlc__le(st->body + t->begin, 8);
+            float rate;
+            mlc__st_convert(st->body + lr->begin, MLC__F32, &rate, 1);
+            if (!mlc__is_finite(rate) || rate < 0.0f) {
+                mlc__st_fail(st, MLC__ST_RESERVED "optim.lr", lr->at, "the learning rate %g is not a finite "
+                             "number >= 0", (double)rate);
+                return ctx->error;
+            }
+            if (steps < 0 || steps > (1LL << 53)) {
+                mlc__st_fail(st, MLC__ST_RESERVED "optim.t", t->at, "the optimiser's step count is not in "
+                             "[0, 2^53]");
+                return ctx->error;
+            }
+        }
+        if (mlc__ckpt_check_params(st, m, opt) != MLC_OK) return ctx->error;
         for (i = 0; i < opt->count; i++)
             for (k = 0; k < 3; k++) {
                 const mlc__st_entry *e;
@@ -10714,7 +10936,9 @@ MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path) {
     if (!(f = fopen(path, "rb")))
         return (mlc_safetensors *)mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot open it: %s", path,
                                             strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+    if (!mlc__readable(f))
+        mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot read it: %s", path, strerror(errno));
+    else if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
         mlc__fail(ctx, MLC_ERR_IO, "safetensors %s: cannot find its size: %s", path, strerror(errno));
     else if ((copy = (unsigned char *)mlc__owned_alloc(ctx, (size_t)size + 1, "mlc_safetensors_open")) &&
              fread(copy, 1, (size_t)size, f) != (size_t)size)

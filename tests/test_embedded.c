@@ -57,7 +57,9 @@ static int const_weights_in_place(void) {
     /* A module over read-only weights runs, and refuses optimisers and loading. */
     size = mlc_module_encode(lin, NULL, file, sizeof file);
     CHECK(size > 0 && size <= sizeof file);
-    mlc_tensor_free(lin->params[0]);
+    mlc_tensor_free(lin->params[0]);                  /* the module's: refused, it keeps it */
+    CHECK(mlc_error(ctx) == MLC_ERR_STATE && strstr(mlc_error_message(ctx), "held by Linear"));
+    mlc_clear_error(ctx);
     lin->params[0] = tw;
     y = mlc_forward(lin, tx);
     CHECK(y && mlc_error(ctx) == MLC_OK);
