@@ -100,7 +100,8 @@ CONFIGURATION MACROS (define before including)
                          with mlc_config.arena the arena is a buffer of yours (see MEMORY).
    MLC_FREED_KEPT        how many freed tensors' records (a struct each) a context keeps, so
                          that a second mlc_tensor_free or a use of a freed tensor is refused
-                         (default 256, in the context; 0: none, a second free is undefined)
+                         (default 256, 8 under MLC_NO_MALLOC; in the context; 0: none, a
+                         second free is undefined)
    Memory comes from the allocator in mlc_config (malloc/free when none is given).
 
 MEMORY
@@ -1305,7 +1306,11 @@ typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), s
 
 struct mlc__autocast_copy { mlc_tensor *of, *copy; };   /* autocast's copy of a parameter */
 #ifndef MLC_FREED_KEPT
+#ifdef MLC_NO_MALLOC
+#define MLC_FREED_KEPT 8                /* bare metal: a few, the context's memory is the user's */
+#else
 #define MLC_FREED_KEPT 256
+#endif
 #endif
 
 struct mlc_ctx {
