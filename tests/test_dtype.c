@@ -665,6 +665,47 @@ static int initialisers_and_batches_keep_the_dtype(void) {
     return 1;
 }
 
+/* mlc_set_default_dtype: parameters and buffers made in bf16 (a count stays float32), no
+   gradient buffer until a backward needs one, a float32 file rounded into them; refused on a
+   device context and for a bad dtype. */
+static int default_dtype_builds_half_models(void) {
+    mlc_ctx *ctx = cpu_ctx(14), *fake;
+    mlc_module *lin, *bn, *twin;
+    mlc_tensor *x, *loss;
+    unsigned char *file;
+    size_t n;
+    mlc_named_tensor named[1] = { { "weight", NULL } };
+    twin = mlc_nn_linear(ctx, 8, 4);                     /* float32, for a float32 file */
+    CHECK(mlc_set_default_dtype(ctx, MLC_BF16) == MLC_F32);
+    lin = mlc_nn_linear(ctx, 8, 4);
+    bn = mlc_nn_batch_norm(ctx, 4);
+    CHECK(lin && bn && mlc_dtype(lin->params[0]) == MLC_BF16 && mlc_dtype(lin->params[1]) == MLC_BF16);
+    CHECK(!lin->params[0]->grad && lin->params[0]->requires_grad);
+    CHECK(mlc_dtype(bn->buffers[0]) == MLC_BF16 && mlc_dtype(bn->buffers[2]) == MLC_F32);   /* the count */
+    CHECK(mlc_set_default_dtype(ctx, MLC_F32) == MLC_BF16);
+    named[0].tensor = twin->params[0];
+    n = mlc_safetensors_encode(ctx, named, 1, NULL, NULL, 0);
+    CHECK(n > 0 && (file = (unsigned char *)malloc(n)) != NULL);
+    CHECK(mlc_safetensors_encode(ctx, named, 1, NULL, file, n) == n);
+    CHECK_MSG(mlc_module_load_from_memory(lin, file, n, &(mlc_load_opts){ .partial = 1 }) == MLC_OK, "%s",
+              mlc_error_message(ctx));
+    CHECK(lin->params[0]->half[5] == mlc_float_to_bf16(twin->params[0]->data[5]));
+    free(file);
+    x = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(3, 8)), MLC_BF16);
+    loss = mlc_sum_all(mlc_forward(lin, x));
+    CHECK(loss && mlc_dtype(loss) == MLC_BF16 && mlc_backward(loss) == MLC_OK);
+    CHECK(lin->params[0]->grad != NULL);                 /* made when the backward needed it */
+    mlc_set_default_dtype(ctx, (mlc_scalar_type)9);
+    CHECK(mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_destroy(ctx);
+    fake = test_install_fake_device(cpu_ctx(15));
+    CHECK(fake && mlc_has_device(fake));
+    mlc_set_default_dtype(fake, MLC_BF16);
+    CHECK(mlc_error(fake) == MLC_ERR_DEVICE);
+    mlc_destroy(fake);
+    return 1;
+}
+
 /* What half tensors refuse: a device, an optimiser's update, a bad dtype, a gradient check
    (it nudges its inputs by eps). */
 static int misuse_is_refused_by_name(void) {
@@ -706,6 +747,7 @@ const test_case tests_dtype[] = {
     TEST(grad_scaler_in_checkpoints)
     TEST(module_to_dtype_and_files)
     TEST(initialisers_and_batches_keep_the_dtype)
+    TEST(default_dtype_builds_half_models)
     TEST(misuse_is_refused_by_name)
     { NULL, NULL }
 };
