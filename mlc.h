@@ -2149,17 +2149,20 @@ static void mlc__settle_grad(mlc_tensor *t) {
 }
 
 /* The host copy of t's data (or gradient), brought up to date. A bf16 or f16 tensor's values
-   come as a float32 copy in the frame's arena, for reading (NULL when out of memory). */
+   come as a float32 copy in the frame's arena, for reading (NULL when out of memory); a caller
+   that only needs the copy current (before the CPU runs an op) calls mlc__host_sync, which
+   makes none. */
+static void mlc__host_sync(mlc_tensor *t) {   /* only the copy brought up to date (half: on the host) */
+    if ((t->stale & MLC__HOST_STALE) && !t->ctx->error && t->ctx->backend->download(t, 0))
+        t->stale &= ~(unsigned)MLC__HOST_STALE;
+}
 static float *mlc__host(mlc_tensor *t) {
     if (t->dtype != MLC_F32) {
         float *copy = (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float) + 1, "mlc_read");
         if (copy) mlc__widen(t->dtype, t->half, copy, t->size);
         return copy;
     }
-    if ((t->stale & MLC__HOST_STALE) && !t->ctx->error) {
-        if (!t->ctx->backend->download(t, 0)) return t->data;
-        t->stale &= ~(unsigned)MLC__HOST_STALE;
-    }
+    mlc__host_sync(t);
     return t->data;
 }
 static float *mlc__host_grad(mlc_tensor *t) {
@@ -2266,7 +2269,7 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
                                        "tensors in this version (cast it with mlc_to_dtype first)", t,
                                        mlc_dtype_name(t->dtype));
     if (!on_device) {                            /* bring both copies home */
-        mlc__host(t);
+        mlc__host_sync(t);
         mlc__host_grad(t);
         if (t->persistent) mlc__device_release(t);
         t->device_data = t->device_grad = NULL;
@@ -2651,7 +2654,7 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
         if (ctx->error) return -1;
         mlc__fall_back(ctx, call->name);
     }
-    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host(call->in[k]);
+    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host_sync(call->in[k]);
     out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
     return ctx->error ? -1 : 0;
 }
@@ -4116,6 +4119,14 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
 
 /* The loops over blocks: for each panel of B (packed), each block of A (packed), the kernel
    over the tiles of C. */
+/* An edge tile of mm x nn values, computed whole in tile (row stride nr), into C (or added) */
+static void mlc__gemm_edge(float *c, size_t ldc, const float *tile, int nr, int mm, int nn, int add) {
+    int i, j;
+    for (i = 0; i < mm; i++)
+        for (j = 0; j < nn; j++)
+            c[(size_t)i * ldc + j] = add ? c[(size_t)i * ldc + j] + tile[i * nr + j] : tile[i * nr + j];
+}
+
 static void mlc__gemm_blocks(const mlc__gemm_job *p) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
@@ -4144,17 +4155,14 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
                     for (ir = 0; ir < m; ir += mr) {
                         float *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
                               tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
-                        int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr, i, j;
+                        int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr;
                         if (mm == mr && nn == nr) {
                             g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, (int)p->ldc, add);
                             continue;
                         }
                         /* edge: full tile aside */
                         g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);
-                        for (i = 0; i < mm; i++)
-                            for (j = 0; j < nn; j++)
-                                c[(size_t)i * p->ldc + j] = add ? c[(size_t)i * p->ldc + j] + tile[i * nr + j]
-                                                                : tile[i * nr + j];
+                        mlc__gemm_edge(c, p->ldc, tile, nr, mm, nn, add);
                     }
                 }
             }
@@ -4586,16 +4594,12 @@ static void mlc__bf16_blocks(const mlc__bf16_job *p, uint32_t *work) {
                         float *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
                               tile[MLC__BF16_MR_MAX * MLC__BF16_NR];
                         const int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr;
-                        int i, j;
                         if (mm == mr && nn == nr) {
                             g->kernel(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, c, (int)p->ldc, add);
                             continue;
                         }
                         g->kernel(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, tile, nr, 0);
-                        for (i = 0; i < mm; i++)
-                            for (j = 0; j < nn; j++)
-                                c[(size_t)i * p->ldc + j] = add ? c[(size_t)i * p->ldc + j] + tile[i * nr + j]
-                                                                : tile[i * nr + j];
+                        mlc__gemm_edge(c, p->ldc, tile, nr, mm, nn, add);
                     }
             }
         }
@@ -7414,12 +7418,12 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
             if (ctx->backend->run(ctx, n, 1) || ctx->error) continue;
             mlc__fall_back(ctx, n->name);                /* or declines: the CPU runs it */
         }
-        mlc__host(n->out);
+        mlc__host_sync(n->out);
         mlc__host_grad(n->out);
         /* input gradients first: one that fails to allocate stops here */
         for (k = 0; k < n->n_in; k++) {
             if (!n->in[k]) continue;
-            mlc__host(n->in[k]);
+            mlc__host_sync(n->in[k]);
             if (n->in[k]->requires_grad && !mlc__grad_made(n->in[k])) break;
         }
         if (ctx->error) break;
@@ -8668,9 +8672,9 @@ MLCDEF void mlc_step(mlc_optim *opt) {
             mlc__fall_back(opt->ctx, "mlc_step");
         }
         done = 1;
-        mlc__host(p);
+        mlc__host_sync(p);
         mlc__host_grad(p);
-        for (k = 0; k < 3; k++) if (st[k]) { mlc__host(st[k]); mlc__host_wrote(st[k]); }
+        for (k = 0; k < 3; k++) if (st[k]) { mlc__host_sync(st[k]); mlc__host_wrote(st[k]); }
         mlc__host_wrote(p);
         job.opt = opt; job.i = i;
         mlc__parallel(opt->ctx, p->size, MLC__STEP_PARALLEL, mlc__step_slice, &job);

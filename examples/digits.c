@@ -13,6 +13,7 @@
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "digits_data.h"
+#include "find_data.h"
 
 #define EPOCHS 30
 #define BATCH 32
@@ -22,23 +23,6 @@ static double seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A data file from any directory: the path as it is (from the current directory), else from
-   the program's directory (argv[0]'s, up to its last slash), else from that directory's parent,
-   so build/digits finds data/... in the repository wherever it is started. Returns the first path
-   that opens (in buf if it is not `path`), or `path` unchanged. */
-static const char *find_data(const char *argv0, const char *path, char *buf, size_t size) {
-    static const char *const up[] = { "", "../" };
-    size_t dir = strlen(argv0);
-    while (dir > 0 && argv0[dir - 1] != '/' && argv0[dir - 1] != '\\') dir--;   /* '\\': Windows */
-    FILE *f = fopen(path, "rb");
-    for (int i = 0; !f && dir > 0 && i < 2; i++) {
-        snprintf(buf, size, "%.*s%s%s", (int)dir, argv0, up[i], path);
-        if ((f = fopen(buf, "rb")) != NULL) path = buf;
-    }
-    if (f) fclose(f);
-    return path;
 }
 
 static void usage(FILE *out, const char *program) {
