@@ -377,6 +377,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     const char *owner, *owner_name;     /* who holds it ("Linear", "an Adam optimiser"; NULL: you), */
                                         /* and its name there ("weight", "exp_avg", "params")  */
     int freed;                          /* 1: mlc_tensor_free released it (a second free is refused) */
+    struct mlc__node *last_use;         /* a leaf during mlc_backward: the oldest node that reads it */
 };
 
 MLCDEF mlc_tensor *mlc_empty(mlc_ctx *ctx, int ndim, const int *shape);   /* uninitialised */
@@ -651,6 +652,13 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 MLCDEF mlc_result mlc_backward(mlc_tensor *loss);        /* loss has one element */
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out);
 MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled);   /* returns the previous state */
+/* A hook mlc_backward calls for each leaf that requires a gradient (a parameter) as soon as its
+   gradient is complete: after the oldest node that reads it, which may be long before the walk
+   ends. Data-parallel training starts sending a gradient from here while backward goes on
+   (MPI data parallelism). Leaves the walk never reaches are not reported; a leaf whose nodes got no
+   gradient is reported with its gradient unchanged. fn NULL removes the hook. */
+typedef void (*mlc_grad_ready_fn)(mlc_tensor *leaf, void *user);
+MLCDEF void mlc_set_grad_ready_hook(mlc_ctx *ctx, mlc_grad_ready_fn fn, void *user);
 
 /* Mixed precision, as torch.autocast: from begin to end, the products (matmul, linear, conv2d,
    attention, and the recurrent layers' products through them) run on dtype copies of their
@@ -1324,6 +1332,8 @@ struct mlc_ctx {
     mlc_stats stats;
     mlc__block *first_block, *block;   /* the arena: a chain, and the block being filled */
     struct mlc__node *tape;            /* the newest node; nodes link to older ones */
+    mlc_grad_ready_fn grad_ready;      /* mlc_set_grad_ready_hook's, or NULL */
+    void *grad_ready_user;
     mlc__owned owned;                  /* sentinel of the long-lived list */
     const struct mlc__backend *backend; /* NULL: the CPU only */
     void *device;                      /* the backend's state */
@@ -7363,9 +7373,34 @@ static void mlc__backward_widened(mlc__node *n) {
         }
 }
 
+/* For the grad-ready hook: each leaf's oldest reader on the tape, from the newest node n down */
+static void mlc__mark_last_uses(mlc__node *n) {
+    int k;
+    for (; n; n = n->prev)
+        for (k = 0; k < n->n_in; k++)
+            if (n->in[k] && !n->in[k]->node && n->in[k]->requires_grad) n->in[k]->last_use = n;
+}
+
+/* After node n's backward: the leaves it was the last to add to have their whole gradient */
+static void mlc__report_ready(mlc__node *n) {
+    mlc_ctx *ctx = n->out->ctx;
+    int k;
+    for (k = 0; k < n->n_in; k++)
+        if (n->in[k] && n->in[k]->last_use == n && !ctx->error) {
+            n->in[k]->last_use = NULL;
+            ctx->grad_ready(n->in[k], ctx->grad_ready_user);
+        }
+}
+
+MLCDEF void mlc_set_grad_ready_hook(mlc_ctx *ctx, mlc_grad_ready_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->grad_ready = fn;
+    ctx->grad_ready_user = user;
+}
+
 MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     mlc_ctx *ctx;
-    mlc__node *n;
+    mlc__node *n, *done = NULL;
     float *g;
     if (!out) return MLC_ERR_NULL;
     ctx = out->ctx;
@@ -7405,8 +7440,10 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     } else g[0] += 1.0f;
     mlc__host_wrote_grad(out);
     if (!out->node) return MLC_OK;                       /* a leaf: nothing to propagate */
-    for (n = out->node; n; n = n->prev) {
+    if (ctx->grad_ready) mlc__mark_last_uses(out->node);
+    for (n = out->node; n; done = n, n = n->prev) {
         int k;
+        if (ctx->grad_ready && done) mlc__report_ready(done);
         if (!(n->out->grad || n->out->device_grad) || ctx->error) continue;
         n->out->graph_used = 1;                          /* this backward uses the node up */
         for (k = 0; k < n->n_in; k++)                    /* an input whose graph a backward used up */
@@ -7431,6 +7468,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
         else mlc__backward_of[n->op](n);
         for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }
+    if (ctx->grad_ready && done && !ctx->error) mlc__report_ready(done);
     for (n = ctx->tape; n; n = n->prev) {
         n->out->grad = NULL;
         n->out->device_grad = NULL;

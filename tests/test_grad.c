@@ -427,6 +427,44 @@ static int grad_checker_catches_wrong_gradient(void) {
     return 1;
 }
 
+/* The grad-ready hook: each parameter reported once, as soon as its gradient is whole (equal to
+   the gradient backward ends with), the last layer's first; a weight read by two layers only
+   after the older read; a parameter backward never reaches not at all. */
+typedef struct ready_log { mlc_tensor *seen[8]; float first[8]; int count; } ready_log;
+static void note_ready(mlc_tensor *leaf, void *user) {
+    ready_log *log = (ready_log *)user;
+    if (log->count < 8) {
+        log->seen[log->count] = leaf;
+        log->first[log->count++] = mlc_host_grad(leaf)[0];
+    }
+}
+
+static int grad_ready_hook(void) {
+    mlc_ctx *ctx = test_ctx(21);
+    int s22[2] = { 2, 2 }, s12[2] = { 1, 2 };
+    mlc_tensor *w1 = mlc_parameter(ctx, 2, s22), *w2 = mlc_parameter(ctx, 2, s22), *shared = mlc_parameter(ctx, 2, s22);
+    mlc_tensor *unused = mlc_parameter(ctx, 2, s22), *x, *h, *loss;
+    ready_log log;
+    int k;
+    memset(&log, 0, sizeof log);
+    mlc_init_uniform(w1, -1, 1); mlc_init_uniform(w2, -1, 1); mlc_init_uniform(shared, -1, 1);
+    x = mlc_rand(ctx, 2, s12);
+    h = mlc_tanh(mlc_matmul(mlc_matmul(x, shared), w1));      /* shared read first (oldest) ... */
+    h = mlc_matmul(mlc_tanh(mlc_matmul(h, w2)), shared);      /* ... and last */
+    loss = mlc_sum_all(mlc_mul(h, h));
+    (void)unused;
+    mlc_set_grad_ready_hook(ctx, note_ready, &log);
+    CHECK(mlc_backward(loss) == MLC_OK);
+    CHECK(log.count == 3);
+    CHECK(log.seen[0] == w2 && log.seen[1] == w1 && log.seen[2] == shared);
+    for (k = 0; k < 3; k++) CHECK(test_same_float(log.first[k], mlc_host_grad(log.seen[k])[0]));
+    mlc_set_grad_ready_hook(ctx, NULL, NULL);                  /* removed: nothing reported */
+    loss = mlc_sum_all(mlc_matmul(x, w1));
+    CHECK(mlc_backward(loss) == MLC_OK && log.count == 3);
+    test_destroy(ctx);
+    return 1;
+}
+
 #define T(name) TEST(grad_##name)   /* rows of the table below, without the prefix */
 const test_case tests_grad[] = {
     T(add_same) T(add_row) T(add_both) T(add_scalar_tensor) T(sub_bcast) T(mul_bcast) T(mul_self) T(div_bcast)
@@ -449,6 +487,6 @@ const test_case tests_grad[] = {
     T(conv_strided_read_twice) T(conv_strided_read_twice_last)
     T(conv2d_relu_fused)
     T(linear_relu_fused)
-    T(attention) T(checker_catches_wrong_gradient)
+    T(attention) T(checker_catches_wrong_gradient) T(ready_hook)
     { NULL, NULL }
 };
