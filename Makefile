@@ -5,7 +5,7 @@ LDLIBS  := -lm
 LDL     := $(shell printf 'int main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -ldl >/dev/null 2>&1 && echo -ldl)
 BUILD   := build
 EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist $(BUILD)/gpt $(BUILD)/minilm \
-            $(BUILD)/backend_skeleton
+            $(BUILD)/backend_skeleton $(BUILD)/mobilenet
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
         test-models embedded bench-gpu bench-gpu-build
@@ -228,11 +228,25 @@ INTEROP_PYTHON ?= /usr/bin/python3
 $(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)
 
-test-interop: $(BUILD)/interop
+# Then MobileNetV2 against torchvision (python3-torchvision; seeded random weights, randomized
+# BatchNorm statistics): 0.35 at 96x96 (batch 16) and 1.0 at 224x224 (batch 2), eval output
+# unfused and BatchNorm-folded (max abs <= 1e-4, cosine >= 0.99999), on the CPU (with the
+# training-mode output and gradients) and on the first OpenCL device (PoCL here) when there is one.
+test-interop: $(BUILD)/interop $(BUILD)/mobilenet
 	rm -rf $(BUILD)/interop-data && mkdir -p $(BUILD)/interop-data
 	$(INTEROP_PYTHON) tests/interop/torch_interop.py write $(BUILD)/interop-data
 	./$(BUILD)/interop $(BUILD)/interop-data
 	$(INTEROP_PYTHON) tests/interop/torch_interop.py check $(BUILD)/interop-data
+	$(INTEROP_PYTHON) tools/export_mobilenet.py --width 0.35 --size 96 --batch 16 $(BUILD)/interop-data/mobilenet035
+	$(INTEROP_PYTHON) tools/export_mobilenet.py --width 1.0 --size 224 --batch 2 $(BUILD)/interop-data/mobilenet100
+	./$(BUILD)/mobilenet --device cpu --width 0.35 --check $(BUILD)/interop-data/mobilenet035
+	./$(BUILD)/mobilenet --device cpu --width 1.0 --check $(BUILD)/interop-data/mobilenet100
+	@mkdir -p "$$POCL_CACHE_DIR"; \
+	if ./$(BUILD)/mobilenet --device opencl --runs 1 --width 0.35 --size 32 >/dev/null 2>&1; then \
+	    echo "./$(BUILD)/mobilenet --device opencl ... --check (both)"; \
+	    ./$(BUILD)/mobilenet --device opencl --width 0.35 --check $(BUILD)/interop-data/mobilenet035 && \
+	    ./$(BUILD)/mobilenet --device opencl --width 1.0 --check $(BUILD)/interop-data/mobilenet100; \
+	else echo "SKIPPED mobilenet on OpenCL: no OpenCL device (or a build without the OpenCL headers)"; fi
 
 # The examples as a user runs them: fashion_mnist stopped during an epoch and resumed from its
 # checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist).
