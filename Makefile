@@ -8,7 +8,7 @@ EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
             $(BUILD)/backend_skeleton $(BUILD)/mobilenet
 
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
-        test-models embedded bench-gpu bench-gpu-build
+        test-models embedded bench-gpu bench-gpu-build plaidbench
 .PHONY: install uninstall test-install test-windows
 
 all: examples
@@ -159,6 +159,15 @@ test-sanitize: | $(BUILD)
 # mlc when installed; one table (bench/RESULTS.md has a run). BENCH_FLAGS=--quick: short runs.
 bench: | $(BUILD)
 	CC="$(CC)" sh bench/run.sh $(BENCH_FLAGS)
+
+# plaidbench (bench/plaidbench.c): MobileNetV2 1.0/224 inference at batch 1 and 16 and a 0.35/96
+# training step at batch 32 on every device mlc sees, beside PyTorch on the CPU (1 thread and all,
+# bench/plaidbench_torch.py; needs python3-torchvision), with the ratios. PLAIDBENCH_FLAGS=--runs N.
+$(BUILD)/plaidbench: bench/plaidbench.c examples/mobilenet_model.h mlc.h $(wildcard mlc_opencl.h) | $(BUILD)
+	$(CC) $(CFLAGS) $(EXAMPLE_FLAGS) -I. -Iexamples -o $@ bench/plaidbench.c $(EXAMPLE_LIBS)
+plaidbench: $(BUILD)/plaidbench
+	mkdir -p "$$POCL_CACHE_DIR"
+	PYTHON=$(INTEROP_PYTHON) ./$(BUILD)/plaidbench $(PLAIDBENCH_FLAGS)
 
 # mlc on a GPU through OpenCL against PyTorch's CUDA on the same GPU (bench/gpu.sh): the suite
 # on the GPU, sgemm and one training step. bench-gpu-build makes the two binaries (no OpenBLAS,

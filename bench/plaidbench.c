@@ -1,0 +1,214 @@
+/* bench/plaidbench.c - PlaidML's plaidbench for mlc: one real network, MobileNetV2
+   (examples/mobilenet_model.h, torchvision's architecture, random weights), on every device mlc
+   sees (the CPU on 1 thread and on all, each OpenCL device), beside PyTorch on the CPU (1 thread
+   and all, bench/plaidbench_torch.py, run in the same process tree just before) and PyTorch CUDA
+   when a GPU is there. Rows:
+     inference  MobileNetV2 1.0 at 224x224, eval, BatchNorm folded, no tape: batch 1 and batch 16,
+                the first run (warm-up: kernels built, scratch grown) and the median per image
+     training   MobileNetV2 0.35 at 96x96, one step at batch 32 (cross entropy, SGD momentum 0.9):
+                the first step and the median step
+   then the ratios against PyTorch on the CPU (time per image or step, mlc / PyTorch: below 1 is
+   mlc faster; throughput, batch 16: PyTorch's time / mlc's, above 1 is mlc faster).
+   Usage: plaidbench [--runs N] [--no-torch] [--device SPEC]   (make plaidbench)
+   Build: cc -O2 -std=c99 -DMLC_OPENCL -I. -Iexamples bench/plaidbench.c -o plaidbench -lm -ldl */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#define MLC_IMPLEMENTATION
+#include "mlc.h"
+#include "mobilenet_model.h"
+
+enum { MAX_DEVICES = 8, MAX_ROWS = 16 };
+
+typedef struct row {
+    char label[80];
+    double b1_first, b1, b16_first, b16, train_first, train;   /* ms: b1, b16 per batch */
+    int is_torch, threads;
+} row;
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The first of runs + 1 calls, and the median of the others, in ms */
+typedef int (*work_fn)(void *arg);
+static int timed(mlc_ctx *ctx, work_fn fn, void *arg, int runs, double *first, double *median) {
+    double t[256];
+    if (runs > 255) runs = 255;
+    for (int r = -1; r < runs; r++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        double t0 = seconds();
+        int ok = fn(arg);
+        mlc_sync(ctx);
+        double dt = (seconds() - t0) * 1e3;
+        mlc_frame_end(f);
+        if (!ok || mlc_error(ctx)) return 0;
+        if (r < 0) *first = dt;
+        else t[r] = dt;
+    }
+    qsort(t, (size_t)runs, sizeof(double), by_value);
+    *median = t[runs / 2];
+    return 1;
+}
+
+typedef struct job { mlc_module *net; mlc_tensor *x, *y; mlc_optim *opt; } job;
+
+static int infer(void *arg) {
+    job *j = arg;
+    return mlc_forward(j->net, j->x) != NULL;
+}
+static int train_step(void *arg) {
+    job *j = arg;
+    mlc_zero_grad(j->opt);
+    mlc_tensor *loss = mlc_cross_entropy(mlc_forward(j->net, j->x), j->y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+    if (!loss || mlc_backward(loss) != MLC_OK) return 0;
+    mlc_step(j->opt);
+    return 1;
+}
+
+/* mlc on one device (spec: "cpu" with threads, or "opencl:N"); 0 and a message on failure */
+static int run_mlc(const char *spec, int threads, int runs, row *r, char *why, size_t why_size) {
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .device = spec, .threads = threads, .seed = 1,
+                                             .error = why, .error_bytes = why_size });
+    job j = { 0 };
+    int ok;
+    if (!ctx) return 0;
+    j.net = mobilenet_create(ctx, (mobilenet_opts){ .width = 1.0f });
+    ok = j.net != NULL;
+    if (ok) {
+        mlc_module_train(j.net, 0);
+        ok = mobilenet_fold_batch_norm(j.net) > 0
+             && (!mlc_has_device(ctx) || mlc_module_to(j.net, 1) == MLC_OK);
+    }
+    mlc_set_grad_enabled(ctx, 0);
+    for (int b = 1; ok && b <= 16; b += 15) {
+        j.x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(b, 3, 224, 224)));
+        ok = j.x && timed(ctx, infer, &j, b == 1 ? 4 * runs : runs, b == 1 ? &r->b1_first : &r->b16_first,
+                          b == 1 ? &r->b1 : &r->b16);
+        mlc_tensor_free(j.x);
+    }
+    mlc_set_grad_enabled(ctx, 1);
+    if (ok) {
+        j.net = mobilenet_create(ctx, (mobilenet_opts){ .width = 0.35f });
+        ok = j.net && (!mlc_has_device(ctx) || mlc_module_to(j.net, 1) == MLC_OK);
+        j.opt = ok ? mlc_sgd(ctx, j.net, (mlc_sgd_opts){ .lr = 0.01f, .momentum = 0.9f }) : NULL;
+        j.x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(32, 3, 96, 96)));
+        float labels[32];
+        for (int i = 0; i < 32; i++) labels[i] = (float)(i * 37 % 1000);
+        j.y = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(32), labels));
+        ok = ok && j.opt && j.x && j.y && timed(ctx, train_step, &j, runs, &r->train_first, &r->train);
+    }
+    if (!ok) snprintf(why, why_size, "%s", mlc_error(ctx) ? mlc_error_message(ctx) : "failed");
+    mlc_destroy(ctx);
+    return ok;
+}
+
+/* PyTorch on the CPU on `threads` threads (or CUDA), from bench/plaidbench_torch.py's lines */
+static int run_torch(const char *python, const char *device, int threads, int runs, row *r) {
+    char command[512], key[64], version[64] = "?";
+    double value;
+    snprintf(command, sizeof command,
+             "OPENBLAS_NUM_THREADS=%d OMP_NUM_THREADS=%d %s bench/plaidbench_torch.py --threads %d --runs %d "
+             "--device %s 2>/dev/null", threads, threads, python, threads, runs, device);
+    FILE *p = popen(command, "r");
+    int got = 0;
+    if (!p) return 0;
+    while (fscanf(p, "%63s", key) == 1) {
+        if (!strcmp(key, "torch_version")) { if (fscanf(p, "%63s", version) == 1) got++; continue; }
+        if (fscanf(p, "%lf", &value) != 1) break;
+        got++;
+        if (!strcmp(key, "b1_first_ms")) r->b1_first = value;
+        else if (!strcmp(key, "b1_ms")) r->b1 = value;
+        else if (!strcmp(key, "b16_first_ms")) r->b16_first = value;
+        else if (!strcmp(key, "b16_ms")) r->b16 = value;
+        else if (!strcmp(key, "train_first_ms")) r->train_first = value;
+        else if (!strcmp(key, "train_ms")) r->train = value;
+    }
+    if (pclose(p) != 0 || got < 8) return 0;
+    snprintf(r->label, sizeof r->label, "PyTorch %s %s, %d thread%s", version, device, threads,
+             threads == 1 ? "" : "s");
+    r->is_torch = 1; r->threads = threads;
+    return 1;
+}
+
+static void print_row(const row *r) {
+    printf("  %-46s %8.1f %8.2f %9.1f %8.2f %8.1f %9.1f %8.1f\n", r->label, r->b1_first, r->b1, r->b16_first,
+           r->b16 / 16, 16e3 / r->b16, r->train_first, r->train);
+}
+
+int main(int argc, char **argv) {
+    int runs = 5, with_torch = 1, cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const char *only = NULL, *python = getenv("PYTHON") ? getenv("PYTHON") : "/usr/bin/python3";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc && atoi(argv[i + 1]) > 0) runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-torch")) with_torch = 0;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) only = argv[++i];
+        else {
+            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            fprintf(help ? stdout : stderr, "usage: %s [--runs N (5)] [--no-torch] [--device cpu|opencl:N]\n",
+                    argv[0]);
+            return help ? 0 : 2;
+        }
+    }
+    if (cpus < 1) cpus = 1;
+    row rows[MAX_ROWS], torch_rows[3];
+    int n = 0, n_torch = 0, status = 0;
+    mlc_device_info devices[MAX_DEVICES];
+    int count = mlc_devices(devices, MAX_DEVICES);
+    printf("plaidbench: MobileNetV2 (torchvision's architecture, random weights); %d CPUs online; %d runs "
+           "(batch 1: %d)\n", cpus, runs, 4 * runs);
+    if (with_torch)
+        for (int t = 1; t <= cpus && n_torch < 2; t = t == 1 && cpus > 1 ? cpus : cpus + 1) {
+            memset(&torch_rows[n_torch], 0, sizeof(row));
+            if (run_torch(python, "cpu", t, runs, &torch_rows[n_torch])) n_torch++;
+            else printf("  (PyTorch on %d thread%s: not run; python3 with torch and torchvision?)\n", t,
+                        t == 1 ? "" : "s");
+        }
+    for (int d = -2; d < count && d < MAX_DEVICES; d++) {
+        char spec[32], why[512] = "";
+        int threads = d == -2 ? 1 : d == -1 ? cpus : 0;
+        row *r = &rows[n];
+        if (d == -1 && cpus == 1) continue;
+        snprintf(spec, sizeof spec, d < 0 ? "cpu" : "opencl:%d", d);
+        if (only && strcmp(only, spec)) continue;
+        memset(r, 0, sizeof *r);
+        if (d < 0)
+            snprintf(r->label, sizeof r->label, "mlc cpu, %d thread%s", threads, threads == 1 ? "" : "s");
+        else snprintf(r->label, sizeof r->label, "mlc %s %.30s", spec, devices[d].name);
+        r->threads = threads;
+        fflush(stdout);
+        if (run_mlc(spec, threads, runs, r, why, sizeof why)) n++;
+        else { printf("  %s: %s\n", r->label, why); status = 1; }
+    }
+    printf("\n  %-46s %8s %8s %9s %8s %8s %9s %8s\n", "", "b1 first", "b1", "b16 first", "b16", "b16",
+           "train 1st", "train");
+    printf("  %-46s %8s %8s %9s %8s %8s %9s %8s\n", "device", "ms", "ms/img", "ms", "ms/img", "img/s", "ms",
+           "ms/step");
+    for (int i = 0; i < n; i++) print_row(&rows[i]);
+    for (int i = 0; i < n_torch; i++) print_row(&torch_rows[i]);
+    if (n_torch) {
+        printf("\n  ratios against PyTorch on the CPU (latency, training: mlc / PyTorch, below 1 is mlc\n"
+               "  faster; throughput: mlc / PyTorch, above 1 is mlc faster)\n");
+        printf("  %-46s %-16s %12s %12s %12s\n", "mlc row", "PyTorch", "b1 latency", "b16 thrpt",
+               "train step");
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < n_torch; k++) {
+                const row *m = &rows[i], *t = &torch_rows[k];
+                if (m->threads && m->threads != t->threads) continue;     /* the CPU: the same threads */
+                printf("  %-46s %2d thread%-6s %11.2fx %11.2fx %11.2fx\n", m->label, t->threads,
+                       t->threads == 1 ? "" : "s", m->b1 / t->b1, t->b16 / m->b16, m->train / t->train);
+            }
+    }
+    return status;
+}
