@@ -10,6 +10,7 @@ EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
         test-models embedded bench-gpu bench-gpu-build plaidbench
 .PHONY: install uninstall test-install test-windows
+.PHONY: test-mpi bench-mpi
 
 all: examples
 examples: $(EXAMPLES)
@@ -126,9 +127,41 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath $(BUILD)
 	fi; \
 	echo "./$(BUILD)/test-fastmath (-ffast-math; $(words $(FASTMATH_LEFT_OUT)) tests left out, see Makefile)"; \
 	./$(BUILD)/test-fastmath $(addprefix -,$(FASTMATH_LEFT_OUT)) || status=1; \
+	if [ -n "$(MPI_FOUND)" ]; then $(MAKE) --no-print-directory test-mpi || status=1; \
+	else echo "SKIPPED suite mpi: $(MPI_SKIP)"; \
+	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: the mpi suite may not be skipped in CI"; status=1; fi; \
+	fi; \
 	echo "./$(BUILD)/test"; \
 	./$(BUILD)/test || status=1; \
 	exit $$status
+
+# MPI is optional: mlc_mpi.h's suite (tests/mpi/run.sh: 1 to 4 ranks, a resume on another
+# number of ranks, failing ranks) and examples/fashion_mnist_mpi.c, built with the MPI's compiler
+# wrapper. MPI=mpich or MPI=openmpi picks Debian's mpicc.mpich or mpicc.openmpi (and mpirun.*)
+# where both are installed; MPICC and MPIRUN name others. make test runs it (or says SKIPPED).
+MPI_SUFFIX := $(if $(MPI),.$(MPI))
+MPICC ?= mpicc$(MPI_SUFFIX)
+MPIRUN ?= mpirun$(MPI_SUFFIX)
+MPI_FOUND := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo yes)
+MPI_SKIP := no $(MPICC) or $(MPIRUN) (install openmpi-bin libopenmpi-dev, or mpich libmpich-dev)
+
+$(BUILD)/test-mpi$(MPI_SUFFIX): tests/mpi/test_mpi.c mlc.h mlc_mpi.h | $(BUILD)
+	$(MPICC) $(CFLAGS) -g -I. -o $@ tests/mpi/test_mpi.c $(LDLIBS)
+$(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX): examples/fashion_mnist_mpi.c mlc.h mlc_mpi.h examples/*.h | $(BUILD)
+	$(MPICC) $(CFLAGS) -I. -o $@ examples/fashion_mnist_mpi.c $(LDLIBS)
+
+test-mpi:
+	@if [ -z "$(MPI_FOUND)" ]; then \
+	    echo "SKIPPED suite mpi: $(MPI_SKIP)"; \
+	    if [ "$${CI:-}" = "true" ]; then echo "CI=true: the mpi suite may not be skipped in CI"; exit 1; fi; \
+	    exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory $(BUILD)/test-mpi$(MPI_SUFFIX) $(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX) && \
+	sh tests/mpi/run.sh ./$(BUILD)/test-mpi$(MPI_SUFFIX) $(MPIRUN) ./$(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX)
+
+# 2 ranks x 1 thread against 1 rank x 1 thread and 1 process x 2 threads (bench/mpi.sh)
+bench-mpi: $(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX)
+	MPIRUN=$(MPIRUN) sh bench/mpi.sh ./$(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX)
 
 # The suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks included), on the fake
 # device and then on the CPU, then ThreadSanitizer on the CPU (mlc's thread pool: its claims,

@@ -68,7 +68,8 @@
 
    LIMITS: float32 parameters (autocast keeps float32 master weights: fine); one DDP wrapper
    per context at a time (it owns the context's grad-ready hook during mlc_ddp_backward); no
-   SyncBatchNorm, no first smaller bucket as PyTorch's, no gradient compression. */
+   SyncBatchNorm, no gradient compression, no rebuilding of buckets from the order gradients
+   arrive in (PyTorch's after its first step). */
 #ifndef MLC_MPI_H
 #define MLC_MPI_H
 #include <mpi.h>
@@ -118,7 +119,8 @@ MLCDEF void mlc_mpi_barrier(const mlc_mpi *mpi);
 
 typedef struct mlc_ddp mlc_ddp;
 typedef struct mlc_ddp_opts {           /* zero means default for every field */
-    float bucket_cap_mb;                /* a bucket's most (MiB; 25). MLC_ZERO: one parameter each */
+    float bucket_cap_mb;                /* a bucket's most (MiB; 25; the first: 1 MiB at most, as
+                                           PyTorch's). MLC_ZERO: one parameter each */
     int no_broadcast_buffers;           /* 1: each rank keeps its own buffers (broadcast_buffers=False) */
     double timeout_s;                   /* a bucket waiting longer ends the job (300 s) */
 } mlc_ddp_opts;
@@ -299,7 +301,10 @@ MLCDEF const char *mlc_mpi_device(const mlc_mpi *mpi, char *buf, size_t cap) {
     if (!gpus) return buf;
     want = (mpi ? mpi->local_rank : 0) % gpus;
     for (i = 0; i < n; i++)
-        if (!strcmp(info[i].type, "gpu") && want-- == 0) { snprintf(buf, cap, "opencl:%d", info[i].index); break; }
+        if (!strcmp(info[i].type, "gpu") && want-- == 0) {
+            snprintf(buf, cap, "opencl:%d", info[i].index);
+            break;
+        }
     return buf;
 }
 
@@ -400,10 +405,10 @@ static void mlc_mpi__first_difference(const char *a, const char *b, char *out, s
         a = ea + 1;
         b = eb + 1;
     }
-    if (!ea && !eb) { snprintf(out, cap, "(none found)"); return; }
-    if (!eb) { snprintf(out, cap, "rank 0 has no tensor where this rank has %.*s", (int)(ea - a), a); return; }
-    if (!ea) { snprintf(out, cap, "this rank has no tensor where rank 0 has %.*s", (int)(eb - b), b); return; }
-    snprintf(out, cap, "this rank has %.*s where rank 0 has %.*s", (int)(ea - a), a, (int)(eb - b), b);
+    if (!ea && !eb) snprintf(out, cap, "(none found)");
+    else if (!eb) snprintf(out, cap, "rank 0 has no tensor where this rank has %.*s", (int)(ea - a), a);
+    else if (!ea) snprintf(out, cap, "this rank has no tensor where rank 0 has %.*s", (int)(eb - b), b);
+    else snprintf(out, cap, "this rank has %.*s where rank 0 has %.*s", (int)(ea - a), a, (int)(eb - b), b);
 }
 
 static void mlc_mpi__fail_ctx(mlc_ctx *ctx, mlc_result code, const char *message) {
@@ -417,7 +422,7 @@ static int mlc_mpi__same_model(const mlc_mpi *mpi, mlc_ctx *ctx, mlc_named_tenso
     char *mine = mlc_mpi__fingerprint(state, n, &len), *root = NULL, message[768], where[600];
     long long root_len = (long long)len;
     int differs, bad_ranks = 0, first_bad = -1, *all = NULL, i;
-    if (!mine) { mlc_mpi__fail_ctx(ctx, MLC_ERR_MEMORY, "mlc_ddp_wrap: out of memory"); mlc_mpi_fail(mpi, "out of memory"); }
+    if (!mine) mlc_mpi_fail(mpi, "mlc_ddp_wrap: out of memory");
     mlc_mpi__ok(mpi, MPI_Bcast(&root_len, 1, MPI_LONG_LONG, 0, mpi->comm), "MPI_Bcast");
     root = (char *)malloc((size_t)root_len + 1);
     if (!root) mlc_mpi_fail(mpi, "mlc_ddp_wrap: out of memory");
@@ -539,7 +544,8 @@ MLCDEF mlc_ddp *mlc_ddp_wrap(const mlc_mpi *mpi, mlc_module *m, mlc_ddp_opts opt
         if (!t->requires_grad) { ddp->buffers[nb++] = t; continue; }
         if (mlc_dtype(t) != MLC_F32) {
             char message[300];
-            snprintf(message, sizeof message, "mlc_ddp_wrap: parameter %s is %s; data-parallel training takes "
+            snprintf(message, sizeof message,
+                     "mlc_ddp_wrap: parameter %s is %s; data-parallel training takes "
                      "float32 parameters (train half models with mlc_autocast_begin)", state[i].name,
                      mlc_dtype_name(mlc_dtype(t)));
             mlc_mpi__fail_ctx(ctx, MLC_ERR_ARG, message);
@@ -556,15 +562,17 @@ MLCDEF mlc_ddp *mlc_ddp_wrap(const mlc_mpi *mpi, mlc_module *m, mlc_ddp_opts opt
     free(state);
     /* every rank knows whether one failed before the collectives below */
     if (mlc_mpi_sum(mpi, mlc_error(ctx) ? 1.0 : 0.0) > 0) {
-        if (!mlc_error(ctx)) mlc_mpi__fail_ctx(ctx, MLC_ERR_STATE, "mlc_ddp_wrap: another rank failed to wrap");
+        if (!mlc_error(ctx))
+            mlc_mpi__fail_ctx(ctx, MLC_ERR_STATE, "mlc_ddp_wrap: another rank failed to wrap");
         mlc_ddp_free(ddp);
         return NULL;
     }
     /* buckets: fill up to the cap (MLC_ZERO or a cap below one parameter: one each) */
     cap_floats = (size_t)((double)ddp->opts.bucket_cap_mb * 1024.0 * 1024.0 / sizeof(float));
-    for (i = 0; i < np; i++) {
-        size_t n = ddp->params[i]->size;
-        if (i == 0 || fill + n > cap_floats) { ddp->first[ddp->n_buckets++] = i; fill = 0; }
+    for (i = 0; i < np; i++) {          /* the first bucket at most 1 MiB, as PyTorch's, so it */
+        size_t n = ddp->params[i]->size;   /* starts early in backward */
+        size_t cap = ddp->n_buckets == 1 && cap_floats > ((size_t)1 << 18) ? (size_t)1 << 18 : cap_floats;
+        if (i == 0 || fill + n > cap) { ddp->first[ddp->n_buckets++] = i; fill = 0; }
         ddp->bucket_of[i] = ddp->n_buckets - 1;
         ddp->offset[i] = fill;
         fill += n;
@@ -676,8 +684,9 @@ static void mlc_mpi__wait(mlc_ddp *ddp, int n) {
         mlc_mpi__ok(ddp->mpi, MPI_Testall(n, ddp->req, &flag, ddp->status), "MPI_Testall");
         if (flag) return;
         if (mlc_mpi__now() - start > ddp->opts.timeout_s)
-            mlc_mpi_fail(ddp->mpi, "mlc_ddp_backward: the gradients' all-reduce waited %.0f s (timeout_s) for "
-                         "another rank (it hangs, died, or left the training loop early)", ddp->opts.timeout_s);
+            mlc_mpi_fail(ddp->mpi, "mlc_ddp_backward: the gradients' all-reduce waited %.0f s (timeout_s) "
+                         "for another rank (it hangs, died, or left the training loop early)",
+                         ddp->opts.timeout_s);
     }
 }
 
@@ -730,7 +739,8 @@ MLCDEF double mlc_ddp_time_allreduce(mlc_ddp *ddp) {
     mlc_mpi_barrier(ddp->mpi);
     start = mlc_mpi__now();
     for (b = 0; b < ddp->n_buckets; b++)
-        mlc_mpi__ok(ddp->mpi, MPI_Allreduce(MPI_IN_PLACE, ddp->buf[b], (int)ddp->floats[b], MPI_FLOAT, MPI_SUM,
+        mlc_mpi__ok(ddp->mpi, MPI_Allreduce(MPI_IN_PLACE, ddp->buf[b], (int)ddp->floats[b], MPI_FLOAT,
+                                            MPI_SUM,
                                             ddp->mpi->comm), "MPI_Allreduce");
     return mlc_mpi__now() - start;
 }
@@ -862,7 +872,8 @@ static mlc_tensor *mlc_mpi__rows(mlc_dist_sampler *s, mlc_tensor *t, const int *
         s->rows = grown;
         s->rows_cap = need;
     }
-    for (i = 0; i < count; i++) memcpy(s->rows + (size_t)i * row, src + (size_t)idx[i] * row, row * sizeof(float));
+    for (i = 0; i < count; i++)
+        memcpy(s->rows + (size_t)i * row, src + (size_t)idx[i] * row, row * sizeof(float));
     memcpy(shape, t->shape, sizeof shape);
     shape[0] = count;
     return mlc_from_data(t->ctx, t->ndim, shape, s->rows);

@@ -98,7 +98,8 @@ static int params_of(mlc_module *m, float *out) {   /* every parameter's values,
 /* Every rank's parameters bitwise rank 0's */
 static int same_on_every_rank(mlc_module *m) {
     int n = params_of(m, NULL), same, all;
-    float *mine = (float *)malloc(sizeof(float) * (size_t)n), *root = (float *)malloc(sizeof(float) * (size_t)n);
+    float *mine = (float *)malloc(sizeof(float) * (size_t)n);
+    float *root = (float *)malloc(sizeof(float) * (size_t)n);
     params_of(m, mine);
     memcpy(root, mine, sizeof(float) * (size_t)n);
     MPI_Bcast(root, n, MPI_FLOAT, 0, mpi.comm);
@@ -157,7 +158,7 @@ static int equivalence(maker make, int features, int kind) {
         mlc_tensor *bx = mlc_from_data(ref, 2, (int[]){ G, features }, x + s * G * features);
         mlc_tensor *by = mlc_from_data(ref, 1, (int[]){ G }, y + s * G);
         mlc_zero_grad(ropt);
-        CHECK(mlc_backward(mlc_cross_entropy(mlc_forward(rm, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE)) == MLC_OK);
+        CHECK(mlc_backward(mlc_cross_entropy(mlc_forward(rm, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE)) == 0);
         mlc_step(ropt);
         mlc_frame_end(f);
         g = mlc_frame_begin(ctx);
@@ -214,8 +215,8 @@ static int batch_norm_buffers_follow_rank_0(void) {
     memcpy(root, mine, sizeof mine);
     MPI_Bcast(root, 4, MPI_FLOAT, 0, mpi.comm);
     same = memcmp(root, mine, 4 * sizeof(float)) == 0;
-    if (mpi.size > 1 && mpi.rank > 0) CHECK_MSG(!same, "rank %d's running mean is rank 0's: per-rank statistics "
-                                               "expected", mpi.rank);
+    if (mpi.size > 1 && mpi.rank > 0)
+        CHECK_MSG(!same, "rank %d's running mean is rank 0's: per-rank statistics expected", mpi.rank);
     mlc_ddp_free(ddp);
     mlc_destroy(ctx);
     return 1;
@@ -284,7 +285,8 @@ static int buckets_and_unused_parameter(void) {
         }
     }
     CHECK(params_of(rm, want) == n && n <= 20000);
-    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g", worst_relative(got, want, n));
+    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g",
+              worst_relative(got, want, n));
     st = mlc_ddp_get_stats(ddp);
     CHECK(st.steps == 3 && st.buckets == 3LL * st.n_buckets);
     mlc_ddp_free(ddp);
@@ -311,13 +313,15 @@ static int no_sync_accumulates(void) {
             mlc_frame f = mlc_frame_begin(ref);
             mlc_tensor *bx = mlc_from_data(ref, 2, (int[]){ G, 8 }, x + at * 8);
             mlc_tensor *by = mlc_from_data(ref, 1, (int[]){ G }, y + at);
-            CHECK(mlc_backward(mlc_cross_entropy(mlc_forward(rm, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE)) == 0);
+            mlc_tensor *l = mlc_cross_entropy(mlc_forward(rm, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+            CHECK(mlc_backward(l) == 0);
             mlc_frame_end(f);
             f = mlc_frame_begin(ctx);
             bx = mlc_from_data(ctx, 2, (int[]){ b, 8 }, x + (at + mpi.rank * b) * 8);
             by = mlc_from_data(ctx, 1, (int[]){ b }, y + at + mpi.rank * b);
             mlc_ddp_no_sync(ddp, k == 0);
-            mlc_ddp_backward(ddp, mlc_cross_entropy(mlc_ddp_forward(ddp, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE));
+            mlc_ddp_backward(ddp, mlc_cross_entropy(mlc_ddp_forward(ddp, bx), by, MLC_REDUCE_MEAN,
+                                                    MLC_NO_IGNORE));
             mlc_frame_end(f);
         }
         mlc_step(ropt);
@@ -326,7 +330,8 @@ static int no_sync_accumulates(void) {
     }
     n = params_of(rm, want);
     CHECK(params_of(m, got) == n);
-    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g", worst_relative(got, want, n));
+    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g",
+              worst_relative(got, want, n));
     CHECK(mlc_ddp_get_stats(ddp).steps == 2);
     mlc_ddp_free(ddp);
     mlc_destroy(ctx);
@@ -382,7 +387,8 @@ static int metrics_all_reduce(void) {
 static int mismatched_models_named_at_wrap(void) {
     mlc_ctx *ctx = new_ctx(1);
     int last = mpi.rank == mpi.size - 1 && mpi.size > 1;
-    mlc_module *a = mlc_nn_linear(ctx, 8, last ? 17 : 16), *b = mlc_nn_tanh(ctx), *c = mlc_nn_linear(ctx, 16, 4);
+    mlc_module *a = mlc_nn_linear(ctx, 8, last ? 17 : 16), *b = mlc_nn_tanh(ctx);
+    mlc_module *c = mlc_nn_linear(ctx, 16, 4);
     mlc_module *m = mlc_nn_sequential(ctx, a, b, c, NULL);
     mlc_ddp *ddp = mlc_ddp_wrap(&mpi, m, (mlc_ddp_opts){ 0 });
     if (mpi.size == 1) CHECK(ddp != NULL);
@@ -404,7 +410,8 @@ static int mismatched_models_named_at_wrap(void) {
 static int resume(const char *mode, const char *ckpt, const char *losses) {
     enum { N = 64, GB = 16, F = 8, EPOCHS = 2 };
     float x[N * F], y[N];
-    int b = GB / mpi.size, steps, epoch, step, reading = !strcmp(mode, "read"), first_epoch = 0, first_step = 0;
+    int b = GB / mpi.size, steps, epoch, step, reading = !strcmp(mode, "read");
+    int first_epoch = 0, first_step = 0;
     int ok = 1, compared = 0;
     double want[64];
     int n_want = 0;
@@ -412,7 +419,8 @@ static int resume(const char *mode, const char *ckpt, const char *losses) {
     mlc_module *m = make_mlp(ctx);
     mlc_optim *opt = make_optim(ctx, m, ADAM);
     mlc_ddp *ddp = mlc_ddp_wrap(&mpi, m, (mlc_ddp_opts){ 0 });
-    mlc_dist_sampler *s = mlc_dist_sampler_create(&mpi, N, (mlc_dist_sampler_opts){ .shuffle = 1, .seed = 3 });
+    mlc_dist_sampler_opts so = { .shuffle = 1, .seed = 3 };
+    mlc_dist_sampler *s = mlc_dist_sampler_create(&mpi, N, so);
     FILE *out = NULL;
     mlc_mpi_check(&mpi, ctx, "resume setup");
     make_data(N, F, x, y);
@@ -422,7 +430,8 @@ static int resume(const char *mode, const char *ckpt, const char *losses) {
         if (!in) mlc_mpi_fail(&mpi, "cannot read %s", losses);
         while (n_want < 64 && fscanf(in, "%lf", &want[n_want]) == 1) n_want++;
         fclose(in);
-        if (mlc_ddp_checkpoint_load(ddp, ckpt, opt, &st) != MLC_OK) mlc_mpi_check(&mpi, ctx, "checkpoint load");
+        if (mlc_ddp_checkpoint_load(ddp, ckpt, opt, &st) != MLC_OK)
+            mlc_mpi_check(&mpi, ctx, "checkpoint load");
         first_epoch = (int)st.epoch;
         first_step = (int)st.step;
     } else if (mpi.rank == 0 && !(out = fopen(losses, "w"))) mlc_mpi_fail(&mpi, "cannot write %s", losses);
@@ -433,8 +442,8 @@ static int resume(const char *mode, const char *ckpt, const char *losses) {
             mlc_frame f = mlc_frame_begin(ctx);
             mlc_tensor *bx, *by, *loss;
             double mean;
-            mlc_dist_sampler_batch(s, mlc_from_data(ctx, 2, (int[]){ N, F }, x), mlc_from_data(ctx, 1, (int[]){ N }, y),
-                                   step, b, &bx, &by);
+            mlc_dist_sampler_batch(s, mlc_from_data(ctx, 2, (int[]){ N, F }, x),
+                                   mlc_from_data(ctx, 1, (int[]){ N }, y), step, b, &bx, &by);
             loss = mlc_cross_entropy(mlc_ddp_forward(ddp, bx), by, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
             mlc_zero_grad(opt);
             mlc_ddp_backward(ddp, loss);
@@ -446,21 +455,23 @@ static int resume(const char *mode, const char *ckpt, const char *losses) {
                 int at = epoch * steps + step;
                 if (at >= n_want || fabs(mean - want[at]) > 1e-5 * fabs(want[at])) {
                     ok = 0;
-                    if (mpi.rank == 0) printf("resume: epoch %d step %d loss %.9g, the unbroken run's %.9g\n", epoch,
-                                              step, mean, at < n_want ? want[at] : -1.0);
+                    if (mpi.rank == 0)
+                        printf("resume: epoch %d step %d loss %.9g, the unbroken run's %.9g\n", epoch, step,
+                               mean, at < n_want ? want[at] : -1.0);
                 }
                 compared++;
             }
             if (!reading && epoch == 0 && step == 1) {
                 mlc_train_state st = { step + 1, epoch };   /* the next step to run */
-                if (mlc_ddp_checkpoint_save(ddp, ckpt, opt, &st) != MLC_OK) mlc_mpi_check(&mpi, ctx, "checkpoint save");
+                if (mlc_ddp_checkpoint_save(ddp, ckpt, opt, &st) != MLC_OK)
+                    mlc_mpi_check(&mpi, ctx, "checkpoint save");
             }
         }
     }
     if (out) fclose(out);
     if (reading && mpi.rank == 0) {
-        printf("%s resume_on_%d_ranks_same_losses (%d losses compared)\n", ok && compared == 6 ? "ok" : "FAIL",
-               mpi.size, compared);
+        printf("%s resume_on_%d_ranks_same_losses (%d losses compared)\n",
+               ok && compared == 6 ? "ok" : "FAIL", mpi.size, compared);
         printf("%d passed, %d failed\n", ok && compared == 6, !(ok && compared == 6));
     }
     mlc_dist_sampler_free(s);
@@ -480,7 +491,8 @@ static int fail_at(const char *how, int at) {
     mlc_mpi_check(&mpi, ctx, "setup");
     for (step = 0; step < 1000000; step++) {
         mlc_frame f = mlc_frame_begin(ctx);
-        mlc_tensor *bx = mlc_from_data(ctx, 2, (int[]){ 4, 8 }, x), *by = mlc_from_data(ctx, 1, (int[]){ 4 }, y);
+        mlc_tensor *bx = mlc_from_data(ctx, 2, (int[]){ 4, 8 }, x);
+        mlc_tensor *by = mlc_from_data(ctx, 1, (int[]){ 4 }, y);
         if (step == at && mpi.rank == 1 && !strcmp(how, "--exit-at")) exit(3);
         if (step == at && mpi.rank == 1 && !strcmp(how, "--kill-at")) raise(SIGKILL);
         if (step == at && last && !strcmp(how, "--error-at")) bx = mlc_from_data(ctx, 2, (int[]){ 8, 4 }, x);
@@ -523,7 +535,8 @@ int main(int argc, char **argv) {
             failure[0] = 0;
             ok = tests[i].run();
             MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, mpi.comm);
-            if (!ok) printf("FAIL %s (%d ranks) on rank %d: %s\n", tests[i].name, mpi.size, mpi.rank, failure);
+            if (!ok)
+                printf("FAIL %s (%d ranks) on rank %d: %s\n", tests[i].name, mpi.size, mpi.rank, failure);
             fflush(stdout);
             MPI_Barrier(mpi.comm);
             if (all) passed++; else failed++;
