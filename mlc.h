@@ -66,13 +66,15 @@ QUICK START
 
 WHAT MLC DOES NOT DO
    No graph compiler, no double backward (gradients of gradients), no integer tensors (indices
-   are whole floats), no half tensors on devices yet (OpenCL holds float32), no views with
+   are whole floats), no half-precision arithmetic (half tensors compute in float32), no views with
    strides (every tensor is contiguous; reshape shares storage, the other shape ops copy).
 
 DTYPES AND MIXED PRECISION
    A tensor stores float32 (default), bfloat16 or float16 (mlc_dtype, mlc_to_dtype). Arithmetic
    is float32 whatever the storage: an op on half tensors computes in float32 and rounds its
    result once (bf16 products use AVX-512 BF16 where the CPU has it); gradients are float32.
+   On a device half tensors take half the memory too: the kernels read float32 copies made on
+   the device (OpenCL: vload_half/vstore_half, bf16 by shifts) and round into half storage.
    Conversions are PyTorch's .to() bit for bit; promotion is PyTorch's. mlc_autocast_begin/end
    is torch.autocast, mlc_grad_scaler_create its GradScaler, mlc_module_to_dtype and
    mlc_set_default_dtype model.to(dtype) and torch.set_default_dtype.
@@ -408,7 +410,7 @@ MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype);
 /* The dtype of parameters and module buffers made from now on (torch.set_default_dtype; a
    count such as num_batches_tracked stays float32); returns the previous one. A model built
    under MLC_BF16 and loaded from a file is bf16 from the start, never float32 in between; half
-   parameters get a gradient buffer only when a backward needs one. CPU contexts only. */
+   parameters get a gradient buffer only when a backward needs one. */
 MLCDEF mlc_scalar_type mlc_set_default_dtype(mlc_ctx *ctx, mlc_scalar_type dtype);
 /* One value's conversions, bit-exact with PyTorch's .to(): round to nearest even, subnormals
    kept, overflow to infinity, signed zero kept, NaN stays NaN (bf16: 0x7fc0, PyTorch's scalar
@@ -666,7 +668,7 @@ MLCDEF void mlc_set_grad_ready_hook(mlc_ctx *ctx, mlc_grad_ready_fn fn, void *us
    the norms and the reductions take float32 (a half input is cast up). A parameter's copy is
    made once and reused until mlc_step, mlc_autocast_end or the end of the frame it was made in,
    so a step casts each weight once. dtype: MLC_BF16 or MLC_F16 (with mlc_grad_scaler). Master
-   weights and the optimiser stay float32. Device tensors keep float32 in this version. */
+   weights and the optimiser stay float32. On a device the copies are made there. */
 MLCDEF mlc_result mlc_autocast_begin(mlc_ctx *ctx, mlc_scalar_type dtype);
 MLCDEF void mlc_autocast_end(mlc_ctx *ctx);
 
@@ -1686,10 +1688,16 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
     return b.buffer;
 }
 
+/* The bytes of t's values (grad 0; a bf16 or f16 tensor holds two bytes a value, on the host
+   and on the device) or of its gradient (float32 in every dtype): what a backend copies. */
+static size_t mlc__bytes_of(const mlc_tensor *t, int grad) {
+    return t->size * (grad || t->dtype == MLC_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* t's data (grad 0) or gradient buffer, made when missing; backends take theirs from here. */
 static void *mlc__buffer_of(mlc_tensor *t, int grad, const char *op) {
     void **slot = grad ? &t->device_grad : &t->device_data;
-    if (!*slot) *slot = mlc__device_alloc(t->ctx, t, t->size * sizeof(float), op);
+    if (!*slot) *slot = mlc__device_alloc(t->ctx, t, mlc__bytes_of(t, grad), op);
     return *slot;
 }
 
@@ -2167,12 +2175,12 @@ static void mlc__host_sync(mlc_tensor *t) {   /* only the copy brought up to dat
         t->stale &= ~(unsigned)MLC__HOST_STALE;
 }
 static float *mlc__host(mlc_tensor *t) {
+    mlc__host_sync(t);
     if (t->dtype != MLC_F32) {
         float *copy = (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float) + 1, "mlc_read");
         if (copy) mlc__widen(t->dtype, t->half, copy, t->size);
         return copy;
     }
-    mlc__host_sync(t);
     return t->data;
 }
 static float *mlc__host_grad(mlc_tensor *t) {
@@ -2274,10 +2282,6 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE,
                                        "mlc_to: context runs on the CPU only (no device)");
     if (on_device == t->on_device) return t;
-    if (on_device && t->dtype != MLC_F32)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to: tensor %T is %s; devices hold float32 "
-                                       "tensors in this version (cast it with mlc_to_dtype first)", t,
-                                       mlc_dtype_name(t->dtype));
     if (!on_device) {                            /* bring both copies home */
         mlc__host_sync(t);
         mlc__host_grad(t);
@@ -2368,8 +2372,12 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     return mlc__make_over(ctx, op, ndim, shape, persistent, NULL);
 }
 
-/* A long-lived tensor's values (data or half), which it owns apart from its struct */
+/* A tensor's values on the host (data or half; a long-lived one owns them apart from its struct) */
 static void *mlc__storage(const mlc_tensor *t) { return t->half ? (void *)t->half : (void *)t->data; }
+/* For backends: the host memory upload and download copy, mlc__bytes_of(t, grad) bytes */
+MLC__FOR_BACKENDS void *mlc__host_copy_of(mlc_tensor *t, int grad) {
+    return grad ? (void *)t->grad : mlc__storage(t);
+}
 
 /* A float32 tensor the user creates: it lives on the context's device. */
 static mlc_tensor *mlc__new(mlc_ctx *ctx, const char *op, int ndim, const int *shape, int persistent) {
@@ -2410,7 +2418,7 @@ MLCDEF mlc_tensor *mlc_from_data(mlc_ctx *ctx, int ndim, const int *shape, const
     return t;
 }
 
-/* In a dtype: float32 values made, then rounded (on the CPU: devices hold float32 tensors) */
+/* In a dtype: float32 values made, then rounded on the host (the device copy follows) */
 static mlc_tensor *mlc__new_dtype(mlc_ctx *ctx, const char *op, int ndim, const int *shape,
                                   mlc_scalar_type dtype, const float *data, float value) {
     mlc_tensor *t;
@@ -2420,7 +2428,7 @@ static mlc_tensor *mlc__new_dtype(mlc_ctx *ctx, const char *op, int ndim, const 
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d is not a dtype", op, (int)dtype);
     if (dtype == MLC_F32)
         return data ? mlc_from_data(ctx, ndim, shape, data) : mlc_full(ctx, ndim, shape, value);
-    ctx->op_device = 0;
+    ctx->op_device = ctx->backend != NULL;
     ctx->op_dtype = dtype;
     if (!(t = mlc__make(ctx, op, ndim, shape, 0))) return NULL;
     if (data) mlc__narrow(dtype, data, t->half, t->size);
@@ -2499,10 +2507,8 @@ MLCDEF mlc_scalar_type mlc_set_default_dtype(mlc_ctx *ctx, mlc_scalar_type dtype
     mlc_scalar_type previous;
     if (!ctx) return MLC_F32;
     previous = ctx->default_dtype;
-    if ((unsigned)dtype > (unsigned)MLC_F16 || (dtype != MLC_F32 && ctx->backend))
-        mlc__fail(ctx, (unsigned)dtype > (unsigned)MLC_F16 ? MLC_ERR_ARG : MLC_ERR_DEVICE,
-                  "mlc_set_default_dtype: %s", (unsigned)dtype > (unsigned)MLC_F16 ? "not a dtype"
-                  : "the context runs on a device, which holds float32 tensors in this version");
+    if ((unsigned)dtype > (unsigned)MLC_F16)
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_set_default_dtype: %d is not a dtype", (int)dtype);
     else ctx->default_dtype = dtype;
     return previous;
 }
@@ -2594,7 +2600,8 @@ MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
                   t->size);
         return NAN;
     }
-    return t->dtype != MLC_F32 ? mlc__value(t, i) : mlc__host(t)[i];
+    mlc__host_sync(t);
+    return t->dtype != MLC_F32 ? mlc__value(t, i) : t->data[i];
 }
 
 MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
@@ -2604,8 +2611,9 @@ MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
                   t->size);
         return t->ctx->error;
     }
+    mlc__host_sync(t);
     if (t->dtype != MLC_F32) mlc__widen(t->dtype, t->half, dst, count);
-    else memcpy(dst, mlc__host(t), count * sizeof(float));
+    else memcpy(dst, t->data, count * sizeof(float));
     return MLC_OK;
 }
 
@@ -2636,7 +2644,7 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
     mlc__format(shape, sizeof shape, "%T", t);
     printf("%s %s = [", label ? label : "tensor", shape);
     n = t->size < 16 ? t->size : 16;
-    if (t->dtype == MLC_F32) mlc__host(t);
+    mlc__host_sync(t);
     for (i = 0; i < n; i++) printf("%s%.5g", i ? ", " : "", (double)mlc__value(t, i));
     printf("%s]\n", t->size > n ? ", ..." : "");
 }
@@ -2647,27 +2655,6 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
    Op plumbing, the code: dispatch to the device or the CPU, input checks, the tape, gradient
    buffers, threads
    ============================================================================================ */
-
-/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
-   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
-   -1: the device failed (the error is set). */
-static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
-    int k;
-    mlc_tensor *out = call->out;
-    if (out->on_device) {
-        if (ctx->backend->kernels[call->op] && ctx->backend->run(ctx, call, 0)) {
-            if (ctx->error) return -1;
-            call->device = 1;
-            out->stale = MLC__HOST_STALE;
-            return 1;
-        }
-        if (ctx->error) return -1;
-        mlc__fall_back(ctx, call->name);
-    }
-    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host_sync(call->in[k]);
-    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
-    return ctx->error ? -1 : 0;
-}
 
 /* A float32 stand-in for half tensor t in the frame's arena: its header, with data a widened
    copy of its values (and t's float32 gradient, shared); NULL when out of memory. */
@@ -2739,6 +2726,142 @@ static int mlc__cpu_takes_half(const mlc__node *n) {
            && mlc__bf16_kernel_usable(n->out->ctx);
 }
 
+/* Describe `out = op(inputs)`: the node the backend runs (mlc__dispatch) and the tape keeps. */
+static void mlc__call(mlc__node *call, mlc__op op, const char *name, mlc_tensor *out,
+                      mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
+    int i;
+    memset(call, 0, sizeof *call);
+    call->op = op;
+    call->name = name;
+    call->out = out;
+    call->in[0] = a; call->in[1] = b; call->in[2] = c; call->in[3] = d;
+    for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
+}
+
+/* Half tensors on a device: the backend converts between dtypes (a COPY node whose input and
+   output dtypes differ) and runs every other kernel in float32, on float32 stand-ins made on the
+   device, as mlc__cpu_widened does on the host. A backend that does not convert declines the
+   COPY, and the op falls back to the CPU (counted). mlc__device_convert runs one conversion:
+   1 done, 0 declined, -1 failed (the error is set). */
+static int mlc__device_convert(mlc_tensor *from, mlc_tensor *to) {
+    mlc_ctx *ctx = from->ctx;
+    mlc__node copy;
+    mlc__call(&copy, MLC__OP_COPY, "mlc_to_dtype", to, from, NULL, NULL, NULL);
+    if (!ctx->backend->kernels[MLC__OP_COPY] || !ctx->backend->run(ctx, &copy, 0)) return ctx->error ? -1 : 0;
+    if (ctx->error) return -1;
+    to->stale = (to->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
+    return 1;
+}
+
+/* A float32 device stand-in for half tensor t: its header (in the frame's arena) with a float32
+   scratch buffer of its own, holding t's values when with_values, and t's gradient buffers and
+   books, shared. 1, 0, -1 as mlc__device_convert. */
+static int mlc__device_widened_tensor(mlc_tensor *t, int with_values, mlc_tensor **w) {
+    mlc_ctx *ctx = t->ctx;
+    *w = (mlc_tensor *)mlc__arena_alloc(ctx, sizeof(mlc_tensor), "mlc_to_dtype");
+    if (!*w) return -1;
+    **w = *t;
+    (*w)->dtype = MLC_F32;
+    (*w)->half = NULL;
+    (*w)->data = NULL;                                   /* never read on the host: a decline goes back */
+    (*w)->stale = (t->stale & ~(unsigned)MLC__DEVICE_STALE) | MLC__HOST_STALE;
+    if (!((*w)->device_data = mlc__device_alloc(ctx, NULL, t->size * sizeof(float), "mlc_to_dtype")))
+        return -1;
+    return with_values ? mlc__device_convert(t, *w) : 1;
+}
+
+/* Device stand-ins for node n's half tensors, as mlc__stand_ins, in node w (a copy of n);
+   concat's inputs, which its saved list holds, get a list of their own. */
+static int mlc__device_stand_ins(const mlc__node *n, mlc__node *w, int out_values) {
+    mlc_tensor **list = (mlc_tensor **)n->saved, **wide;
+    int k, made = 1;
+    for (k = 0; k < n->n_in && made > 0; k++)
+        if (!n->in[k] || n->in[k]->dtype == MLC_F32) w->in[k] = n->in[k];
+        else made = mlc__device_widened_tensor(n->in[k], 1, &w->in[k]);
+    if (made > 0 && n->out->dtype != MLC_F32) made = mlc__device_widened_tensor(n->out, out_values, &w->out);
+    if (made <= 0 || n->op != MLC__OP_CONCAT) return made;
+    wide = (mlc_tensor **)mlc__arena_alloc(n->out->ctx, (size_t)n->args.concat.count * sizeof *wide,
+                                           "mlc_concat");
+    if (!wide) return -1;
+    for (k = 0; k < n->args.concat.count && made > 0; k++)
+        if (list[k]->dtype == MLC_F32) wide[k] = list[k];
+        else made = mlc__device_widened_tensor(list[k], 1, &wide[k]);
+    w->saved = wide;
+    return made;
+}
+
+/* The gradient buffers and books a stand-in's backward made or changed go back to the tensor */
+static void mlc__take_grad(mlc_tensor *t, const mlc_tensor *w) {
+    const unsigned grad_bits = MLC__GRAD_HOST_STALE | MLC__GRAD_DEVICE_STALE | MLC__GRAD_ZERO;
+    if (w == t) return;
+    t->grad = w->grad;
+    t->device_grad = w->device_grad;
+    t->stale = (t->stale & ~grad_bits) | (w->stale & grad_bits);
+}
+
+/* The device forward of an op with half tensors: stand-ins, the float32 kernel, the result
+   rounded into the output (and batch norm's running statistics back into theirs). An op the
+   tape will not keep makes its stand-ins in a frame of their own. 1, 0, -1 as above. */
+static int mlc__device_widened(mlc_ctx *ctx, mlc__node *call) {
+    const int recording = mlc__recording(call);
+    mlc__node w = *call;
+    mlc_frame scratch;
+    int k, ran;
+    if (!recording) scratch = mlc_frame_begin(ctx);
+    ran = mlc__device_stand_ins(call, &w, 0);
+    if (ran > 0) ran = ctx->backend->run(ctx, &w, 0) ? 1 : ctx->error ? -1 : 0;
+    if (ran > 0 && !ctx->error && w.out != call->out) ran = mlc__device_convert(w.out, call->out);
+    for (k = 3; ran > 0 && call->op == MLC__OP_BATCH_NORM && k < 5; k++)
+        if (w.in[k] != call->in[k]) ran = mlc__device_convert(w.in[k], call->in[k]);
+    if (recording && call->op != MLC__OP_CONCAT) call->saved = w.saved;   /* (concat's: the inputs) */
+    else mlc_frame_end(scratch);
+    if (ran > 0) ctx->stats.widened++;
+    return ctx->error ? -1 : ran;
+}
+
+/* Node n's backward on the device (its forward ran there). 1: done; 0: the backend declined;
+   the error may be set. Copies and reshapes take half tensors as they are (gradients are
+   float32 in every dtype). */
+static int mlc__device_backward(mlc_ctx *ctx, mlc__node *n) {
+    mlc__node w = *n;
+    int k, ran;
+    if (!mlc__has_half(n) || n->op == MLC__OP_COPY || n->op == MLC__OP_RESHAPE)
+        return ctx->backend->run(ctx, n, 1);
+    ran = mlc__device_stand_ins(n, &w, 1);
+    if (ran > 0 && ctx->backend->run(ctx, &w, 1)) {
+        for (k = 0; k < n->n_in; k++) if (n->in[k]) mlc__take_grad(n->in[k], w.in[k]);
+        for (k = 0; n->op == MLC__OP_CONCAT && k < n->args.concat.count; k++)
+            mlc__take_grad(((mlc_tensor **)n->saved)[k], ((mlc_tensor **)w.saved)[k]);
+        mlc__take_grad(n->out, w.out);
+        ctx->stats.widened++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Run the op described by `call` (output allocated, inputs and arguments filled in) on the
+   device when it lives there. 1: done; 0: run the CPU code, inputs are current on the host;
+   -1: the device failed (the error is set). */
+static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
+    int k;
+    mlc_tensor *out = call->out;
+    if (out->on_device) {
+        int ran = !ctx->backend->kernels[call->op] ? 0
+                  : mlc__has_half(call) && call->op != MLC__OP_COPY ? mlc__device_widened(ctx, call)
+                  : ctx->backend->run(ctx, call, 0) ? 1 : 0;
+        if (ran > 0 && !ctx->error) {
+            call->device = 1;
+            out->stale = MLC__HOST_STALE;
+            return 1;
+        }
+        if (ctx->error) return -1;
+        mlc__fall_back(ctx, call->name);
+    }
+    for (k = 0; k < call->n_in; k++) if (call->in[k]) mlc__host_sync(call->in[k]);
+    out->stale = out->on_device ? MLC__DEVICE_STALE : 0;
+    return ctx->error ? -1 : 0;
+}
+
 /* Run the op described by `call`: on the device (mlc__dispatch), else its CPU forward from the
    op table (through float32 stand-ins where it has half tensors it does not take). 1: its
    output holds the result; 0: it failed, with the error set. The builder then records it
@@ -2751,15 +2874,14 @@ static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
     return where >= 0 && !ctx->error;
 }
 
-
 /* Autocast's casts, at the start of an op: a product's input to the autocast dtype (a long-lived
    tensor's copy kept and reused while its frame lives and no backward has run through it), and
-   a float32 op's half input to float32. Off, on a device, or already so: t itself. */
+   a float32 op's half input to float32. Off, or already so: t itself. */
 static mlc_tensor *mlc__autocast_low(mlc_tensor *t) {
     mlc_ctx *ctx;
     mlc_tensor *copy;
     int i;
-    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == t->ctx->autocast || t->on_device) return t;
+    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == t->ctx->autocast) return t;
     ctx = t->ctx;
     for (i = 0; t->persistent && i < ctx->n_autocast_copies; i++)
         if (ctx->autocast_copies[i].of == t) {
@@ -2830,18 +2952,6 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     mlc_tensor *const mlc__in_[] = { __VA_ARGS__ }; \
     mlc_ctx *ctx = mlc__enter(op, (int)(sizeof mlc__in_ / sizeof mlc__in_[0]), mlc__in_); \
     if (!ctx) return NULL
-
-/* Describe `out = op(inputs)`: the node the backend runs (mlc__dispatch) and the tape keeps. */
-static void mlc__call(mlc__node *call, mlc__op op, const char *name, mlc_tensor *out,
-                      mlc_tensor *a, mlc_tensor *b, mlc_tensor *c, mlc_tensor *d) {
-    int i;
-    memset(call, 0, sizeof *call);
-    call->op = op;
-    call->name = name;
-    call->out = out;
-    call->in[0] = a; call->in[1] = b; call->in[2] = c; call->in[3] = d;
-    for (i = 0; i < 4; i++) if (call->in[i]) call->n_in = i + 1;
-}
 
 /* Whether the op will go on the tape: gradients are on and an input needs one (else an op
    need not keep what only its backward reads, such as max pooling's argmax). */
@@ -5642,9 +5752,6 @@ MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype) {
     if ((unsigned)dtype > (unsigned)MLC_F16)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_to_dtype: %d is not a dtype", (int)dtype);
     if (dtype == x->dtype) return x;
-    if (x->on_device)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_DEVICE, "mlc_to_dtype: tensor %T is on %s, which holds "
-                                       "float32 tensors in this version", x, mlc_device_name(ctx));
     ctx->op_dtype = dtype;
     if (!(out = mlc__like(x, "mlc_to_dtype"))) return NULL;
     mlc__call(&call, MLC__OP_COPY, "mlc_to_dtype", out, x, NULL, NULL, NULL);
@@ -7452,7 +7559,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
                           "mlc_backward used (and freed); run that forward again", n->in[k]);
         if (ctx->error) break;
         if (n->device) {                                 /* the backend allocates and adds, */
-            if (ctx->backend->run(ctx, n, 1) || ctx->error) continue;
+            if (mlc__device_backward(ctx, n) || ctx->error) continue;
             mlc__fall_back(ctx, n->name);                /* or declines: the CPU runs it */
         }
         mlc__host_sync(n->out);
@@ -8268,14 +8375,15 @@ MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device) {
 /* t's values in dtype, in storage of their own (the old freed) */
 static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
     mlc_ctx *ctx = t->ctx;
+    const int on_device = t->on_device;
     void *values;
     if (t->dtype == dtype) return 1;
-    if (t->read_only || t->on_device || !t->persistent) {
-        mlc__fail(ctx, t->on_device ? MLC_ERR_DEVICE : MLC_ERR_STATE, "mlc_module_to_dtype: tensor %T %s", t,
-                  t->read_only ? "wraps read-only memory (mlc_from_const)" : t->on_device
-                  ? "is on a device, which holds float32 tensors in this version" : "is not long-lived");
+    if (t->read_only || !t->persistent) {
+        mlc__fail(ctx, MLC_ERR_STATE, "mlc_module_to_dtype: tensor %T %s", t,
+                  t->read_only ? "wraps read-only memory (mlc_from_const)" : "is not long-lived");
         return 0;
     }
+    if (on_device && !mlc_to(t, 0)) return 0;           /* converted on the host, then back */
     if (!(values = mlc__owned_alloc(ctx, t->size * (dtype == MLC_F32 ? 4 : 2) + 1, "mlc_module_to_dtype")))
         return 0;
     if (dtype == MLC_F32) mlc__widen(t->dtype, t->half, (float *)values, t->size);
@@ -8291,7 +8399,8 @@ static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
     t->data = dtype == MLC_F32 ? (float *)values : NULL;
     t->half = dtype == MLC_F32 ? NULL : (uint16_t *)values;
     if (dtype != MLC_F32 && t->grad) { mlc__owned_free(ctx, t->grad); t->grad = NULL; }
-    return dtype != MLC_F32 || !t->requires_grad || mlc__alloc_grad(t, "mlc_module_to_dtype");
+    return (dtype != MLC_F32 || !t->requires_grad || mlc__alloc_grad(t, "mlc_module_to_dtype"))
+           && (!on_device || mlc_to(t, 1));
 }
 
 MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
@@ -9648,27 +9757,22 @@ MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_o
     return b;
 }
 
-/* Rows order[from, from + count) of t as a new [count, ...] tensor in the current frame. */
-/* (a bf16 or f16 data set gives batches of its dtype, on the CPU) */
+/* Rows order[from, from + count) of t as a new [count, ...] tensor of its dtype in the current
+   frame, on the context's device. */
 static mlc_tensor *mlc__gather_rows(mlc_tensor *t, const int *order, int count) {
     int shape[MLC_MAX_DIMS], i;
-    size_t row = t->shape[0] ? t->size / (size_t)t->shape[0] : 0;
-    const float *src;
+    const size_t width = t->dtype == MLC_F32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t row = t->shape[0] ? t->size / (size_t)t->shape[0] * width : 0;   /* bytes */
     mlc_tensor *out;
     memcpy(shape, t->shape, sizeof shape);
     shape[0] = count;
-    if (t->dtype != MLC_F32) {
-        t->ctx->op_device = 0;
-        t->ctx->op_dtype = t->dtype;
-        if (!(out = mlc__make(t->ctx, "mlc_batches_next", t->ndim, shape, 0))) return NULL;
-        for (i = 0; i < count; i++)
-            memcpy(out->half + (size_t)i * row, t->half + (size_t)order[i] * row, row * sizeof(uint16_t));
-        return out;
-    }
-    if (!(src = mlc__host(t)) || !(out = mlc__new(t->ctx, "mlc_batches_next", t->ndim, shape, 0)))
-        return NULL;
+    mlc__host_sync(t);
+    t->ctx->op_device = t->ctx->backend != NULL;
+    t->ctx->op_dtype = t->dtype;
+    if (t->ctx->error || !(out = mlc__make(t->ctx, "mlc_batches_next", t->ndim, shape, 0))) return NULL;
     for (i = 0; i < count; i++)
-        memcpy(out->data + (size_t)i * row, src + (size_t)order[i] * row, row * sizeof(float));
+        memcpy((char *)mlc__storage(out) + (size_t)i * row,
+               (const char *)mlc__storage(t) + (size_t)order[i] * row, row);
     mlc__host_wrote(out);
     return out;
 }

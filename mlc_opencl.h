@@ -244,7 +244,7 @@ static int mlc__cl_devices(mlc_device_info *out, int max) {
 /* Every kernel of the program by name; the cache is indexed by MLC__CL_K_<name>, so it has
    a slot for each kernel, however many the program holds. */
 #define MLC__CL_KERNELS(X) \
-    X(gemm_64x64) X(gemm_128x64) X(fill) X(copy) X(accumulate) X(unary) X(unary_grad) X(binary) \
+    X(gemm_64x64) X(gemm_128x64) X(fill) X(copy) X(cast) X(accumulate) X(unary) X(unary_grad) X(binary) \
     X(binary_grad) X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) \
     X(conv_layout) X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
     X(softmax_grad) X(cumsum) X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) \
@@ -415,6 +415,22 @@ static const char *const mlc__cl_source[] = {
 "__kernel void mlc_accumulate(ulong n, __global const float *g, __global float *gx) {\n"
 "    size_t i = get_global_id(0);\n"
 "    if (i < n) gx[i] += g[i];\n"
+"}\n"
+"/* cast: y = x in another dtype (0 float32, 1 bfloat16, 2 float16: mlc_scalar_type), as the CPU\n"
+"   rounds: to nearest even, NaN quiet (bf16 0x7fc0; f16 its sign kept, payload dropped) */\n"
+"__kernel void mlc_cast(ulong n, int from, int to, __global const uchar *x, __global uchar *y) {\n"
+"    size_t i = get_global_id(0);\n"
+"    float v;\n"
+"    uint b;\n"
+"    if (i >= n) return;\n"
+"    v = from == 0 ? ((__global const float *)x)[i] : from == 2 ? vload_half(i, (__global const half *)x)\n"
+"                  : as_float((uint)((__global const ushort *)x)[i] << 16);\n"
+"    b = as_uint(v);\n"
+"    if (to == 0) ((__global float *)y)[i] = isnan(v) ? as_float(b | 0x400000u) : v;\n"
+"    else if (to == 1)\n"
+"        ((__global ushort *)y)[i] = isnan(v) ? 0x7fc0 : (ushort)((b + 0x7fffu + (b >> 16 & 1u)) >> 16);\n"
+"    else if (isnan(v)) ((__global ushort *)y)[i] = (ushort)(b >> 16 & 0x8000u | 0x7e00u);\n"
+"    else vstore_half_rte(v, i, (__global half *)y);\n"
 "}\n",
 
 "/* binary with broadcasting, over nd <= 6 dimensions (size-1 dimensions dropped, contiguous\n"
@@ -1474,7 +1490,7 @@ static int mlc__cl_fill_mem(mlc_ctx *ctx, cl_mem mem, size_t count, float value)
 static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
     mlc__cl_state *st = mlc__cl_st(ctx);
     void **slot = grad ? &t->device_grad : &t->device_data;
-    const float *host = grad ? t->grad : t->data;
+    const void *host = mlc__host_copy_of(t, grad);
     cl_bool blocking = t->persistent ? CL_TRUE : CL_FALSE;
     if (!mlc__cl_buffer(ctx, t, grad)) return 0;
     if (!host) return 1;
@@ -1482,7 +1498,7 @@ static int mlc__cl_upload_(mlc_ctx *ctx, mlc_tensor *t, int grad) {
     if (!t->size) return 1;
     if (!mlc__cl_check(ctx,
                        mlc__cl.EnqueueWriteBuffer(st->queue, (cl_mem)*slot, blocking, 0,
-                                                  t->size * sizeof(float), host, 0, NULL, NULL),
+                                                  mlc__bytes_of(t, grad), host, 0, NULL, NULL),
                        "clEnqueueWriteBuffer"))
         return 0;
     if (!blocking) st->pending = 1;
@@ -1540,13 +1556,20 @@ static int mlc__cl_unary_backward(mlc_ctx *ctx, mlc__node *nd) {
     }
 }
 
-/* copy:  y = x   dx += g  (reshape's backward too: mlc_reshape makes the view itself) */
+/* copy:  y = x   dx += g  (reshape's backward too: mlc_reshape makes the view itself). Between
+   dtypes, or of a half tensor, a cast: the one kernel that reads and writes half storage. */
+typedef char mlc__cl_cast_codes[MLC_F32 == 0 && MLC_BF16 == 1 && MLC_F16 == 2 ? 1 : -1];
 static int mlc__cl_copy(mlc_ctx *ctx, mlc__node *call) {
     mlc_tensor *x = call->in[0], *y = call->out;
     cl_ulong n = x->size;
+    cl_int from = (cl_int)x->dtype, to = (cl_int)y->dtype;
     cl_mem xm, ym;
     if (!(xm = mlc__cl_in(ctx, x)) || !(ym = mlc__cl_out(ctx, y))) return 0;
-    {
+    if (from != MLC_F32 || to != MLC_F32) {
+        mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(from), MLC__CL_ARG(to), MLC__CL_ARG(xm),
+                               MLC__CL_ARG(ym) };
+        return mlc__cl_run(ctx, MLC__CL_K_cast, x->size, args, 5);
+    } else {
         mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(xm), MLC__CL_ARG(ym) };
         return mlc__cl_run(ctx, MLC__CL_K_copy, x->size, args, 3);
     }
@@ -2532,14 +2555,14 @@ static int mlc__cl_download(mlc_tensor *t, int grad) {
     mlc_ctx *ctx = t->ctx;
     mlc__cl_state *st = mlc__cl_st(ctx);
     void *mem = grad ? t->device_grad : t->device_data;
-    float *host = grad ? t->grad : t->data;
+    void *host = mlc__host_copy_of(t, grad);
     if (ctx->error) return 0;
     if (!mem || !host) return 1;                         /* nothing on the device to bring up */
     st->op = "download";
     ctx->stats.downloads++;
     if (!t->size) return 1;
     if (!mlc__cl_check(ctx,
-                       mlc__cl.EnqueueReadBuffer(st->queue, (cl_mem)mem, CL_TRUE, 0, t->size * sizeof(float),
+                       mlc__cl.EnqueueReadBuffer(st->queue, (cl_mem)mem, CL_TRUE, 0, mlc__bytes_of(t, grad),
                                                  host, 0, NULL, NULL),
                        "clEnqueueReadBuffer"))
         return 0;

@@ -125,29 +125,29 @@ static float *fake_buffer(mlc_tensor *t, int grad) {
    1: done (it may still be in flight: wait finishes it); 0: the error is set. The core clears
    the stale flag; the backend only copies and counts. */
 static int fake_upload(mlc_tensor *t, int grad) {
-    float *dst = fake_buffer(t, grad);
-    const float *src = grad ? t->grad : t->data;
+    void *dst = fake_buffer(t, grad);
+    const void *src = mlc__host_copy_of(t, grad);     /* t->data, t->half (bf16, f16) or t->grad */
     if (!dst) return 0;
     if (!src) {
         mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no host %s to upload", t,
                   grad ? "gradient" : "data");
         return 0;
     }
-    memcpy(dst, src, t->size * sizeof(float));
+    memcpy(dst, src, mlc__bytes_of(t, grad));
     t->ctx->stats.uploads++;
     return 1;
 }
 
 /* device -> host, finished before it returns (the caller reads t->data next). 1 / 0 as upload. */
 static int fake_download(mlc_tensor *t, int grad) {
-    const float *src = (const float *)(grad ? t->device_grad : t->device_data);
-    float *dst = grad ? t->grad : t->data;
+    const void *src = grad ? t->device_grad : t->device_data;
+    void *dst = mlc__host_copy_of(t, grad);
     if (!src || !dst) {
         mlc__fail(t->ctx, MLC_ERR_DEVICE, "fake device: %T has no device %s to download", t,
                   grad ? "gradient" : "data");
         return 0;
     }
-    memcpy(dst, src, t->size * sizeof(float));
+    memcpy(dst, src, mlc__bytes_of(t, grad));
     t->ctx->stats.downloads++;
     return 1;
 }
@@ -192,7 +192,7 @@ static int fake_check(mlc_ctx *ctx, mlc_tensor *t, const char *op, int k) {
         if (!fake_upload(t, 0)) return 0;
         t->stale &= ~(unsigned)MLC__DEVICE_STALE;
     } else if (!(t->stale & MLC__HOST_STALE) && t->device_data &&
-               memcmp(t->data, t->device_data, t->size * sizeof(float)) != 0) {
+               memcmp(mlc__host_copy_of(t, 0), t->device_data, mlc__bytes_of(t, 0)) != 0) {
         mlc__fail(ctx, MLC_ERR_DEVICE, "fake device: %s: the host copy of input %d %T changed without "
                   "mlc_write (its device copy differs)", op, k, t);
         return 0;

@@ -1,20 +1,13 @@
 /* bf16 and f16: conversions bit for bit against PyTorch (tests/dtype_table.h, made by
    tools/gen_dtype_table.py from PyTorch's .to()), ops on half tensors (float32 arithmetic,
    rounded once), promotion, the differentiable cast, autocast, the gradient scaler, modules in
-   a dtype and their files, and the misuse each refuses. Half tensors live on the CPU in this
-   version, so these tests make CPU contexts of their own whatever device the suite runs on. */
+   a dtype and their files, and the misuse each refuses. They run on the suite's device: on
+   OpenCL half storage and casts on the device (vload_half/vstore_half), on the fake device,
+   which cannot cast, the CPU through fallbacks. */
 #include "test.h"
 #include "dtype_table.h"
 #include <stdlib.h>
 
-static mlc_ctx *cpu_ctx(unsigned long long seed) {
-    mlc_config c;
-    memset(&c, 0, sizeof c);
-    c.seed = seed;
-    c.quiet = 1;
-    c.device = "cpu";
-    return mlc_create(&c);
-}
 
 static float from_bits(uint32_t b) { float v; memcpy(&v, &b, sizeof v); return v; }
 /* a and b are the same float, bit for bit; on x87 (i686 without SSE maths) a float returned
@@ -56,7 +49,7 @@ static int casts_match_pytorch_bit_for_bit(void) {
 /* The array conversions (vectorised, F16C where the CPU has it) give the table's bits too, and
    widen every one of the 65536 patterns as the single conversions do. */
 static int array_conversions_match_single_ones(void) {
-    mlc_ctx *ctx = cpu_ctx(2);
+    mlc_ctx *ctx = test_ctx(2);
     float *values = (float *)malloc(MLC_TEST_F32_TO_HALF_COUNT * sizeof(float)), *wide;
     mlc_tensor *b, *h, *patterns;
     size_t i;
@@ -86,7 +79,7 @@ static int array_conversions_match_single_ones(void) {
         }
         free(wide);
     }
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -94,7 +87,7 @@ static int array_conversions_match_single_ones(void) {
    a half tensor's values is refused. */
 static int create_read_write_round(void) {
     static const float v[4] = { 1.0f, 1.00390625f, 3.14159265f, 70000.0f };
-    mlc_ctx *ctx = cpu_ctx(1);
+    mlc_ctx *ctx = test_ctx(1);
     mlc_tensor *b = mlc_from_data_dtype(ctx, MLC_SHAPE(4), v, MLC_BF16);
     mlc_tensor *h = mlc_from_data_dtype(ctx, MLC_SHAPE(2, 2), v, MLC_F16);
     mlc_tensor *f = mlc_full_dtype(ctx, MLC_SHAPE(3), 0.1f, MLC_BF16);
@@ -113,7 +106,7 @@ static int create_read_write_round(void) {
           && strstr(mlc_error_message(ctx), "bfloat16") && strstr(mlc_error_message(ctx), "mlc_read"));
     mlc_clear_error(ctx);
     CHECK(mlc_full_dtype(ctx, MLC_SHAPE(1), 0.0f, (mlc_scalar_type)7) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -171,7 +164,7 @@ static int ops_on_half_are_float32_rounded_once(void) {
         { "max_pool2d", op_pool, 0 }, { "attention", op_attention, 0 },
         { "slice+concat", op_slice_concat, 0 }, { "mse_loss", op_mse, 0 } };
     static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
-    mlc_ctx *ctx = cpu_ctx(3);
+    mlc_ctx *ctx = test_ctx(3);
     size_t o, i;
     int d, k;
     for (d = 0; d < 2; d++)
@@ -204,7 +197,7 @@ static int ops_on_half_are_float32_rounded_once(void) {
             mlc_frame_end(f);
         }
     CHECK(mlc_get_stats(ctx).widened > 0);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -306,7 +299,7 @@ static int bf16_gemm_matches_double_sums(void) {
             }
             free(a); free(b); free(A); free(B); free(C0); free(C); free(C3); free(sum); free(mag);
         }
-        mlc_destroy(ctx);
+        test_destroy(ctx);
     }
     CHECK(calls > 0);                                    /* the hook took the widened products */
     return 1;
@@ -353,7 +346,7 @@ static int bf16_products_on_the_kernel(void) {
             }
         }
         CHECK(mlc_error(ctx) == MLC_OK);
-        mlc_destroy(ctx);
+        test_destroy(ctx);
     }
     CHECK(calls > 0);
     return 1;
@@ -362,7 +355,7 @@ static int bf16_products_on_the_kernel(void) {
 /* PyTorch's promotion: one dtype stays; with float32, or bf16 with f16, float32. Indices and
    conditions do not take part; argmax gives float32 indices. */
 static int promotion_as_pytorch(void) {
-    mlc_ctx *ctx = cpu_ctx(4);
+    mlc_ctx *ctx = test_ctx(4);
     mlc_tensor *b = mlc_full_dtype(ctx, MLC_SHAPE(2, 3), 1.5f, MLC_BF16);
     mlc_tensor *h = mlc_full_dtype(ctx, MLC_SHAPE(2, 3), 2.0f, MLC_F16);
     mlc_tensor *f = mlc_full(ctx, MLC_SHAPE(2, 3), 3.0f);
@@ -375,14 +368,14 @@ static int promotion_as_pytorch(void) {
     CHECK(test_same_float(mlc_item(mlc_sum_all(mlc_add(b, f))), 27.0f));
     CHECK(mlc_to_dtype(b, MLC_BF16) == b);               /* a cast to its own dtype is the tensor itself */
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
 /* Gradients flow back through casts and half ops in float32: d/dx of sum(tanh(bf16(x) W)) is
    float32's gradient at the rounded values, within bf16's rounding of the forward. */
 static int gradients_through_half(void) {
-    mlc_ctx *ctx = cpu_ctx(5);
+    mlc_ctx *ctx = test_ctx(5);
     mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(3, 4)), 1);
     mlc_tensor *w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(4, 2)), 1);
     mlc_tensor *xr, *wr, *loss;
@@ -401,7 +394,7 @@ static int gradients_through_half(void) {
     for (i = 0; i < 12; i++) CHECK_NEAR(gx[i], xr->grad[i], 0.02 * (1.0 + fabs(xr->grad[i])));
     for (i = 0; i < 8; i++) CHECK_NEAR(gw[i], wr->grad[i], 0.02 * (1.0 + fabs(wr->grad[i])));
     CHECK(mlc_dtype(x) == MLC_F32 && x->requires_grad);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -409,7 +402,7 @@ static int gradients_through_half(void) {
    rounded to bf16 for the products), Linear + ReLU fused, batched: the gradients of the float32
    master weights within bf16's rounding of float32's. */
 static float grads_of_mlp(int autocast, float *gw, int n) {
-    mlc_ctx *ctx = cpu_ctx(13);
+    mlc_ctx *ctx = test_ctx(13);
     mlc_module *l1 = mlc_nn_linear(ctx, 24, 40), *l2 = mlc_nn_linear(ctx, 40, 3);
     mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_relu(ctx), l2, NULL);
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 16, 24)), *loss;
@@ -417,13 +410,13 @@ static float grads_of_mlp(int autocast, float *gw, int n) {
     if (autocast) mlc_autocast_begin(ctx, MLC_BF16);
     loss = mlc_mean_all(mlc_mul(mlc_forward(net, x), mlc_forward(net, x)));
     mlc_autocast_end(ctx);
-    if (!loss || mlc_backward(loss) != MLC_OK || !l1->params[0]->grad) {
-        mlc_destroy(ctx);
+    if (!loss || mlc_backward(loss) != MLC_OK || !mlc_host_grad(l1->params[0])) {
+        test_destroy(ctx);
         return NAN;
     }
-    memcpy(gw, l1->params[0]->grad, (size_t)n * sizeof(float));
+    memcpy(gw, mlc_host_grad(l1->params[0]), (size_t)n * sizeof(float));
     value = mlc_item(loss);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return value;
 }
 static int backward_through_bf16_products(void) {
@@ -441,7 +434,7 @@ static int backward_through_bf16_products(void) {
 /* Autocast: products take and give the autocast dtype, float32 ops cast up, a parameter is
    copied once per step however often it is used, and the copies go after mlc_step. */
 static int autocast_products_and_float32_ops(void) {
-    mlc_ctx *ctx = cpu_ctx(6);
+    mlc_ctx *ctx = test_ctx(6);
     mlc_module *lin = mlc_nn_linear(ctx, 4, 3);
     mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(5, 4)), *y1, *y2, *p, *loss;
@@ -470,14 +463,14 @@ static int autocast_products_and_float32_ops(void) {
     mlc_frame_end(f);
     mlc_autocast_end(ctx);
     CHECK(mlc_dtype(mlc_forward(lin, x)) == MLC_F32);   /* off again */
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
 /* A small regression trained 150 steps under bf16 and f16 autocast (f16 with the scaler) ends
    close to float32's loss. */
 static float train_autocast(mlc_scalar_type dtype) {
-    mlc_ctx *ctx = cpu_ctx(7);
+    mlc_ctx *ctx = test_ctx(7);
     mlc_module *l1 = mlc_nn_linear(ctx, 8, 32), *l2 = mlc_nn_linear(ctx, 32, 1);
     mlc_module *net = mlc_nn_sequential(ctx, l1, mlc_nn_tanh(ctx), l2, NULL);
     mlc_optim *opt = mlc_adam(ctx, net, (mlc_adam_opts){ 3e-2f, 0, 0, 0, 0, 0 });
@@ -504,7 +497,7 @@ static float train_autocast(mlc_scalar_type dtype) {
         mlc_frame_end(f);
     }
     if (mlc_error(ctx)) last = NAN;
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return last;
 }
 static int autocast_training_follows_float32(void) {
@@ -520,7 +513,7 @@ static int autocast_training_follows_float32(void) {
 /* The scaler follows PyTorch's rules: an inf/NaN gradient skips the step and halves the scale,
    growth_interval clean steps double it; the skipped step leaves the weights as they were. */
 static int grad_scaler_skips_backs_off_and_grows(void) {
-    mlc_ctx *ctx = cpu_ctx(8);
+    mlc_ctx *ctx = test_ctx(8);
     mlc_tensor *w = mlc_requires_grad(mlc_keep(mlc_full(ctx, MLC_SHAPE(2), 1.0f)), 1);
     mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ 0.5f, 0, 0, 0, 0 });
     mlc_grad_scaler *s;
@@ -550,14 +543,14 @@ static int grad_scaler_skips_backs_off_and_grows(void) {
         mlc_frame_end(f);
     }
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
 /* A checkpoint of an optimiser with a scaler keeps its scale and clean steps; one without them
    refuses to restore a scaler, naming the entry; a scaler's bad settings are refused. */
 static int grad_scaler_in_checkpoints(void) {
-    mlc_ctx *ctx = cpu_ctx(9);
+    mlc_ctx *ctx = test_ctx(9);
     mlc_module *lin = mlc_nn_linear(ctx, 2, 2);
     mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
     mlc_optim *plain = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
@@ -582,7 +575,7 @@ static int grad_scaler_in_checkpoints(void) {
     CHECK(mlc_checkpoint_load_from_memory(buf, plain_n, lin, opt, &st_back) == MLC_ERR_IO);
     CHECK(strstr(mlc_error_message(ctx), "scaler.scale") != NULL && s->scale == 1024.0f);
     free(buf);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -595,7 +588,7 @@ static int holds(const unsigned char *bytes, size_t n, const char *text) {   /* 
 /* A module in bf16: half the bytes, outputs in bf16, saved as BF16 and loaded back bit for bit;
    a float32 file loads into it rounded; back to float32 it trains again. */
 static int module_to_dtype_and_files(void) {
-    mlc_ctx *ctx = cpu_ctx(10);
+    mlc_ctx *ctx = test_ctx(10);
     mlc_module *lin = mlc_nn_linear(ctx, 64, 32), *twin = mlc_nn_linear(ctx, 64, 32);
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(3, 64)), *y32, *y16;
     mlc_named_tensor named[2] = { { "weight", NULL }, { "bias", NULL } };
@@ -630,7 +623,7 @@ static int module_to_dtype_and_files(void) {
     CHECK(mlc_module_to_dtype(twin, MLC_F16) == MLC_OK && mlc_dtype(twin->params[0]) == MLC_F16);
     CHECK(test_same_float(mlc_get(twin->params[0], 0), mlc_f16_to_float(mlc_float_to_f16(w16[0]))));
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -639,7 +632,7 @@ static mlc_tensor *half_sum(mlc_tensor **in, void *user) { (void)user; return ml
 /* What fills or walks a tensor takes its dtype: the initialisers round into it, and batches of
    a bf16 data set are bf16 rows of it. */
 static int initialisers_and_batches_keep_the_dtype(void) {
-    mlc_ctx *ctx = cpu_ctx(12);
+    mlc_ctx *ctx = test_ctx(12);
     mlc_tensor *w = mlc_full_dtype(ctx, MLC_SHAPE(64, 32), 0.0f, MLC_BF16), *x, *y, *bx, *by;
     mlc_batches *batches;
     float v[8];
@@ -661,7 +654,7 @@ static int initialisers_and_batches_keep_the_dtype(void) {
     for (i = 0; i < 3; i++) CHECK(test_same_float(v[i], mlc_get(by, (size_t)i)));   /* rows stay paired */
     mlc_batches_free(batches);
     CHECK(mlc_error(ctx) == MLC_OK);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -669,7 +662,7 @@ static int initialisers_and_batches_keep_the_dtype(void) {
    gradient buffer until a backward needs one, a float32 file rounded into them; refused on a
    device context and for a bad dtype. */
 static int default_dtype_builds_half_models(void) {
-    mlc_ctx *ctx = cpu_ctx(14), *fake;
+    mlc_ctx *ctx = test_ctx(14), *fake;
     mlc_module *lin, *bn, *twin;
     mlc_tensor *x, *loss;
     unsigned char *file;
@@ -694,26 +687,35 @@ static int default_dtype_builds_half_models(void) {
     x = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(3, 8)), MLC_BF16);
     loss = mlc_sum_all(mlc_forward(lin, x));
     CHECK(loss && mlc_dtype(loss) == MLC_BF16 && mlc_backward(loss) == MLC_OK);
-    CHECK(lin->params[0]->grad != NULL);                 /* made when the backward needed it */
+    CHECK(mlc_host_grad(lin->params[0]) != NULL);        /* made when the backward needed it */
     mlc_set_default_dtype(ctx, (mlc_scalar_type)9);
     CHECK(mlc_error(ctx) == MLC_ERR_ARG);
-    mlc_destroy(ctx);
-    fake = test_install_fake_device(cpu_ctx(15));
+    test_destroy(ctx);
+    fake = test_install_fake_device(mlc_create(&(mlc_config){ .seed = 15, .quiet = 1, .device = "cpu" }));
+    /* (a device that cannot cast: the CPU runs its ops) */
     CHECK(fake && mlc_has_device(fake));
     mlc_set_default_dtype(fake, MLC_BF16);
-    CHECK(mlc_error(fake) == MLC_ERR_DEVICE);
+    lin = mlc_nn_linear(fake, 8, 4);
+    CHECK(lin && lin->params[0]->on_device && mlc_dtype(lin->params[0]) == MLC_BF16);
+    x = mlc_to_dtype(mlc_randn(fake, MLC_SHAPE(3, 8)), MLC_BF16);
+    loss = mlc_sum_all(mlc_forward(lin, x));
+    CHECK(loss && mlc_dtype(loss) == MLC_BF16 && mlc_backward(loss) == MLC_OK);
+    CHECK(mlc_get_stats(fake).fallbacks > 0 && mlc_host_grad(lin->params[0]) != NULL);
     mlc_destroy(fake);
     return 1;
 }
 
-/* What half tensors refuse: a device, an optimiser's update, a bad dtype, a gradient check
-   (it nudges its inputs by eps). */
+/* What half tensors refuse: an optimiser's update, a bad dtype, a gradient check (it nudges its
+   inputs by eps); a CPU context refuses a device as for float32, a device context moves them
+   both ways with their bits. */
 static int misuse_is_refused_by_name(void) {
-    mlc_ctx *ctx = cpu_ctx(11);
+    mlc_ctx *ctx = test_ctx(11);
     mlc_module *lin = mlc_nn_linear(ctx, 2, 2);
     mlc_optim *opt = mlc_sgd(ctx, lin, (mlc_sgd_opts){ 0.1f, 0, 0, 0, 0 });
     mlc_tensor *b = mlc_full_dtype(ctx, MLC_SHAPE(2), 1.0f, MLC_BF16);
-    CHECK(mlc_to(b, 1) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+    if (!mlc_has_device(ctx)) CHECK(mlc_to(b, 1) == NULL && mlc_error(ctx) == MLC_ERR_DEVICE);
+    else CHECK(mlc_to(b, 0) == b && b->half[1] == mlc_float_to_bf16(1.0f) && mlc_to(b, 1) == b
+               && test_same_float(mlc_get(b, 1), 1.0f));
     mlc_clear_error(ctx);
     CHECK(mlc_to_dtype(b, (mlc_scalar_type)-1) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
     mlc_clear_error(ctx);
@@ -727,7 +729,40 @@ static int misuse_is_refused_by_name(void) {
     CHECK(!mlc_gradcheck(ctx, half_sum, NULL, &b, 1, NULL, NULL) && mlc_error(ctx) == MLC_ERR_ARG
           && strstr(mlc_error_message(ctx), "bfloat16"));
     mlc_clear_error(ctx);
-    mlc_destroy(ctx);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* On a device a half tensor takes half the bytes there too: a Linear converted to bf16 keeps two
+   bytes a value on the device (no gradient buffer until a backward) and its values rounded as
+   on the CPU; a backward there makes float32 gradients. On a CPU suite run, the fake device. */
+static int device_half_storage_takes_half_the_bytes(void) {
+    enum { IN = 256, OUT = 64 };
+    mlc_ctx *ctx = test_ctx(16);
+    mlc_module *lin;
+    mlc_tensor *x, *loss;
+    size_t before, i;
+    float *w32 = (float *)malloc(IN * OUT * sizeof(float));
+    CHECK(w32);
+    if (!mlc_has_device(ctx)) ctx = test_install_fake_device(ctx);
+    lin = mlc_nn_linear(ctx, IN, OUT);
+    CHECK(lin && lin->params[0]->on_device && mlc_read(lin->params[0], w32, IN * OUT) == MLC_OK);
+    CHECK(mlc_module_to(lin, 0) == MLC_OK);
+    before = mlc_get_stats(ctx).device_bytes_current;
+    CHECK(mlc_module_to(lin, 1) == MLC_OK);             /* values and gradients: 8 bytes a value */
+    CHECK(mlc_get_stats(ctx).device_bytes_current - before == (IN * OUT + OUT) * 8);
+    CHECK(mlc_module_to_dtype(lin, MLC_BF16) == MLC_OK);
+    CHECK(lin->params[0]->on_device && mlc_dtype(lin->params[0]) == MLC_BF16);
+    CHECK_MSG(mlc_get_stats(ctx).device_bytes_current - before == (IN * OUT + OUT) * 2,
+              "device bytes %zu -> %zu", before, mlc_get_stats(ctx).device_bytes_current);   /* 2 a value */
+    for (i = 0; i < IN * OUT; i += 97)
+        CHECK(test_same_float(mlc_get(lin->params[0], i), mlc_bf16_to_float(mlc_float_to_bf16(w32[i]))));
+    x = mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(4, IN)), MLC_BF16);
+    loss = mlc_sum_all(mlc_forward(lin, x));
+    CHECK(loss && mlc_backward(loss) == MLC_OK && mlc_host_grad(lin->params[0]) != NULL);
+    CHECK(test_same_float(mlc_host_grad(lin->params[1])[5], 4.0f));     /* d sum / d bias: the batch */
+    free(w32);
+    test_destroy(ctx);
     return 1;
 }
 
@@ -749,5 +784,6 @@ const test_case tests_dtype[] = {
     TEST(initialisers_and_batches_keep_the_dtype)
     TEST(default_dtype_builds_half_models)
     TEST(misuse_is_refused_by_name)
+    TEST(device_half_storage_takes_half_the_bytes)
     { NULL, NULL }
 };
