@@ -279,7 +279,7 @@ static int onectx_every_op_family_and_optimiser(void) {
 }
 
 /* The same program under autocast in bf16 and in fp16 (products in half, everything else as
-   autocast leaves it) on the CPU, against float32: every output, gradient and updated parameter
+   autocast leaves it) on the suite's device, against float32 on the CPU: every output, gradient and updated parameter
    within the half dtype's rounding carried through the program (|d - e| <= 0.02 (1 + |e|): bf16 gives 0.0064 here), and
    the products took the autocast dtype. */
 static int onectx_every_op_family_under_autocast(void) {
@@ -291,7 +291,7 @@ static int onectx_every_op_family_under_autocast(void) {
     c.quiet = 1;
     for (d = 0; d < 2 && ok; d++) {
         record amp, f32;
-        mlc_ctx *ctx = mlc_create(&c), *ref = mlc_create(&c);
+        mlc_ctx *ctx = test_ctx(0), *ref = mlc_create(&c);
         double worst = 0;
         int k;
         size_t i;
@@ -318,7 +318,7 @@ static int onectx_every_op_family_under_autocast(void) {
                                               mlc_dtype_name(dtypes[d]), worst);
         free(amp.values);
         free(f32.values);
-        mlc_destroy(ctx);
+        test_destroy(ctx);
         mlc_destroy(ref);
     }
     return ok;
