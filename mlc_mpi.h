@@ -698,9 +698,13 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
     if (!ddp) return MLC_ERR_NULL;
     mpi = ddp->mpi;
     start = mlc_mpi__now();
-    if (ddp->no_sync) {
+    if (ddp->no_sync || mpi->size == 1) {        /* one rank: its gradients are the average */
         rc = mlc_backward(loss);
-        if (rc != MLC_OK || !loss) mlc_mpi_check(mpi, loss ? ddp->ctx : NULL, "mlc_ddp_backward (no_sync)");
+        if (rc != MLC_OK || !loss) mlc_mpi_check(mpi, loss ? ddp->ctx : NULL, "mlc_ddp_backward");
+        if (!ddp->no_sync) {
+            ddp->stats.steps++;
+            ddp->stats.backward_s += mlc_mpi__now() - start;
+        }
         return rc;
     }
     memset(ddp->reported, 0, (size_t)ddp->n_params);
