@@ -1,0 +1,124 @@
+/* Convolution fast paths against the general ones: depthwise (groups = channels, its own
+   plane-by-plane path on the CPU) against the same convolution as one ordinary convolution per
+   channel (groups 1, im2col or the stride-1 path) joined along the channels, forward and
+   gradients; pointwise 1x1 convolutions (products without im2col) against matmul; and
+   finite-difference gradient checks of both. */
+#include "test.h"
+
+/* A leaf of random values in [-1, 1) that requires a gradient */
+static mlc_tensor *conv_rand(mlc_ctx *ctx, int ndim, const int *shape) {
+    mlc_tensor *u = mlc_add_scalar(mlc_mul_scalar(mlc_rand(ctx, ndim, shape), 2.0f), -1.0f);
+    return u ? mlc_requires_grad(mlc_from_data(ctx, ndim, shape, mlc_host_data(u)), 1) : NULL;
+}
+/* Another leaf with t's values */
+static mlc_tensor *conv_twin(mlc_tensor *t) {
+    return t ? mlc_requires_grad(mlc_from_data(t->ctx, t->ndim, t->shape, mlc_host_data(t)), 1) : NULL;
+}
+
+/* max |a - b| over a's values, or infinity when either is missing */
+static double conv_max_diff(mlc_tensor *a, const float *bv, size_t n) {
+    const float *av = a ? mlc_host_data(a) : NULL;
+    double worst = 0;
+    size_t i;
+    if (!av || !bv || a->size != n) return INFINITY;
+    for (i = 0; i < n; i++) worst = fabs((double)av[i] - bv[i]) > worst ? fabs((double)av[i] - bv[i]) : worst;
+    return worst;
+}
+/* max |gradient of a - gradient of b| */
+static double conv_grad_diff(mlc_tensor *a, mlc_tensor *b) {
+    const float *ga = mlc_host_grad(a), *gb = mlc_host_grad(b);
+    return ga && gb ? conv_max_diff(mlc_from_data(a->ctx, a->ndim, a->shape, ga), gb, b->size) : INFINITY;
+}
+
+/* One depthwise case: x [N, C, H, W], kernel K, stride, padding, dilation; bias or none */
+static int depthwise_case(int N, int C, int H, int W, int K, int stride, int padding, int dilation,
+                          int bias) {
+    mlc_ctx *ctx = test_ctx(11);
+    mlc_conv_opts opts = { stride, padding, dilation, C, 0, 0, 0 };
+    mlc_conv_opts one = { stride, padding, dilation, 1, 0, 0, 0 };
+    mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, H, W)), *w = conv_rand(ctx, MLC_SHAPE(C, 1, K, K));
+    mlc_tensor *b = bias ? conv_rand(ctx, MLC_SHAPE(C)) : NULL, *parts[16], *y, *ref, *r;
+    mlc_tensor *xr = conv_twin(x), *wr = conv_twin(w), *br = conv_twin(b);
+    int c;
+    CHECK(C <= 16 && x && w && xr && wr);
+    y = mlc_conv2d(x, w, b, opts);
+    CHECK_MSG(y != NULL, "conv2d: %s", mlc_error_message(ctx));
+    r = mlc_rand(ctx, y->ndim, y->shape);                       /* loss = Σ y r */
+    for (c = 0; c < C; c++)
+        parts[c] = mlc_conv2d(mlc_slice(xr, 1, c, c + 1), mlc_slice(wr, 0, c, c + 1),
+                              b ? mlc_slice(br, 0, c, c + 1) : NULL, one);
+    ref = mlc_concat(ctx, parts, C, 1);
+    CHECK_MSG(ref && mlc_same_shape(ref, y), "reference: %s", mlc_error_message(ctx));
+    CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(ref, r))) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, r))) == MLC_OK);
+    CHECK_MSG(conv_grad_diff(x, xr) <= 1e-5, "dx differs by %g", conv_grad_diff(x, xr));
+    CHECK_MSG(conv_grad_diff(w, wr) <= 1e-4, "dw differs by %g", conv_grad_diff(w, wr));
+    CHECK(!b || conv_grad_diff(b, br) <= 1e-4);
+    test_destroy(ctx);
+    return 1;
+}
+
+static int depthwise_matches_per_channel_convs(void) {
+    return depthwise_case(2, 5, 9, 11, 3, 1, 1, 1, 1)          /* MobileNet's two */
+        && depthwise_case(2, 5, 9, 11, 3, 2, 1, 1, 0)
+        && depthwise_case(3, 4, 8, 8, 3, 2, 1, 1, 1)          /* even sizes at stride 2 */
+        && depthwise_case(1, 3, 7, 5, 3, 1, 0, 1, 1)          /* no padding */
+        && depthwise_case(2, 3, 10, 9, 3, 1, 2, 2, 1)         /* dilation */
+        && depthwise_case(2, 6, 12, 13, 5, 2, 2, 1, 1)        /* 5x5 */
+        && depthwise_case(1, 16, 40, 37, 3, 1, 1, 1, 1);      /* enough planes for threads */
+}
+
+static mlc_tensor *f_depthwise(mlc_tensor **in, void *user) {
+    mlc_conv_opts opts = { 2, 1, 1, 3, 0, 0, 0 };
+    (void)user;
+    return mlc_conv2d(in[0], in[1], in[2], opts);
+}
+static mlc_tensor *f_pointwise(mlc_tensor **in, void *user) {
+    mlc_conv_opts opts = { 1, 0, 1, 2, 0, 0, 0 };                 /* groups 2 */
+    (void)user;
+    return mlc_conv2d(in[0], in[1], in[2], opts);
+}
+
+static int depthwise_and_pointwise_gradcheck(void) {
+    mlc_ctx *ctx = test_ctx(12);
+    mlc_gradcheck_opts tol = { 5e-3, 2e-3, 1e-2 };
+    mlc_gradcheck_report rep;
+    mlc_tensor *dw[3], *pw[3];
+    dw[0] = conv_rand(ctx, MLC_SHAPE(2, 3, 6, 7)); dw[1] = conv_rand(ctx, MLC_SHAPE(3, 1, 3, 3));
+    dw[2] = conv_rand(ctx, MLC_SHAPE(3));
+    pw[0] = conv_rand(ctx, MLC_SHAPE(2, 4, 3, 5)); pw[1] = conv_rand(ctx, MLC_SHAPE(6, 2, 1, 1));
+    pw[2] = conv_rand(ctx, MLC_SHAPE(6));
+    CHECK_MSG(mlc_gradcheck(ctx, f_depthwise, NULL, dw, 3, &tol, &rep),
+              "depthwise: input %d element %zu: %g vs %g", rep.worst_input, rep.worst_index,
+              rep.analytic, rep.numeric);
+    CHECK_MSG(mlc_gradcheck(ctx, f_pointwise, NULL, pw, 3, &tol, &rep),
+              "pointwise: input %d element %zu: %g vs %g", rep.worst_input, rep.worst_index,
+              rep.analytic, rep.numeric);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* 1x1 convolution = W [O, C] @ x[n] [C, H·W] + b, for a batch of 1 and of several images */
+static int pointwise_matches_matmul(void) {
+    mlc_ctx *ctx = test_ctx(13);
+    mlc_conv_opts opts = { 0, 0, 0, 0, 0, 0, 0 };
+    int N;
+    for (N = 1; N <= 3; N += 2) {
+        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, 24, 9, 10)), *w = conv_rand(ctx, MLC_SHAPE(40, 24, 1, 1));
+        mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(40)), *y = mlc_conv2d(x, w, b, opts), *ref;
+        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(40, 24)), mlc_reshape(x, MLC_SHAPE(N, 24, 90))),
+                      mlc_reshape(b, MLC_SHAPE(40, 1)));
+        CHECK_MSG(y && ref, "%s", mlc_error_message(ctx));
+        CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
+const test_case tests_conv[] = {
+    TEST(depthwise_matches_per_channel_convs)
+    TEST(depthwise_and_pointwise_gradcheck)
+    TEST(pointwise_matches_matmul)
+    { NULL, NULL }
+};
