@@ -971,8 +971,11 @@ MLCDEF mlc_result mlc_checkpoint_load_from_memory(const void *data, size_t size,
 #ifndef MLC_NO_STDIO
 MLCDEF mlc_safetensors *mlc_safetensors_open(mlc_ctx *ctx, const char *path);  /* reads it whole */
 MLCDEF mlc_result mlc_module_load(mlc_module *m, const char *path, const mlc_load_opts *opts);
-/* Saving is atomic: "path.tmp" is written, flushed (and fsync'd where <unistd.h> declares
-   it), closed and renamed over path, so a failed save leaves the previous file as it was. */
+/* Saving is atomic: a temporary file of its own beside path ("path.tmp-PID-N", created
+   exclusively, never through a link) is written, flushed (and fsync'd where <unistd.h> declares
+   it), closed and renamed over path, so a failed save leaves the previous file as it was and
+   processes saving one path at once each leave a whole file. Each tensor's CRC-32 goes into
+   the metadata ("mlc.crc32:NAME"); a file that has them is checked when it opens. */
 MLCDEF mlc_result mlc_safetensors_save(mlc_ctx *ctx, const char *path, const mlc_named_tensor *tensors,
                                        int count, const char *const *metadata);
 MLCDEF mlc_result mlc_module_save(mlc_module *m, const char *path, const char *const *metadata);
@@ -10313,6 +10316,42 @@ MLCDEF void mlc_safetensors_close(mlc_safetensors *st) {
     mlc__owned_free(ctx, st);
 }
 
+/* Checksums: mlc writes "mlc.crc32:NAME": "8 hex digits" into __metadata__ for each tensor, the
+   CRC-32 of its bytes in the file (other readers ignore the keys). A file that has them is
+   checked whole when it opens: a flipped bit fails by name and offset, never loads. */
+#define MLC__ST_CRC_KEY "mlc.crc32:"
+static const mlc__st_entry *mlc__st_find(const mlc_safetensors *st, const char *name);
+static int mlc__st_verify(mlc_safetensors *st) {
+    const size_t prefix = sizeof MLC__ST_CRC_KEY - 1;
+    uint32_t table[256];
+    int i, made = 0;
+    for (i = 0; i < st->n_meta; i += 2) {
+        const char *key = st->meta[i], *value = st->meta[i + 1];
+        const mlc__st_entry *e;
+        unsigned long stored = 0;
+        uint32_t crc;
+        int k;
+        if (strncmp(key, MLC__ST_CRC_KEY, prefix) != 0) continue;
+        if (!(e = mlc__st_find(st, key + prefix)))
+            return mlc__st_fail(st, key + prefix, 0, "the metadata holds a checksum for it, but the file has "
+                                "no such tensor (a name corrupted?)") != NULL;
+        for (k = 0; k < 8 && value[k]; k++) {
+            int c = value[k], digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (digit < 0) break;
+            stored = stored << 4 | (unsigned long)digit;
+        }
+        if (k != 8 || value[8])
+            return mlc__st_fail(st, e->name, e->at, "its checksum \"%s\" is not 8 hex digits", value) != NULL;
+        if (!made) { mlc__crc32_table(table); made = 1; }
+        crc = mlc__crc32(table, 0, st->body + e->begin, e->end - e->begin);
+        if (crc != stored)
+            return mlc__st_fail(st, e->name, st->body_at + e->begin, "its bytes [%zu, %zu) fail their CRC-32 "
+                                "(stored %08lx, computed %08lx): the file is corrupt", st->body_at + e->begin,
+                                st->body_at + e->end, stored, (unsigned long)crc) != NULL;
+    }
+    return 1;
+}
+
 MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *data, size_t size,
                                                     const char *label) {
     mlc_safetensors *st;
@@ -10346,7 +10385,7 @@ MLCDEF mlc_safetensors *mlc_safetensors_from_memory(mlc_ctx *ctx, const void *da
     st->body = p + 8 + n; st->body_at = 8 + (size_t)n; st->body_size = size - 8 - (size_t)n;
     st->pool_cap = (size_t)n + 8;
     if (!(st->pool = (char *)mlc__owned_alloc(ctx, st->pool_cap, "safetensors"))) goto fail;
-    if (!mlc__st_header(st, p + 8, (size_t)n) || !mlc__st_check(st)) goto fail;
+    if (!mlc__st_header(st, p + 8, (size_t)n) || !mlc__st_check(st) || !mlc__st_verify(st)) goto fail;
     return st;
 fail:
     mlc_safetensors_close(st);
@@ -10564,9 +10603,8 @@ static void mlc__out_uint(mlc__out *o, size_t v) {
     mlc__format(text, sizeof text, "%zu", v);
     mlc__out_str(o, text);
 }
-static void mlc__out_json(mlc__out *o, const char *s) {   /* a JSON string (s is valid UTF-8) */
+static void mlc__out_json_text(mlc__out *o, const char *s) {   /* inside a JSON string (valid UTF-8) */
     static const char hex[] = "0123456789abcdef";
-    mlc__out_str(o, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         char esc[6] = { '\\', 'u', '0', '0', 0, 0 };
@@ -10574,20 +10612,35 @@ static void mlc__out_json(mlc__out *o, const char *s) {   /* a JSON string (s is
         else if (c < 0x20) { esc[4] = hex[c >> 4]; esc[5] = hex[c & 15]; mlc__out_bytes(o, esc, 6); }
         else mlc__out_bytes(o, s, 1);
     }
+}
+static void mlc__out_json(mlc__out *o, const char *s) {   /* a JSON string */
+    mlc__out_str(o, "\"");
+    mlc__out_json_text(o, s);
     mlc__out_str(o, "\"");
 }
 
-/* The header's JSON, padded with spaces so the data starts at a multiple of 8. */
+/* The header's JSON, padded with spaces so the data starts at a multiple of 8; __metadata__
+   holds the caller's pairs, then each tensor's checksum (mlc__st_verify). */
 static void mlc__st_build_header(mlc__out *o, const mlc__st_item *items, int count,
-                                 const char *const *metadata) {
+                                 const char *const *metadata, const uint32_t *crcs) {
+    static const char hex[] = "0123456789abcdef";
     size_t offset = 0;
-    int i, d;
+    int i, d, pairs = 0;
     mlc__out_str(o, "{");
-    if (metadata && metadata[0]) {
+    if ((metadata && metadata[0]) || count) {
         mlc__out_str(o, "\"__metadata__\":{");
-        for (i = 0; metadata[i] && metadata[i + 1]; i += 2) {
-            if (i) mlc__out_str(o, ",");
+        for (i = 0; metadata && metadata[i] && metadata[i + 1]; i += 2, pairs++) {
+            if (pairs) mlc__out_str(o, ",");
             mlc__out_json(o, metadata[i]); mlc__out_str(o, ":"); mlc__out_json(o, metadata[i + 1]);
+        }
+        for (i = 0; i < count; i++, pairs++) {
+            char value[11] = "\"00000000\"";
+            for (d = 0; d < 8; d++) value[8 - d] = hex[crcs[i] >> (4 * d) & 15u];
+            if (pairs) mlc__out_str(o, ",");
+            mlc__out_str(o, "\"" MLC__ST_CRC_KEY);
+            mlc__out_json_text(o, items[i].name);
+            mlc__out_str(o, "\":");
+            mlc__out_str(o, value);
         }
         mlc__out_str(o, count ? "}," : "}");
     }
@@ -10636,50 +10689,79 @@ static int mlc__st_check_items(mlc_ctx *ctx, const char *op, const mlc__st_item 
 
 typedef int (*mlc__sink)(void *user, const void *bytes, size_t len);   /* 1: written */
 
-/* The whole file through sink: length, header, then each tensor as little-endian bytes. */
+/* One tensor's bytes, little-endian, through sink */
+static int mlc__st_item_bytes(mlc_ctx *ctx, const mlc__st_item *item, mlc__sink sink, void *user) {
+    unsigned char chunk[4096];
+    const float *data;
+    size_t j, k, n;
+    int ok = 1;
+    if (item->raw) return !item->bytes || sink(user, item->raw, item->bytes);
+    mlc__host_sync(item->t);
+    if (item->t->dtype != MLC_F32) {                     /* bf16, f16: their bits */
+        const uint16_t *bits = item->t->half;
+        for (j = 0; ok && j < item->t->size; j += n) {
+            n = item->t->size - j < sizeof chunk / 2 ? item->t->size - j : sizeof chunk / 2;
+            for (k = 0; k < n; k++) {
+                chunk[2 * k] = (unsigned char)bits[j + k];
+                chunk[2 * k + 1] = (unsigned char)(bits[j + k] >> 8);
+            }
+            ok = sink(user, chunk, 2 * n);
+        }
+        return ok && !ctx->error;
+    }
+    if (!(data = mlc__host(item->t)) || ctx->error) return 0;
+    for (j = 0; ok && j < item->t->size; j += n) {
+        n = item->t->size - j < sizeof chunk / 4 ? item->t->size - j : sizeof chunk / 4;
+        for (k = 0; k < n; k++) {
+            uint32_t bits;
+            memcpy(&bits, &data[j + k], 4);
+            chunk[4 * k] = (unsigned char)bits; chunk[4 * k + 1] = (unsigned char)(bits >> 8);
+            chunk[4 * k + 2] = (unsigned char)(bits >> 16);
+            chunk[4 * k + 3] = (unsigned char)(bits >> 24);
+        }
+        ok = sink(user, chunk, 4 * n);
+    }
+    return ok;
+}
+
+typedef struct mlc__crc_sink { uint32_t table[256], crc; } mlc__crc_sink;
+static int mlc__sink_crc(void *user, const void *bytes, size_t len) {
+    mlc__crc_sink *c = (mlc__crc_sink *)user;
+    c->crc = mlc__crc32(c->table, c->crc, (const unsigned char *)bytes, len);
+    return 1;
+}
+
+/* The whole file through sink: length, header (with each tensor's checksum, a first pass over
+   its bytes), then each tensor as little-endian bytes. */
 static int mlc__st_write(mlc_ctx *ctx, const char *op, const mlc__st_item *items, int count,
                          const char *const *metadata, mlc__sink sink, void *user) {
     mlc__out header = { NULL, 0, 0 };
-    unsigned char chunk[4096], length[8];
+    mlc__crc_sink *crc;
+    uint32_t *crcs;
+    unsigned char length[8];
     int i, ok = 1;
     if (!mlc__st_check_items(ctx, op, items, count, metadata)) return 0;
-    mlc__st_build_header(&header, items, count, metadata);
-    if (!(header.buf = (unsigned char *)mlc__owned_alloc(ctx, header.n, op))) return 0;
-    header.cap = header.n; header.n = 0;
-    mlc__st_build_header(&header, items, count, metadata);
-    for (i = 0; i < 8; i++) length[i] = (unsigned char)((uint64_t)header.n >> (8 * i));
-    ok = sink(user, length, 8) && sink(user, header.buf, header.n);
-    mlc__owned_free(ctx, header.buf);
+    if (!(crc = (mlc__crc_sink *)mlc__owned_alloc(ctx, sizeof *crc + ((size_t)count + 1) * sizeof *crcs, op)))
+        return 0;
+    crcs = (uint32_t *)(void *)(crc + 1);
+    mlc__crc32_table(crc->table);
     for (i = 0; ok && i < count; i++) {
-        const float *data;
-        size_t j, k, n;
-        if (items[i].raw) { ok = !items[i].bytes || sink(user, items[i].raw, items[i].bytes); continue; }
-        if (items[i].t->dtype != MLC_F32) {              /* bf16, f16: their bits, little-endian */
-            const uint16_t *bits = items[i].t->half;
-            for (j = 0; ok && j < items[i].t->size; j += n) {
-                n = items[i].t->size - j < sizeof chunk / 2 ? items[i].t->size - j : sizeof chunk / 2;
-                for (k = 0; k < n; k++) {
-                    chunk[2 * k] = (unsigned char)bits[j + k];
-                    chunk[2 * k + 1] = (unsigned char)(bits[j + k] >> 8);
-                }
-                ok = sink(user, chunk, 2 * n);
-            }
-            continue;
-        }
-        if (!(data = mlc__host(items[i].t)) || ctx->error) return 0;
-        for (j = 0; ok && j < items[i].t->size; j += n) {
-            n = items[i].t->size - j < sizeof chunk / 4 ? items[i].t->size - j : sizeof chunk / 4;
-            for (k = 0; k < n; k++) {
-                uint32_t bits;
-                memcpy(&bits, &data[j + k], 4);
-                chunk[4 * k] = (unsigned char)bits; chunk[4 * k + 1] = (unsigned char)(bits >> 8);
-                chunk[4 * k + 2] = (unsigned char)(bits >> 16);
-                chunk[4 * k + 3] = (unsigned char)(bits >> 24);
-            }
-            ok = sink(user, chunk, 4 * n);
-        }
+        crc->crc = 0;
+        ok = mlc__st_item_bytes(ctx, &items[i], mlc__sink_crc, crc);
+        crcs[i] = crc->crc;
     }
-    return ok;
+    if (ok) mlc__st_build_header(&header, items, count, metadata, crcs);
+    if (ok && !(header.buf = (unsigned char *)mlc__owned_alloc(ctx, header.n, op))) ok = 0;
+    if (ok) {
+        header.cap = header.n; header.n = 0;
+        mlc__st_build_header(&header, items, count, metadata, crcs);
+        for (i = 0; i < 8; i++) length[i] = (unsigned char)((uint64_t)header.n >> (8 * i));
+        ok = sink(user, length, 8) && sink(user, header.buf, header.n);
+    }
+    if (header.buf) mlc__owned_free(ctx, header.buf);
+    mlc__owned_free(ctx, crc);
+    for (i = 0; ok && i < count; i++) ok = mlc__st_item_bytes(ctx, &items[i], sink, user);
+    return ok && !ctx->error;
 }
 
 static int mlc__sink_memory(void *user, const void *bytes, size_t len) {
@@ -11063,9 +11145,19 @@ MLCDEF mlc_result mlc_checkpoint_load_from_memory(const void *data, size_t size,
 #if defined(__GLIBC__) ? defined(__USE_POSIX) : defined(__APPLE__) || (defined(__unix__) && \
     (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
 #include <unistd.h>
+#include <fcntl.h>
 #define MLC__FSYNC(f) fsync(fileno(f))   /* the data reaches the disk before the rename */
+#define MLC__POSIX_FILES 1
+#ifndef O_NOFOLLOW
+#define O_NOFOLLOW 0
+#endif
+#ifndef O_CLOEXEC
+#define O_CLOEXEC 0
+#endif
 #elif defined(_WIN32)
 #include <io.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #define MLC__FSYNC(f) _commit(_fileno(f))
 #else
 #define MLC__FSYNC(f) 0                  /* strict ISO C: no fsync declared; fflush only */
@@ -11116,21 +11208,56 @@ static int mlc__sink_file(void *user, const void *bytes, size_t len) {
     return fwrite(bytes, 1, len, (FILE *)user) == len;
 }
 
-/* Write "path.tmp", flush, fsync, close, rename over path (one step that replaces the old file
-   or leaves it: rename on POSIX, MoveFileEx on Windows); on failure remove the temporary. */
+/* A temporary file beside path for this save alone, "path.tmp-PID-N", created exclusively: a
+   name that exists (a link included) is never opened, so a save never writes through a link
+   or into another process's temporary; N counts past names that exist. Strict ISO C has no
+   exclusive create: there it checks that the name is free, then creates it. NULL: errno set. */
+static FILE *mlc__create_temp(const char *path, char *tmp, size_t cap) {
+    static unsigned long next;                           /* a clash only costs a retry */
+    unsigned long pid, tries;
+    FILE *f = NULL;
+#if defined(MLC__POSIX_FILES)
+    pid = (unsigned long)getpid();
+#elif defined(_WIN32)
+    pid = (unsigned long)GetCurrentProcessId();
+#else
+    pid = (unsigned long)(uintptr_t)&next;
+#endif
+    for (tries = 0; tries < 1000; tries++) {
+        int fd;
+        mlc__format(tmp, cap, "%s.tmp-%zu-%zu", path, (size_t)pid, (size_t)next++);
+#if defined(MLC__POSIX_FILES)
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0 && !(f = fdopen(fd, "wb"))) close(fd);
+#elif defined(_WIN32)
+        fd = _open(tmp, _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY, _S_IREAD | _S_IWRITE);
+        if (fd >= 0 && !(f = _fdopen(fd, "wb"))) _close(fd);
+#else
+        fd = -1;
+        if ((f = fopen(tmp, "rb")) != NULL) { fclose(f); f = NULL; errno = EEXIST; }
+        else if ((f = fopen(tmp, "wb")) != NULL) fd = 0;
+#endif
+        if (fd >= 0 || errno != EEXIST) return f;
+    }
+    return NULL;
+}
+
+/* Write a temporary file (mlc__create_temp), flush, fsync, close, rename over path (one step that
+   replaces the old file or leaves it: rename on POSIX, then the directory synced so the rename
+   survives a crash; MoveFileEx with write-through on Windows); on failure remove the
+   temporary. Two processes saving one path each write their own file: the last rename wins,
+   and a reader sees one whole file or the other. */
 static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, const mlc__st_item *items,
                                int count, const char *const *metadata) {
-    size_t len;
+    size_t cap;
     char *tmp, reason[64] = "";
     FILE *f;
     int ok, err = 0;
     if (ctx->error) return ctx->error;
     if (!path) return mlc__fail(ctx, MLC_ERR_NULL, "%s: path is NULL", op), ctx->error;
-    len = strlen(path);
-    if (!(tmp = (char *)mlc__owned_alloc(ctx, len + 5, op))) return ctx->error;
-    memcpy(tmp, path, len);
-    memcpy(tmp + len, ".tmp", 5);
-    if (!(f = fopen(tmp, "wb"))) {
+    cap = strlen(path) + 48;
+    if (!(tmp = (char *)mlc__owned_alloc(ctx, cap, op))) return ctx->error;
+    if (!(f = mlc__create_temp(path, tmp, cap))) {
         mlc__fail(ctx, MLC_ERR_IO, "%s: cannot create %s: %s", op, tmp, strerror(errno));
         mlc__owned_free(ctx, tmp);
         return ctx->error;
@@ -11147,6 +11274,15 @@ static mlc_result mlc__st_save(mlc_ctx *ctx, const char *op, const char *path, c
     }
 #else
     if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
+#endif
+#if defined(MLC__POSIX_FILES)
+    if (ok) {                                            /* the directory's entry reaches the disk too */
+        const char *slash = strrchr(path, '/');
+        int dir;
+        if (slash) { memcpy(tmp, path, (size_t)(slash - path) + 1); tmp[slash - path + 1] = '\0'; }
+        else memcpy(tmp, ".", 2);
+        if ((dir = open(tmp, O_RDONLY | O_CLOEXEC)) >= 0) { (void)fsync(dir); close(dir); }
+    }
 #endif
     if (!ok) {
         remove(tmp);

@@ -12,8 +12,10 @@
 #define W_OK 2
 #define rmdir _rmdir
 #else
+#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #endif
 #include "test.h"
@@ -117,6 +119,30 @@ static int temp_dir(char *dir, size_t cap) {
     snprintf(dir, cap, "/tmp/mlc-safetensors-XXXXXX");
     return mkdtemp(dir) != NULL;
 #endif
+}
+
+/* How many of a save's temporary files ("NAME.tmp-...") are left in dir */
+static int temps_left(const char *dir, const char *name) {
+    char prefix[128];
+    int n = 0;
+#ifdef _WIN32
+    char pattern[400];
+    struct _finddata_t found;
+    intptr_t h;
+    snprintf(pattern, sizeof pattern, "%s\\%s.tmp-*", dir, name);
+    if ((h = _findfirst(pattern, &found)) == -1) return 0;
+    do n++; while (_findnext(h, &found) == 0);
+    _findclose(h);
+    (void)prefix;
+#else
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    snprintf(prefix, sizeof prefix, "%s.tmp-", name);
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+#endif
+    return n;
 }
 
 static int round_trip_file(void) {
@@ -549,6 +575,98 @@ static int checkpoint_mismatches(void) {
    error, removes its temporary file and leaves the previous checkpoint loadable. (Windows has
    neither /dev/full nor a file-size limit: there 1 and 2 are left out, and 3, a save over an
    existing file, and 4, a replace that fails, check MoveFileEx.) */
+/* One writer's file: a [32, 32] tensor "w" of value k (file k), saved by a context of its own */
+static int save_constant(const char *path, float k) {
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" });
+    mlc_named_tensor named[1] = { { "w", NULL } };
+    mlc_result r;
+    if (!ctx) return 0;
+    named[0].tensor = mlc_full(ctx, MLC_SHAPE(32, 32), k);
+    r = mlc_safetensors_save(ctx, path, named, 1, NULL);
+    if (r != MLC_OK) fprintf(stderr, "  saving %s: %s\n", path, mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    return r == MLC_OK;
+}
+
+/* Saves that race: 3 processes save one path 25 times each (their own values) while this one
+   loads it in a loop. Every load is one writer's whole file (the checksums pass, every value
+   is that writer's), and no temporary is left. (Windows: the writers take turns in this
+   process, which checks only that each save has a temporary of its own.) */
+static int racing_saves_leave_whole_files(void) {
+    char dir[300], path[340];
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" });
+    int loads = 0, bad = 0, w, i;
+    CHECK(ctx && temp_dir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/race.safetensors", dir);
+    CHECK(save_constant(path, 0.0f));
+#ifndef _WIN32
+    {
+        pid_t writers[3];
+        int running = 3, status;
+        for (w = 0; w < 3; w++) {
+            CHECK((writers[w] = fork()) >= 0);
+            if (writers[w] == 0) {
+                for (i = 0; i < 25; i++) if (!save_constant(path, (float)(w + 1))) _exit(1);
+                _exit(0);
+            }
+        }
+        while (running) {
+            mlc_safetensors *st = mlc_safetensors_open(ctx, path);
+            mlc_tensor *t = st ? mlc_safetensors_get(st, "w") : NULL;
+            loads++;
+            if (!t) { bad++; printf("  load %d: %s\n", loads, mlc_error_message(ctx)); mlc_clear_error(ctx); }
+            else for (i = 1; i < 32 * 32; i++) if (mlc_get(t, (size_t)i) != mlc_get(t, 0)) { bad++; break; }
+            if (st) mlc_safetensors_close(st);
+            for (w = 0; w < 3; w++)
+                if (writers[w] > 0 && waitpid(writers[w], &status, WNOHANG) == writers[w]) {
+                    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d: status %#x", w, status);
+                    writers[w] = 0;
+                    running--;
+                }
+        }
+    }
+#else
+    for (i = 0; i < 25; i++)
+        for (w = 0; w < 3; w++) CHECK(save_constant(path, (float)(w + 1)));
+    loads = 1;
+#endif
+    CHECK_MSG(bad == 0, "%d of %d loads were not one whole file", bad, loads);
+    CHECK(loads > 0 && temps_left(dir, "race.safetensors") == 0);
+    remove(path);
+    rmdir(dir);
+    mlc_destroy(ctx);
+    return 1;
+}
+
+/* A flipped bit in a tensor's bytes fails its checksum when the file opens, naming the tensor
+   and the byte; a file without checksums (other writers') loads as before. */
+static int flipped_bit_fails_its_checksum(void) {
+    mlc_ctx *ctx = test_ctx(31);
+    mlc_module *a = small_model(ctx);
+    mlc_named_tensor state[16];
+    int n = mlc_module_state(a, state, 16);
+    size_t size = mlc_safetensors_encode(ctx, state, n, NULL, NULL, 0), header;
+    unsigned char *file = (unsigned char *)malloc(size);
+    mlc_safetensors *st;
+    CHECK(n > 0 && size > 0 && file && mlc_safetensors_encode(ctx, state, n, NULL, file, size) == size);
+    CHECK((st = mlc_safetensors_from_memory(ctx, file, size, "good")) != NULL);
+    CHECK(mlc_safetensors_metadata(st, "mlc.crc32:0.weight") != NULL);
+    mlc_safetensors_close(st);
+    file[size - 3] ^= 0x10;                              /* a bit of the last tensor's last value */
+    CHECK(mlc_safetensors_from_memory(ctx, file, size, "flipped") == NULL && mlc_error(ctx) == MLC_ERR_IO);
+    CHECK_MSG(contains(mlc_error_message(ctx), "CRC-32") && contains(mlc_error_message(ctx), "corrupt"), "%s",
+              mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    header = (size_t)file[0] | (size_t)file[1] << 8;     /* the header: its checksum keys renamed */
+    for (n = 8; (size_t)n + 10 < 8 + header; n++)
+        if (memcmp(file + n, "mlc.crc32:", 10) == 0) file[n] = 'x';
+    CHECK((st = mlc_safetensors_from_memory(ctx, file, size, "unchecked")) != NULL);   /* no checksums */
+    mlc_safetensors_close(st);
+    free(file);
+    test_destroy(ctx);
+    return 1;
+}
+
 static int failed_save_keeps_previous(void) {
     mlc_ctx *ctx = test_ctx(9);
     mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 4, 64), mlc_nn_batch_norm(ctx, 64),
@@ -573,15 +691,18 @@ static int failed_save_keeps_previous(void) {
     if (!train_steps(net, opt, 1)) return 0;                            /* what a second save would hold */
     state.step = 2;
 #ifndef _WIN32
-    /* 1: the temporary file lands on a full disk */
-    if (access("/dev/full", W_OK) == 0) {
-        CHECK(symlink("/dev/full", tmp) == 0);
-        r = mlc_checkpoint_save(path, net, opt, &state);
-        CHECK_MSG(r == MLC_ERR_IO, "saving onto /dev/full gave %d", (int)r);
-        CHECK(contains(mlc_error_message(ctx), "is as it was"));
-        mlc_clear_error(ctx);
-        CHECK(access(tmp, F_OK) != 0);                          /* the temporary is gone */
-        CHECK(mlc_checkpoint_load(path, back, NULL, &loaded) == MLC_OK && loaded.step == 1);
+    /* 1: a link where the old temporary name was (PATH.tmp -> an unrelated file) is not written
+       through: the save makes a file of its own */
+    {
+        char victim[360];
+        snprintf(victim, sizeof victim, "%s/victim", dir);
+        CHECK((f = fopen(victim, "wb")) != NULL && fwrite(&one, 4, 1, f) == 1 && fclose(f) == 0);
+        CHECK(symlink(victim, tmp) == 0);
+        CHECK(mlc_checkpoint_save(path, net, opt, &state) == MLC_OK);
+        CHECK((f = fopen(victim, "rb")) != NULL && fseek(f, 0, SEEK_END) == 0 && ftell(f) == 4 && fclose(f) == 0);
+        CHECK(mlc_checkpoint_load(path, back, NULL, &loaded) == MLC_OK && loaded.step == 2);
+        CHECK(remove(tmp) == 0 && remove(victim) == 0 && temps_left(dir, "model.ckpt") == 0);
+        state.step = 3;
     }
     /* 2: the file-size limit stops the write after 4 KiB (the checkpoint is ~10 KiB) */
     CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
@@ -592,17 +713,19 @@ static int failed_save_keeps_previous(void) {
     r = mlc_checkpoint_save(path, net, opt, &state);
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_handler);
-    CHECK_MSG(r == MLC_ERR_IO, "saving past the file-size limit gave %d", (int)r);
+    CHECK_MSG(r == MLC_ERR_IO && contains(mlc_error_message(ctx), "is as it was"),
+              "saving past the file-size limit gave %d", (int)r);
     mlc_clear_error(ctx);
-    CHECK(access(tmp, F_OK) != 0);
+    CHECK(temps_left(dir, "model.ckpt") == 0);              /* the temporary is gone */
     loaded.step = 0;
-    CHECK(mlc_checkpoint_load(path, back, NULL, &loaded) == MLC_OK && loaded.step == 1);
+    CHECK(mlc_checkpoint_load(path, back, NULL, &loaded) == MLC_OK && loaded.step == 2);
 #endif
-    /* 3: a stale temporary from a crashed save is simply replaced */
+    /* 3: a file at the old temporary name (a crashed save of an older version) is left alone */
     CHECK((f = fopen(tmp, "wb")) != NULL && fwrite(&one, 4, 1, f) == 1 && fclose(f) == 0);
+    state.step = 2;
     CHECK(mlc_checkpoint_save(path, net, opt, &state) == MLC_OK);
     CHECK(mlc_checkpoint_load(path, back, NULL, &loaded) == MLC_OK && loaded.step == 2 && same_state(net, back));
-    CHECK(access(tmp, F_OK) != 0);
+    CHECK(remove(tmp) == 0 && temps_left(dir, "model.ckpt") == 0);
     remove(path);
     /* 4: the replace itself fails (the target is a directory): an error, no temporary left */
     CHECK(make_dir(path));
@@ -610,7 +733,7 @@ static int failed_save_keeps_previous(void) {
     CHECK_MSG(r == MLC_ERR_IO && contains(mlc_error_message(ctx), "is as it was"), "%d: %s", (int)r,
               mlc_error_message(ctx));
     mlc_clear_error(ctx);
-    CHECK(access(tmp, F_OK) != 0);
+    CHECK(temps_left(dir, "model.ckpt") == 0);
     rmdir(path);
     rmdir(dir);
     test_destroy(ctx);
@@ -627,5 +750,7 @@ const test_case tests_safetensors[] = {
     TEST(resume_matches_bit_for_bit)
     TEST(checkpoint_mismatches)
     TEST(failed_save_keeps_previous)
+    TEST(racing_saves_leave_whole_files)
+    TEST(flipped_bit_fails_its_checksum)
     { NULL, NULL }
 };
