@@ -248,20 +248,30 @@ uninstall:
 test-install:
 	MAKE="$(MAKE)" CC="$(CC)" sh tools/test_install.sh
 
-# The safetensors loader under libFuzzer (clang, with ASan and UBSan) for FUZZ_SECONDS, from
-# the seed corpus in tests/fuzz-corpus/safetensors; new inputs go to build/fuzz-corpus, a
-# crashing input to build/crash-*. (Its own directory keeps it out of the suites' tests/*.c.)
+# The safetensors loader, and examples/minilm.c's JSON reader and tokenizer (tests/fuzz/
+# fuzz_minilm_json.c), under libFuzzer (clang, with ASan and UBSan), FUZZ_SECONDS split between
+# them, each from its seed corpus in tests/fuzz-corpus/NAME with its dictionary NAME.dict; new
+# inputs go to build/fuzz-corpus/NAME, a crashing input to build/crash-*. (Their own directory
+# keeps them out of the suites' tests/*.c.)
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
+FUZZ_TARGETS := safetensors minilm_json
 $(BUILD)/fuzz-safetensors: tests/fuzz/fuzz_safetensors.c mlc.h | $(BUILD)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $@ tests/fuzz/fuzz_safetensors.c -lm
+$(BUILD)/fuzz-minilm_json: tests/fuzz/fuzz_minilm_json.c examples/minilm.c examples/*.h mlc.h | $(BUILD)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
+	    -o $@ tests/fuzz/fuzz_minilm_json.c -lm
 
-fuzz: $(BUILD)/fuzz-safetensors
-	mkdir -p $(BUILD)/fuzz-corpus
-	./$(BUILD)/fuzz-safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=2048 \
-	    -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/safetensors.dict \
-	    $(BUILD)/fuzz-corpus tests/fuzz-corpus/safetensors
+fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
+	@set -e; seconds=$$(( $(FUZZ_SECONDS) / $(words $(FUZZ_TARGETS)) )); [ $$seconds -ge 1 ] || seconds=1; \
+	for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(BUILD)/fuzz-corpus/$$t; \
+	    echo "./$(BUILD)/fuzz-$$t for $$seconds s"; \
+	    ./$(BUILD)/fuzz-$$t -max_total_time=$$seconds -max_len=4096 -rss_limit_mb=2048 \
+	        -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/$$t.dict \
+	        $(BUILD)/fuzz-corpus/$$t tests/fuzz-corpus/$$t; \
+	done
 
 # PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes six models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
@@ -291,9 +301,20 @@ test-interop: $(BUILD)/interop $(BUILD)/mobilenet
 	else echo "SKIPPED mobilenet on OpenCL: no OpenCL device (or a build without the OpenCL headers)"; fi
 
 # The examples as a user runs them: fashion_mnist stopped during an epoch and resumed from its
-# checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist).
-test-examples: $(BUILD)/fashion_mnist
-	sh tests/example_resume.sh $(BUILD)/fashion_mnist
+# checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist); then
+# each example given hostile files and arguments (tests/examples_hostile.sh), built with ASan and
+# UBSan in build/hostile: a message and exit 1 or 2, never a crash, hang or sanitizer report.
+HOSTILE_EXAMPLES := $(addprefix $(BUILD)/hostile/,gpt minilm digits devices fashion_mnist)
+$(BUILD)/hostile/%: examples/%.c mlc.h examples/*.h | $(BUILD)
+	mkdir -p $(BUILD)/hostile
+	$(CC) -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -I. -o $@ $< $(LDLIBS)
+
+test-examples: $(BUILD)/fashion_mnist $(HOSTILE_EXAMPLES)
+	@status=0; \
+	sh tests/example_resume.sh $(BUILD)/fashion_mnist || status=1; \
+	echo "sh tests/examples_hostile.sh $(BUILD)/hostile"; \
+	sh tests/examples_hostile.sh $(BUILD)/hostile || status=1; \
+	exit $$status
 
 # Windows: the suite and examples/mlp.c cross-built with MinGW-w64 (Debian's gcc-mingw-w64-x86-64)
 # and run under wine64 (Debian's wine64): Win32 threads, MoveFileEx saves, "best" on a machine

@@ -77,6 +77,12 @@ int main(int argc, char **argv) {
     if (!path) path = find_data(argv[0], DEFAULT_DIGITS, found, sizeof found);
     digits_set ds;
     if (digits_load(path, &ds, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    if (ds.count <= DIGITS_TRAIN_COUNT) {             /* the first 1500 train, the rest test */
+        fprintf(stderr, "error: %s has %d digits; it needs more than %d (the training set) to test on\n",
+                path, ds.count, DIGITS_TRAIN_COUNT);
+        digits_free(&ds);
+        return 1;
+    }
 
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });   /* device: $MLC_DEVICE, else the CPU */
     if (!ctx || mlc_error(ctx)) { mlc_destroy(ctx); digits_free(&ds); return 1; }   /* mlc logged why */

@@ -15,6 +15,7 @@
    (the same --model, and --epochs counting all epochs, the resumed ones too).
    fashion_mnist --help lists the defaults; a bad option exits with status 2. */
 #define _POSIX_C_SOURCE 199309L
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
+#include "parse_arg.h"
 
 typedef struct options {
     const char *data, *model, *device, *csv, *save, *resume, *amp;
@@ -63,20 +65,22 @@ static int parse_options(int argc, char **argv, options *o) {
     *o = (options){ .data = DEFAULT_DATA, .model = "mlp", .epochs = 0, .batch = 0, .lr = 0.0f, .seed = 1 };
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : "";
+        int ok = 1;                                  /* a number read strictly (parse_arg.h) */
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
         if (!strcmp(flag, "--data")) o->data = value;
         else if (!strcmp(flag, "--model")) o->model = value;
         else if (!strcmp(flag, "--device")) o->device = value;
-        else if (!strcmp(flag, "--epochs")) o->epochs = atoi(value);
-        else if (!strcmp(flag, "--batch")) o->batch = atoi(value);
-        else if (!strcmp(flag, "--lr")) o->lr = (float)atof(value);
-        else if (!strcmp(flag, "--seed")) o->seed = strtoull(value, NULL, 10);
+        else if (!strcmp(flag, "--epochs")) ok = parse_int_arg(flag, value, 1, 1000000, &o->epochs);
+        else if (!strcmp(flag, "--batch")) ok = parse_int_arg(flag, value, 1, 1 << 20, &o->batch);
+        else if (!strcmp(flag, "--lr")) ok = parse_float_arg(flag, value, 0.0, 10.0, &o->lr);
+        else if (!strcmp(flag, "--seed")) ok = parse_u64_arg(flag, value, &o->seed);
         else if (!strcmp(flag, "--csv")) o->csv = value;
         else if (!strcmp(flag, "--save")) o->save = value;
         else if (!strcmp(flag, "--resume")) o->resume = value;
         else if (!strcmp(flag, "--amp")) o->amp = value;
         else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
         if (++i == argc) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
+        if (!ok) return BAD;
     }
     int cnn = !strcmp(o->model, "cnn");
     if (!cnn && strcmp(o->model, "mlp")) { fprintf(stderr, "--model is mlp or cnn\n"); return BAD; }
@@ -92,7 +96,8 @@ static int parse_options(int argc, char **argv, options *o) {
 }
 
 /* Checkpoints: --resume FILE loads model, optimiser, step count and RNG before the first epoch
-   (returns the epoch to start at, 0 on failure); --save FILE is written after every epoch, atomically,
+   (returns the epoch to start at; 0 on mlc's error, -1 on an epoch out of range, said); --save FILE
+   is written after every epoch, atomically,
    so stopping the run at any moment leaves the last finished epoch. A resumed run's shuffles and
    losses equal an uninterrupted run's. */
 static int checkpoint(const options *o, int resuming, int epoch, mlc_module *model, mlc_optim *opt) {
@@ -100,6 +105,11 @@ static int checkpoint(const options *o, int resuming, int epoch, mlc_module *mod
     if (resuming) {
         if (!o->resume) return 1;
         if (mlc_checkpoint_load(o->resume, model, opt, &state) != MLC_OK) return 0;
+        if (state.epoch < 0 || state.epoch > o->epochs) {       /* a count read from a file */
+            fprintf(stderr, "error: %s: the checkpoint is after epoch %lld, not one of 0 to --epochs %d\n",
+                    o->resume, state.epoch, o->epochs);
+            return -1;
+        }
         printf("resumed from %s after epoch %lld\n", o->resume, state.epoch);
         return (int)state.epoch + 1;
     }
@@ -226,13 +236,17 @@ int main(int argc, char **argv) {
            o.epochs, o.amp_dtype != MLC_F32 ? "; autocast " : "",
            o.amp_dtype != MLC_F32 ? mlc_dtype_name(o.amp_dtype) : "");
 
-    int first_epoch = checkpoint(&o, 1, 0, model, opt);
-    if (!first_epoch) {
-        fprintf(stderr, "error: %s\n", mlc_error_message(ctx));
+    int first_epoch = checkpoint(&o, 1, 0, model, opt), steps = mlc_batches_count(batches);
+    if (first_epoch > 0 && (long long)o.epochs * steps > INT_MAX) {      /* steps are counted in int */
+        fprintf(stderr, "error: --epochs %d of %d steps is more than %d steps\n", o.epochs, steps, INT_MAX);
+        first_epoch = -1;
+    }
+    if (first_epoch <= 0) {                          /* (-1: the message is out already) */
+        if (!first_epoch) fprintf(stderr, "error: %s\n", mlc_error_message(ctx));
         mlc_destroy(ctx);
         return 1;
     }
-    int tty = isatty(1), steps = mlc_batches_count(batches), step = (first_epoch - 1) * steps;
+    int tty = isatty(1), step = (first_epoch - 1) * steps;
     int n_train = x_train->shape[0];
     double start = seconds();
     for (int epoch = first_epoch; epoch <= o.epochs; epoch++) {

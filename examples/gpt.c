@@ -10,8 +10,11 @@
    Usage: gpt [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]
               [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]
    (gpt --help lists the defaults; a bad option exits with status 2.)
-   --save writes the trained model as safetensors (the vocabulary in its metadata). */
+   --save writes the trained model as safetensors, the vocabulary in its metadata: "vocab_hex",
+   each character's byte as two hex digits in id order (any byte: NUL and non-UTF-8 ones too). */
 #define _POSIX_C_SOURCE 199309L
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,7 @@
 #include "mlc.h"
 #include "gpt_model.h"
 #include "find_data.h"
+#include "parse_arg.h"
 
 typedef struct options {
     const char *data, *device, *save;
@@ -61,32 +65,47 @@ static void usage(FILE *out, const char *program) {
             d->seed);
 }
 
-/* The command line into *o: RUN, HELP (-h, --help) or BAD (a message printed). */
+/* The command line into *o: RUN, HELP (-h, --help) or BAD (a message printed). Each number must
+   be whole and in its range (the limits keep every size product within int). */
 enum { RUN, HELP, BAD };
 static int parse_options(int argc, char **argv, options *o) {
     *o = defaults;
     for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : "";
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 1;
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
+        if (strcmp(flag, "--data") && strcmp(flag, "--device") && strcmp(flag, "--save") &&
+            strcmp(flag, "--steps") && strcmp(flag, "--batch") && strcmp(flag, "--block") &&
+            strcmp(flag, "--layers") && strcmp(flag, "--embd") && strcmp(flag, "--heads") &&
+            strcmp(flag, "--every") && strcmp(flag, "--lr") && strcmp(flag, "--seed")) {
+            fprintf(stderr, "unknown option %s\n", flag);
+            return BAD;
+        }
+        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
+        i++;
         if (!strcmp(flag, "--data")) o->data = value;
         else if (!strcmp(flag, "--device")) o->device = value;
         else if (!strcmp(flag, "--save")) o->save = value;
-        else if (!strcmp(flag, "--steps")) o->steps = atoi(value);
-        else if (!strcmp(flag, "--batch")) o->batch = atoi(value);
-        else if (!strcmp(flag, "--block")) o->block = atoi(value);
-        else if (!strcmp(flag, "--layers")) o->layers = atoi(value);
-        else if (!strcmp(flag, "--embd")) o->embd = atoi(value);
-        else if (!strcmp(flag, "--heads")) o->heads = atoi(value);
-        else if (!strcmp(flag, "--every")) o->every = atoi(value);
-        else if (!strcmp(flag, "--lr")) o->lr = (float)atof(value);
-        else if (!strcmp(flag, "--seed")) o->seed = strtoull(value, NULL, 10);
-        else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
-        if (++i == argc) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
+        else if (!strcmp(flag, "--steps")) ok = parse_int_arg(flag, value, 1, 1000000000, &o->steps);
+        else if (!strcmp(flag, "--batch")) ok = parse_int_arg(flag, value, 1, 65536, &o->batch);
+        else if (!strcmp(flag, "--block")) ok = parse_int_arg(flag, value, 2, 65536, &o->block);
+        else if (!strcmp(flag, "--layers")) ok = parse_int_arg(flag, value, 1, 1024, &o->layers);
+        else if (!strcmp(flag, "--embd")) ok = parse_int_arg(flag, value, 1, 16384, &o->embd);
+        else if (!strcmp(flag, "--heads")) ok = parse_int_arg(flag, value, 1, 16384, &o->heads);
+        else if (!strcmp(flag, "--every")) ok = parse_int_arg(flag, value, 1, 1000000000, &o->every);
+        else if (!strcmp(flag, "--lr")) ok = parse_float_arg(flag, value, 0.0, 10.0, &o->lr);
+        else ok = parse_u64_arg(flag, value, &o->seed);
+        if (!ok) return BAD;
     }
-    if (o->steps > 0 && o->batch > 0 && o->block > 1 && o->layers > 0 && o->embd > 0 && o->heads > 0 &&
-        o->embd % o->heads == 0 && o->every > 0 && o->lr > 0.0f) return RUN;
-    fprintf(stderr, "each number must be positive, --block at least 2, and --heads must divide --embd\n");
-    return BAD;
+    if (o->embd % o->heads) {
+        fprintf(stderr, "--heads (%d) must divide --embd (%d)\n", o->heads, o->embd);
+        return BAD;
+    }
+    if ((long)o->batch * o->block > (1L << 24)) {
+        fprintf(stderr, "--batch times --block (%ld) must be at most 2^24\n", (long)o->batch * o->block);
+        return BAD;
+    }
+    return RUN;
 }
 
 /* ---- The text as character ids ------------------------------------------------------------ */
@@ -99,23 +118,53 @@ typedef struct corpus {
     int id_of[256];
 } corpus;
 
-static int corpus_load(corpus *c, const char *path) {
+/* Read the text at path into c; `block` characters per window need at least block + 2 training
+   characters (a window and its target, in more than one place) and 2 validation ones. On an
+   error, says why (naming the file) and returns 0. */
+static int corpus_load(corpus *c, const char *path, int block) {
     FILE *f = fopen(path, "rb");
     int present[256] = { 0 };
-    long i;
+    long i, need = block + 2;
     memset(c, 0, sizeof *c);
-    if (!f) return 0;
-    fseek(f, 0, SEEK_END);
-    c->n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    c->ids = c->n > 0 ? malloc((size_t)c->n) : NULL;
-    if (!c->ids || fread(c->ids, 1, (size_t)c->n, f) != (size_t)c->n) { fclose(f); free(c->ids); return 0; }
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s: %s (give --data FILE)\n", path, strerror(errno));
+        return 0;
+    }
+    size_t cap = 0, got = 0;
+    const char *why = NULL;
+    do {                                     /* to the end (not ftell's size: a directory fools it) */
+        if ((size_t)c->n == cap) {
+            unsigned char *grown = cap < LONG_MAX / 4 ? realloc(c->ids, cap ? 2 * cap : 65536) : NULL;
+            if (!grown) { why = "out of memory"; break; }
+            c->ids = grown;
+            cap = cap ? 2 * cap : 65536;
+        }
+        got = fread(c->ids + c->n, 1, cap - (size_t)c->n, f);
+        c->n += (long)got;
+    } while (got > 0);
+    if (!why && ferror(f)) why = strerror(errno);
+    if (why) {
+        fprintf(stderr, "error: cannot read %s: %s\n", path, why);
+        fclose(f);
+        free(c->ids);
+        c->ids = NULL;
+        return 0;
+    }
     fclose(f);
+    c->n_train = c->n / 10 * 9;
+    if (c->n_train < block + 2 || c->n - c->n_train < 2) {
+        while (need / 10 * 9 < block + 2 || need - need / 10 * 9 < 2) need++;
+        fprintf(stderr, "error: %s has %ld bytes; with --block %d it needs at least %ld (90%% to train "
+                        "on, more than a window and its target; the rest to validate)\n",
+                path, c->n, block, need);
+        free(c->ids);
+        c->ids = NULL;
+        return 0;
+    }
     for (i = 0; i < c->n; i++) present[c->ids[i]] = 1;
     for (i = 0; i < 256; i++)
         if (present[i]) { c->id_of[i] = c->vocab; c->chars[c->vocab++] = (char)i; }
     for (i = 0; i < c->n; i++) c->ids[i] = (unsigned char)c->id_of[c->ids[i]];
-    c->n_train = c->n / 10 * 9;
     return 1;
 }
 
@@ -221,10 +270,7 @@ int main(int argc, char **argv) {
         return parsed == HELP ? 0 : 2;
     }
     if (!o.data) o.data = find_data(argv[0], DEFAULT_TEXT, found, sizeof found);
-    if (!corpus_load(&c, o.data)) {
-        fprintf(stderr, "error: cannot read %s (give --data FILE)\n", o.data);
-        return 1;
-    }
+    if (!corpus_load(&c, o.data, o.block)) return 1;
     char why[256] = "";                               /* why mlc_create returned NULL */
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = o.seed, .device = o.device,
                                              .error = why, .error_bytes = sizeof why });
@@ -262,7 +308,9 @@ int main(int argc, char **argv) {
         }
     }
     if (!mlc_error(ctx) && o.save) {
-        const char *meta[] = { "vocab", c.chars, NULL };
+        char hex[2 * 256 + 1];                      /* any byte, NUL and non-UTF-8 ones too */
+        for (int v = 0; v < c.vocab; v++) snprintf(hex + 2 * v, 3, "%02x", (unsigned char)c.chars[v]);
+        const char *meta[] = { "vocab_hex", c.vocab ? hex : "", NULL };
         if (mlc_module_save(gpt, o.save, meta) == MLC_OK) printf("saved %s\n", o.save);
     }
     int status = mlc_error(ctx) != MLC_OK;

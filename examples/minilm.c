@@ -35,6 +35,7 @@
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "minilm_unicode.h"
+#include "parse_arg.h"
 
 #define HIDDEN 384
 #define HEADS 12
@@ -75,6 +76,20 @@ static int vocab_find(const vocab *v, const char *s, size_t n) {
     return -1;
 }
 
+/* The first error of the JSON reader: where (a pointer into the text) and what. The reader is
+   strict (RFC 8259's grammar, less the check of numbers' exact form) so that every loop moves on,
+   and it nests at most JSON_MAX_DEPTH arrays and objects, so that its recursion is bounded. */
+#define JSON_MAX_DEPTH 64
+static struct { const char *at, *what; } json_error;
+static int vocab_quiet;                             /* no messages (tests/fuzz/fuzz_minilm_json.c) */
+
+static const char *json_fail(const char *at, const char *what) {
+    if (!json_error.what) { json_error.at = at; json_error.what = what; }
+    return NULL;
+}
+
+static int json_bad(const char *at, const char *what) { json_fail(at, what); return 0; }
+
 static const char *json_ws(const char *p) {
     while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
     return p;
@@ -106,76 +121,100 @@ static int hex4(const char *p, unsigned *c) {            /* four hex digits, as 
     return 1;
 }
 
-/* Decode the JSON string at p (at its opening quote) into out (at least as long as the source);
-   returns the text after it, or NULL when it is malformed. */
+/* Decode the JSON string at p (at its opening quote) into out (at least as long as the source;
+   NULL: only check it); returns the text after it, or NULL when it is malformed. */
 static const char *json_string(const char *p, char *out) {
-    if (*p++ != '"') return NULL;
-    while (*p != '"') {
+    if (*p != '"') return json_fail(p, "a string (\"...\") expected");
+    for (p++; *p != '"'; p++) {
         unsigned c;
-        if (!*p) return NULL;
-        if (*p != '\\') { *out++ = *p++; continue; }
+        if (!*p) return json_fail(p, "a string without its closing quote");
+        if ((unsigned char)*p < 0x20) return json_fail(p, "a control character in a string");
+        if (*p != '\\') { if (out) *out++ = *p; continue; }
         switch (*++p) {
         case 'n': c = '\n'; break;
         case 't': c = '\t'; break;
         case 'r': c = '\r'; break;
         case 'b': c = '\b'; break;
         case 'f': c = '\f'; break;
+        case '"': case '\\': case '/': c = (unsigned char)*p; break;
         case 'u':
-            if (!hex4(p + 1, &c)) return NULL;
+            if (!hex4(p + 1, &c)) return json_fail(p, "\\u without four hex digits");
             p += 4;
+            if (c >= 0xDC00 && c <= 0xDFFF) return json_fail(p - 5, "a lone low surrogate");
             if (c >= 0xD800 && c < 0xDC00) {                      /* a surrogate pair */
                 unsigned lo;
                 if (p[1] != '\\' || p[2] != 'u' || !hex4(p + 3, &lo) || lo < 0xDC00 || lo > 0xDFFF)
-                    return NULL;
+                    return json_fail(p - 5, "a high surrogate without its low one");
                 c = 0x10000 + ((c - 0xD800) << 10) + (lo - 0xDC00);
                 p += 6;
             }
+            if (!c) return json_fail(p - 5, "\\u0000 in a string");
             break;
-        default: c = (unsigned char)*p;                       /* \" \\ \/ */
+        default: return json_fail(p - 1, "an unknown escape in a string");
         }
-        if (!c) return NULL;
-        out = put_utf8(out, c);
-        p++;
+        if (out) out = put_utf8(out, c);
     }
-    *out = '\0';
+    if (out) *out = '\0';
     return p + 1;
 }
 
-/* the text after the JSON value at p, or NULL */
-static const char *json_skip(const char *p) {
+/* the text after the JSON value at p (nested `depth` deep), or NULL */
+static const char *json_skip_at(const char *p, int depth) {
     p = json_ws(p);
-    if (*p == '"') {
-        for (p++; *p != '"'; p++) if (!*p || (*p == '\\' && !*++p)) return NULL;
-        return p + 1;
-    }
+    if (*p == '"') return json_string(p, NULL);
     if (*p == '{' || *p == '[') {
         char close = *p == '{' ? '}' : ']';
-        for (p = json_ws(p + 1); p && *p != close; p = json_ws(p)) {
-            if (close == '}' && (!(p = json_skip(p)) || *(p = json_ws(p)) != ':')) return NULL;
-            if (close == '}') p++;
-            if (!(p = json_skip(p))) return NULL;
-            if (*(p = json_ws(p)) == ',') p++;
+        if (depth >= JSON_MAX_DEPTH) return json_fail(p, "arrays and objects nested too deep");
+        if (*(p = json_ws(p + 1)) == close) return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (!(p = json_string(p, NULL))) return NULL;
+                if (*(p = json_ws(p)) != ':') return json_fail(p, "':' expected after a key");
+                p++;
+            }
+            if (!(p = json_skip_at(p, depth + 1))) return NULL;
+            if (*(p = json_ws(p)) == close) return p + 1;
+            if (*p != ',') return json_fail(p, close == '}' ? "',' or '}' expected" : "',' or ']' expected");
+            p = json_ws(p + 1);
         }
-        return p ? p + 1 : NULL;
     }
-    if (!*p) return NULL;
-    while (*p && !strchr(",}] \n\r\t", *p)) p++;                   /* number, true, false, null */
-    return p;
+    const char *start = p;                                         /* number, true, false, null */
+    while (*p == '-' || *p == '+' || *p == '.' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+           (*p >= 'A' && *p <= 'Z'))
+        p++;
+    return p > start ? p : json_fail(p, *p ? "a value expected" : "the text ends where a value should be");
+}
+static const char *json_skip(const char *p) { return json_skip_at(p, 1); }
+
+/* The integer at p (a JSON number without fraction or exponent) in [lo, hi], into *out: 0 if it is
+   not one. */
+static int json_int(const char *p, long lo, long hi, int *out) {
+    char *end;
+    long x;
+    if (*p != '-' && (*p < '0' || *p > '9')) return json_bad(p, "an integer expected");
+    x = strtol(p, &end, 10);
+    if (*end == '.' || *end == 'e' || *end == 'E') return json_bad(p, "an integer expected");
+    if (x < lo || x > hi) return json_bad(p, "an integer out of range");
+    *out = (int)x;
+    return 1;
 }
 
 /* Walk the members of the object at p: call member(key, value, user) for each. Returns the text
    after the object, or NULL when it is malformed or member returns 0. */
 static const char *json_object(const char *p, int (*member)(const char *key, const char *value, void *user),
                                void *user, char *scratch) {
-    if (*(p = json_ws(p)) != '{') return NULL;
-    for (p = json_ws(p + 1); *p != '}'; p = json_ws(p)) {
+    if (*(p = json_ws(p)) != '{') return json_fail(p, "an object ({...}) expected");
+    if (*(p = json_ws(p + 1)) == '}') return p + 1;
+    for (;;) {
         const char *value, *end;
-        if (!(p = json_string(p, scratch)) || *(p = json_ws(p)) != ':') return NULL;
+        if (!(p = json_string(p, scratch))) return NULL;
+        if (*(p = json_ws(p)) != ':') return json_fail(p, "':' expected after a key");
         value = json_ws(p + 1);
         if (!(end = json_skip(value)) || !member(scratch, value, user)) return NULL;
-        if (*(p = json_ws(end)) == ',') p++;
+        if (*(p = json_ws(end)) == '}') return p + 1;
+        if (*p != ',') return json_fail(p, "',' or '}' expected");
+        p = json_ws(p + 1);
     }
-    return p + 1;
 }
 
 typedef struct vocab_reader { vocab *v; char *scratch; size_t used; int count; } vocab_reader;
@@ -183,10 +222,11 @@ typedef struct vocab_reader { vocab *v; char *scratch; size_t used; int count; }
 static int vocab_member(const char *key, const char *value, void *user) {   /* "token": id */
     vocab_reader *r = (vocab_reader *)user;
     vocab *v = r->v;
-    int id = atoi(value);
     size_t n = strlen(key);
     unsigned i;
-    if (id < 0 || id >= VOCAB || r->count >= VOCAB) return 0;
+    int id;
+    if (!json_int(value, 0, VOCAB - 1, &id)) return 0;
+    if (r->count >= VOCAB) return json_bad(value, "more tokens in model.vocab than the model has");
     for (i = hash(key, n) & v->mask; v->slots[i]; i = (i + 1) & v->mask) {}
     memcpy(v->pool + r->used, key, n + 1);
     v->slots[i] = (int)r->used + 1;
@@ -198,7 +238,8 @@ static int vocab_member(const char *key, const char *value, void *user) {   /* "
 
 static int model_member(const char *key, const char *value, void *user) {   /* tokenizer.json's "model" */
     vocab_reader *r = (vocab_reader *)user;
-    if (!strcmp(key, "type")) return !strncmp(value, "\"WordPiece\"", 11);
+    if (!strcmp(key, "type") && strncmp(value, "\"WordPiece\"", 11))
+        return json_bad(value, "model.type is not \"WordPiece\"");
     if (!strcmp(key, "vocab")) return json_object(value, vocab_member, user, r->scratch) != NULL;
     return 1;
 }
@@ -207,10 +248,13 @@ static int model_member(const char *key, const char *value, void *user) {   /* t
 static int added_member(const char *key, const char *value, void *user) {
     special *s = (special *)user;
     char text[64];
-    if (!strcmp(key, "id")) s->id = atoi(value);
-    if (!strcmp(key, "content") && json_skip(value) - value < (long)sizeof text && json_string(value, text) &&
-        text[0] && strlen(text) < sizeof s->text)
+    if (!strcmp(key, "id")) return json_int(value, 0, VOCAB - 1, &s->id);
+    if (!strcmp(key, "content")) {
+        if (json_skip(value) - value >= (long)sizeof text || !json_string(value, text) || !text[0] ||
+            strlen(text) >= sizeof s->text)
+            return json_bad(value, "an added token's content is not a string of 1 to 15 bytes");
         strcpy(s->text, text);
+    }
     return 1;
 }
 
@@ -219,9 +263,15 @@ static int top_member(const char *key, const char *value, void *user) {
     if (!strcmp(key, "model")) return json_object(value, model_member, user, r->scratch) != NULL;
     if (!strcmp(key, "added_tokens")) {                  /* an array of objects */
         const char *p = json_ws(value + 1);
-        while (*p == '{' && r->v->n_added < 8) {
-            special *s = &r->v->added[r->v->n_added++];
+        if (*value != '[') return json_bad(value, "added_tokens is not an array");
+        while (*p != ']') {
+            special *s;
+            if (r->v->n_added == (int)(sizeof r->v->added / sizeof r->v->added[0]))
+                return json_bad(p, "more than 8 added tokens");
+            s = &r->v->added[r->v->n_added++];
+            s->id = -1;
             if (!(p = json_object(p, added_member, s, r->scratch))) return 0;
+            if (s->id < 0 || !s->text[0]) return json_bad(p, "an added token without its id or content");
             if (*(p = json_ws(p)) == ',') p = json_ws(p + 1);
         }
     }
@@ -244,23 +294,58 @@ static char *read_file(const char *path, size_t *size) {
     return data;
 }
 
-static int vocab_load(vocab *v, const char *path) {
-    size_t size = 0;
-    char *json = read_file(path, &size);
+/* The vocabulary from tokenizer.json's text (size bytes at json, NUL-terminated), which must hold
+   `need` tokens (VOCAB; -1: any number, for the fuzz test). On an error, says why on stderr, naming `name`
+   and the byte offset, and returns 0 (v is then still safe to free). */
+static int vocab_parse(vocab *v, const char *json, size_t size, int need, const char *name) {
     vocab_reader r = { v, NULL, 0, 0 };
+    const char *end = NULL;
     memset(v, 0, sizeof *v);
+    memset(&json_error, 0, sizeof json_error);
     v->mask = 65535;                                      /* 2^16 slots for 30522 tokens */
     v->pool = (char *)malloc(size + 1);
     v->slots = (int *)calloc(v->mask + 1, sizeof(int));
     v->ids = (int *)malloc((v->mask + 1) * sizeof(int));
     r.scratch = (char *)malloc(size + 1);
-    int ok = json && v->pool && v->slots && v->ids && r.scratch &&
-             json_object(json, top_member, &r, r.scratch) && r.count == VOCAB;
-    free(json);
+    if (!v->pool || !v->slots || !v->ids || !r.scratch) {
+        if (!vocab_quiet) fprintf(stderr, "error: %s: out of memory\n", name);
+        free(r.scratch);
+        return 0;
+    }
+    if ((end = json_object(json, top_member, &r, r.scratch)) && *json_ws(end))
+        end = json_fail(json_ws(end), "text after the JSON object");
     free(r.scratch);
+    if (end && strlen(json) != size) end = json_fail(json + strlen(json), "a NUL byte");
+    if (!end) {
+        if (!vocab_quiet)
+            fprintf(stderr, "error: %s: byte %ld: %s\n", name, (long)(json_error.at - json),
+                    json_error.what ? json_error.what : "malformed JSON");
+        return 0;
+    }
     v->unk = vocab_find(v, "[UNK]", 5); v->cls = vocab_find(v, "[CLS]", 5);
     v->sep = vocab_find(v, "[SEP]", 5);
-    return ok && v->unk >= 0 && v->cls >= 0 && v->sep >= 0;
+    if ((need >= 0 && r.count != need) || v->unk < 0 || v->cls < 0 || v->sep < 0) {
+        if (!vocab_quiet)
+            fprintf(stderr, "error: %s: model.vocab has %d tokens%s; the model needs %d, with [UNK], "
+                            "[CLS] and [SEP]\n", name, r.count,
+                    v->unk < 0 || v->cls < 0 || v->sep < 0 ? " and lacks a special token" : "", need);
+        return 0;
+    }
+    return 1;
+}
+
+static int vocab_load(vocab *v, const char *path) {
+    size_t size = 0;
+    char *json = read_file(path, &size);
+    int ok;
+    if (!json) {
+        memset(v, 0, sizeof *v);
+        fprintf(stderr, "error: cannot read %s (run: sh tools/fetch_minilm.sh)\n", path);
+        return 0;
+    }
+    ok = vocab_parse(v, json, size, VOCAB, path);
+    free(json);
+    return ok;
 }
 
 static void vocab_free(vocab *v) { free(v->pool); free(v->slots); free(v->ids); }
@@ -513,7 +598,7 @@ static int bert_build(mlc_ctx *ctx, bert *b) {
     b->embedding_norm = layer_norm(emb);
     if (!(layers = container(container(b->root, "encoder"), "layer"))) return 0;
     for (int i = 0; i < LAYERS; i++) {
-        char name[8];
+        char name[16];
         bert_layer *l = &b->layer[i];
         mlc_module *layer, *attention, *self, *out;
         snprintf(name, sizeof name, "%d", i);
@@ -643,48 +728,71 @@ static int embed_all(const bert *b, sentence **sorted, int n, int batch) {
     return 1;
 }
 
+/* The command line into *o and texts: RUN, HELP (-h, --help) or BAD (a message printed). */
+enum { RUN, HELP, BAD };
 static int parse_options(int argc, char **argv, options *o, const char **texts, int *n) {
     *o = (options){ .model = "build/models/all-MiniLM-L6-v2", .max_len = 256, .batch = 32 };
     *n = 0;
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 1;
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
         if (!strcmp(flag, "--ids")) { o->ids = 1; continue; }
         if (!strcmp(flag, "--full")) { o->full = 1; continue; }
         if (!strcmp(flag, "--")) { while (++i < argc) texts[(*n)++] = argv[i]; break; }
         if (strncmp(flag, "--", 2)) { texts[(*n)++] = flag; continue; }
-        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return 0; }
+        if (strcmp(flag, "--model") && strcmp(flag, "--device") && strcmp(flag, "--file") &&
+            strcmp(flag, "--max-len") && strcmp(flag, "--batch") && strcmp(flag, "--bench") &&
+            strcmp(flag, "--dtype")) {
+            fprintf(stderr, "unknown option %s\n", flag);
+            return BAD;
+        }
+        if (!value) { fprintf(stderr, "%s needs a value\n", flag); return BAD; }
         i++;
         if (!strcmp(flag, "--model")) o->model = value;
         else if (!strcmp(flag, "--device")) o->device = value;
         else if (!strcmp(flag, "--file")) o->file = value;
-        else if (!strcmp(flag, "--max-len")) o->max_len = atoi(value);
-        else if (!strcmp(flag, "--batch")) o->batch = atoi(value);
-        else if (!strcmp(flag, "--bench")) o->bench = atoi(value);
-        else if (!strcmp(flag, "--dtype")) {
+        else if (!strcmp(flag, "--max-len")) ok = parse_int_arg(flag, value, 2, MAX_POSITIONS, &o->max_len);
+        else if (!strcmp(flag, "--batch")) ok = parse_int_arg(flag, value, 1, 65536, &o->batch);
+        else if (!strcmp(flag, "--bench")) ok = parse_int_arg(flag, value, 0, 1000000, &o->bench);
+        else {
             o->dtype = !strcmp(value, "f32") ? MLC_F32 : !strcmp(value, "bf16") ? MLC_BF16
                      : !strcmp(value, "f16") ? MLC_F16 : (mlc_scalar_type)-1;
-            if ((int)o->dtype < 0) { fprintf(stderr, "--dtype is f32, bf16 or f16\n"); return 0; }
-        } else { fprintf(stderr, "unknown option %s\n", flag); return 0; }
+            if ((int)o->dtype < 0) { fprintf(stderr, "--dtype is f32, bf16 or f16\n"); return BAD; }
+        }
+        if (!ok) return BAD;
     }
-    if (o->max_len < 2 || o->max_len > MAX_POSITIONS) {
-        fprintf(stderr, "--max-len is 2 to %d\n", MAX_POSITIONS);
-        return 0;
+    if (*n == 0 && !o->file) {
+        fprintf(stderr, "no sentence: give SENTENCE... or --file PATH\n");
+        return BAD;
     }
-    return o->batch > 0 && o->bench >= 0 && (*n > 0 || o->file);
+    return RUN;
 }
 
-/* the lines of the --file, appended to texts (which grows); returns the buffer to free */
+/* the lines of the --file, appended to texts (which grows); returns the buffer to free, or NULL
+   (and says why) */
 static char *read_lines(const char *path, const char ***texts, int *n) {
     size_t size = 0;
     char *data = read_file(path, &size);
     int cap = *n;
+    if (!data) { fprintf(stderr, "error: cannot read %s\n", path); return NULL; }
+    if (strlen(data) != size) {
+        fprintf(stderr, "error: %s: byte %zu: a NUL byte (the text must be UTF-8, one sentence a line)\n",
+                path, strlen(data));
+        free(data);
+        return NULL;
+    }
     for (char *p = data; p && *p; ) {
         char *end = strchr(p, '\n');
         if (end) *end = '\0';
         if (*n == cap) {
             cap = 2 * cap + 16;
             const char **grown = (const char **)realloc(*texts, sizeof(char *) * (size_t)cap);
-            if (!grown) { free(data); return NULL; }
+            if (!grown || cap > (1 << 28)) {
+                fprintf(stderr, "error: %s: out of memory at line %d\n", path, *n + 1);
+                free(data);
+                return NULL;
+            }
             *texts = grown;
         }
         (*texts)[(*n)++] = p;
@@ -733,26 +841,27 @@ static int run_model(const options *o, const bert *b, sentence *s, sentence **so
     return ok;
 }
 
+#ifndef MINILM_NO_MAIN                               /* (the fuzz test has its own) */
 int main(int argc, char **argv) {
     options o;
     const char **texts = (const char **)malloc(sizeof(char *) * (size_t)(argc + 1));
     char path[1024], *lines = NULL;
     int n = 0, ok = 0;
     vocab v;
-    if (!texts || !parse_options(argc, argv, &o, texts, &n)) {
-        fprintf(stderr, "usage: %s [--model DIR] [--device NAME] [--max-len N] [--batch N] [--file PATH]\n"
-                        "       [--ids] [--full] [--bench N] SENTENCE...\n", argv[0]);
+    int parsed = texts ? parse_options(argc, argv, &o, texts, &n) : BAD;
+    if (parsed != RUN) {                              /* --help: exit 0; a bad command line: 2 */
+        fprintf(parsed == HELP ? stdout : stderr,
+                "usage: %s [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--max-len N] [--batch N]\n"
+                "       [--file PATH] [--ids] [--full] [--bench N] SENTENCE...\n", argv[0]);
         free(texts);
-        return 1;
+        return parsed == HELP ? 0 : 2;
     }
     if (o.file && !(lines = read_lines(o.file, &texts, &n))) {
-        fprintf(stderr, "error: cannot read %s\n", o.file);
         free(texts);
         return 1;
     }
     snprintf(path, sizeof path, "%s/tokenizer.json", o.model);
     if (!vocab_load(&v, path)) {
-        fprintf(stderr, "error: cannot read the vocabulary from %s (run: sh tools/fetch_minilm.sh)\n", path);
         vocab_free(&v); free(texts); free(lines);
         return 1;
     }
@@ -790,3 +899,4 @@ int main(int argc, char **argv) {
     free(s); free(sorted); free(ids); free(texts); free(lines);
     return !ok;
 }
+#endif
