@@ -47,7 +47,7 @@
      next backward with it off averages the sums.
    - mlc_ddp_forward broadcasts rank 0's buffers (BatchNorm's running statistics) before the
      forward, as PyTorch's broadcast_buffers=True; a BatchNorm's batch statistics are each
-     rank's own (SyncBatchNorm is not in this version).
+     rank's own unless mlc_ddp_sync_batch_norm makes them SyncBatchNorm's.
    - Device tensors (OpenCL) go through host buffers: no GPU-aware MPI is assumed.
      mlc_mpi_device picks "opencl:K" by local rank when a node has several GPUs.
    - The data: mlc_dist_sampler is torch.utils.data.DistributedSampler: the same shuffle of
@@ -67,9 +67,10 @@
      job. A message of a rank that failed goes to stderr as one line starting "mlc_mpi: rank".
 
    LIMITS: float32 parameters (autocast keeps float32 master weights: fine); one DDP wrapper
-   per context at a time (it owns the context's grad-ready hook during mlc_ddp_backward); no
-   SyncBatchNorm, no gradient compression, no rebuilding of buckets from the order gradients
-   arrive in (PyTorch's after its first step). */
+   per context at a time (it owns the context's grad-ready hook during mlc_ddp_backward);
+   SyncBatchNorm takes its statistics from float32 sums per rank (added in double), and at
+   most 64 of them (two a module) wait for a backward; no gradient compression, no
+   rebuilding of buckets from the order gradients arrive in (PyTorch's after its first step). */
 #ifndef MLC_MPI_H
 #define MLC_MPI_H
 #include <mpi.h>
@@ -145,6 +146,14 @@ MLCDEF mlc_tensor *mlc_ddp_forward(mlc_ddp *ddp, mlc_tensor *x);
    error in the backward ends the job (mlc_mpi_check). Collective. */
 MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss);
 MLCDEF int mlc_ddp_no_sync(mlc_ddp *ddp, int on);     /* returns the previous setting */
+/* torch.nn.SyncBatchNorm.convert_sync_batchnorm: every BatchNorm in the wrapped module, at any
+   depth, normalises in training with the mean and variance of all ranks' batches together
+   (two small all-reduces in its forward, two more in backward, on a communicator of their own),
+   and its running statistics follow them, so W ranks of batch B train as one process of batch
+   W·B. Eval mode is BatchNorm's. Collective from here on: every rank runs the same forwards, in
+   training, in the same order, each followed by its mlc_ddp_backward before the next forward.
+   Returns how many modules it converted (their type becomes "SyncBatchNorm"). */
+MLCDEF int mlc_ddp_sync_batch_norm(mlc_ddp *ddp);
 MLCDEF mlc_ddp_stats mlc_ddp_get_stats(const mlc_ddp *ddp);
 /* Sum every bucket with blocking MPI_Allreduce calls (no backward): what the all-reduces cost
    alone, in seconds (benchmarks; the gradients are left alone). Collective. */
@@ -350,6 +359,12 @@ struct mlc_ddp {
     int next_guess;                     /* where the hook looks first */
     int no_sync;
     mlc_ddp_stats stats;
+    MPI_Comm bn_comm;                   /* SyncBatchNorm's own communicator (or MPI_COMM_NULL) */
+    int n_sync_bn;                      /* modules converted */
+    struct mlc_mpi__bn_pending {        /* SyncBatchNorm forwards waiting for their backward: */
+        mlc_tensor *tap, *sum;          /* a zero leaf whose report says `sum`'s gradient is */
+    } pending[64];                      /* whole; `sum` is a per-channel sum over this rank */
+    int n_pending;
 };
 
 static double mlc_mpi__now(void) { return MPI_Wtime(); }
@@ -496,6 +511,7 @@ MLCDEF void mlc_ddp_free(mlc_ddp *ddp) {
     free(ddp->status);
     free(ddp->missing);
     free(ddp->reported);
+    if (ddp->bn_comm != MPI_COMM_NULL && ddp->bn_comm != (MPI_Comm)0) MPI_Comm_free(&ddp->bn_comm);
     free(ddp);
 }
 
@@ -519,6 +535,7 @@ MLCDEF mlc_ddp *mlc_ddp_wrap(const mlc_mpi *mpi, mlc_module *m, mlc_ddp_opts opt
     mlc_module_state(m, state, n_state);
     if (!mlc_mpi__same_model(mpi, ctx, state, n_state)) { free(state); free(ddp); return NULL; }
     ddp->mpi = mpi;
+    ddp->bn_comm = MPI_COMM_NULL;
     ddp->module = m;
     ddp->ctx = ctx;
     ddp->opts = opts;
@@ -663,9 +680,13 @@ static void mlc_mpi__copy_in(mlc_ddp *ddp, int i) {
     ddp->missing[ddp->bucket_of[i]]--;
 }
 
+static int mlc_mpi__sync_bn_ready(mlc_ddp *ddp, mlc_tensor *leaf);
+
 static void mlc_mpi__grad_ready(mlc_tensor *leaf, void *user) {
     mlc_ddp *ddp = (mlc_ddp *)user;
     int i = 0, k;
+    if (ddp->n_pending && mlc_mpi__sync_bn_ready(ddp, leaf)) return;
+    if (ddp->no_sync || ddp->mpi->size == 1) return;
     for (k = 0; k < ddp->n_params; k++) {                 /* from where the last one was */
         i = (ddp->next_guess + k) % ddp->n_params;
         if (ddp->params[i] == leaf) break;
@@ -699,7 +720,10 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
     mpi = ddp->mpi;
     start = mlc_mpi__now();
     if (ddp->no_sync || mpi->size == 1) {        /* one rank: its gradients are the average */
+        if (ddp->n_pending) mlc_set_grad_ready_hook(ddp->ctx, mlc_mpi__grad_ready, ddp);   /* SyncBatchNorm */
         rc = mlc_backward(loss);
+        mlc_set_grad_ready_hook(ddp->ctx, NULL, NULL);
+        ddp->n_pending = 0;
         if (rc != MLC_OK || !loss) mlc_mpi_check(mpi, loss ? ddp->ctx : NULL, "mlc_ddp_backward");
         if (!ddp->no_sync) {
             ddp->stats.steps++;
@@ -714,6 +738,7 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
     mlc_set_grad_ready_hook(ddp->ctx, mlc_mpi__grad_ready, ddp);
     rc = loss ? mlc_backward(loss) : MLC_ERR_NULL;
     mlc_set_grad_ready_hook(ddp->ctx, NULL, NULL);
+    ddp->n_pending = 0;
     mlc_mpi_check(mpi, ddp->ctx, "mlc_ddp_backward");
     if (!loss) mlc_mpi_fail(mpi, "failed in mlc_ddp_backward: the loss is NULL");
     after = mlc_mpi__now();
@@ -747,6 +772,159 @@ MLCDEF double mlc_ddp_time_allreduce(mlc_ddp *ddp) {
                                             MPI_SUM,
                                             ddp->mpi->comm), "MPI_Allreduce");
     return mlc_mpi__now() - start;
+}
+
+/* ---- SyncBatchNorm ---------------------------------------------------------------------------
+   x [N, C, ...] seen as [N, C, L]; n = N·L values per channel here, n_all over the ranks.
+     mean = Σ_all x / n_all,  var = Σ_all (x - mean)² / n_all     (two all-reduces, in double)
+     y = (x - mean) / √(var + eps) · weight + bias
+   The statistics enter autograd as constants plus a zero-valued term that carries the gradient:
+     mean = const + (t1 - detach(t1)) / n_all,   t1 = s1 + tap1,   s1 = Σ_here x
+     var  = const + (t2 - detach(t2)) / n_all,   t2 = s2 + tap2,   s2 = Σ_here (x - mean_const)²
+   (∂var/∂x = 2 (x - mean) / n_all: the mean's own term sums to zero over all ranks). Every
+   rank's loss depends on the statistics, so s1's and s2's gradients must be summed over the
+   ranks before they reach x: the taps are zero leaves read by the adds alone, so the grad-ready
+   hook reports a tap right after its add's backward, when s1's (s2's) gradient is whole and its
+   sum has not run; the hook sums that gradient over the ranks in place. */
+
+/* values[0..n) summed over the ranks, on SyncBatchNorm's communicator */
+static void mlc_mpi__bn_sum(mlc_ddp *ddp, double *values, int n) {
+    mlc_mpi__ok(ddp->mpi, MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, ddp->bn_comm),
+                "MPI_Allreduce (SyncBatchNorm)");
+}
+
+static int mlc_mpi__sync_bn_ready(mlc_ddp *ddp, mlc_tensor *leaf) {
+    int k;
+    for (k = ddp->n_pending - 1; k >= 0; k--)            /* the newest first */
+        if (ddp->pending[k].tap == leaf) {
+            mlc_tensor *sum = ddp->pending[k].sum;
+            float *g = mlc_host_grad(sum);
+            double *all = (double *)malloc(sizeof(double) * sum->size + 1);
+            size_t j;
+            if (!all) mlc_mpi_fail(ddp->mpi, "SyncBatchNorm backward: out of memory");
+            for (j = 0; j < sum->size; j++) all[j] = g ? (double)g[j] : 0.0;
+            mlc_mpi__bn_sum(ddp, all, (int)sum->size);
+            if (g) {
+                for (j = 0; j < sum->size; j++) g[j] = (float)all[j];
+                mlc__host_wrote_grad(sum);
+            }
+            free(all);
+            ddp->pending[k].tap = NULL;
+            return 1;
+        }
+    return 0;
+}
+
+/* A per-channel statistic as a constant value plus a term that is zero and carries the
+   gradient of `sum` (+ a tap) times scale: value + (t - detach(t)) · scale */
+static mlc_tensor *mlc_mpi__statistic(mlc_ddp *ddp, mlc_tensor *sum, const float *value, float scale) {
+    mlc_ctx *ctx = sum->ctx;
+    mlc_tensor *tap = mlc_zeros(ctx, sum->ndim, sum->shape), *t;
+    if (!tap || mlc_error(ctx)) return NULL;
+    mlc_requires_grad(tap, 1);
+    if (ddp->n_pending == (int)(sizeof ddp->pending / sizeof ddp->pending[0])) {
+        mlc_mpi__fail_ctx(ctx, MLC_ERR_STATE, "SyncBatchNorm: more than 64 statistics (two a module) "
+                          "waiting for a backward");
+        return NULL;
+    }
+    ddp->pending[ddp->n_pending].tap = tap;
+    ddp->pending[ddp->n_pending++].sum = sum;
+    t = mlc_add(sum, tap);
+    return mlc_add(mlc_from_data(ctx, sum->ndim, sum->shape, value),
+                   mlc_mul_scalar(mlc_sub(t, mlc_detach(t)), scale));
+}
+
+/* PyTorch's running statistics from the global ones: momentum, unbiased variance (alike on
+   every rank, as their inputs are) */
+static void mlc_mpi__bn_running(mlc_ddp *ddp, mlc_module *m, const float *mean, const double *sq,
+                                double n_all) {
+    int c = m->buffers[0]->shape[0], k;
+    float mom = m->momentum, *upd = (float *)malloc(sizeof(float) * (size_t)(2 * c + 1));
+    const float *rm = mlc_host_data(m->buffers[0]), *rv = mlc_host_data(m->buffers[1]);
+    const float *nbt = m->n_buffers > 2 && m->buffers[2] ? mlc_host_data(m->buffers[2]) : NULL;
+    if (!rm || !rv) mlc_mpi_check(ddp->mpi, m->ctx, "SyncBatchNorm forward (running statistics)");
+    if (!upd) mlc_mpi_fail(ddp->mpi, "SyncBatchNorm forward: out of memory");
+    for (k = 0; k < c; k++) {
+        upd[k] = (1.0f - mom) * rm[k] + mom * mean[k];
+        upd[c + k] = (1.0f - mom) * rv[k] + mom * (float)(sq[k] / (n_all > 1 ? n_all - 1 : 1));
+    }
+    mlc_write(m->buffers[0], upd, (size_t)c);
+    mlc_write(m->buffers[1], upd + c, (size_t)c);
+    if (nbt) {
+        upd[0] = nbt[0] + 1.0f;
+        mlc_write(m->buffers[2], upd, 1);
+    }
+    free(upd);
+}
+
+static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
+    mlc_ddp *ddp = (mlc_ddp *)m->user;
+    mlc_ctx *ctx = m->ctx;
+    int c, l = 1, k;
+    double *stats, n_all;
+    float *mean, *var;
+    const float *h;
+    mlc_tensor *x3, *s1, *s2, *d, *mu, *v, *y;
+    if (!x || mlc_error(ctx)) return NULL;
+    if (!m->training || x->ndim < 2)                     /* eval: BatchNorm's running statistics */
+        return mlc_batch_norm(x, m->buffers[0], m->buffers[1], m->params[0], m->params[1], m->training,
+                              m->momentum, m->eps);
+    c = x->shape[1];
+    for (k = 2; k < x->ndim; k++) l *= x->shape[k];
+    x3 = mlc_reshape(x, 3, (int[]){ x->shape[0], c, l });
+    stats = (double *)malloc(sizeof(double) * (size_t)(c + 1));
+    mean = (float *)malloc(sizeof(float) * (size_t)(2 * c + 1));
+    if (!stats || !mean) mlc_mpi_fail(ddp->mpi, "SyncBatchNorm forward: out of memory");
+    var = mean + c;
+    /* the mean: the first all-reduce (the sums and the count) */
+    s1 = mlc_sum(mlc_sum(x3, 2, 0), 0, 0);               /* [C] */
+    if (!(h = s1 ? mlc_host_data(s1) : NULL)) mlc_mpi_check(ddp->mpi, ctx, "SyncBatchNorm forward");
+    for (k = 0; k < c; k++) stats[k] = h[k];
+    stats[c] = (double)x->shape[0] * l;
+    mlc_mpi__bn_sum(ddp, stats, c + 1);
+    n_all = stats[c];
+    for (k = 0; k < c; k++) mean[k] = (float)(stats[k] / n_all);
+    /* the variance about it: the second */
+    d = mlc_sub(x3, mlc_from_data(ctx, 3, (int[]){ 1, c, 1 }, mean));
+    s2 = mlc_sum(mlc_sum(mlc_mul(d, d), 2, 0), 0, 0);
+    if (!(h = s2 ? mlc_host_data(s2) : NULL)) mlc_mpi_check(ddp->mpi, ctx, "SyncBatchNorm forward");
+    for (k = 0; k < c; k++) stats[k] = h[k];
+    mlc_mpi__bn_sum(ddp, stats, c);
+    for (k = 0; k < c; k++) var[k] = (float)(stats[k] / n_all);
+    mlc_mpi__bn_running(ddp, m, mean, stats, n_all);
+    mu = mlc_mpi__statistic(ddp, s1, mean, (float)(1.0 / n_all));
+    v = mlc_mpi__statistic(ddp, s2, var, (float)(1.0 / n_all));
+    y = mlc_div(mlc_sub(x3, mlc_reshape(mu, 3, (int[]){ 1, c, 1 })),
+                mlc_reshape(mlc_pow(mlc_add_scalar(v, m->eps), 0.5f), 3, (int[]){ 1, c, 1 }));
+    if (m->params[0]) y = mlc_mul(y, mlc_reshape(m->params[0], 3, (int[]){ 1, c, 1 }));
+    if (m->params[1]) y = mlc_add(y, mlc_reshape(m->params[1], 3, (int[]){ 1, c, 1 }));
+    free(stats);
+    free(mean);
+    mlc_mpi_check(ddp->mpi, ctx, "SyncBatchNorm forward");
+    return mlc_reshape(y, x->ndim, x->shape);
+}
+
+static int mlc_mpi__convert_bn(mlc_ddp *ddp, mlc_module *m) {
+    int k, n = 0;
+    if (!m) return 0;
+    if (m->type && !strcmp(m->type, "BatchNorm") && m->n_params == 2 && m->n_buffers >= 2) {
+        m->forward = mlc_mpi__sync_bn_forward;
+        m->user = ddp;
+        m->type = "SyncBatchNorm";
+        n++;
+    }
+    for (k = 0; k < m->n_children; k++) n += mlc_mpi__convert_bn(ddp, m->children[k]);
+    return n;
+}
+
+MLCDEF int mlc_ddp_sync_batch_norm(mlc_ddp *ddp) {
+    int n;
+    if (!ddp) return 0;
+    if (ddp->bn_comm == MPI_COMM_NULL)
+        mlc_mpi__ok(ddp->mpi, MPI_Comm_dup(ddp->mpi->comm, &ddp->bn_comm), "MPI_Comm_dup");
+    n = mlc_mpi__convert_bn(ddp, ddp->module);
+    ddp->n_sync_bn += n;
+    return n;
 }
 
 /* ---- Checkpoints --------------------------------------------------------------------------- */

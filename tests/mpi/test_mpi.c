@@ -56,6 +56,25 @@ static mlc_module *make_cnn(mlc_ctx *ctx, int batch_norm) {
     return mlc_nn_sequential(ctx, image, conv, bn, relu, pool, flat, fc, NULL);
 }
 
+/* The CNN with SyncBatchNorm in mind: a convolution without bias before the norm (a bias there
+   has no effect and a gradient of rounding noise, which Adam blows up to a step of lr) */
+static mlc_tensor *conv_nobias_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_conv2d(x, m->params[0], NULL, (mlc_conv_opts){ .padding = 1 });
+}
+static mlc_module *cnn_bn_nobias(mlc_ctx *ctx) {
+    mlc_module *image = mlc_nn_custom(ctx, "Reshape", to_image, NULL);
+    mlc_module *conv = mlc_nn_custom(ctx, "Conv2d", conv_nobias_forward, NULL);
+    mlc_tensor *w = mlc_parameter(ctx, 4, (int[]){ 4, 1, 3, 3 });
+    mlc_init_kaiming_uniform(w, 2.2360679775f);
+    mlc_module_add_param(conv, "weight", w);
+    mlc_module *bn = mlc_nn_batch_norm(ctx, 4);
+    mlc_module *relu = mlc_nn_relu(ctx);
+    mlc_module *pool = mlc_nn_max_pool2d(ctx, 2, 2);
+    mlc_module *flat = mlc_nn_flatten(ctx);
+    mlc_module *fc = mlc_nn_linear(ctx, 4 * 3 * 3, 4);
+    return mlc_nn_sequential(ctx, image, conv, bn, relu, pool, flat, fc, NULL);
+}
+
 /* A model of several buckets whose "extra" parameter is used only where use_extra says so */
 typedef struct gate { int use_extra; } gate;
 static mlc_tensor *gated_forward(mlc_module *m, mlc_tensor *x) {
@@ -85,15 +104,17 @@ static void make_data(int n, int features, float *x, float *y) {
     for (i = 0; i < n; i++) y[i] = (float)(i * 7 % 4);
 }
 
-static int params_of(mlc_module *m, float *out) {   /* every parameter's values, in order */
+static int values_of(mlc_module *m, float *out, int buffers_too) {   /* in order; the count */
     mlc_named_tensor p[64];
-    int n = mlc_module_parameters(m, p, 64), i, at = 0;
+    int n = buffers_too ? mlc_module_state(m, p, 64) : mlc_module_parameters(m, p, 64), i, at = 0;
     for (i = 0; i < n; i++) {
         if (out && mlc_read(p[i].tensor, out + at, p[i].tensor->size) != MLC_OK) return -1;
         at += (int)p[i].tensor->size;
     }
     return at;
 }
+static int params_of(mlc_module *m, float *out) { return values_of(m, out, 0); }
+static int state_of(mlc_module *m, float *out) { return values_of(m, out, 1); }
 
 /* Every rank's parameters bitwise rank 0's */
 static int same_on_every_rank(mlc_module *m) {
@@ -143,7 +164,9 @@ static mlc_optim *make_optim(mlc_ctx *ctx, mlc_module *m, int kind) {
 #define G 12                            /* global batch: 1, 2, 3 and 4 ranks share it evenly */
 #define STEPS 5
 
-static int equivalence(maker make, int features, int kind) {
+/* sync_bn: the model's BatchNorm made SyncBatchNorm (the reference keeps BatchNorm on batch G);
+   then the running statistics must match too */
+static int equivalence_of(maker make, int features, int kind, int sync_bn) {
     float x[G * STEPS * 36], y[G * STEPS];
     int b = G / mpi.size, s, n;
     mlc_ctx *ref = new_ctx(7), *ctx = new_ctx(mpi.rank == 0 ? 7 : 1000 + (unsigned)mpi.rank);
@@ -152,6 +175,7 @@ static int equivalence(maker make, int features, int kind) {
     mlc_ddp *ddp = mlc_ddp_wrap(&mpi, m, (mlc_ddp_opts){ 0 });
     float want[4096], got[4096];
     CHECK(ddp && rm && ropt && opt);
+    if (sync_bn) CHECK(mlc_ddp_sync_batch_norm(ddp) == 1 && !strcmp(m->children[2]->type, "SyncBatchNorm"));
     make_data(G * STEPS, features, x, y);
     for (s = 0; s < STEPS; s++) {
         mlc_frame f = mlc_frame_begin(ref), g;
@@ -168,8 +192,8 @@ static int equivalence(maker make, int features, int kind) {
         mlc_frame_end(g);
         CHECK_MSG(same_on_every_rank(m), "step %d: the ranks' parameters differ", s);
     }
-    n = params_of(rm, want);
-    CHECK(n > 0 && n <= 4096 && params_of(m, got) == n);
+    n = sync_bn ? state_of(rm, want) : params_of(rm, want);
+    CHECK(n > 0 && n <= 4096 && (sync_bn ? state_of(m, got) : params_of(m, got)) == n);
     CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "%d ranks: worst relative difference %g from one process",
               mpi.size, worst_relative(got, want, n));
     mlc_ddp_free(ddp);
@@ -177,10 +201,13 @@ static int equivalence(maker make, int features, int kind) {
     mlc_destroy(ref);
     return 1;
 }
+static int equivalence(maker make, int features, int kind) { return equivalence_of(make, features, kind, 0); }
 static int equivalence_sgd_mlp(void) { return equivalence(make_mlp, 8, SGD); }
 static int equivalence_adam_mlp(void) { return equivalence(make_mlp, 8, ADAM); }
 static int equivalence_sgd_cnn(void) { return equivalence(cnn_plain, 36, SGD); }
 static int equivalence_adam_cnn(void) { return equivalence(cnn_plain, 36, ADAM); }
+static int equivalence_sgd_cnn_sync_batch_norm(void) { return equivalence_of(cnn_bn_nobias, 36, SGD, 1); }
+static int equivalence_adam_cnn_sync_batch_norm(void) { return equivalence_of(cnn_bn_nobias, 36, ADAM, 1); }
 
 /* BatchNorm: per-rank batch statistics; the running statistics are rank 0's at each forward's
    start (broadcast_buffers), and the parameters stay bitwise equal. On one rank: one process. */
@@ -517,6 +544,8 @@ static const test_case tests[] = {
     TEST(equivalence_adam_mlp)
     TEST(equivalence_sgd_cnn)
     TEST(equivalence_adam_cnn)
+    TEST(equivalence_sgd_cnn_sync_batch_norm)
+    TEST(equivalence_adam_cnn_sync_batch_norm)
     TEST(batch_norm_buffers_follow_rank_0)
     TEST(buckets_and_unused_parameter)
     TEST(no_sync_accumulates)
