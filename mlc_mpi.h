@@ -202,6 +202,17 @@ MLCDEF int mlc_dist_sampler_batch(mlc_dist_sampler *s, mlc_tensor *x, mlc_tensor
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+/* Waiting for another rank: MPI polls, and a rank that polls keeps its core while the rank it
+   waits for may be waiting for one (more ranks or other programs than cores): after 200 µs a
+   waiting rank naps 20 µs between polls, where nanosleep is declared (POSIX; glibc says so in
+   __USE_POSIX199309, fixed when its first header came in), else it polls on. */
+#if defined(__GLIBC__) ? defined(__USE_POSIX199309) : defined(__APPLE__) || (defined(__unix__) && \
+    (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
+#define MLC_MPI__NAP() do { struct timespec nap_ = { 0, 20000 }; nanosleep(&nap_, NULL); } while (0)
+#else
+#define MLC_MPI__NAP() ((void)0)
+#endif
 
 /* ---- The job: start, failure, metrics ------------------------------------------------------ */
 
@@ -467,8 +478,25 @@ static int mlc_mpi__same_model(const mlc_mpi *mpi, mlc_ctx *ctx, mlc_named_tenso
     return bad_ranks == 0;
 }
 
+/* Wait for requests req[0..n) (polling, napping after 200 µs); after timeout_s, end the job
+   saying what waited */
+static void mlc_mpi__wait_all(const mlc_mpi *mpi, int n, MPI_Request *req, MPI_Status *status,
+                              double timeout_s, const char *what) {
+    double start = MPI_Wtime(), now;
+    int flag = 0;
+    for (;;) {
+        mlc_mpi__ok(mpi, MPI_Testall(n, req, &flag, status), "MPI_Testall");
+        if (flag) return;
+        now = MPI_Wtime();
+        if (now - start > timeout_s)
+            mlc_mpi_fail(mpi, "%s waited %.0f s (timeout_s) for another rank (it hangs, died, or left the "
+                         "training loop early)", what, timeout_s);
+        if (now - start > 2e-4) MLC_MPI__NAP();
+    }
+}
+
 /* Rank 0's values of tensors t[0..n) on every rank, through one packed host buffer. */
-static int mlc_mpi__broadcast(const mlc_mpi *mpi, mlc_tensor **t, int n) {
+static int mlc_mpi__broadcast(const mlc_mpi *mpi, mlc_tensor **t, int n, double timeout_s) {
     size_t total = 0, at = 0;
     float *pack;
     int i, bad = 0;
@@ -484,7 +512,10 @@ static int mlc_mpi__broadcast(const mlc_mpi *mpi, mlc_tensor **t, int n) {
     if (bad) mlc_mpi_check(mpi, t[0]->ctx, "broadcasting the model (reading rank 0's tensors)");
     for (at = 0; at < total;) {                         /* in pieces an int counts */
         size_t piece = total - at < (size_t)1 << 30 ? total - at : (size_t)1 << 30;
-        mlc_mpi__ok(mpi, MPI_Bcast(pack + at, (int)piece, MPI_FLOAT, 0, mpi->comm), "MPI_Bcast");
+        MPI_Request req;
+        MPI_Status status;
+        mlc_mpi__ok(mpi, MPI_Ibcast(pack + at, (int)piece, MPI_FLOAT, 0, mpi->comm, &req), "MPI_Ibcast");
+        mlc_mpi__wait_all(mpi, 1, &req, &status, timeout_s, "broadcasting rank 0's tensors");
         at += piece;
     }
     if (mpi->rank != 0)
@@ -619,7 +650,8 @@ MLCDEF mlc_ddp *mlc_ddp_wrap(const mlc_mpi *mpi, mlc_module *m, mlc_ddp_opts opt
     }
     ddp->stats.n_buckets = ddp->n_buckets;
     /* rank 0's state everywhere, and a gradient buffer for every parameter */
-    if (!mlc_mpi__broadcast(mpi, ddp->params, np) || !mlc_mpi__broadcast(mpi, ddp->buffers, nb))
+    if (!mlc_mpi__broadcast(mpi, ddp->params, np, ddp->opts.timeout_s)
+        || !mlc_mpi__broadcast(mpi, ddp->buffers, nb, ddp->opts.timeout_s))
         mlc_mpi_check(mpi, ctx, "mlc_ddp_wrap (broadcasting rank 0's model)");
     for (i = 0; i < np; i++)
         if (!mlc_mpi__grad_buffer(ddp->params[i])) mlc_mpi_check(mpi, ctx, "mlc_ddp_wrap (gradient buffers)");
@@ -645,7 +677,7 @@ MLCDEF mlc_ddp_stats mlc_ddp_get_stats(const mlc_ddp *ddp) {
 MLCDEF mlc_tensor *mlc_ddp_forward(mlc_ddp *ddp, mlc_tensor *x) {
     if (!ddp) return NULL;
     if (!ddp->opts.no_broadcast_buffers && ddp->mpi->size > 1 && ddp->n_buffers > 0 && !mlc_error(ddp->ctx)
-        && !mlc_mpi__broadcast(ddp->mpi, ddp->buffers, ddp->n_buffers))
+        && !mlc_mpi__broadcast(ddp->mpi, ddp->buffers, ddp->n_buffers, ddp->opts.timeout_s))
         mlc_mpi_check(ddp->mpi, ddp->ctx, "mlc_ddp_forward (broadcasting buffers)");
     return mlc_forward(ddp->module, x);
 }
@@ -697,20 +729,6 @@ static void mlc_mpi__grad_ready(mlc_tensor *leaf, void *user) {
     if (ddp->missing[ddp->bucket_of[i]] == 0) mlc_mpi__start_ready(ddp);
 }
 
-/* Wait for buckets [0, n) with a deadline, polling (so a lost rank cannot hang us) */
-static void mlc_mpi__wait(mlc_ddp *ddp, int n) {
-    double start = mlc_mpi__now();
-    int flag = 0;
-    for (;;) {
-        mlc_mpi__ok(ddp->mpi, MPI_Testall(n, ddp->req, &flag, ddp->status), "MPI_Testall");
-        if (flag) return;
-        if (mlc_mpi__now() - start > ddp->opts.timeout_s)
-            mlc_mpi_fail(ddp->mpi, "mlc_ddp_backward: the gradients' all-reduce waited %.0f s (timeout_s) "
-                         "for another rank (it hangs, died, or left the training loop early)",
-                         ddp->opts.timeout_s);
-    }
-}
-
 MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
     const mlc_mpi *mpi;
     double start, after;
@@ -745,7 +763,8 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
     /* parameters the backward did not reach send what they hold */
     for (i = 0; i < ddp->n_params; i++) if (!ddp->reported[i]) mlc_mpi__copy_in(ddp, i);
     mlc_mpi__start_ready(ddp);
-    mlc_mpi__wait(ddp, ddp->n_buckets);
+    mlc_mpi__wait_all(mpi, ddp->n_buckets, ddp->req, ddp->status, ddp->opts.timeout_s,
+                      "mlc_ddp_backward: the gradients' all-reduce");
     for (i = 0; i < ddp->n_params; i++) {                 /* the average into the gradients */
         mlc_tensor *p = ddp->params[i];
         const float *src = ddp->buf[ddp->bucket_of[i]] + ddp->offset[i];
