@@ -4,20 +4,39 @@ tokenizers (PyPI's `tokenizers`, loading the model's tokenizer.json) over every 
     python3 tests/models/test_minilm_unicode.py BINARY MODEL_DIR
 Each code point but NUL and newline (which cannot be in a line of --file) is tokenized alone, and
 again between two letters ("a" c "b": does it join a word, split it, or vanish?), by
-`minilm --ids --file` and by tokenizers; every difference is a failure. Prints the first
+`minilm --ids --file` and by tokenizers; then 50,000 seeded random strings of 1 to 10 code points,
+a third of them marks (canonical ordering, several marks on one base, decompositions into two or
+three characters). Every difference is a failure. Prints the first
 differences, a PASS or FAIL line per scan, and "N passed, M failed"; exits 1 on a failure.
 Needs only tokenizers (no PyTorch, no model weights): tokenizer.json."""
 import os
+import random
 import subprocess
 import sys
 import tempfile
 
-SCANS = [("alone", "%s"), ("between letters", "a%sb")]
+SCANS = [("every code point alone", "%s"), ("every code point between letters", "a%sb")]
 SHOW = 20
 
 
 def code_points():
     return [c for c in range(0x110000) if c not in (0, 0x0A) and not 0xD800 <= c <= 0xDFFF]
+
+
+def random_strings(cps, n=50000, seed=1):
+    """n strings of 1 to 10 code points: marks, characters that decompose or lowercase into more
+    than one, Latin, and any code point"""
+    import unicodedata
+    rng = random.Random(seed)
+    marks = [c for c in cps if unicodedata.category(chr(c)) in ("Mn", "Mc", "Me")]
+    odd = [0x1D165, 0x1D16D, 0x1D16E, 0x1D15E, 0x1D160, 0x0130, 0x0345, 0x0F73, 0x09CB, 0x2260, 0xAC00,
+           0xF900, 0x2F800, 0x3099, 0x302E, 0x0344, 0x1E9B]
+
+    def pick():
+        r = rng.random()
+        return (rng.choice(marks) if r < 0.3 else rng.choice(odd) if r < 0.5 else
+                rng.randrange(0x20, 0x250) if r < 0.7 else rng.choice(cps))
+    return ["".join(chr(pick()) for _ in range(rng.randint(1, 10))) for _ in range(n)]
 
 
 def minilm_ids(binary, model, texts):
@@ -46,20 +65,24 @@ def main():
     tok.enable_truncation(max_length=512)
     cps = code_points()
     passed = failed = 0
-    for name, form in SCANS:
-        texts = [form % chr(c) for c in cps]
+    scans = [(name, [form % chr(c) for c in cps], cps) for name, form in SCANS]
+    strings = random_strings(cps)
+    scans.append(("seeded random strings", strings, strings))
+    for name, texts, labels in scans:
         ref = [e.ids for e in tok.encode_batch(texts)]
         got, err = minilm_ids(binary, model, texts)
         if got is None:
-            print("FAIL every code point %s: minilm failed: %s" % (name, err.strip()[-500:]))
+            print("FAIL %s: minilm failed: %s" % (name, err.strip()[-500:]))
             failed += 1
             continue
-        bad = [i for i in range(len(cps)) if got.get(i) != ref[i]]
+        bad = [i for i in range(len(texts)) if got.get(i) != ref[i]]
         for i in bad[:SHOW]:
-            print("  U+%04X %s: tokenizers %s, minilm %s" % (cps[i], name, ref[i], got.get(i)))
+            what = " ".join("U+%04X" % ord(x) for x in texts[i]) if isinstance(labels[i], str) else \
+                "U+%04X" % labels[i]
+            print("  %s %s: tokenizers %s, minilm %s" % (what, name, ref[i], got.get(i)))
         ok = not bad
-        print("%s every code point %s: %d of %d tokenize differently" % (
-            "PASS" if ok else "FAIL", name, len(bad), len(cps)))
+        print("%s %s: %d of %d tokenize differently" % (
+            "PASS" if ok else "FAIL", name, len(bad), len(texts)))
         passed, failed = passed + ok, failed + (not ok)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
