@@ -506,8 +506,8 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     X(LOG,        log,        MLC_LOGF(x),                 1.0f / x) \
     X(SQRT,       sqrt,       MLC_SQRTF(x),                0.5f / y) \
     X(ABS,        abs,        x < 0 ? -x : x,              x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f) \
-    X(RELU,       relu,       x < 0 ? 0.0f : x,            x > 0 ? 1.0f : 0.0f) \
-    X(RELU6,      relu6,      x < 0 ? 0.0f : x > 6 ? 6.0f : x,         x > 0 && x < 6 ? 1.0f : 0.0f) \
+    X(RELU,       relu,       x < 0 ? 0.0f : x,            x <= 0 ? 0.0f : 1.0f) \
+    X(RELU6,      relu6,      x < 0 ? 0.0f : x > 6 ? 6.0f : x,         x <= 0 || x >= 6 ? 0.0f : 1.0f) \
     X(GELU,       gelu,       0.5f * x * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)),          /* exact */ \
                   0.5f * (1.0f + MLC_ERFF(x * MLC__INV_SQRT_2)) \
                   + x * MLC__INV_SQRT_2PI * MLC_EXPF(-0.5f * x * x)) \
@@ -521,7 +521,7 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
     X(SOFTPLUS,   softplus,   x > 20.0f ? x : MLC_LOG1PF(MLC_EXPF(x)),                  mlc__sigmoidf(x)) \
     X(LOGSIGMOID, logsigmoid, (x < 0 ? x : 0.0f) - MLC_LOG1PF(MLC_EXPF(x < 0 ? x : -x)), mlc__sigmoidf(-x)) \
     X(HARDSWISH,  hardswish,  x * (x + 3 < 0 ? 0.0f : x + 3 > 6 ? 6.0f : x + 3) / 6, \
-                  x < -3 ? 0.0f : x > 3 ? 1.0f : (2 * x + 3) / 6)
+                  x < -3 ? 0.0f : x <= 3 ? (2 * x + 3) / 6 : 1.0f)
 #define MLC__UNARY_DECLARE(NAME, name, f, df) MLCDEF mlc_tensor *mlc_##name(mlc_tensor *x);
 MLC__UNARY_MAPS(MLC__UNARY_DECLARE)
 #undef MLC__UNARY_DECLARE
@@ -618,6 +618,9 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, 
 #define MLC_ZERO_INT (-1)
 /* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
+/* relu6(conv2d(...)) as one op on the CPU (no pass of its own over the output; MobileNets'
+   Conv2d + ReLU6 once BatchNorm is folded into the conv); on a device the two run in turn */
+MLCDEF mlc_tensor *mlc_conv2d_relu6(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
 /* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
@@ -2459,6 +2462,7 @@ MLCDEF mlc_tensor *mlc_from_const(mlc_ctx *ctx, int ndim, const int *shape, cons
 
 /* Whatever writes t's data asks here first: a tensor over read-only memory refuses. */
 static int mlc__writable(mlc_tensor *t, const char *op) {
+    if (!mlc__usable(t, op)) return 0;
     if (!t->read_only) return 1;
     mlc__fail(t->ctx, MLC_ERR_STATE, "%s: tensor %T wraps read-only memory (mlc_from_const): it cannot be "
               "written or trained", op, t);
@@ -2644,6 +2648,10 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
     char shape[96];
     size_t i, n;
     if (!t) { printf("%s: NULL\n", label ? label : "tensor"); return; }
+    if (!mlc__usable(t, "mlc_print")) {
+        printf("%s: %s\n", label ? label : "tensor", mlc_error_message(t->ctx));
+        return;
+    }
     mlc__format(shape, sizeof shape, "%T", t);
     printf("%s %s = [", label ? label : "tensor", shape);
     n = t->size < 16 ? t->size : 16;
@@ -2816,8 +2824,8 @@ static int mlc__device_widened(mlc_ctx *ctx, mlc__node *call) {
     if (ran > 0 && !ctx->error && w.out != call->out) ran = mlc__device_convert(w.out, call->out);
     for (k = 3; ran > 0 && call->op == MLC__OP_BATCH_NORM && k < 5; k++)
         if (w.in[k] != call->in[k]) ran = mlc__device_convert(w.in[k], call->in[k]);
-    if (recording && call->op != MLC__OP_CONCAT) call->saved = w.saved;   /* (concat's: the inputs) */
-    else mlc_frame_end(scratch);
+    if (!recording) mlc_frame_end(scratch);
+    else if (call->op != MLC__OP_CONCAT) call->saved = w.saved;   /* (concat's: its inputs, kept) */
     if (ran > 0) ctx->stats.widened++;
     return ctx->error ? -1 : ran;
 }
@@ -2884,7 +2892,9 @@ static mlc_tensor *mlc__autocast_low(mlc_tensor *t) {
     mlc_ctx *ctx;
     mlc_tensor *copy;
     int i;
-    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == t->ctx->autocast) return t;
+    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == t->ctx->autocast || t->freed
+        || mlc__ended(t->ctx, t))
+        return t;                                        /* (a bad tensor goes on to the op's checks) */
     ctx = t->ctx;
     for (i = 0; t->persistent && i < ctx->n_autocast_copies; i++)
         if (ctx->autocast_copies[i].of == t) {
@@ -2911,7 +2921,8 @@ static mlc_tensor *mlc__autocast_low(mlc_tensor *t) {
     return copy;
 }
 static mlc_tensor *mlc__autocast_f32(mlc_tensor *t) {
-    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == MLC_F32) return t;
+    if (!t || t->ctx->autocast == MLC_F32 || t->dtype == MLC_F32 || t->freed || mlc__ended(t->ctx, t))
+        return t;
     return mlc_to_dtype(t, MLC_F32);
 }
 
@@ -3056,6 +3067,18 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
     mlc__fail(ctx, MLC_ERR_DEVICE, "%s: %T and %T live on different devices; move one with mlc_to", op, x, t);
     return 0;
 }
+
+/* The checks every tensor argument gets, optional ones included, in a public function that
+   hands its tensors on to others (so the message names the function called): of ctx, not
+   freed, not from an ended frame. NULL entries are skipped. */
+static int mlc__args_ok(mlc_ctx *ctx, const char *op, int count, mlc_tensor *const *ts) {
+    int i;
+    for (i = 0; i < count; i++) if (ts[i] && !mlc__same_device(ctx, op, ts[i], ts[i])) return 0;
+    return 1;
+}
+#define MLC__ARGS_OK(ctx, op, ...) \
+    mlc__args_ok(ctx, op, (int)(sizeof((mlc_tensor *const[]){ __VA_ARGS__ }) / sizeof(mlc_tensor *)), \
+                 (mlc_tensor *const[]){ __VA_ARGS__ })
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
@@ -5158,11 +5181,13 @@ static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int
     return out;
 }
 
-MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b) { return mlc_matmul_t(a, b, 0, 0); }
+MLCDEF mlc_tensor *mlc_matmul(mlc_tensor *a, mlc_tensor *b) {
+    return mlc__matmul("mlc_matmul", a, b, 0, 0, NULL, 0);
+}
 
 /* linear: y = x W^T + b      x [..., in], W [out, in], b [out] */
 MLCDEF mlc_tensor *mlc_matmul_t(mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b) {
-    return mlc__matmul("mlc_matmul", a, b, transpose_a, transpose_b, NULL, 0);
+    return mlc__matmul("mlc_matmul_t", a, b, transpose_a, transpose_b, NULL, 0);
 }
 
 MLCDEF mlc_tensor *mlc_linear(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias) {
@@ -5310,11 +5335,11 @@ MLCDEF mlc_tensor *mlc_argmax(mlc_tensor *x, int axis) {
 }
 MLCDEF mlc_tensor *mlc_sum_all(mlc_tensor *x) {
     int n = x ? (int)x->size : 0;
-    return mlc_sum(mlc_reshape(x, 1, &n), 0, 0);
+    return x && !MLC__ARGS_OK(x->ctx, "mlc_sum_all", x) ? NULL : mlc_sum(mlc_reshape(x, 1, &n), 0, 0);
 }
 MLCDEF mlc_tensor *mlc_mean_all(mlc_tensor *x) {
     int n = x ? (int)x->size : 0;
-    return mlc_mean(mlc_reshape(x, 1, &n), 0, 0);
+    return x && !MLC__ARGS_OK(x->ctx, "mlc_mean_all", x) ? NULL : mlc_mean(mlc_reshape(x, 1, &n), 0, 0);
 }
 
 /* cumsum: y_i = Σ_{j<=i} x_j along the axis      dx_i += Σ_{j>=i} g_j
@@ -5325,11 +5350,11 @@ static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, si
     int i;
     for (o = 0; o < outer; o++)
         for (k = 0; k < inner; k++) {
-            float sum = 0.0f;
+            mlc__sum_t sum = 0;                          /* in double, as PyTorch's CPU cumsum */
             for (i = 0; i < len; i++) {
                 size_t at = (o * (size_t)len + (size_t)(reverse ? len - 1 - i : i)) * inner + k;
                 sum += x[at];
-                y[at] = add ? y[at] + sum : sum;
+                y[at] = add ? y[at] + (float)sum : (float)sum;
             }
         }
 }
@@ -5706,7 +5731,7 @@ MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
 
 MLCDEF mlc_tensor *mlc_flatten(mlc_tensor *x, int start_axis) {
     int shape[MLC_MAX_DIMS], d;
-    if (!x) return NULL;
+    if (!x || !MLC__ARGS_OK(x->ctx, "mlc_flatten", x)) return NULL;
     if (!mlc__axis(x->ctx, "mlc_flatten", x, &start_axis)) return NULL;
     for (d = 0; d < start_axis; d++) shape[d] = x->shape[d];
     if (mlc__numel(x->ndim - start_axis, x->shape + start_axis) > 2147483647u)
@@ -6153,8 +6178,10 @@ static void mlc__layer_norm_backward(mlc__node *n) {
     }
 }
 
+static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
+                                   mlc_tensor *bias, float eps);
 MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
-    return mlc_layer_norm_dims(x, 1, weight, bias, eps);
+    return mlc__layer_norm("mlc_layer_norm", x, 1, weight, bias, eps);
 }
 
 /* weight or bias of x's trailing `dims` dimensions, or NULL */
@@ -6192,14 +6219,17 @@ static int mlc__layer_norm_cpu(mlc__node *n) {
 
 MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
                                        float eps) {
+    return mlc__layer_norm("mlc_layer_norm_dims", x, dims, weight, bias, eps);
+}
+static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
+                                   mlc_tensor *bias, float eps) {
     mlc_tensor *out;
     mlc__node call;
     int D, j;
     size_t per_row = 1;
     x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
-    MLC__ENTER("mlc_layer_norm", x);
-    if (!mlc__same_device(ctx, "mlc_layer_norm", x, weight)
-        || !mlc__same_device(ctx, "mlc_layer_norm", x, bias))
+    MLC__ENTER(op, x);
+    if (!mlc__same_device(ctx, op, x, weight) || !mlc__same_device(ctx, op, x, bias))
         return NULL;
     if (dims < 1 || dims > x->ndim)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
@@ -7223,10 +7253,10 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
 }
 
 MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
-    return mlc__pool2d("mlc_max_pool2d", 1, x, kernel, opts);
+    return mlc__pool2d("mlc_max_pool2d_opts", 1, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_avg_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts) {
-    return mlc__pool2d("mlc_avg_pool2d", 0, x, kernel, opts);
+    return mlc__pool2d("mlc_avg_pool2d_opts", 0, x, kernel, opts);
 }
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding) {
     mlc_pool_opts opts;
@@ -7515,12 +7545,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
     if (!out) return MLC_ERR_NULL;
     ctx = out->ctx;
     if (ctx->error) return ctx->error;
-    if (!mlc__usable(out, "mlc_backward") || (grad_out && !mlc__usable(grad_out, "mlc_backward")))
-        return ctx->error;
-    if (grad_out && grad_out->ctx != ctx) {
-        mlc__fail(ctx, MLC_ERR_ARG, "mlc_backward: the gradient %T belongs to another context", grad_out);
-        return ctx->error;
-    }
+    if (!MLC__ARGS_OK(ctx, grad_out ? "mlc_backward_with" : "mlc_backward", out, grad_out)) return ctx->error;
     if (out->node && out->graph_used) {
         mlc__fail(ctx, MLC_ERR_STATE, "mlc_backward: the graph of %T was used by an earlier "
                   "mlc_backward, which frees it; run the forward again", out);
@@ -7728,28 +7753,28 @@ MLCDEF void mlc_init_constant(mlc_tensor *t, float value) {
 }
 MLCDEF void mlc_init_kaiming_uniform(mlc_tensor *t, float a) {   /* bound = gain √(3 / fan_in) */
     double fi, fo, bound;
-    if (!t) return;
+    if (!t || !mlc__writable(t, "mlc_init_kaiming_uniform")) return;
     mlc__fans(t, &fi, &fo);
     bound = sqrt(2.0 / (1.0 + (double)a * (double)a)) * sqrt(3.0 / fi);
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_kaiming_normal(mlc_tensor *t, float a) {    /* std = gain / √fan_in */
     double fi, fo;
-    if (!t) return;
+    if (!t || !mlc__writable(t, "mlc_init_kaiming_normal")) return;
     mlc__fans(t, &fi, &fo);
     mlc_init_normal(t, 0.0f, (float)(sqrt(2.0 / (1.0 + (double)a * (double)a)) / sqrt(fi)));
 }
 /* bound = gain √(6 / (fan_in + fan_out)) */
 MLCDEF void mlc_init_xavier_uniform(mlc_tensor *t, float gain) {
     double fi, fo, bound;
-    if (!t) return;
+    if (!t || !mlc__writable(t, "mlc_init_xavier_uniform")) return;
     mlc__fans(t, &fi, &fo);
     bound = (double)gain * sqrt(6.0 / (fi + fo));
     mlc_init_uniform(t, (float)-bound, (float)bound);
 }
 MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain) {  /* std = gain √(2 / (fan_in + fan_out)) */
     double fi, fo;
-    if (!t) return;
+    if (!t || !mlc__writable(t, "mlc_init_xavier_normal")) return;
     mlc__fans(t, &fi, &fo);
     mlc_init_normal(t, 0.0f, (float)((double)gain * sqrt(2.0 / (fi + fo))));
 }
@@ -7807,9 +7832,11 @@ static mlc_result mlc__module_add(mlc_module *m, const char *name, mlc_tensor *t
     return MLC_OK;
 }
 MLCDEF mlc_result mlc_module_add_param(mlc_module *m, const char *name, mlc_tensor *p) {
+    if (m && p && !MLC__ARGS_OK(m->ctx, "mlc_module_add_param", p)) return m->ctx->error;
     return mlc__module_add(m, name, p, 0);
 }
 MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_tensor *b) {
+    if (m && b && !MLC__ARGS_OK(m->ctx, "mlc_module_add_buffer", b)) return m->ctx->error;
     return mlc__module_add(m, name, b, 1);
 }
 
@@ -7864,6 +7891,7 @@ MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
     if (x->ctx != m->ctx)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: input %T belongs to another "
                                        "context than %s", x, m->type);
+    if (!MLC__ARGS_OK(m->ctx, "mlc_forward", x)) return NULL;
     if (!m->forward)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE,
                                        "mlc_forward: module %s has no forward function", m->type);
@@ -8081,6 +8109,7 @@ MLCDEF mlc_tensor *mlc_forward_attention(mlc_module *m, mlc_tensor *query, mlc_t
     if (!query || !key || !value)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_forward_attention: query, key or value "
                                        "is NULL");
+    if (!MLC__ARGS_OK(m->ctx, "mlc_forward_attention", query, key, value, mask)) return NULL;
     if (strcmp(m->type, "MultiheadAttention") != 0)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward_attention: module %s is not a "
                                        "MultiheadAttention", m->type);
@@ -8228,6 +8257,7 @@ MLCDEF mlc_tensor *mlc_rnn_forward(mlc_module *m, mlc_tensor *x, mlc_tensor *h0,
     if (!m || !x)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "mlc_rnn_forward: %s is NULL",
                                        m ? "the input" : "the module");
+    if (!MLC__ARGS_OK(ctx, "mlc_rnn_forward", x, h0, c0)) return NULL;
     if (!m->cell)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_rnn_forward: %s is not an RNN, LSTM or GRU",
                                        m->type);
@@ -8518,7 +8548,8 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
     int k;
     if (!opt) return MLC_ERR_NULL;
     ctx = opt->ctx;
-    if (p && p->ctx == ctx && !mlc__writable(p, "mlc_optim_add_param")) return ctx->error;
+    if (p && (!MLC__ARGS_OK(ctx, "mlc_optim_add_param", p) || !mlc__writable(p, "mlc_optim_add_param")))
+        return ctx->error;
     if (!p || !p->persistent || !p->grad || p->ctx != ctx) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_optim_add_param: %s", !p ? "parameter is NULL" : p->ctx != ctx
                   ? "the parameter belongs to another context"
@@ -8889,6 +8920,7 @@ MLCDEF mlc_tensor *mlc_grad_scaler_scale(mlc_grad_scaler *scaler, mlc_tensor *lo
     if (!scaler || !loss)
         return loss ? (mlc_tensor *)mlc__fail(loss->ctx, MLC_ERR_NULL, "mlc_grad_scaler_scale: no scaler")
                     : NULL;
+    if (!MLC__ARGS_OK(scaler->opt->ctx, "mlc_grad_scaler_scale", loss)) return NULL;
     scaler->found_inf = scaler->unscaled = 0;
     return mlc_mul_scalar(loss, scaler->scale);
 }
@@ -9744,7 +9776,7 @@ MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_o
     mlc_batches *b;
     if (!x) return NULL;
     ctx = x->ctx;
-    if (ctx->error) return NULL;
+    if (ctx->error || !MLC__ARGS_OK(ctx, "mlc_batches_create", x, y)) return NULL;
     if (x->ndim < 1 || config.batch_size < 0
         || (y && (y->ctx != ctx || y->ndim < 1 || y->shape[0] != x->shape[0])))
         return (mlc_batches *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batches_create: x %T and y %T need the same "
@@ -10336,7 +10368,8 @@ static int mlc__st_verify(mlc_safetensors *st) {
             return mlc__st_fail(st, key + prefix, 0, "the metadata holds a checksum for it, but the file has "
                                 "no such tensor (a name corrupted?)") != NULL;
         for (k = 0; k < 8 && value[k]; k++) {
-            int c = value[k], digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            const int c = value[k];
+            const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
             if (digit < 0) break;
             stored = stored << 4 | (unsigned long)digit;
         }
@@ -10679,6 +10712,7 @@ static int mlc__st_check_items(mlc_ctx *ctx, const char *op, const mlc__st_item 
                              i) != NULL;
         if (!items[i].t && !items[i].raw)
             return mlc__fail(ctx, MLC_ERR_NULL, "%s: tensor \"%s\" is NULL", op, items[i].name) != NULL;
+        if (items[i].t && !mlc__args_ok(ctx, op, 1, &items[i].t)) return 0;
         for (k = 0; k < i; k++)
             if (strcmp(items[k].name, items[i].name) == 0)
                 return mlc__fail(ctx, MLC_ERR_ARG, "%s: the name \"%s\" comes twice", op, items[i].name) !=

@@ -39,9 +39,9 @@ static int const_weights_in_place(void) {
     mlc_init_constant(tw, 0.0f);
     CHECK(refused(ctx, "mlc_init_constant"));
     mlc_init_kaiming_uniform(tw, 0.0f);
-    CHECK(refused(ctx, "mlc_init_uniform"));
+    CHECK(refused(ctx, "mlc_init_kaiming_uniform"));
     mlc_init_xavier_normal(tw, 1.0f);
-    CHECK(refused(ctx, "mlc_init_normal"));
+    CHECK(refused(ctx, "mlc_init_xavier_normal"));
     {   /* batch norm reads read-only running statistics, and refuses to update them */
         mlc_tensor *x2 = mlc_full(ctx, MLC_SHAPE(4, 2), 1.0f);
         mlc_tensor *mean = mlc_from_const(ctx, MLC_SHAPE(2), w);

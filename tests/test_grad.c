@@ -5,6 +5,7 @@
      DISTINCT  k·0.1 + 0.0237, shuffled: no ties and no value within 0.02 of a kink
                (0, ±0.5, 0.7), for relu, abs, clamp, max, max_pool                       */
 #include "test.h"
+#include <stdlib.h>
 
 enum { ANY, POSITIVE, DISTINCT };
 #define MAXIN 4
@@ -465,6 +466,68 @@ static int grad_ready_hook(void) {
     return 1;
 }
 
+/* ReLU and its relatives at NaN (and at their corners) pass the gradient where PyTorch 1.13
+   passes it: relu's and relu6's backward read "x <= 0" (and "x >= 6") as the zero case, so NaN
+   passes; hardswish's NaN takes the slope 1; clamp and abs give 0. The rows are
+   torch.autograd's gradients at x = NaN, -1, 0, 3, 7 (clamp to [-0.5, 6], leaky slope 0.1),
+   through the op alone and through the fused Linear + ReLU (a NaN weight makes the row NaN). */
+static int grad_relu_family_at_nan(void) {
+    static const struct { const char *name; float want[5]; } rows[] = {
+        { "relu", { 1, 0, 0, 1, 1 } },        { "relu6", { 1, 0, 0, 1, 0 } },
+        { "leaky_relu", { 0.1f, 0.1f, 0.1f, 1, 1 } }, { "clamp", { 0, 0, 1, 1, 0 } },
+        { "abs", { 0, -1, 0, 1, 1 } },         { "hardswish", { 1, 1.0f / 6, 0.5f, 1.5f, 1 } } };
+    const float xs[5] = { NAN, -1, 0, 3, 7 };
+    mlc_ctx *ctx = test_ctx(22);
+    mlc_module *lin, *net;
+    mlc_tensor *x, *y, *in;
+    size_t r;
+    int i;
+    for (r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        x = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(5), xs), 1);
+        y = r == 0 ? mlc_relu(x) : r == 1 ? mlc_relu6(x) : r == 2 ? mlc_leaky_relu(x, 0.1f)
+            : r == 3 ? mlc_clamp(x, -0.5f, 6.0f) : r == 4 ? mlc_abs(x) : mlc_hardswish(x);
+        CHECK(y && mlc_backward_with(y, mlc_ones(ctx, MLC_SHAPE(5))) == MLC_OK);
+        for (i = 0; i < 5; i++)
+            CHECK_MSG(fabsf(mlc_host_grad(x)[i] - rows[r].want[i]) < 1e-6f, "%s'(%g) = %g, PyTorch %g",
+                      rows[r].name, (double)xs[i], (double)mlc_host_grad(x)[i], (double)rows[r].want[i]);
+        mlc_frame_end(f);
+    }
+    lin = mlc_nn_linear(ctx, 2, 3);                      /* fused: Linear then ReLU in one op */
+    net = mlc_nn_sequential(ctx, lin, mlc_nn_relu(ctx), NULL);
+    mlc_init_constant(lin->params[0], 1.0f);
+    mlc_init_constant(lin->params[1], 0.0f);
+    mlc_host_data(lin->params[0])[0] = NAN;             /* output 0 is NaN, 1 and 2 are 1 + 2 */
+    mlc_write(lin->params[0], mlc_host_data(lin->params[0]), 6);
+    in = mlc_from_data(ctx, MLC_SHAPE(1, 2), (const float[]){ 1, 2 });
+    y = mlc_forward(net, in);
+    CHECK(y && mlc_backward(mlc_sum_all(y)) == MLC_OK);
+    CHECK_MSG(test_same_float(mlc_host_grad(lin->params[1])[0], 1.0f), "fused relu at NaN: db = %g",
+              (double)mlc_host_grad(lin->params[1])[0]);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* cumsum sums in double as PyTorch's CPU cumsum does: 1e8, then a thousand ones, then -1e8 ends
+   at 1000 (a float running sum loses every one: 0), and its gradient likewise. */
+static int grad_cumsum_accurate(void) {
+    mlc_ctx *ctx = test_ctx(23);
+    float *v = (float *)malloc(1002 * sizeof(float));
+    mlc_tensor *x, *y;
+    int i;
+    CHECK(v);
+    v[0] = 1e8f; v[1001] = -1e8f;
+    for (i = 1; i <= 1000; i++) v[i] = 1.0f;
+    x = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(1002), v), 1);
+    y = mlc_cumsum(x, 0);
+    CHECK(y && test_same_float(mlc_get(y, 1001), 1000.0f));
+    CHECK(mlc_backward_with(y, mlc_from_data(ctx, MLC_SHAPE(1002), v)) == MLC_OK);
+    CHECK_MSG(test_same_float(mlc_host_grad(x)[0], 1000.0f), "dx[0] = %g", (double)mlc_host_grad(x)[0]);
+    free(v);
+    test_destroy(ctx);
+    return 1;
+}
+
 #define T(name) TEST(grad_##name)   /* rows of the table below, without the prefix */
 const test_case tests_grad[] = {
     T(add_same) T(add_row) T(add_both) T(add_scalar_tensor) T(sub_bcast) T(mul_bcast) T(mul_self) T(div_bcast)
@@ -488,5 +551,6 @@ const test_case tests_grad[] = {
     T(conv2d_relu_fused)
     T(linear_relu_fused)
     T(attention) T(checker_catches_wrong_gradient) T(ready_hook)
+    T(relu_family_at_nan) T(cumsum_accurate)
     { NULL, NULL }
 };
