@@ -142,6 +142,7 @@ test: compile-check $(BUILD)/test $(TEST_OPENMP) $(BUILD)/test-fastmath $(BUILD)
 MPI_SUFFIX := $(if $(MPI),.$(MPI))
 MPICC ?= mpicc$(MPI_SUFFIX)
 MPIRUN ?= mpirun$(MPI_SUFFIX)
+MPICXX ?= mpicxx$(MPI_SUFFIX)
 MPI_FOUND := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo yes)
 MPI_SKIP := no $(MPICC) or $(MPIRUN) (install openmpi-bin libopenmpi-dev, or mpich libmpich-dev)
 
@@ -157,6 +158,11 @@ test-mpi:
 	    exit 0; \
 	fi; \
 	$(MAKE) --no-print-directory $(BUILD)/test-mpi$(MPI_SUFFIX) $(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX) && \
+	if command -v $(MPICXX) >/dev/null 2>&1; then \
+	    echo "$(MPICXX) -std=c++11 -Wall -Wextra -pedantic -Werror tests/mpi/cxx.cpp (mlc_mpi.h as C++)"; \
+	    $(MPICXX) -std=c++11 -Wall -Wextra -pedantic -Werror -I. -o $(BUILD)/test-mpi-cxx$(MPI_SUFFIX) \
+	        tests/mpi/cxx.cpp $(LDLIBS) || exit 1; \
+	fi && \
 	sh tests/mpi/run.sh ./$(BUILD)/test-mpi$(MPI_SUFFIX) $(MPIRUN) ./$(BUILD)/fashion_mnist_mpi$(MPI_SUFFIX)
 
 # 2 ranks x 1 thread against 1 rank x 1 thread and 1 process x 2 threads (bench/mpi.sh)

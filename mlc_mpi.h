@@ -73,6 +73,12 @@
    rebuilding of buckets from the order gradients arrive in (PyTorch's after its first step). */
 #ifndef MLC_MPI_H
 #define MLC_MPI_H
+#if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1              /* the C API only: no MPI-2 C++ bindings (removed in MPI-3) */
+#endif
+#if defined(__cplusplus) && !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -879,7 +885,7 @@ static void mlc_mpi__bn_running(mlc_ddp *ddp, mlc_module *m, const float *mean, 
 static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
     mlc_ddp *ddp = (mlc_ddp *)m->user;
     mlc_ctx *ctx = m->ctx;
-    int c, l = 1, k;
+    int c, l = 1, k, shape3[3], chan3[3];
     double *stats, n_all;
     float *mean, *var;
     const float *h;
@@ -890,7 +896,9 @@ static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
                               m->momentum, m->eps);
     c = x->shape[1];
     for (k = 2; k < x->ndim; k++) l *= x->shape[k];
-    x3 = mlc_reshape(x, 3, (int[]){ x->shape[0], c, l });
+    shape3[0] = x->shape[0]; shape3[1] = c; shape3[2] = l;
+    chan3[0] = 1; chan3[1] = c; chan3[2] = 1;
+    x3 = mlc_reshape(x, 3, shape3);
     stats = (double *)malloc(sizeof(double) * (size_t)(c + 1));
     mean = (float *)malloc(sizeof(float) * (size_t)(2 * c + 1));
     if (!stats || !mean) mlc_mpi_fail(ddp->mpi, "SyncBatchNorm forward: out of memory");
@@ -904,7 +912,7 @@ static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
     n_all = stats[c];
     for (k = 0; k < c; k++) mean[k] = (float)(stats[k] / n_all);
     /* the variance about it: the second */
-    d = mlc_sub(x3, mlc_from_data(ctx, 3, (int[]){ 1, c, 1 }, mean));
+    d = mlc_sub(x3, mlc_from_data(ctx, 3, chan3, mean));
     s2 = mlc_sum(mlc_sum(mlc_mul(d, d), 2, 0), 0, 0);
     if (!(h = s2 ? mlc_host_data(s2) : NULL)) mlc_mpi_check(ddp->mpi, ctx, "SyncBatchNorm forward");
     for (k = 0; k < c; k++) stats[k] = h[k];
@@ -913,10 +921,10 @@ static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
     mlc_mpi__bn_running(ddp, m, mean, stats, n_all);
     mu = mlc_mpi__statistic(ddp, s1, mean, (float)(1.0 / n_all));
     v = mlc_mpi__statistic(ddp, s2, var, (float)(1.0 / n_all));
-    y = mlc_div(mlc_sub(x3, mlc_reshape(mu, 3, (int[]){ 1, c, 1 })),
-                mlc_reshape(mlc_pow(mlc_add_scalar(v, m->eps), 0.5f), 3, (int[]){ 1, c, 1 }));
-    if (m->params[0]) y = mlc_mul(y, mlc_reshape(m->params[0], 3, (int[]){ 1, c, 1 }));
-    if (m->params[1]) y = mlc_add(y, mlc_reshape(m->params[1], 3, (int[]){ 1, c, 1 }));
+    y = mlc_div(mlc_sub(x3, mlc_reshape(mu, 3, chan3)),
+                mlc_reshape(mlc_pow(mlc_add_scalar(v, m->eps), 0.5f), 3, chan3));
+    if (m->params[0]) y = mlc_mul(y, mlc_reshape(m->params[0], 3, chan3));
+    if (m->params[1]) y = mlc_add(y, mlc_reshape(m->params[1], 3, chan3));
     free(stats);
     free(mean);
     mlc_mpi_check(ddp->mpi, ctx, "SyncBatchNorm forward");
