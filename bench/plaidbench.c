@@ -9,6 +9,10 @@
                 the first step and the median step
    then the ratios against PyTorch on the CPU (time per image or step, mlc / PyTorch: below 1 is
    mlc faster; throughput, batch 16: PyTorch's time / mlc's, above 1 is mlc faster).
+   A labelled micro-benchmark follows: a depthwise 3x3 convolution alone (MobileNetV2's third
+   block: 144 channels, 56x56, stride 1, batch 16, 1 thread) as GFLOP/s against the CPU's float32
+   FMA peak and its memory bound, both measured here (x86-64 with AVX-512 only). The load average
+   before and after says how much other processes shared the CPUs.
    Usage: plaidbench [--runs N] [--no-torch] [--device SPEC]   (make plaidbench)
    Build: cc -O2 -std=c99 -DMLC_OPENCL -I. -Iexamples bench/plaidbench.c -o plaidbench -lm -ldl */
 #define _POSIX_C_SOURCE 200809L
@@ -18,6 +22,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "mobilenet_model.h"
@@ -114,6 +121,82 @@ static int run_mlc(const char *spec, int threads, int runs, row *r, char *why, s
     return ok;
 }
 
+/* The 1-minute load average (/proc/loadavg), or -1 */
+static double load_average(void) {
+    double v = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf", &v) != 1) v = -1;
+    if (f) fclose(f);
+    return v;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* One thread's float32 FMA peak in GFLOP/s: 12 independent chains of 16-wide FMAs */
+__attribute__((target("avx512f,fma")))
+static double fma_peak(void) {
+    __m512 acc[12], m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+    float sink[16];
+    long i, n = 20000000;
+    int k;
+    for (k = 0; k < 12; k++) acc[k] = _mm512_set1_ps((float)k);
+    double t0 = seconds();
+    for (i = 0; i < n; i++)
+        for (k = 0; k < 12; k++) acc[k] = _mm512_fmadd_ps(acc[k], m, a);
+    double dt = seconds() - t0;
+    for (k = 1; k < 12; k++) acc[0] = _mm512_add_ps(acc[0], acc[k]);
+    _mm512_storeu_ps(sink, acc[0]);
+    return sink[0] == 12345.0f ? 0 : (double)n * 12 * 32 / dt * 1e-9;
+}
+#endif
+
+/* memcpy of 256 MiB in 64 MiB pieces, best of 3: bytes read + written per second, GB/s */
+static double copy_bandwidth(void) {
+    size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (!a || !b) { free(a); free(b); return 0; }
+    memset(a, 1, n); memset(b, 2, n);
+    for (int r = 0; r < 3; r++) {
+        double t0 = seconds();
+        for (int k = 0; k < 4; k++) memcpy(k % 2 ? a : b, k % 2 ? b : a, n);
+        double gbs = 8.0 * (double)n / (seconds() - t0) * 1e-9;
+        best = gbs > best ? gbs : best;
+    }
+    free(a); free(b);
+    return best;
+}
+
+/* The depthwise micro-benchmark (see the top) */
+static void depthwise_alone(int runs) {
+    enum { N = 16, C = 144, S = 56 };
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .device = "cpu", .threads = 1, .seed = 1 });
+    job j = { 0 };
+    double first, median, peak = 0, flops = 2.0 * 9 * N * C * S * S, bytes = 2.0 * 4 * N * C * S * S;
+    if (!ctx) return;
+    mlc_tensor *w = mlc_keep(mlc_randn(ctx, MLC_SHAPE(C, 1, 3, 3))), *b = mlc_keep(mlc_randn(ctx, MLC_SHAPE(C)));
+    j.x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(N, C, S, S)));
+    j.net = mlc_nn_custom(ctx, "Conv2d", mobilenet_conv_forward, NULL);
+    if (j.net && w && b && mlc_module_add_param(j.net, "weight", w) == MLC_OK
+        && mlc_module_add_param(j.net, "bias", b) == MLC_OK) {
+        j.net->conv = (mlc_conv_opts){ .padding = 1, .groups = C };
+        mlc_set_grad_enabled(ctx, 0);
+        if (timed(ctx, infer, &j, runs * 4, &first, &median)) {
+            double gflops = flops / median * 1e-6, bandwidth = copy_bandwidth();
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (__builtin_cpu_supports("avx512f")) peak = fma_peak();
+#endif
+            printf("\n  micro-benchmark: depthwise 3x3 conv alone, [16, 144, 56, 56], stride 1, 1 thread: %.2f ms,"
+                   "\n  %.1f GFLOP/s (2 x 9 per output); %.1f GB/s of x and y\n", median, gflops,
+                   bytes / median * 1e-6);
+            if (peak > 0)
+                printf("  FMA peak here (one thread, AVX-512, measured): %.1f GFLOP/s: %.1f %% of it;\n"
+                       "  memory bound (memcpy %.1f GB/s x 2.25 FLOP/byte): %.1f GFLOP/s: %.0f %% of it\n", peak,
+                       100 * gflops / peak, bandwidth, bandwidth * 2.25, 100 * gflops / (bandwidth * 2.25));
+        }
+    }
+    mlc_destroy(ctx);
+}
+
 /* PyTorch on the CPU on `threads` threads (or CUDA), from bench/plaidbench_torch.py's lines */
 static int run_torch(const char *python, const char *device, int threads, int runs, row *r) {
     char command[512], key[64], version[64] = "?";
@@ -166,6 +249,7 @@ int main(int argc, char **argv) {
     int n = 0, n_torch = 0, status = 0;
     mlc_device_info devices[MAX_DEVICES];
     int count = mlc_devices(devices, MAX_DEVICES);
+    double load_before = load_average();
     printf("plaidbench: MobileNetV2 (torchvision's architecture, random weights); %d CPUs online; %d runs "
            "(batch 1: %d)\n", cpus, runs, 4 * runs);
     if (with_torch)
@@ -210,5 +294,8 @@ int main(int argc, char **argv) {
                        t->threads == 1 ? "" : "s", m->b1 / t->b1, t->b16 / m->b16, m->train / t->train);
             }
     }
+    if (!only || !strcmp(only, "cpu")) depthwise_alone(runs);
+    printf("\n  load average (1 min) before %.2f, after %.2f: above 0, other processes shared the CPUs\n",
+           load_before, load_average());
     return status;
 }
