@@ -17,6 +17,7 @@ import tempfile
 
 SCANS = [("every code point alone", "%s"), ("every code point between letters", "a%sb")]
 SHOW = 20
+MAX_LEN = 64            # tokens a text, [CLS] and [SEP] included: more than any text here has
 
 
 def code_points():
@@ -39,21 +40,23 @@ def random_strings(cps, n=50000, seed=1):
     return ["".join(chr(pick()) for _ in range(rng.randint(1, 10))) for _ in range(n)]
 
 
-def minilm_ids(binary, model, texts):
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as f:
-        f.write("\n".join(texts) + "\n")
-        path = f.name
-    try:
-        r = subprocess.run([binary, "--model", model, "--ids", "--max-len", "512", "--file", path],
-                           capture_output=True, timeout=1200)
-    finally:
-        os.unlink(path)
-    if r.returncode != 0:
-        return None, r.stderr.decode(errors="replace")
+def minilm_ids(binary, model, texts, chunk=100000):
+    """minilm --ids on texts, CHUNK lines a run (each run holds every sentence's buffers)"""
     got = {}
-    for line in r.stdout.decode().splitlines():
-        head, _, rest = line.partition(":")
-        got[int(head.split()[1])] = [int(x) for x in rest.split()]
+    for first in range(0, len(texts), chunk):
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as f:
+            f.write("\n".join(texts[first:first + chunk]) + "\n")
+            path = f.name
+        try:
+            r = subprocess.run([binary, "--model", model, "--ids", "--max-len", str(MAX_LEN), "--file", path],
+                               capture_output=True, timeout=600)
+        finally:
+            os.unlink(path)
+        if r.returncode != 0:
+            return None, r.stderr.decode(errors="replace")
+        for line in r.stdout.decode().splitlines():
+            head, _, rest = line.partition(":")
+            got[first + int(head.split()[1])] = [int(x) for x in rest.split()]
     return got, ""
 
 
@@ -62,7 +65,7 @@ def main():
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(max_length=512)
+    tok.enable_truncation(max_length=MAX_LEN)
     cps = code_points()
     passed = failed = 0
     scans = [(name, [form % chr(c) for c in cps], cps) for name, form in SCANS]
