@@ -422,6 +422,14 @@ static int strip_accents(unsigned c, unsigned *out) {
         if (i % 28) out[2] = 0x11A7 + i % 28;
         return i % 28 ? 3 : 2;
     }
+    for (int b = 0, at = 0; b < ROWS(cjk_compat_blocks); b++) {       /* a compatibility ideograph */
+        const uint32_t *block = cjk_compat_blocks[b];
+        if (c >= block[0] && c <= block[1]) {
+            out[0] = cjk_compat[at + (int)(c - block[0])] ? cjk_compat[at + (int)(c - block[0])] : c;
+            return 1;
+        }
+        at += (int)(block[1] - block[0]) + 1;
+    }
     if ((r = find_row(c, &strip_many[0][0], ROWS(strip_many), 4, 0)) != NULL) {
         out[0] = r[1]; out[1] = r[2]; out[2] = r[3];
         return r[3] ? 3 : 2;

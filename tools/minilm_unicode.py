@@ -148,13 +148,35 @@ def stripped(c):
     return [x for x in nfd(c) if category(x) != "Mn"]
 
 
+CJK_COMPAT = [(0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]   # compatibility ideographs: NFD one by one
+
+
+def in_cjk_compat(c):
+    return any(lo <= c <= hi for lo, hi in CJK_COMPAT)
+
+
+def cjk_compat():
+    """([first, last] of each block, trimmed to its decomposing code points), and the ideograph
+    each code point of them decomposes to (0: none), block after block"""
+    blocks, targets = [], []
+    for lo, hi in CJK_COMPAT:
+        mapped = [c for c in range(lo, hi + 1) if stripped(c) != [c]]
+        first, last = min(mapped), max(mapped)
+        blocks.append([first, last])
+        for c in range(first, last + 1):
+            base = stripped(c)
+            assert len(base) == 1, hex(c)
+            targets.append(0 if base == [c] else base[0])
+    return blocks, targets
+
+
 def strip_runs():
     """[first, last, even, odd]: NFD with the nonspacing marks dropped maps c to one character,
-    even or odd (by c - first)"""
+    even or odd (by c - first); the CJK compatibility ideographs are cjk_compat's"""
     out = []
     for c in CODES:
         base = stripped(c)
-        if category(c) == "Mn" or base == [c] or len(base) != 1:
+        if category(c) == "Mn" or base == [c] or len(base) != 1 or in_cjk_compat(c):
             continue
         b = base[0]
         if out and out[-1][1] == c - 1:
@@ -240,6 +262,13 @@ emit("mark_ranges", ranges(lambda c: category(c) == "Mn"),
      "nonspacing marks (Mn), dropped when accents are stripped: first, last")
 emit("strip_runs", strip_runs(),
      "accent stripping: NFD, marks dropped: first, last, base at even offsets, base at odd ones")
+blocks, targets = cjk_compat()
+emit("cjk_compat_blocks", blocks, "CJK compatibility ideographs that NFD maps: first, last of each block")
+print("/* the ideograph each of them maps to (0: itself), block after block (%d) */" % len(targets))
+print("static const uint32_t cjk_compat[] = {")
+for i in range(0, len(targets), 11):
+    print("    " + " ".join("0x%05X," % t for t in targets[i:i + 11]))
+print("};")
 emit("strip_many", strip_many(),
      "accent stripping into two or three characters: code point, first, second, third (or 0)")
 emit("ccc_ranges", ccc_ranges(),
