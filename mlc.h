@@ -697,6 +697,10 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
 
 typedef mlc_tensor *(*mlc_forward_fn)(mlc_module *self, mlc_tensor *x);
 #define MLC_MODULE_MAX_TENSORS 4
+/* How many levels of children a module may have under it (PyTorch's models have about 10). A
+   walk over the tree (train, to, parameters, an optimiser, a forward) recurses once a level, so
+   a deeper tree is an error (MLC_ERR_ARG naming the call), never a stack overflow. */
+#define MLC_MODULE_MAX_DEPTH 100
 struct mlc_module {
     mlc_ctx *ctx;
     const char *type;                   /* "Linear", "Conv2d", ... */
@@ -1340,6 +1344,7 @@ struct mlc_ctx {
     mlc_stats stats;
     mlc__block *first_block, *block;   /* the arena: a chain, and the block being filled */
     struct mlc__node *tape;            /* the newest node; nodes link to older ones */
+    int forward_depth;                 /* mlc_forward calls under way, one inside another */
     mlc_grad_ready_fn grad_ready;      /* mlc_set_grad_ready_hook's, or NULL */
     void *grad_ready_user;
     mlc__owned owned;                  /* sentinel of the long-lived list */
@@ -7840,6 +7845,21 @@ MLCDEF mlc_result mlc_module_add_buffer(mlc_module *m, const char *name, mlc_ten
     return mlc__module_add(m, name, b, 1);
 }
 
+/* Whether the tree under m is more than `levels` deep; it looks no deeper than that. */
+static int mlc__module_deeper(const mlc_module *m, int levels) {
+    int i;
+    if (levels < 0) return 1;
+    for (i = 0; i < m->n_children; i++) if (mlc__module_deeper(m->children[i], levels - 1)) return 1;
+    return 0;
+}
+/* The walks' entry check: m's tree within MLC_MODULE_MAX_DEPTH, else an error naming op */
+static int mlc__module_walkable(mlc_module *m, const char *op) {
+    if (!mlc__module_deeper(m, MLC_MODULE_MAX_DEPTH)) return 1;
+    mlc__fail(m->ctx, MLC_ERR_ARG, "%s: modules under %s nest more than %d deep (MLC_MODULE_MAX_DEPTH)", op,
+              m->type, MLC_MODULE_MAX_DEPTH);
+    return 0;
+}
+
 /* Whether `inner` is m or inside it (modules form a tree: adding such a child would make a cycle). */
 static int mlc__module_holds(const mlc_module *m, const mlc_module *inner) {
     int i;
@@ -7855,6 +7875,11 @@ MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_modu
     if (!child || !name) {
         mlc__fail(m->ctx, MLC_ERR_NULL, "mlc_module_add_child: %s is NULL", child ? "name" : "child");
         return m->ctx->error ? m->ctx->error : MLC_ERR_NULL;
+    }
+    if (child->ctx == m->ctx && mlc__module_deeper(child, MLC_MODULE_MAX_DEPTH - 1)) {
+        mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add_child: adding %s \"%s\" would nest modules more "
+                  "than %d deep (MLC_MODULE_MAX_DEPTH)", child->type, name, MLC_MODULE_MAX_DEPTH);
+        return m->ctx->error;
     }
     if (child->ctx != m->ctx || mlc__module_holds(child, m)) {
         mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_add_child: %s \"%s\" %s", child->type, name,
@@ -7885,6 +7910,7 @@ MLCDEF mlc_module *mlc_nn_custom(mlc_ctx *ctx, const char *type, mlc_forward_fn 
 }
 
 MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
+    mlc_tensor *y;
     if (!m || !x)
         return (mlc_tensor *)mlc__fail(m ? m->ctx : x ? x->ctx : NULL, MLC_ERR_NULL,
                                        "mlc_forward: %s is NULL", m ? "the input" : "the module");
@@ -7895,7 +7921,14 @@ MLCDEF mlc_tensor *mlc_forward(mlc_module *m, mlc_tensor *x) {
     if (!m->forward)
         return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_STATE,
                                        "mlc_forward: module %s has no forward function", m->type);
-    return m->forward(m, x);
+    if (m->ctx->forward_depth > MLC_MODULE_MAX_DEPTH)   /* the root's call, then one a level */
+        return (mlc_tensor *)mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_forward: modules run inside one another "
+                                       "more than %d deep (MLC_MODULE_MAX_DEPTH), at %s",
+                                       MLC_MODULE_MAX_DEPTH, m->type);
+    m->ctx->forward_depth++;
+    y = m->forward(m, x);
+    m->ctx->forward_depth--;
+    return y;
 }
 
 /* A parameter with PyTorch's default initialisation U(-1/√fan_in, 1/√fan_in) for biases. */
@@ -8390,7 +8423,7 @@ MLCDEF mlc_module *mlc_nn_gru(mlc_ctx *ctx, int in, int hidden, int layers) {
 
 MLCDEF void mlc_module_train(mlc_module *m, int training) {
     int i;
-    if (!m) return;
+    if (!m || !mlc__module_walkable(m, "mlc_module_train")) return;
     m->training = training != 0;
     for (i = 0; i < m->n_children; i++) mlc_module_train(m->children[i], training);
 }
@@ -8398,6 +8431,7 @@ MLCDEF void mlc_module_train(mlc_module *m, int training) {
 MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device) {
     int i;
     if (!m) return MLC_ERR_NULL;
+    if (!mlc__module_walkable(m, "mlc_module_to")) return m->ctx->error;
     for (i = 0; i < m->n_params; i++) if (!mlc_to(m->params[i], on_device)) return m->ctx->error;
     for (i = 0; i < m->n_buffers; i++) if (!mlc_to(m->buffers[i], on_device)) return m->ctx->error;
     for (i = 0; i < m->n_children; i++)
@@ -8439,7 +8473,7 @@ static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
 MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
     int i;
     if (!m) return MLC_ERR_NULL;
-    if (m->ctx->error) return m->ctx->error;
+    if (m->ctx->error || !mlc__module_walkable(m, "mlc_module_to_dtype")) return m->ctx->error;
     if ((unsigned)dtype > (unsigned)MLC_F16) {
         mlc__fail(m->ctx, MLC_ERR_ARG, "mlc_module_to_dtype: %d is not a dtype", (int)dtype);
         return m->ctx->error;
@@ -8488,16 +8522,18 @@ static int mlc__collect(mlc_module *m, const char *prefix, int long_prefix, int 
     return count;
 }
 MLCDEF int mlc_module_parameters(mlc_module *m, mlc_named_tensor *out, int max) {
-    return m ? mlc__collect(m, "", 0, 0, out, out ? max : 0, 0) : 0;
+    if (!m || !mlc__module_walkable(m, "mlc_module_parameters")) return 0;
+    return mlc__collect(m, "", 0, 0, out, out ? max : 0, 0);
 }
 MLCDEF int mlc_module_state(mlc_module *m, mlc_named_tensor *out, int max) {
-    return m ? mlc__collect(m, "", 0, 1, out, out ? max : 0, 0) : 0;
+    if (!m || !mlc__module_walkable(m, "mlc_module_state")) return 0;
+    return mlc__collect(m, "", 0, 1, out, out ? max : 0, 0);
 }
 
 MLCDEF size_t mlc_module_param_count(mlc_module *m) {
     size_t n = 0;
     int i;
-    if (!m) return 0;
+    if (!m || !mlc__module_walkable(m, "mlc_module_param_count")) return 0;
     for (i = 0; i < m->n_params; i++) n += m->params[i]->size;
     for (i = 0; i < m->n_children; i++) n += mlc_module_param_count(m->children[i]);
     return n;
@@ -8592,6 +8628,7 @@ MLCDEF mlc_result mlc_optim_add_param(mlc_optim *opt, mlc_tensor *p) {
 
 static mlc_result mlc__optim_add_module(mlc_optim *opt, mlc_module *m) {   /* PyTorch's order */
     int i;
+    if (!mlc__module_walkable(m, "mlc_optim")) return opt->ctx->error;
     for (i = 0; i < m->n_params; i++)
         if (mlc_optim_add_param(opt, m->params[i]) != MLC_OK) return opt->ctx->error;
     for (i = 0; i < m->n_children; i++)

@@ -694,6 +694,56 @@ static int every_tensor_argument_checked(void) {
     return 1;
 }
 
+/* Class 4: module trees nested deeper than MLC_MODULE_MAX_DEPTH. Built bottom-up, the add that
+   would pass the limit is refused; built top-down (100,000 levels, each add fine on its own),
+   every walk over the tree (train, to, to_dtype, parameters, state, param_count, an optimiser,
+   a forward) is an error naming the call, never a stack overflow. */
+static mlc_tensor *wrap_forward(mlc_module *self, mlc_tensor *x) {
+    return self->n_children ? mlc_forward(self->children[0], x) : mlc_relu(x);
+}
+static int deep_module_trees_refused(void) {
+    mlc_ctx *ctx = test_ctx(41);
+    mlc_module *m, *root, *cur;
+    mlc_named_tensor named[4];
+    int i;
+    m = mlc_nn_linear(ctx, 2, 2);
+    for (i = 1; i < 150; i++) {                          /* bottom-up: level i holds level i - 1 */
+        mlc_module *up = mlc_nn_custom(ctx, "Wrap", wrap_forward, NULL);
+        if (mlc_module_add_child(up, "0", m) != MLC_OK) break;
+        m = up;
+    }
+    CHECK_MSG(i == MLC_MODULE_MAX_DEPTH + 1 && mlc_error(ctx) == MLC_ERR_ARG, "refused at %d: %s", i,
+              mlc_error_message(ctx));
+    CHECK(strstr(mlc_error_message(ctx), "mlc_module_add_child") && strstr(mlc_error_message(ctx), "deep"));
+    mlc_clear_error(ctx);
+    mlc_module_train(m, 0);                              /* the deepest tree allowed works */
+    CHECK(mlc_error(ctx) == MLC_OK && mlc_module_param_count(m) == 6);
+    CHECK_MSG(mlc_forward(m, mlc_ones(ctx, MLC_SHAPE(1, 2))) != NULL, "%s", mlc_error_message(ctx));
+    root = cur = mlc_nn_custom(ctx, "Wrap", wrap_forward, NULL);
+    for (i = 0; i < 100000; i++) {                       /* top-down: each add is one level */
+        mlc_module *down = mlc_nn_custom(ctx, "Wrap", wrap_forward, NULL);
+        CHECK(down && mlc_module_add_child(cur, "0", down) == MLC_OK);
+        cur = down;
+    }
+    CHECK(mlc_module_add_param(cur, "weight", mlc_parameter(ctx, MLC_SHAPE(2))) == MLC_OK);
+#define DEEP_REFUSED(call, name) do { call; \
+        CHECK_MSG(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), name) \
+                  && strstr(mlc_error_message(ctx), "MLC_MODULE_MAX_DEPTH"), "%s: %s", name, \
+                  mlc_error_message(ctx)); \
+        mlc_clear_error(ctx); } while (0)
+    DEEP_REFUSED(mlc_module_train(root, 1), "mlc_module_train");
+    DEEP_REFUSED(mlc_module_to_dtype(root, MLC_BF16), "mlc_module_to_dtype");
+    DEEP_REFUSED(CHECK(mlc_module_parameters(root, named, 4) == 0), "mlc_module_parameters");
+    DEEP_REFUSED(CHECK(mlc_module_state(root, named, 4) == 0), "mlc_module_state");
+    DEEP_REFUSED(CHECK(mlc_module_param_count(root) == 0), "mlc_module_param_count");
+    DEEP_REFUSED(CHECK(mlc_adam(ctx, root, (mlc_adam_opts){ 0 }) == NULL), "mlc_optim");
+    DEEP_REFUSED(CHECK(mlc_forward(root, mlc_ones(ctx, MLC_SHAPE(1, 2))) == NULL), "mlc_forward");
+    if (mlc_has_device(ctx)) DEEP_REFUSED(mlc_module_to(root, 0), "mlc_module_to");
+#undef DEEP_REFUSED
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_hostile[] = {
     TEST(checkpoint_scalars_checked)
     TEST(checkpoint_optimiser_fingerprint)
@@ -703,5 +753,6 @@ const test_case tests_hostile[] = {
     TEST(directory_is_io_error)
     TEST(other_context_before_shape)
     TEST(every_tensor_argument_checked)
+    TEST(deep_module_trees_refused)
     { NULL, NULL }
 };
