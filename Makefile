@@ -257,8 +257,8 @@ test-install:
 # The safetensors loader, and examples/minilm.c's JSON reader and tokenizer (tests/fuzz/
 # fuzz_minilm_json.c), under libFuzzer (clang, with ASan and UBSan), FUZZ_SECONDS split between
 # them, each from its seed corpus in tests/fuzz-corpus/NAME with its dictionary NAME.dict; new
-# inputs go to build/fuzz-corpus/NAME, a crashing input to build/crash-*. (Their own directory
-# keeps them out of the suites' tests/*.c.)
+# inputs go to build/fuzz-corpus/NAME, a crashing input (or one that runs 10 s: a hang) to
+# build/crash-* (timeout-*). (Their own directory keeps them out of the suites' tests/*.c.)
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_TARGETS := safetensors minilm_json
@@ -274,7 +274,7 @@ fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(BUILD)/fuzz-corpus/$$t; \
 	    echo "./$(BUILD)/fuzz-$$t for $$seconds s"; \
-	    ./$(BUILD)/fuzz-$$t -max_total_time=$$seconds -max_len=4096 -rss_limit_mb=2048 \
+	    ./$(BUILD)/fuzz-$$t -max_total_time=$$seconds -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
 	        -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/$$t.dict \
 	        $(BUILD)/fuzz-corpus/$$t tests/fuzz-corpus/$$t; \
 	done
