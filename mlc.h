@@ -161,6 +161,11 @@ DEFAULTS (a config field or setting left 0 takes the default; MLC_ZERO asks for 
    negative, betas or alpha outside [0, 1), eps < 0, nesterov without momentum are MLC_ERR_ARG
    naming the call and the field; so are bad module arguments (dropout p outside [0, 1], a conv
    or pool kernel < 1) and norm settings (momentum outside [0, 1], eps < 0) when the op runs.
+   Every options struct has an initialiser, mlc_<name>_defaults() (mlc_adam_defaults(), ...,
+   mlc_config_defaults()), returning it with every field zero, that is default. Start from it,
+   from = {0} or from a designated initialiser (which zero the fields you leave), never from an
+   uninitialised variable set field by field: a field a later version adds would hold garbage
+   (an Adam run could become AMSGrad).
 
 BACKENDS
    The CPU (reference loops, float32) is always present. mlc_opencl.h adds OpenCL devices.
@@ -274,7 +279,7 @@ typedef struct mlc_allocator {          /* all or none; user is passed through *
 typedef void (*mlc_gemm_fn)(int transpose_a, int transpose_b, int M, int N, int K, const float *A,
                             const float *B, float beta, float *C, void *user);
 
-typedef struct mlc_config {             /* zero means default for every field */
+typedef struct mlc_config {             /* zero: default; start from mlc_config_defaults() */
     uint64_t seed;                      /* RNG seed (the same numbers on every platform)     */
     const char *device;                 /* NULL: $MLC_DEVICE, else "cpu"; see Devices below  */
     mlc_allocator allocator;            /* default: malloc/free                              */
@@ -569,7 +574,8 @@ MLCDEF mlc_tensor *mlc_cross_entropy(mlc_tensor *logits, mlc_tensor *target,
 /* Cross entropy with PyTorch's other options; zero means default: reduction mean, no class
    ignored, no smoothing. ignore 1: rows whose target is ignore_index add nothing (a separate
    switch, so a zeroed struct ignores no class). label_smoothing ε in [0, 1]: the target is
-   (1 - ε) onehot + ε / C, as torch's F.cross_entropy(..., label_smoothing=ε). */
+   (1 - ε) onehot + ε / C, as torch's F.cross_entropy(..., label_smoothing=ε). Start from
+   mlc_ce_defaults(). */
 typedef struct mlc_ce_opts {
     mlc_reduction reduction;
     int ignore, ignore_index;
@@ -610,7 +616,8 @@ MLCDEF mlc_tensor *mlc_embedding(mlc_tensor *weight, mlc_tensor *index);   /* [V
 /* Convolution options, zero meaning default: stride 1, padding 0, dilation 1, groups 1. stride,
    padding and dilation set both axes, or the height's where the width's field is set: stride_w,
    padding_w, dilation_w (0: as the height's; padding_w = MLC_ZERO_INT: 0), as torch's tuples:
-   stride=(2, 1), padding=(1, 0), dilation=(1, 2) is { 2, 1, 1, 0, 1, MLC_ZERO_INT, 2 }. */
+   stride=(2, 1), padding=(1, 0), dilation=(1, 2) is { 2, 1, 1, 0, 1, MLC_ZERO_INT, 2 }. Start
+   from mlc_conv_defaults(). */
 typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, padding_w, dilation_w; }
     mlc_conv_opts;
 /* An int option's explicit zero where 0 means default (padding_w of mlc_conv_opts and
@@ -631,7 +638,7 @@ MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int pad
    height's, and the width's too where kernel_w, stride_w, padding_w are 0 (stride_w 0 with
    stride 0: kernel_w; padding_w MLC_ZERO_INT: 0), as torch's kernel_size=(3, 2), stride=(2, 1),
    padding=(1, 0): mlc_max_pool2d_opts(x, 3, (mlc_pool_opts){ .stride = 2, .padding = 1,
-   .kernel_w = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT }). */
+   .kernel_w = 2, .stride_w = 1, .padding_w = MLC_ZERO_INT }). Start from mlc_pool_defaults(). */
 typedef struct mlc_pool_opts { int stride, padding, ceil_mode, exclude_pad, kernel_w, stride_w, padding_w; }
     mlc_pool_opts;
 MLCDEF mlc_tensor *mlc_max_pool2d_opts(mlc_tensor *x, int kernel, mlc_pool_opts opts);
@@ -646,7 +653,7 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N
    hidden gives NaN, as in PyTorch). dropout zeroes that share of the weights, drawn from the
    context's RNG, and scales the rest by 1 / (1 - dropout). scale 0: 1/√D (MLC_ZERO: 0). The CPU
    holds one head's [T, S] scores per thread; backward recomputes them from each row's saved
-   log-sum-exp. */
+   log-sum-exp. Start from mlc_attention_defaults(). */
 typedef struct mlc_attention_opts { mlc_tensor *mask; int causal; float dropout, scale; } mlc_attention_opts;
 MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts);
 
@@ -678,7 +685,8 @@ MLCDEF void mlc_autocast_end(mlc_ctx *ctx);
 /* Finite-difference gradient check of fn(inputs) against mlc_backward, for any composition.
    The output is projected on fixed random weights and the sums are taken in double. */
 typedef mlc_tensor *(*mlc_gradcheck_fn)(mlc_tensor **inputs, void *user);
-typedef struct mlc_gradcheck_opts { double eps, atol, rtol; } mlc_gradcheck_opts; /* 0: 1e-3, 1e-3, 1e-2 */
+/* 0: 1e-3, 1e-3, 1e-2; start from mlc_gradcheck_defaults() */
+typedef struct mlc_gradcheck_opts { double eps, atol, rtol; } mlc_gradcheck_opts;
 typedef struct mlc_gradcheck_report {
     double max_abs_error;               /* worst |analytic - numeric| */
     int worst_input;                    /* which input it was in (-1: fn failed) */
@@ -760,7 +768,7 @@ MLCDEF mlc_module *mlc_nn_sequential(mlc_ctx *ctx, ...);   /* modules, then NULL
    dropout applies to each layer's output but the last's, in training mode, as in PyTorch. No
    proj_size yet. */
 typedef enum mlc_cell { MLC_CELL_RNN_TANH = 1, MLC_CELL_RNN_RELU, MLC_CELL_LSTM, MLC_CELL_GRU } mlc_cell;
-typedef struct mlc_rnn_opts {           /* zero: 1 layer, one direction, no dropout */
+typedef struct mlc_rnn_opts {           /* zero: 1 layer, 1 direction, no dropout; mlc_rnn_defaults() */
     int num_layers, bidirectional;
     float dropout;                      /* p, in [0, 1] */
 } mlc_rnn_opts;
@@ -810,7 +818,8 @@ MLCDEF void mlc_init_xavier_normal(mlc_tensor *t, float gain);
    DEFAULTS at the top for why not -0.0f). Values are checked when the optimiser is made: NaN,
    infinite or out-of-range is MLC_ERR_ARG. */
 #define MLC_ZERO 1.40129846e-45f
-/* lr 0.01 */
+/* lr 0.01. Each optimiser's options: start from mlc_sgd_defaults(), mlc_adam_defaults(),
+   mlc_rmsprop_defaults(). */
 typedef struct mlc_sgd_opts { float lr, momentum, dampening, weight_decay; int nesterov; } mlc_sgd_opts;
 /* 1e-3, .9, .999, 1e-8; AdamW wd 0.01; amsgrad 1: divide by the largest v so far (PyTorch's
    amsgrad=True, one more state buffer, max_exp_avg_sq) */
@@ -846,7 +855,7 @@ MLCDEF float mlc_clip_grad_norm(mlc_optim *opt, float max_norm);
      mlc_grad_scaler_step(scaler); mlc_grad_scaler_update(scaler);
    A scaler belongs to the optimiser it steps (one each; freed with the context), and that
    optimiser's checkpoints keep its scale and clean steps. */
-typedef struct mlc_grad_scaler_opts {
+typedef struct mlc_grad_scaler_opts {   /* start from mlc_grad_scaler_defaults() */
     float init_scale, growth_factor, backoff_factor;
     int growth_interval;
 } mlc_grad_scaler_opts;
@@ -903,7 +912,7 @@ MLCDEF mlc_tensor *mlc_csv_load(mlc_ctx *ctx, const char *path, int header);
    context's RNG (Fisher-Yates from 0..N-1 at each epoch's start, so a run repeats from its
    seed). x and y must outlive the iterator, which lives until mlc_batches_free or mlc_destroy. */
 typedef struct mlc_batches mlc_batches;
-typedef struct mlc_batch_opts {
+typedef struct mlc_batch_opts {         /* start from mlc_batch_defaults() */
     int batch_size;                     /* 0: 32 */
     int shuffle;                        /* 1: a new order every epoch */
     int drop_last;                      /* 1: no short last batch */
@@ -936,10 +945,20 @@ typedef struct mlc_load_report {        /* what a module load matched (filled in
     char names[512];                    /* "missing: 0.bias; unexpected: x; shape: 1.weight [2] vs [3]" */
 } mlc_load_report;
 
-typedef struct mlc_load_opts {          /* zero: strict */
+typedef struct mlc_load_opts {          /* zero: strict; start from mlc_load_defaults() */
     int partial;                        /* 1: load what matches by name and shape, skip the rest */
     mlc_load_report *report;            /* optional */
 } mlc_load_opts;
+
+/* The options structs with every field zero, which means default (see DEFAULTS at the top): start
+   from these, and never from an uninitialised variable set field by field. */
+#define MLC__OPTIONS_STRUCTS(X) X(config, mlc_config) X(ce, mlc_ce_opts) X(conv, mlc_conv_opts) \
+    X(pool, mlc_pool_opts) X(attention, mlc_attention_opts) X(gradcheck, mlc_gradcheck_opts) \
+    X(rnn, mlc_rnn_opts) X(sgd, mlc_sgd_opts) X(adam, mlc_adam_opts) X(rmsprop, mlc_rmsprop_opts) \
+    X(grad_scaler, mlc_grad_scaler_opts) X(batch, mlc_batch_opts) X(load, mlc_load_opts)
+#define MLC__DEFAULTS_DECLARE(name, type) MLCDEF type mlc_##name##_defaults(void);
+MLC__OPTIONS_STRUCTS(MLC__DEFAULTS_DECLARE)
+#undef MLC__DEFAULTS_DECLARE
 
 /* Parse and check a file held in memory (data must outlive the result); label names it in
    messages. NULL on error (the context's error says why). */
@@ -1899,6 +1918,12 @@ MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
 /* Frames end in order, innermost first. Ending an outer frame while inner ones are open is
    MLC_ERR_STATE and ends the inner ones too (their memory is released); ending a frame twice is
    MLC_ERR_STATE and does nothing. At most MLC__MAX_FRAMES (64) are open at once. */
+/* mlc_<name>_defaults(): each options struct zeroed, which is every field's default */
+#define MLC__DEFAULTS_DEFINE(name, type) \
+    MLCDEF type mlc_##name##_defaults(void) { type o; memset(&o, 0, sizeof o); return o; }
+MLC__OPTIONS_STRUCTS(MLC__DEFAULTS_DEFINE)
+#undef MLC__DEFAULTS_DEFINE
+
 MLCDEF mlc_frame mlc_frame_begin(mlc_ctx *ctx) {
     mlc_frame f;
     memset(&f, 0, sizeof f);
@@ -3075,15 +3100,21 @@ static int mlc__same_device(mlc_ctx *ctx, const char *op, const mlc_tensor *x, c
 
 /* The checks every tensor argument gets, optional ones included, in a public function that
    hands its tensors on to others (so the message names the function called): of ctx, not
-   freed, not from an ended frame. NULL entries are skipped. */
-static int mlc__args_ok(mlc_ctx *ctx, const char *op, int count, mlc_tensor *const *ts) {
-    int i;
-    for (i = 0; i < count; i++) if (ts[i] && !mlc__same_device(ctx, op, ts[i], ts[i])) return 0;
-    return 1;
+   freed, not from an ended frame. count tensors follow; NULL ones are skipped. */
+static int mlc__args_ok(mlc_ctx *ctx, const char *op, int count, ...) {
+    va_list ap;
+    int i, ok = 1;
+    va_start(ap, count);
+    for (i = 0; i < count && ok; i++) {
+        mlc_tensor *t = va_arg(ap, mlc_tensor *);
+        ok = !t || mlc__same_device(ctx, op, t, t);
+    }
+    va_end(ap);
+    return ok;
 }
-#define MLC__ARGS_OK(ctx, op, ...) \
-    mlc__args_ok(ctx, op, (int)(sizeof((mlc_tensor *const[]){ __VA_ARGS__ }) / sizeof(mlc_tensor *)), \
-                 (mlc_tensor *const[]){ __VA_ARGS__ })
+#define MLC__COUNT_ARGS(...) MLC__COUNT_ARGS_(__VA_ARGS__, 4, 3, 2, 1, 0)
+#define MLC__COUNT_ARGS_(a, b, c, d, n, ...) n
+#define MLC__ARGS_OK(ctx, op, ...) mlc__args_ok(ctx, op, MLC__COUNT_ARGS(__VA_ARGS__), __VA_ARGS__)
 
 /* Read an index stored as a float: whole and in [0, limit), else an error naming the op. */
 static int mlc__index(mlc_ctx *ctx, const char *op, float v, int limit, size_t where) {
@@ -10749,7 +10780,7 @@ static int mlc__st_check_items(mlc_ctx *ctx, const char *op, const mlc__st_item 
                              i) != NULL;
         if (!items[i].t && !items[i].raw)
             return mlc__fail(ctx, MLC_ERR_NULL, "%s: tensor \"%s\" is NULL", op, items[i].name) != NULL;
-        if (items[i].t && !mlc__args_ok(ctx, op, 1, &items[i].t)) return 0;
+        if (items[i].t && !mlc__args_ok(ctx, op, 1, items[i].t)) return 0;
         for (k = 0; k < i; k++)
             if (strcmp(items[k].name, items[i].name) == 0)
                 return mlc__fail(ctx, MLC_ERR_ARG, "%s: the name \"%s\" comes twice", op, items[i].name) !=

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
                      "Fits a linear regression with Adam (300 steps) from C++; BATCH rows (32).\n", argv[0]);
         return help ? 0 : 2;
     }
-    mlc_config config = mlc_config();
+    mlc_config config = mlc_config_defaults();
     config.seed = 7;
     mlc_ctx *ctx = mlc_create(&config);
     std::vector<float> xs(batch * features), ys(batch);
@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
     mlc_tensor *x = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(batch, features), xs.data()));
     mlc_tensor *y = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(batch, 1), ys.data()));
     mlc_module *net = mlc_nn_linear(ctx, features, 1);
-    mlc_adam_opts adam = mlc_adam_opts();
+    mlc_adam_opts adam = mlc_adam_defaults();
     adam.lr = 0.05f;
     mlc_optim *opt = mlc_adam(ctx, net, adam);
     float loss_value = 0;

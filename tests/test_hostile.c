@@ -744,6 +744,37 @@ static int deep_module_trees_refused(void) {
     return 1;
 }
 
+/* Class 12: every options struct has an initialiser returning it zeroed (each field's default),
+   so a caller who starts from it and sets fields one by one never leaves one as stack garbage:
+   an Adam made so is Adam, not AMSGrad (no third state buffer). */
+#define ZEROED(name, type) do { type o; memset(&o, 0, sizeof o); o = mlc_##name##_defaults(); \
+        CHECK_MSG(all_zero(&o, sizeof o), "mlc_%s_defaults left a field set", #name); } while (0)
+static int all_zero(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++) if (b[i]) return 0;
+    return 1;
+}
+static int options_have_initialisers(void) {
+    mlc_ctx *ctx = test_ctx(42);
+    mlc_module *lin = mlc_nn_linear(ctx, 3, 2);
+    mlc_adam_opts adam;
+    mlc_optim *opt;
+    ZEROED(config, mlc_config); ZEROED(ce, mlc_ce_opts); ZEROED(conv, mlc_conv_opts);
+    ZEROED(pool, mlc_pool_opts); ZEROED(attention, mlc_attention_opts);
+    ZEROED(gradcheck, mlc_gradcheck_opts); ZEROED(rnn, mlc_rnn_opts); ZEROED(sgd, mlc_sgd_opts);
+    ZEROED(adam, mlc_adam_opts); ZEROED(rmsprop, mlc_rmsprop_opts);
+    ZEROED(grad_scaler, mlc_grad_scaler_opts); ZEROED(batch, mlc_batch_opts); ZEROED(load, mlc_load_opts);
+    memset(&adam, 0xa5, sizeof adam);                    /* what the stack might hold */
+    adam = mlc_adam_defaults();
+    adam.lr = 0.01f;
+    opt = mlc_adam(ctx, lin, adam);
+    CHECK(opt && test_optim_state(opt, 0, 0) && !test_optim_state(opt, 0, 2));
+    test_destroy(ctx);
+    return 1;
+}
+#undef ZEROED
+
 const test_case tests_hostile[] = {
     TEST(checkpoint_scalars_checked)
     TEST(checkpoint_optimiser_fingerprint)
@@ -754,5 +785,6 @@ const test_case tests_hostile[] = {
     TEST(other_context_before_shape)
     TEST(every_tensor_argument_checked)
     TEST(deep_module_trees_refused)
+    TEST(options_have_initialisers)
     { NULL, NULL }
 };
