@@ -8,6 +8,8 @@ again between two letters ("a" c "b": does it join a word, split it, or vanish?)
 a third of them marks (canonical ordering, several marks on one base, decompositions into two or
 three characters). Every difference is a failure. Prints the first
 differences, a PASS or FAIL line per scan, and "N passed, M failed"; exits 1 on a failure.
+Where /usr/share/unicode holds the Unicode data the header was written from, the header must also
+be the generator's output (a SKIPPED line otherwise).
 Needs only tokenizers (no PyTorch, no model weights): tokenizer.json."""
 import os
 import random
@@ -60,6 +62,26 @@ def minilm_ids(binary, model, texts, chunk=100000):
     return got, ""
 
 
+def header_is_generated():
+    """examples/minilm_unicode.h is tools/minilm_unicode.py's output, where the Unicode data it was
+    written from (named in its first lines) is at /usr/share/unicode (Debian's unicode-data);
+    None where it is not"""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(root, "examples", "minilm_unicode.h"), encoding="utf-8") as f:
+        header = f.read()
+    age = "/usr/share/unicode/DerivedAge.txt"
+    if not os.path.exists(age):
+        return None
+    with open(age, encoding="utf-8") as f:
+        first = f.readline()                     # "# DerivedAge-15.0.0.txt"
+    version = first.split("-")[-1].rsplit(".", 2)[0] if "-" in first else ""
+    if "Unicode %s data" % version not in header.split("*/")[0]:
+        return None
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "minilm_unicode.py")],
+                       capture_output=True)
+    return r.returncode == 0 and r.stdout.decode("utf-8") == header
+
+
 def main():
     binary, model = sys.argv[1], sys.argv[2]
     from tokenizers import Tokenizer
@@ -87,6 +109,14 @@ def main():
         print("%s %s: %d of %d tokenize differently" % (
             "PASS" if ok else "FAIL", name, len(bad), len(texts)))
         passed, failed = passed + ok, failed + (not ok)
+    same = header_is_generated()
+    if same is None:
+        print("SKIPPED examples/minilm_unicode.h against its generator: not the Unicode data it names in "
+              "/usr/share/unicode (apt install unicode-data)")
+    else:
+        print("%s examples/minilm_unicode.h is tools/minilm_unicode.py's output" %
+              ("PASS" if same else "FAIL"))
+        passed, failed = passed + same, failed + (not same)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
