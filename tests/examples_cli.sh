@@ -22,7 +22,7 @@ skipped() {
     if [ "${CI:-}" = "true" ]; then fail=$((fail + 1)); else skip=$((skip + 1)); fi
 }
 
-examples="mlp digits devices fashion_mnist gpt backend_skeleton"
+examples="mlp digits devices fashion_mnist gpt minilm backend_skeleton"
 targets=""
 for e in $examples; do targets="$targets $build/$e"; done
 # shellcheck disable=SC2086
@@ -45,7 +45,7 @@ for e in $examples; do
     rc=$?
     if [ $rc -eq 2 ] && grep -qi usage "$tmp/err"; then ok; else bad "$e.unknown_option (exit $rc, want 2)"; fi
 done
-for cmd in "gpt --steps" "fashion_mnist --epochs" "devices --device"; do      # a missing value
+for cmd in "gpt --steps" "fashion_mnist --epochs" "devices --device" "minilm --max-len"; do  # no value
     # shellcheck disable=SC2086
     set -- $cmd
     "$bin/$1" "$2" >"$tmp/out" 2>"$tmp/err"
