@@ -7917,20 +7917,21 @@ MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_modu
                   child->ctx != m->ctx ? "belongs to another context" : "contains the module (a cycle)");
         return m->ctx->error ? m->ctx->error : MLC_ERR_ARG;
     }
-    children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * (size_t)(m->n_children + 1),
-                                               "mlc_module_add_child");
-    names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * (size_t)(m->n_children + 1),
-                                      "mlc_module_add_child");
-    if (!children || !names || !(names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
-    if (m->n_children) {
-        memcpy(children, m->children, sizeof(mlc_module *) * (size_t)m->n_children);
-        memcpy(names, m->child_names, sizeof(char *) * (size_t)m->n_children);
-        mlc__owned_free(m->ctx, m->children);
-        mlc__owned_free(m->ctx, m->child_names);
+    if (!(m->n_children & (m->n_children - 1))) {       /* 0 or a power of two: full, so double */
+        const size_t cap = m->n_children ? 2 * (size_t)m->n_children : 1;
+        children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * cap, "mlc_module_add_child");
+        names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * cap, "mlc_module_add_child");
+        if (!children || !names) return m->ctx->error;
+        if (m->n_children) {
+            memcpy(children, m->children, sizeof(mlc_module *) * (size_t)m->n_children);
+            memcpy(names, m->child_names, sizeof(char *) * (size_t)m->n_children);
+            mlc__owned_free(m->ctx, m->children);
+            mlc__owned_free(m->ctx, m->child_names);
+        }
+        m->children = children; m->child_names = names;
     }
-    children[m->n_children] = child;
-    m->children = children; m->child_names = names;
-    m->n_children++;
+    if (!(m->child_names[m->n_children] = mlc__strdup(m->ctx, name))) return m->ctx->error;
+    m->children[m->n_children++] = child;
     return MLC_OK;
 }
 
@@ -8228,9 +8229,10 @@ MLCDEF mlc_module *mlc_nn_multihead_attention(mlc_ctx *ctx, int embed_dim, int n
     int shape[2];
     mlc_tensor *w;
     if (!m) return NULL;
-    if (embed_dim < 1 || num_heads < 1 || embed_dim % num_heads)
+    if (embed_dim < 1 || num_heads < 1 || embed_dim % num_heads || embed_dim > 2147483647 / 3)
         return (mlc_module *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_nn_multihead_attention: embed_dim %d does not "
-                                       "split into %d heads", embed_dim, num_heads);
+                                       "split into %d heads, or 3 embed_dim rows overflow an int", embed_dim,
+                                       num_heads);
     m->kernel = num_heads;
     shape[0] = 3 * embed_dim; shape[1] = embed_dim;
     if (!(w = mlc__param(m, "in_proj_weight", 2, shape)) || !mlc__param(m, "in_proj_bias", 1, shape) ||
@@ -8418,6 +8420,24 @@ MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hid
                                        "hidden_size %d, num_layers %d are not valid", (int)cell, in, hidden,
                                        layers);
     if (!mlc__in_range(ctx, "mlc_nn_recurrent", "dropout", opts.dropout, 0.0f, 1.0f, 0)) return NULL;
+    {   /* the whole model counted first (values, gradients, the layers' structs): absurd sizes are
+           refused before anything is made, not after hours of building */
+        const size_t gh = (size_t)G * (size_t)hidden;
+        size_t first, later, floats, structs, bytes;
+        int ok = mlc__size(gh, (size_t)in + (size_t)hidden + 2, 0, &first)          /* layer 0's */
+                 && mlc__size(gh, (size_t)D * (size_t)hidden + (size_t)hidden + 2, 0, &later)
+                 && mlc__size(later, (size_t)layers - 1, first, &floats)            /* one direction's */
+                 && mlc__size((size_t)layers, sizeof(mlc_module) + 256, 0, &structs)
+                 && mlc__size(floats, 2 * sizeof(float), structs, &bytes)
+                 && mlc__size(bytes, (size_t)D, 0, &bytes);
+        void *probe = ok && bytes < (size_t)1 << 40 ? mlc__heap_alloc(ctx, bytes) : NULL;   /* 1 TiB */
+        if (!probe)
+            return (mlc_module *)mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_nn_recurrent: %d layers of hidden_size "
+                                           "%d need more %s", layers, hidden,
+                                           ok ? "memory than the allocator gives (or 1 TiB)"
+                                              : "bytes than size_t counts");
+        mlc__heap_free(ctx, probe);
+    }
     if (!(m = mlc__module(ctx, types[cell], mlc__rnn_module_forward))) return NULL;
     m->cell = (int)cell; m->directions = D; m->alpha = opts.dropout;
     for (l = 0; l < layers; l++)
@@ -9904,7 +9924,7 @@ MLCDEF int mlc_batches_next(mlc_batches *b, mlc_tensor **x, mlc_tensor **y) {
 
 MLCDEF int mlc_batches_count(const mlc_batches *b) {
     if (!b) return 0;
-    return b->drop_last ? b->n / b->batch_size : (b->n + b->batch_size - 1) / b->batch_size;
+    return b->n / b->batch_size + (!b->drop_last && b->n % b->batch_size != 0);   /* (no n + size - 1) */
 }
 
 MLCDEF void mlc_batches_free(mlc_batches *b) {
@@ -11121,9 +11141,10 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
             || !(tracker = mlc__ckpt_entry(st, MLC__ST_RESERVED "scaler.growth_tracker", MLC__I64, 0))))
         return ctx->error;
     if (scale) {                                         /* a scale must be a positive number */
+        const long long growth = (long long)mlc__le(st->body + tracker->begin, 8);
         float v;
         mlc__st_convert(st->body + scale->begin, MLC__F32, &v, 1);
-        if (!mlc__is_finite(v) || !(v > 0.0f) || (long long)mlc__le(st->body + tracker->begin, 8) < 0) {
+        if (!mlc__is_finite(v) || !(v > 0.0f) || growth < 0 || growth > (1LL << 53)) {
             mlc__st_fail(st, MLC__ST_RESERVED "scaler.scale", scale->at, "the gradient scaler's scale %g or "
                          "growth tracker is not valid", (double)v);
             return ctx->error;
@@ -11132,8 +11153,9 @@ static mlc_result mlc__checkpoint_load(mlc_safetensors *st, mlc_module *m, mlc_o
     {                                                   /* every scalar, before anything changes */
         long long step = (long long)mlc__le(st->body + train->begin, 8),
                   epoch = (long long)mlc__le(st->body + train->begin + 8, 8);
-        if (step < 0 || epoch < 0) {
-            mlc__st_fail(st, MLC__ST_RESERVED "train", train->at, "the step or epoch count is negative");
+        if (step < 0 || epoch < 0 || step > (1LL << 53) || epoch > (1LL << 53)) {
+            mlc__st_fail(st, MLC__ST_RESERVED "train", train->at, "the step or epoch count is not in "
+                         "[0, 2^53] (a count that could wrap as it goes on)");
             return ctx->error;
         }
         if (!(mlc__le(st->body + rng->begin + 8, 8) & 1u)) {   /* PCG's increment is odd */

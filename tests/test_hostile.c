@@ -775,6 +775,35 @@ static int options_have_initialisers(void) {
 }
 #undef ZEROED
 
+/* Class 2: counts that overflow or are absurd are refused before anything is made: an LSTM of
+   INT_MAX layers (it used to build for hours), 3 * embed_dim past INT_MAX, the batch count with
+   batch_size INT_MAX (n + size - 1 wrapped), a module with 100,000 children (each add copied the
+   list: quadratic). */
+static int absurd_counts_refused(void) {
+    mlc_ctx *ctx = test_ctx(43);
+    mlc_module *seq;
+    mlc_tensor *x = mlc_zeros(ctx, MLC_SHAPE(10, 2));
+    mlc_batches *b;
+    int i;
+    CHECK(mlc_nn_lstm(ctx, 4, 4, 2147483647) == NULL && mlc_error(ctx) == MLC_ERR_MEMORY);
+    CHECK(strstr(mlc_error_message(ctx), "mlc_nn_recurrent"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_nn_multihead_attention(ctx, 0x40000000, 1) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    b = mlc_batches_create(x, NULL, (mlc_batch_opts){ .batch_size = 2147483647 });
+    CHECK(b && mlc_batches_count(b) == 1);
+    mlc_batches_free(b);
+    b = mlc_batches_create(x, NULL, (mlc_batch_opts){ .batch_size = 2147483647, .drop_last = 1 });
+    CHECK(b && mlc_batches_count(b) == 0);
+    mlc_batches_free(b);
+    seq = mlc_nn_sequential(ctx, NULL);
+    for (i = 0; i < 100000; i++) CHECK(mlc_module_add_child(seq, "r", mlc_nn_relu(ctx)) == MLC_OK);
+    CHECK(seq->n_children == 100000 && seq->children[99999] && strcmp(seq->child_names[77777], "r") == 0);
+    CHECK(mlc_forward(seq, x) != NULL);
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_hostile[] = {
     TEST(checkpoint_scalars_checked)
     TEST(checkpoint_optimiser_fingerprint)
@@ -786,5 +815,6 @@ const test_case tests_hostile[] = {
     TEST(every_tensor_argument_checked)
     TEST(deep_module_trees_refused)
     TEST(options_have_initialisers)
+    TEST(absurd_counts_refused)
     { NULL, NULL }
 };
