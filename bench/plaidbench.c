@@ -36,6 +36,7 @@ enum { MAX_DEVICES = 8, MAX_ROWS = 16 };
 typedef struct row {
     char label[80];
     double b1_first, b1, b16_first, b16, train_first, train;   /* ms: b1, b16 per batch */
+    double b1_cpu, b16_cpu, train_cpu;  /* the medians in the process's CPU time (all its threads) */
     int is_torch, threads;
 } row;
 
@@ -44,30 +45,38 @@ static double seconds(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static double cpu_seconds(void) {      /* the process's CPU time: not the time others took the CPUs */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int by_value(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* The first of runs + 1 calls, and the median of the others, in ms */
+/* The first of runs + 1 calls, and the median of the others, in ms: wall clock, and (cpu, when
+   not NULL) the process's CPU time */
 typedef int (*work_fn)(void *arg);
-static int timed(mlc_ctx *ctx, work_fn fn, void *arg, int runs, double *first, double *median) {
-    double t[256];
+static int timed(mlc_ctx *ctx, work_fn fn, void *arg, int runs, double *first, double *median, double *cpu) {
+    double t[256], c[256];
     if (runs > 255) runs = 255;
     for (int r = -1; r < runs; r++) {
         mlc_frame f = mlc_frame_begin(ctx);
-        double t0 = seconds();
+        double t0 = seconds(), c0 = cpu_seconds();
         int ok = fn(arg);
         mlc_sync(ctx);
-        double dt = (seconds() - t0) * 1e3;
+        double dt = (seconds() - t0) * 1e3, dc = (cpu_seconds() - c0) * 1e3;
         mlc_frame_end(f);
         if (!ok || mlc_error(ctx)) return 0;
         if (r < 0) *first = dt;
-        else t[r] = dt;
+        else { t[r] = dt; c[r] = dc; }
     }
     qsort(t, (size_t)runs, sizeof(double), by_value);
+    qsort(c, (size_t)runs, sizeof(double), by_value);
     *median = t[runs / 2];
+    if (cpu) *cpu = c[runs / 2];
     return 1;
 }
 
@@ -104,7 +113,7 @@ static int run_mlc(const char *spec, int threads, int runs, row *r, char *why, s
     for (int b = 1; ok && b <= 16; b += 15) {
         j.x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(b, 3, 224, 224)));
         ok = j.x && timed(ctx, infer, &j, b == 1 ? 4 * runs : runs, b == 1 ? &r->b1_first : &r->b16_first,
-                          b == 1 ? &r->b1 : &r->b16);
+                          b == 1 ? &r->b1 : &r->b16, b == 1 ? &r->b1_cpu : &r->b16_cpu);
         mlc_tensor_free(j.x);
     }
     mlc_set_grad_enabled(ctx, 1);
@@ -116,7 +125,8 @@ static int run_mlc(const char *spec, int threads, int runs, row *r, char *why, s
         float labels[32];
         for (int i = 0; i < 32; i++) labels[i] = (float)(i * 37 % 1000);
         j.y = mlc_keep(mlc_from_data(ctx, MLC_SHAPE(32), labels));
-        ok = ok && j.opt && j.x && j.y && timed(ctx, train_step, &j, runs, &r->train_first, &r->train);
+        ok = ok && j.opt && j.x && j.y && timed(ctx, train_step, &j, runs, &r->train_first, &r->train,
+                                                           &r->train_cpu);
     }
     if (!ok) snprintf(why, why_size, "%s", mlc_error(ctx) ? mlc_error_message(ctx) : "failed");
     mlc_destroy(ctx);
@@ -183,7 +193,7 @@ static void depthwise_alone(int runs) {
         && mlc_module_add_param(j.net, "bias", b) == MLC_OK) {
         j.net->conv = (mlc_conv_opts){ .padding = 1, .groups = C };
         mlc_set_grad_enabled(ctx, 0);
-        if (timed(ctx, infer, &j, runs * 4, &first, &median)) {
+        if (timed(ctx, infer, &j, runs * 4, &first, &median, NULL)) {
             double gflops = flops / median * 1e-6, bandwidth = copy_bandwidth();
 #if defined(__x86_64__) && defined(__GNUC__)
             if (__builtin_cpu_supports("avx512f")) peak = fma_peak();
@@ -221,8 +231,11 @@ static int run_torch(const char *python, const char *device, int threads, int ru
         else if (!strcmp(key, "b16_ms")) r->b16 = value;
         else if (!strcmp(key, "train_first_ms")) r->train_first = value;
         else if (!strcmp(key, "train_ms")) r->train = value;
+        else if (!strcmp(key, "b1_cpu_ms")) r->b1_cpu = value;
+        else if (!strcmp(key, "b16_cpu_ms")) r->b16_cpu = value;
+        else if (!strcmp(key, "train_cpu_ms")) r->train_cpu = value;
     }
-    if (pclose(p) != 0 || got < 8) return 0;
+    if (pclose(p) != 0 || got < 11) return 0;
     snprintf(r->label, sizeof r->label, "PyTorch %s %s, %d thread%s", version, device, threads,
              threads == 1 ? "" : "s");
     r->is_torch = 1; r->threads = threads;
@@ -232,6 +245,10 @@ static int run_torch(const char *python, const char *device, int threads, int ru
 static void print_row(const row *r) {
     printf("  %-46s %8.1f %8.2f %9.1f %8.2f %8.1f %9.1f %8.1f\n", r->label, r->b1_first, r->b1, r->b16_first,
            r->b16 / 16, 16e3 / r->b16, r->train_first, r->train);
+}
+static void print_cpu_row(const row *r) {
+    if (r->threads == 1)
+        printf("  %-46s %8.2f %8.2f %8.1f\n", r->label, r->b1_cpu, r->b16_cpu / 16, r->train_cpu);
 }
 
 int main(int argc, char **argv) {
@@ -307,6 +324,19 @@ int main(int argc, char **argv) {
             printf("  %-46s %-16s %11.2fx %11.2fx %11.2fx\n", m->label, "its best row", m->b1 / best.b1,
                    best.b16 / m->b16, m->train / best.train);
         }
+    }
+    if (n_torch && torch_rows[0].threads == 1) {         /* 1 thread, in CPU time */
+        printf("\n  1 thread in the process's CPU time (medians; what other processes took of the CPUs is\n"
+               "  left out, which the wall-clock figures above include when the machine is shared)\n");
+        printf("  %-46s %8s %8s %8s\n", "", "b1", "b16", "train");
+        printf("  %-46s %8s %8s %8s\n", "device", "ms/img", "ms/img", "ms/step");
+        for (int i = 0; i < n; i++) print_cpu_row(&rows[i]);
+        print_cpu_row(&torch_rows[0]);
+        for (int i = 0; i < n; i++)
+            if (rows[i].threads == 1)
+                printf("  %-46s %7.2fx %7.2fx %7.2fx   (b1, train: mlc / PyTorch; b16: PyTorch / mlc)\n",
+                       "ratios", rows[i].b1_cpu / torch_rows[0].b1_cpu,
+                       torch_rows[0].b16_cpu / rows[i].b16_cpu, rows[i].train_cpu / torch_rows[0].train_cpu);
     }
     if (!only || !strcmp(only, "cpu")) depthwise_alone(runs);
     printf("\n  load average (1 min) before %.2f, after %.2f: above 0, other processes shared the CPUs\n",

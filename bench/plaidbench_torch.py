@@ -8,7 +8,8 @@ OPENBLAS_NUM_THREADS=N too, since Debian's torch multiplies through OpenBLAS):
   0.35 at 96x96, one training step at batch 32 (SGD momentum 0.9, cross entropy): the first
   step and the median of --runs steps.
 Prints "key value" lines: torch_version, threads, b1_first_ms, b1_ms, b16_first_ms, b16_ms,
-train_first_ms, train_ms (b1_ms and b16_ms per batch).
+train_first_ms, train_ms (b1_ms and b16_ms per batch), and b1_cpu_ms, b16_cpu_ms, train_cpu_ms:
+the medians in the process's CPU time (time.process_time).
 Usage: python3 bench/plaidbench_torch.py --threads N [--runs R] [--device cpu|cuda]
 """
 import argparse
@@ -34,17 +35,19 @@ def fused_eval(width):
 
 
 def timed(fn, runs, sync):
+    """The first call and the median of `runs` more, in ms: wall clock, and the process's CPU time"""
     t0 = time.perf_counter()
     fn()
     sync()
     first = time.perf_counter() - t0
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return first * 1e3, statistics.median(times) * 1e3
+        cpu.append(time.process_time() - c0)
+    return first * 1e3, statistics.median(times) * 1e3, statistics.median(cpu) * 1e3
 
 
 def main():
@@ -66,9 +69,10 @@ def main():
         def infer():
             with torch.inference_mode():
                 net(x)
-        first, median = timed(infer, a.runs * (4 if batch == 1 else 1), sync)
+        first, median, cpu = timed(infer, a.runs * (4 if batch == 1 else 1), sync)
         print(f"b{batch}_first_ms {first:.3f}")
         print(f"b{batch}_ms {median:.3f}")
+        print(f"b{batch}_cpu_ms {cpu:.3f}")
     model = torchvision.models.mobilenet_v2(width_mult=0.35).to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(32, 3, 96, 96, device=dev)
@@ -78,9 +82,10 @@ def main():
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    first, median = timed(step, a.runs, sync)
+    first, median, cpu = timed(step, a.runs, sync)
     print(f"train_first_ms {first:.3f}")
     print(f"train_ms {median:.3f}")
+    print(f"train_cpu_ms {cpu:.3f}")
     sys.stdout.flush()
 
 
