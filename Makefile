@@ -254,17 +254,21 @@ uninstall:
 test-install:
 	MAKE="$(MAKE)" CC="$(CC)" sh tools/test_install.sh
 
-# The safetensors loader, and examples/minilm.c's JSON reader and tokenizer (tests/fuzz/
-# fuzz_minilm_json.c), under libFuzzer (clang, with ASan and UBSan), FUZZ_SECONDS split between
-# them, each from its seed corpus in tests/fuzz-corpus/NAME with its dictionary NAME.dict; new
+# The safetensors loader, the checkpoint loader (tests/fuzz/fuzz_checkpoint.c: a refused load
+# changes nothing, an accepted one trains on and saves again), and examples/minilm.c's JSON
+# reader and tokenizer (tests/fuzz/fuzz_minilm_json.c), under libFuzzer (clang, with ASan and
+# UBSan), FUZZ_SECONDS split between them, each from its seed corpus in tests/fuzz-corpus/NAME with its dictionary NAME.dict; new
 # inputs go to build/fuzz-corpus/NAME, a crashing input (or one that runs 10 s: a hang) to
 # build/crash-* (timeout-*). (Their own directory keeps them out of the suites' tests/*.c.)
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
-FUZZ_TARGETS := safetensors minilm_json
+FUZZ_TARGETS := safetensors checkpoint minilm_json
 $(BUILD)/fuzz-safetensors: tests/fuzz/fuzz_safetensors.c mlc.h | $(BUILD)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $@ tests/fuzz/fuzz_safetensors.c -lm
+$(BUILD)/fuzz-checkpoint: tests/fuzz/fuzz_checkpoint.c mlc.h | $(BUILD)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
+	    -o $@ tests/fuzz/fuzz_checkpoint.c -lm
 $(BUILD)/fuzz-minilm_json: tests/fuzz/fuzz_minilm_json.c examples/minilm.c examples/*.h mlc.h | $(BUILD)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
 	    -o $@ tests/fuzz/fuzz_minilm_json.c -lm
@@ -274,7 +278,7 @@ fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(BUILD)/fuzz-corpus/$$t; \
 	    echo "./$(BUILD)/fuzz-$$t for $$seconds s"; \
-	    ./$(BUILD)/fuzz-$$t -max_total_time=$$seconds -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+	    ./$(BUILD)/fuzz-$$t -max_total_time=$$seconds -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
 	        -artifact_prefix=$(BUILD)/ -print_final_stats=1 -dict=tests/fuzz-corpus/$$t.dict \
 	        $(BUILD)/fuzz-corpus/$$t tests/fuzz-corpus/$$t; \
 	done
