@@ -257,9 +257,9 @@ test-install:
 # The safetensors loader, the checkpoint loader (tests/fuzz/fuzz_checkpoint.c: a refused load
 # changes nothing, an accepted one trains on and saves again), and examples/minilm.c's JSON
 # reader and tokenizer (tests/fuzz/fuzz_minilm_json.c), under libFuzzer (clang, with ASan and
-# UBSan), FUZZ_SECONDS split between them, each from its seed corpus in tests/fuzz-corpus/NAME with its dictionary NAME.dict; new
-# inputs go to build/fuzz-corpus/NAME, a crashing input (or one that runs 10 s: a hang) to
-# build/crash-* (timeout-*). (Their own directory keeps them out of the suites' tests/*.c.)
+# UBSan), FUZZ_SECONDS split between them, each from its seed corpus in tests/fuzz-corpus/NAME
+# with its dictionary NAME.dict; new inputs go to build/fuzz-corpus/NAME, a crashing input (or
+# one that runs 10 s: a hang) to build/crash-* (timeout-*). (Their own directory keeps them out of the suites' tests/*.c.)
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_TARGETS := safetensors checkpoint minilm_json
