@@ -9865,11 +9865,12 @@ MLCDEF mlc_batches *mlc_batches_create(mlc_tensor *x, mlc_tensor *y, mlc_batch_o
     if (!x) return NULL;
     ctx = x->ctx;
     if (ctx->error || !MLC__ARGS_OK(ctx, "mlc_batches_create", x, y)) return NULL;
-    if (x->ndim < 1 || config.batch_size < 0
-        || (y && (y->ctx != ctx || y->ndim < 1 || y->shape[0] != x->shape[0])))
-        return (mlc_batches *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batches_create: x %T and y %T need the same "
-                                        "first dimension, and batch_size (%d) may not be negative", x, y,
+    if (config.batch_size < 0)
+        return (mlc_batches *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_batches_create: batch_size %d is negative",
                                         config.batch_size);
+    if (x->ndim < 1 || (y && (y->ndim < 1 || y->shape[0] != x->shape[0])))
+        return (mlc_batches *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_batches_create: x %T and y %T need the same "
+                                        "first dimension", x, y);
     if (!(b = (mlc_batches *)mlc__owned_alloc(ctx, sizeof *b, "mlc_batches_create"))) return NULL;
     b->order = (int *)mlc__owned_alloc(ctx, sizeof(int) * ((size_t)x->shape[0] + 1), "mlc_batches_create");
     if (!b->order) { mlc__owned_free(ctx, b); return NULL; }
