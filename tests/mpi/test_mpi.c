@@ -1,6 +1,8 @@
 /* The MPI suite (make test-mpi, through tests/mpi/run.sh): mlc_mpi.h on however many ranks
    mpirun starts. Every test is collective: each rank runs it, a test fails when it fails on any
    rank, and rank 0 prints "ok name" or "FAIL name" and, last, "N passed, M failed".
+   MLC_DEVICE=opencl runs it on the first OpenCL device (gradients through host buffers):
+     MLC_DEVICE=opencl mpirun -x MLC_DEVICE -np 2 build/test-mpi   (built with -DMLC_OPENCL -ldl)
    Modes for run.sh's other checks (one each):
      --resume write CKPT LOSSES   train 2 epochs, checkpoint mid-epoch 0, write every loss
      --resume read CKPT LOSSES    resume from CKPT, compare the losses with the unbroken run's
@@ -131,6 +133,10 @@ static int same_on_every_rank(mlc_module *m) {
     return all;
 }
 
+/* How close to one process: 1e-5 relative on the CPU; on a device (MLC_DEVICE=opencl) 5e-5,
+   its kernels sum in other orders than the CPU's (PoCL: 1.02e-5 after 5 SGD steps of the CNN) */
+static double tolerance(mlc_ctx *ctx) { return mlc_has_device(ctx) ? 5e-5 : 1e-5; }
+
 /* Worst |a - b| / (|b| + 1e-3) over n values */
 static double worst_relative(const float *a, const float *b, int n) {
     double worst = 0;
@@ -194,7 +200,8 @@ static int equivalence_of(maker make, int features, int kind, int sync_bn) {
     }
     n = sync_bn ? state_of(rm, want) : params_of(rm, want);
     CHECK(n > 0 && n <= 4096 && (sync_bn ? state_of(m, got) : params_of(m, got)) == n);
-    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "%d ranks: worst relative difference %g from one process",
+    CHECK_MSG(worst_relative(got, want, n) <= tolerance(ctx),
+              "%d ranks: worst relative difference %g from one process",
               mpi.size, worst_relative(got, want, n));
     mlc_ddp_free(ddp);
     mlc_destroy(ctx);
@@ -312,7 +319,7 @@ static int buckets_and_unused_parameter(void) {
         }
     }
     CHECK(params_of(rm, want) == n && n <= 20000);
-    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g",
+    CHECK_MSG(worst_relative(got, want, n) <= tolerance(ctx), "worst relative difference %g",
               worst_relative(got, want, n));
     st = mlc_ddp_get_stats(ddp);
     CHECK(st.steps == 3 && st.buckets == (mpi.size > 1 ? 3LL * st.n_buckets : 0));   /* 1 rank: none */
@@ -357,7 +364,7 @@ static int no_sync_accumulates(void) {
     }
     n = params_of(rm, want);
     CHECK(params_of(m, got) == n);
-    CHECK_MSG(worst_relative(got, want, n) <= 1e-5, "worst relative difference %g",
+    CHECK_MSG(worst_relative(got, want, n) <= tolerance(ctx), "worst relative difference %g",
               worst_relative(got, want, n));
     CHECK(mlc_ddp_get_stats(ddp).steps == 2);
     mlc_ddp_free(ddp);
