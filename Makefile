@@ -10,7 +10,7 @@ EXAMPLES := $(BUILD)/mlp $(BUILD)/digits $(BUILD)/devices $(BUILD)/fashion_mnist
 .PHONY: all examples demo test test-sanitize compile-check bench clean fuzz test-interop test-examples portability \
         test-models embedded bench-gpu bench-gpu-build plaidbench
 .PHONY: install uninstall test-install test-windows
-.PHONY: test-mpi bench-mpi
+.PHONY: test-mpi bench-mpi figures
 
 all: examples
 examples: $(EXAMPLES)
@@ -253,6 +253,11 @@ uninstall:
 # CI=true), then make uninstall.
 test-install:
 	MAKE="$(MAKE)" CC="$(CC)" sh tools/test_install.sh
+
+# The README's figures that drift (test counts, the Cortex-M4F build's sizes), measured now:
+# after make test (and make embedded), with the date and commit (tools/figures.sh)
+figures: $(BUILD)/test $(TEST_OPENCL)
+	@BUILD=$(BUILD) CC="$(CC)" sh tools/figures.sh
 
 # The safetensors loader, the checkpoint loader (tests/fuzz/fuzz_checkpoint.c: a refused load
 # changes nothing, an accepted one trains on and saves again), and examples/minilm.c's JSON
