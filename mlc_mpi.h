@@ -229,9 +229,13 @@ static void mlc_mpi__abort(const mlc_mpi *mpi, const char *message) {
     int rank = 0, size = 1;
     const char *host = "?";
     if (mpi) { rank = mpi->rank; size = mpi->size; host = mpi->host; }
+    double start;
     fprintf(stderr, "mlc_mpi: rank %d of %d (host %s): %s; ending the job\n", rank, size, host, message);
     fflush(stderr);
     fflush(stdout);
+    start = MPI_Wtime();                /* 0.2 s for the launcher to pass the line on (MPICH's */
+    while (MPI_Wtime() - start < 0.2)   /* mpiexec sometimes lost it to the abort) */
+        MLC_MPI__NAP();
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
