@@ -417,6 +417,28 @@ static int metrics_all_reduce(void) {
     return 1;
 }
 
+/* A checkpoint rank 0 cannot write is an error on every rank (none waits for the others); one no
+   rank can read, too; mlc_mpi_device names the CPU or an OpenCL device */
+static int checkpoint_errors_reach_every_rank(void) {
+    mlc_ctx *ctx = new_ctx(1);
+    mlc_module *m = make_mlp(ctx);
+    mlc_optim *opt = make_optim(ctx, m, ADAM);
+    mlc_ddp *ddp = mlc_ddp_wrap(&mpi, m, (mlc_ddp_opts){ 0 });
+    mlc_train_state st = { 1, 2 };
+    char device[64];
+    CHECK(ddp);
+    CHECK(mlc_ddp_checkpoint_save(ddp, "/nonexistent-dir/x.ckpt", opt, &st) != MLC_OK);
+    CHECK(mlc_error(ctx) != MLC_OK);
+    mlc_clear_error(ctx);
+    CHECK(mlc_ddp_checkpoint_load(ddp, "/nonexistent-dir/x.ckpt", opt, &st) != MLC_OK);
+    mlc_clear_error(ctx);
+    CHECK(mlc_mpi_device(&mpi, device, sizeof device) == device);
+    CHECK(!strcmp(device, "cpu") || !strncmp(device, "opencl:", 7));
+    mlc_ddp_free(ddp);
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* A model that differs on the last rank: wrap fails on every rank, and that rank names it */
 static int mismatched_models_named_at_wrap(void) {
     mlc_ctx *ctx = new_ctx(1);
@@ -557,6 +579,7 @@ static const test_case tests[] = {
     TEST(buckets_and_unused_parameter)
     TEST(no_sync_accumulates)
     TEST(mismatched_models_named_at_wrap)
+    TEST(checkpoint_errors_reach_every_rank)
     { NULL, NULL }
 };
 
