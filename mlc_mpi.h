@@ -18,7 +18,7 @@
        mlc_dist_sampler *s = mlc_dist_sampler_create(&mpi, n, (mlc_dist_sampler_opts){ .shuffle = 1 });
        for (epoch ...) {
            mlc_dist_sampler_set_epoch(s, epoch);
-           for (int step = 0; step < mlc_dist_sampler_steps(s, B); step++) {
+           for (int step = 0; step < mlc_dist_sampler_steps(s, B, 0); step++) {
                mlc_frame f = mlc_frame_begin(ctx);
                mlc_dist_sampler_batch(s, x, y, step, B, &bx, &by);   this rank's B rows
                mlc_tensor *loss = mlc_cross_entropy(mlc_ddp_forward(ddp, bx), by, ...);
@@ -33,16 +33,20 @@
 
    WHAT IT DOES
    - mlc_ddp_wrap checks that every rank built the same model (a fingerprint of the names,
-     shapes and dtypes of its parameters and buffers; a mismatch is an error naming the first
-     tensor that differs, on every rank), then broadcasts rank 0's parameters and buffers.
+     shapes and dtypes of its parameters and buffers; a mismatch is an error on every rank, and
+     the rank that differs names the first tensor that does), then broadcasts rank 0's
+     parameters and buffers.
    - mlc_ddp_backward runs mlc_backward with mlc's grad-ready hook: gradients are grouped into
-     buckets of at most bucket_cap_mb (25 MiB by default) in reverse registration order, and a
-     bucket's MPI_Iallreduce starts as soon as its last gradient is complete (buckets start in
-     their order on every rank, as MPI requires), so sending overlaps the rest of backward.
+     buckets of at most bucket_cap_mb (25 MiB by default, the first at most 1 MiB) in reverse
+     registration order, and a bucket's MPI_Iallreduce starts as soon as its last gradient is
+     complete (buckets start in their order on every rank, as MPI requires), so sending
+     overlaps the rest of backward.
      Before it returns it waits for every bucket and writes the average over the ranks into the
      gradients: the optimiser's step, the same on every rank, keeps the ranks' parameters
      bitwise equal. A parameter the backward never reached (unused in this step, PyTorch's
-     find_unused_parameters) sends the gradient it holds (zeros after mlc_zero_grad).
+     find_unused_parameters) sends the gradient it holds (zeros after mlc_zero_grad). On one
+     rank it is mlc_backward. A rank that waits polls MPI, then naps between polls (nanosleep
+     where declared), so it gives its core to a rank it waits for on a crowded machine.
    - mlc_ddp_no_sync(ddp, 1): backwards only accumulate locally (gradient accumulation); the
      next backward with it off averages the sums.
    - mlc_ddp_forward broadcasts rank 0's buffers (BatchNorm's running statistics) before the
