@@ -148,7 +148,7 @@ typedef struct mlc_ddp_stats {
    parameter a gradient buffer. Collective (every rank calls it). NULL on error, with the
    context's error saying why (mismatched models: on every rank, naming the tensor). */
 MLCDEF mlc_ddp *mlc_ddp_wrap(const mlc_mpi *mpi, mlc_module *m, mlc_ddp_opts opts);
-MLCDEF void mlc_ddp_free(mlc_ddp *ddp);
+MLCDEF void mlc_ddp_free(mlc_ddp *ddp);     /* SyncBatchNorm modules become BatchNorm again */
 MLCDEF mlc_module *mlc_ddp_module(const mlc_ddp *ddp);
 /* mlc_forward(m, x) after broadcasting rank 0's buffers (unless no_broadcast_buffers). */
 MLCDEF mlc_tensor *mlc_ddp_forward(mlc_ddp *ddp, mlc_tensor *x);
@@ -387,6 +387,7 @@ struct mlc_ddp {
     mlc_ddp_stats stats;
     MPI_Comm bn_comm;                   /* SyncBatchNorm's own communicator (or MPI_COMM_NULL) */
     int n_sync_bn;                      /* modules converted */
+    mlc_forward_fn bn_forward;          /* BatchNorm's own forward, for mlc_ddp_free to put back */
     struct mlc_mpi__bn_pending {        /* SyncBatchNorm forwards waiting for their backward: */
         mlc_tensor *tap, *sum;          /* a zero leaf whose report says `sum`'s gradient is */
     } pending[64];                      /* whole; `sum` is a per-channel sum over this rank */
@@ -542,9 +543,12 @@ static int mlc_mpi__broadcast(const mlc_mpi *mpi, mlc_tensor **t, int n, double 
     return !bad;
 }
 
+static int mlc_mpi__convert_bn(mlc_ddp *ddp, mlc_module *m, int undo);
+
 MLCDEF void mlc_ddp_free(mlc_ddp *ddp) {
     int b;
     if (!ddp) return;
+    if (ddp->n_sync_bn) mlc_mpi__convert_bn(ddp, ddp->module, 1);   /* BatchNorm again */
     if (ddp->buf) for (b = 0; b < ddp->n_buckets; b++) free(ddp->buf[b]);
     free(ddp->buf);
     free(ddp->params);
@@ -944,16 +948,23 @@ static mlc_tensor *mlc_mpi__sync_bn_forward(mlc_module *m, mlc_tensor *x) {
     return mlc_reshape(y, x->ndim, x->shape);
 }
 
-static int mlc_mpi__convert_bn(mlc_ddp *ddp, mlc_module *m) {
+/* BatchNorm -> SyncBatchNorm (back, when undo), at any depth; how many */
+static int mlc_mpi__convert_bn(mlc_ddp *ddp, mlc_module *m, int undo) {
     int k, n = 0;
     if (!m) return 0;
-    if (m->type && !strcmp(m->type, "BatchNorm") && m->n_params == 2 && m->n_buffers >= 2) {
+    if (!undo && m->type && !strcmp(m->type, "BatchNorm") && m->n_params == 2 && m->n_buffers >= 2) {
+        ddp->bn_forward = m->forward;
         m->forward = mlc_mpi__sync_bn_forward;
         m->user = ddp;
         m->type = "SyncBatchNorm";
         n++;
+    } else if (undo && m->forward == mlc_mpi__sync_bn_forward && m->user == ddp) {
+        m->forward = ddp->bn_forward;
+        m->user = NULL;
+        m->type = "BatchNorm";
+        n++;
     }
-    for (k = 0; k < m->n_children; k++) n += mlc_mpi__convert_bn(ddp, m->children[k]);
+    for (k = 0; k < m->n_children; k++) n += mlc_mpi__convert_bn(ddp, m->children[k], undo);
     return n;
 }
 
@@ -962,7 +973,7 @@ MLCDEF int mlc_ddp_sync_batch_norm(mlc_ddp *ddp) {
     if (!ddp) return 0;
     if (ddp->bn_comm == MPI_COMM_NULL)
         mlc_mpi__ok(ddp->mpi, MPI_Comm_dup(ddp->mpi->comm, &ddp->bn_comm), "MPI_Comm_dup");
-    n = mlc_mpi__convert_bn(ddp, ddp->module);
+    n = mlc_mpi__convert_bn(ddp, ddp->module, 0);
     ddp->n_sync_bn += n;
     return n;
 }
