@@ -35,7 +35,15 @@ for cc in gcc clang; do
     for opt in -O0 -O2; do
         check "$cc$opt" $cc $strict $opt -I. -o "$tmp/impl" "$tmp/impl.c" -lm
     done
-    for ex in examples/*.c; do check "$cc.$(basename "$ex" .c)" $cc $strict -O2 -I. -c -o "$tmp/ex.o" "$ex"; done
+    for ex in examples/*.c; do
+        if grep -q '^#include "\.\./mlc_mpi\.h"\|^#include "mlc_mpi\.h"' "$ex"; then   # MPI's: through mpicc
+            if command -v mpicc >/dev/null 2>&1; then
+                check "$cc.$(basename "$ex" .c)" env OMPI_CC=$cc MPICH_CC=$cc mpicc $strict -O2 -I. -c -o "$tmp/ex.o" "$ex"
+            else skipped="$skipped $cc.$(basename "$ex" .c)(mpicc)"; fi
+            continue
+        fi
+        check "$cc.$(basename "$ex" .c)" $cc $strict -O2 -I. -c -o "$tmp/ex.o" "$ex"
+    done
     check "$cc.two_units" sh -c "$cc $strict -I. -o '$tmp/two' '$tmp/a.c' '$tmp/b.c' -lm && '$tmp/two'"
     check "$cc.two_units_static" sh -c "$cc $strict -I. -o '$tmp/two' '$tmp/sa.c' '$tmp/sb.c' -lm && '$tmp/two'"
     # MLC_NO_MALLOC (bare metal): no allocator, environment or x86 code referenced or included
