@@ -227,7 +227,10 @@ MLCDEF int mlc_dist_sampler_batch(mlc_dist_sampler *s, mlc_tensor *x, mlc_tensor
 
 /* ---- The job: start, failure, metrics ------------------------------------------------------ */
 
-static const mlc_mpi *mlc_mpi__live;    /* the job the atexit guard ends (one per process) */
+/* The job the atexit guard ends: a copy (the caller's mlc_mpi may be gone by then, on main's
+   stack), live from mlc_mpi_init to mlc_mpi_finalize */
+static mlc_mpi mlc_mpi__job;
+static int mlc_mpi__live;
 
 static void mlc_mpi__abort(const mlc_mpi *mpi, const char *message) {
     int rank = 0, size = 1;
@@ -251,7 +254,7 @@ static void mlc_mpi__atexit(void) {
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (initialized && !finalized)
-        mlc_mpi__abort(mlc_mpi__live, "exited (exit() or a return from main) before mlc_mpi_finalize");
+        mlc_mpi__abort(&mlc_mpi__job, "exited (exit() or a return from main) before mlc_mpi_finalize");
 }
 
 MLCDEF void mlc_mpi_fail(const mlc_mpi *mpi, const char *fmt, ...) {
@@ -310,14 +313,15 @@ MLCDEF mlc_result mlc_mpi_init(int *argc, char ***argv, mlc_mpi *mpi) {
     if (!mlc_mpi__live) {
         static int registered;
         if (!registered) registered = atexit(mlc_mpi__atexit) == 0;
-        mlc_mpi__live = mpi;
+        mlc_mpi__job = *mpi;
+        mlc_mpi__live = 1;
     }
     return MLC_OK;
 }
 
 MLCDEF void mlc_mpi_finalize(mlc_mpi *mpi) {
     if (!mpi) return;
-    if (mlc_mpi__live == mpi) mlc_mpi__live = NULL;
+    if (mlc_mpi__live && mlc_mpi__job.comm == mpi->comm) mlc_mpi__live = 0;
     if (mpi->comm != MPI_COMM_NULL && mpi->comm != MPI_COMM_WORLD) MPI_Comm_free(&mpi->comm);
     if (mpi->initialized_mpi) {
         int finalized = 0;
