@@ -594,22 +594,23 @@ static int save_constant(const char *path, float k) {
    process, which checks only that each save has a temporary of its own.) */
 static int racing_saves_leave_whole_files(void) {
     char dir[300], path[340];
-    mlc_ctx *ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" });
+    mlc_ctx *ctx;
     int loads = 0, bad = 0, w, i;
-    CHECK(ctx && temp_dir(dir, sizeof dir));
+    CHECK(temp_dir(dir, sizeof dir));
     snprintf(path, sizeof path, "%s/race.safetensors", dir);
     CHECK(save_constant(path, 0.0f));
 #ifndef _WIN32
     {
         pid_t writers[3];
         int running = 3, status;
-        for (w = 0; w < 3; w++) {
-            CHECK((writers[w] = fork()) >= 0);
+        for (w = 0; w < 3; w++) {                        /* (before this process's context: the */
+            CHECK((writers[w] = fork()) >= 0);           /* writers inherit none to leak) */
             if (writers[w] == 0) {
                 for (i = 0; i < 25; i++) if (!save_constant(path, (float)(w + 1))) _exit(1);
                 _exit(0);
             }
         }
+        CHECK((ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" })) != NULL);
         while (running) {
             mlc_safetensors *st = mlc_safetensors_open(ctx, path);
             mlc_tensor *t = st ? mlc_safetensors_get(st, "w") : NULL;
@@ -626,6 +627,7 @@ static int racing_saves_leave_whole_files(void) {
         }
     }
 #else
+    CHECK((ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" })) != NULL);
     for (i = 0; i < 25; i++)
         for (w = 0; w < 3; w++) CHECK(save_constant(path, (float)(w + 1)));
     loads = 1;
