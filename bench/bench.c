@@ -12,6 +12,11 @@
         figures (--plain-exe) and the targets of issue 14. A run measures the plain build, 1
         thread and all threads back to back, and the ratios (threads, build) are the median
         and range of the runs' own: this VM's speed drifts by a third within minutes.
+        Then the same runs under bf16 autocast (issue 25; where the CPU has AVX-512 BF16, else
+        the rows say "skipped"): mlc_autocast_begin(ctx, MLC_BF16) around the forward and the
+        loss, as examples/fashion_mnist.c --amp bf16 does, each run just after mlc's float32
+        one, then PyTorch's under torch.autocast("cpu", torch.bfloat16): bf16 / float32 run by
+        run (the >= 1.5x target needs AMX: "amx_bf16" in /proc/cpuinfo) and mlc / PyTorch bf16.
    Then the micro-benchmarks (the second table: best of short chunks of one repeated step):
      1. sgemm GFLOP/s for square n: mlc's own mlc_gemm, mlc through the BLAS hook
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and all threads.
@@ -36,7 +41,8 @@
                               file, run as `PLAIN --kv --epochs-only ...` before each
                               1-thread epoch run; CMD: PyTorch's epoch run, as `CMD
                               --epochs-only --model M --threads N --runs 1 --samples S`, just
-                              before each of mlc's, for paired ratios)
+                              before each of mlc's, for paired ratios; `CMD ... --amp bf16`
+                              before each bf16 run: PyTorch under autocast)
      bench --rss-child        train the MLP only; print its peak RSS
    Options for quick iteration on the epoch rows:
      --epochs-only            only the epoch rows (and the FMA peak), not the micro-benchmarks
@@ -44,6 +50,9 @@
      --threads N              N threads only (default: 1 and all the CPUs online)
      --samples N              samples per run (default: one epoch, 60000; --quick: a tenth)
      --runs N                 runs per row, 1 to 100 (default 3; --quick: 1)
+     --amp off|bf16           the epoch rows in float32 only (off) or under bf16 autocast
+                              only (bf16, measured even without AVX-512 BF16); default: both,
+                              bf16 where the CPU has AVX-512 BF16
      --kv                     with --epochs-only: print "key value" lines, not the table
      --quick                  short runs (1 run of a tenth of an epoch; short micro chunks)
    Build (run.sh does this): cc -O2 -fopenmp -std=c99 -Ibench/.. bench/bench.c -lm
@@ -347,6 +356,34 @@ static int bench_bf16(double gflops[][2]) {
 #endif
 }
 
+/* The CPU features of the bf16 epoch rows: AVX-512 BF16 (mlc's bf16 kernel, vdpbf16ps, where
+   mlc.h builds it: BENCH_BF16) and AMX-BF16 (the bf16 / float32 target is for CPUs with it; mlc
+   has no AMX kernel yet, so the rows run on AVX-512 BF16 either way). */
+static int cpu_has_avx512bf16(void) {
+#ifdef BENCH_BF16
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return 0;
+#endif
+}
+
+static int cpu_has_amx_bf16(void) {              /* "amx_bf16" among /proc/cpuinfo's flags */
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char *line = NULL;
+    size_t size = 0;
+    int found = 0;
+    while (f && !found && getline(&line, &size, f) > 0)
+        if (strncmp(line, "flags", 5) == 0) {
+            for (char *p = strstr(line, " amx_bf16"); p && !found; p = strstr(p + 1, " amx_bf16"))
+                found = p[9] == ' ' || p[9] == '\n' || p[9] == '\0';
+            break;
+        }
+    free(line);
+    if (f) fclose(f);
+    return found;
+}
+
 /* ============================================================================================
    Data: Fashion-MNIST (gzipped IDX files) or random bytes of the same shape
    ============================================================================================ */
@@ -472,6 +509,7 @@ typedef struct trainer {
     const dataset *data;                /* NULL: keep x and y as they are (the tiny MLP) */
     int next;                           /* the next batch's first image */
     int classify;                       /* 1: cross entropy on class indices, 0: MSE */
+    int bf16;                           /* 1: the forward and the loss under bf16 autocast */
 } trainer;
 
 /* Copy the next BATCH images (scaled to [0, 1]) and labels into x and y. */
@@ -484,12 +522,15 @@ static void next_batch(trainer *t) {
 }
 
 /* One training step on x and y as they are; the frame gives back every temporary and the tape
-   at its end. loss_out (NULL: not read): the step's loss. */
+   at its end. loss_out (NULL: not read): the step's loss. t->bf16: the forward and the loss under
+   bf16 autocast (as examples/fashion_mnist.c --amp bf16), the backward and the step outside. */
 static void step_on_batch(trainer *t, float *loss_out) {
     mlc_frame f = mlc_frame_begin(t->ctx);
+    if (t->bf16) mlc_autocast_begin(t->ctx, MLC_BF16);
     mlc_tensor *out = mlc_forward(t->model, t->x);
     mlc_tensor *loss = t->classify ? mlc_cross_entropy(out, t->y, MLC_REDUCE_MEAN, MLC_NO_IGNORE)
                                    : mlc_mse_loss(out, t->y, MLC_REDUCE_MEAN);
+    if (t->bf16) mlc_autocast_end(t->ctx);
     mlc_zero_grad(t->opt);
     mlc_backward(loss);
     mlc_step(t->opt);
@@ -652,8 +693,10 @@ static void shuffle(mlc_ctx *ctx, int *order, int n) {
    Adam lr 1e-3, cross entropy, samples / BATCH steps over the data in a new shuffled order each
    epoch (seed 1000 + run; an epoch's last partial batch is dropped). Gathering and scaling a
    batch is not timed; the step is, frame begin to frame end. sps: samples / summed step time;
-   loss_first, loss_last: the mean loss of the first and of the last min(100, steps / 2) steps. */
-static epoch_run epoch_once(const bench_model *m, const dataset *d, int threads, long samples, int run) {
+   loss_first, loss_last: the mean loss of the first and of the last min(100, steps / 2) steps.
+   bf16: the steps under bf16 autocast (step_on_batch). */
+static epoch_run epoch_once(const bench_model *m, const dataset *d, int threads, long samples, int run,
+                            int bf16) {
     epoch_run r = { NAN, NAN, NAN };
     long steps = samples / BATCH, window = steps < 200 ? (steps > 1 ? steps / 2 : 1) : 100;
     int pos = d->count, *order = malloc((size_t)d->count * sizeof(int));
@@ -668,6 +711,7 @@ static epoch_run epoch_once(const bench_model *m, const dataset *d, int threads,
         return r;
     }
     mlc_seed(t.ctx, 1000 + (uint64_t)run);
+    t.bf16 = bf16;
     for (long s = 0; s < steps; s++) {
         if (pos + BATCH > d->count) { shuffle(t.ctx, order, d->count); pos = 0; }
         for (int b = 0; b < BATCH; b++) {        /* the gather, as a user's loader does it */
@@ -1028,9 +1072,10 @@ static void print_header(const kv_file *torch, const dataset *data, double other
    The epoch rows: measure, print as key lines or as the first table
    ============================================================================================ */
 
-/* The key of a figure of an epoch row: "epoch_mlp_t1_median" (bench_torch.py writes the same) */
-static const char *epoch_key(char *buf, const bench_model *m, int threads, const char *what) {
-    snprintf(buf, 64, "epoch_%s_t%d_%s", m->name, threads, what);
+/* The key of a figure of an epoch row: "epoch_mlp_t1_median", under bf16 autocast
+   "epoch_mlp_bf16_t1_median" (bench_torch.py writes the same) */
+static const char *epoch_key(char *buf, const bench_model *m, int threads, const char *what, int bf16) {
+    snprintf(buf, 64, "epoch_%s%s_t%d_%s", m->name, bf16 ? "_bf16" : "", threads, what);
     return buf;
 }
 
@@ -1055,31 +1100,41 @@ typedef struct epoch_table {
     double torch[BENCH_MODELS][2][3];   /* its samples/s per setting: median, min, max */
     double vs_torch[BENCH_MODELS][2][3];/* mlc / PyTorch on as many threads, run by run */
     double vs_best[BENCH_MODELS][2][3]; /* mlc / PyTorch's faster setting of the same run */
+    int f32_on, bf16_wanted, bf16_on;   /* measured: float32 rows; bf16 rows asked for, measured */
+    int bf16_cpu, amx;                  /* the CPU has AVX-512 BF16; AMX-BF16 */
+    epoch_row bf16_rows[BENCH_MODELS][2];       /* mlc under bf16 autocast */
+    double bf16_vs_f32[BENCH_MODELS][2][3];     /* its samples/s / float32's, run by run */
+    double torch_bf16[BENCH_MODELS][2][3];      /* PyTorch under torch.autocast: samples/s */
+    double bf16_vs_torch[BENCH_MODELS][2][3];   /* mlc bf16 / PyTorch bf16, as vs_torch */
+    double bf16_vs_best[BENCH_MODELS][2][3];    /* ... and as vs_best */
 } epoch_table;
 
-/* One epoch run in a process of its own: `COMMAND --epochs-only --model M --threads N --runs 1
-   --samples S` prints "key value" lines (the plain build and this program with --kv,
-   torch_bench.py). child_start starts it (NULL when it cannot), child_sps waits for it: its
-   samples/s, NAN when it failed. */
-static FILE *child_start(const char *command_prefix, const bench_model *m, int threads, long samples) {
-    char command[1200];
-    snprintf(command, sizeof command, "%s --epochs-only --model %s --threads %d --runs 1 --samples %ld "
-             "2>/dev/null", command_prefix, m->name, threads, samples);
+/* One epoch run in a process of its own: `OPENBLAS_NUM_THREADS=N COMMAND --epochs-only --model M
+   --threads N --runs 1 --samples S --amp off|bf16` prints "key value" lines (the plain build and
+   this program with --kv, torch_bench.py; OpenBLAS's threads set as well, since Debian's PyTorch
+   multiplies through OpenBLAS). child_start starts it (NULL when it cannot), child_sps waits for
+   it: its samples/s, NAN when it failed. */
+static FILE *child_start(const char *command_prefix, const bench_model *m, int threads, long samples,
+                         int bf16) {
+    char command[1300];
+    snprintf(command, sizeof command, "OPENBLAS_NUM_THREADS=%d %s --epochs-only --model %s --threads %d "
+             "--runs 1 --samples %ld --amp %s 2>/dev/null", threads, command_prefix, m->name, threads,
+             samples, bf16 ? "bf16" : "off");
     return popen(command, "r");
 }
 
-static double child_sps(FILE *child, const bench_model *m, int threads) {
+static double child_sps(FILE *child, const bench_model *m, int threads, int bf16) {
     char key[64];
     kv_file out;
     if (!child) return NAN;
     kv_parse(&out, child);
-    return pclose(child) == 0 ? kv_num(&out, epoch_key(key, m, threads, "median")) : NAN;
+    return pclose(child) == 0 ? kv_num(&out, epoch_key(key, m, threads, "median", bf16)) : NAN;
 }
 
 /* One such run; `who` names it in the line on stderr. */
 static double child_run(const char *command_prefix, const char *who, const bench_model *m, int threads,
-                        long samples, int run, int runs) {
-    double sps = child_sps(child_start(command_prefix, m, threads, samples), m, threads);
+                        long samples, int run, int runs, int bf16) {
+    double sps = child_sps(child_start(command_prefix, m, threads, samples, bf16), m, threads, bf16);
     fprintf(stderr, "bench: %s, %s, %d thread%s, run %d/%d: %.0f samples/s\n", m->label, who, threads,
             threads > 1 ? "s" : "", run + 1, runs, sps);
     return sps;
@@ -1096,19 +1151,43 @@ static double independent_runs(const char *self, const bench_model *m, int n, lo
     double sum = n <= MOST ? 0 : NAN;
     int c;
     snprintf(prefix, sizeof prefix, "'%s' --kv", self);
-    for (c = 0; c < n && c < MOST; c++) child[c] = child_start(prefix, m, 1, samples);
-    for (c = 0; c < n && c < MOST; c++) sum += child_sps(child[c], m, 1);
+    for (c = 0; c < n && c < MOST; c++) child[c] = child_start(prefix, m, 1, samples, 0);
+    for (c = 0; c < n && c < MOST; c++) sum += child_sps(child[c], m, 1, 0);
     fprintf(stderr, "bench: %s, %d independent 1-thread runs at once, run %d/%d: %.0f samples/s together\n",
             m->label, n, run + 1, runs, sum);
     return sum;
 }
 
+/* mlc / PyTorch run by run on each setting: on as many threads (same) and against PyTorch's
+   faster setting of the same run (best); then PyTorch's own samples/s (median, min, max) */
+static void versus_torch(const epoch_table *et, epoch_run got[2][MAX_RUNS], double torch[2][MAX_RUNS],
+                         int runs, double same[2][3], double best[2][3], double median[2][3]) {
+    double ratio[MAX_RUNS];
+    for (int s = 0; s < et->settings; s++) {
+        for (int r = 0; r < runs; r++) ratio[r] = got[s][r].sps / torch[s][r];
+        median_of(ratio, runs, &same[s][0], &same[s][1], &same[s][2]);
+        for (int r = 0; r < runs; r++) {
+            double b = torch[s][r];
+            for (int o = 0; o < et->settings; o++) b = torch[o][r] > b ? torch[o][r] : b;
+            ratio[r] = got[s][r].sps / b;
+        }
+        median_of(ratio, runs, &best[s][0], &best[s][1], &best[s][2]);
+    }
+    for (int s = 0; s < et->settings; s++)
+        median_of(torch[s], runs, &median[s][0], &median[s][1], &median[s][2]);
+}
+
+static void set_nan(double v[3]) { v[0] = v[1] = v[2] = NAN; }
+
 /* Run r measures every model on every setting, one after the other, so that the settings of a
    run share the machine's state of the moment (this VM's speed drifts by a third within
-   minutes): the thread scaling is taken run by run, from such pairs. A line per run on stderr. */
+   minutes): the thread scaling is taken run by run, from such pairs. On a setting: the plain
+   build (1 thread), PyTorch, mlc (float32), the independent runs (all threads), then mlc under
+   bf16 autocast and PyTorch under torch.autocast. A line per run on stderr. */
 static void measure_epochs(epoch_table *et, const dataset *d, long samples, int runs) {
-    static epoch_run got[BENCH_MODELS][2][MAX_RUNS];
+    static epoch_run got[BENCH_MODELS][2][MAX_RUNS], got16[BENCH_MODELS][2][MAX_RUNS];
     static double plain[BENCH_MODELS][MAX_RUNS], torch[BENCH_MODELS][2][MAX_RUNS], apart[BENCH_MODELS][MAX_RUNS];
+    static double torch16[BENCH_MODELS][2][MAX_RUNS];
     char plain_cmd[1100];
     snprintf(plain_cmd, sizeof plain_cmd, "'%s' --kv", et->plain_exe ? et->plain_exe : "");
     for (int s = 0; s < et->settings; s++) et->peak[s] = fma_peak_gflops(et->threads[s], &et->isa);
@@ -1116,39 +1195,58 @@ static void measure_epochs(epoch_table *et, const dataset *d, long samples, int 
         for (int m = 0; m < BENCH_MODELS; m++)
             for (int s = 0; s < et->settings && et->model_on[m]; s++) {
                 const bench_model *bm = &bench_models[m];
-                epoch_run *one = &got[m][s][r];
-                if (et->threads[s] == 1 && et->plain_exe)
-                    plain[m][r] = child_run(plain_cmd, "plain cc -O2 build", bm, 1, samples, r, runs);
-                if (et->torch_cmd)
-                    torch[m][s][r] = child_run(et->torch_cmd, "PyTorch", bm, et->threads[s], samples, r, runs);
-                *one = epoch_once(bm, d, et->threads[s], samples, r);
-                fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f (first steps) -> "
-                        "%.3f (last)\n", bm->label, et->threads[s], et->threads[s] > 1 ? "s" : "", r + 1, runs,
-                        one->sps, one->loss_first, one->loss_last);
-                if (s == 1 && et->threads[0] == 1 && et->self_exe)
-                    apart[m][r] = independent_runs(et->self_exe, bm, et->threads[1], samples, r, runs);
+                int n = et->threads[s];
+                if (et->f32_on) {
+                    epoch_run *one = &got[m][s][r];
+                    if (n == 1 && et->plain_exe)
+                        plain[m][r] = child_run(plain_cmd, "plain cc -O2 build", bm, 1, samples, r, runs, 0);
+                    if (et->torch_cmd)
+                        torch[m][s][r] = child_run(et->torch_cmd, "PyTorch", bm, n, samples, r, runs, 0);
+                    *one = epoch_once(bm, d, n, samples, r, 0);
+                    fprintf(stderr, "bench: %s, %d thread%s, run %d/%d: %.0f samples/s, loss %.3f "
+                            "(first steps) -> %.3f (last)\n", bm->label, n, n > 1 ? "s" : "", r + 1, runs,
+                            one->sps, one->loss_first, one->loss_last);
+                    if (s == 1 && et->threads[0] == 1 && et->self_exe)
+                        apart[m][r] = independent_runs(et->self_exe, bm, et->threads[1], samples, r, runs);
+                }
+                if (et->bf16_on) {
+                    epoch_run *one = &got16[m][s][r];
+                    *one = epoch_once(bm, d, n, samples, r, 1);
+                    fprintf(stderr, "bench: %s, bf16 autocast, %d thread%s, run %d/%d: %.0f samples/s, "
+                            "loss %.3f (first steps) -> %.3f (last)\n", bm->label, n, n > 1 ? "s" : "",
+                            r + 1, runs, one->sps, one->loss_first, one->loss_last);
+                    if (et->torch_cmd)
+                        torch16[m][s][r] = child_run(et->torch_cmd, "PyTorch bf16 autocast", bm, n, samples,
+                                                     r, runs, 1);
+                }
             }
     for (int m = 0; m < BENCH_MODELS; m++) {
         double ratio[MAX_RUNS];
-        for (int k = 0; k < 3; k++)
-            et->scaling[m][k] = et->plain[m][k] = et->plain_ratio[m][k] = et->ceiling[m][k] = et->of_ceiling[m][k]
-                = NAN;
-        if (!et->model_on[m]) continue;
-        for (int s = 0; s < et->settings; s++) {
-            et->rows[m][s] = epoch_row_of(got[m][s], runs);
-            for (int k = 0; k < 3; k++) et->torch[m][s][k] = et->vs_torch[m][s][k] = et->vs_best[m][s][k] = NAN;
-            if (!et->torch_cmd) continue;
-            for (int r = 0; r < runs; r++) ratio[r] = got[m][s][r].sps / torch[m][s][r];
-            median_of(ratio, runs, &et->vs_torch[m][s][0], &et->vs_torch[m][s][1], &et->vs_torch[m][s][2]);
-            for (int r = 0; r < runs; r++) {
-                double best = torch[m][s][r];
-                for (int o = 0; o < et->settings; o++) best = torch[m][o][r] > best ? torch[m][o][r] : best;
-                ratio[r] = got[m][s][r].sps / best;
-            }
-            median_of(ratio, runs, &et->vs_best[m][s][0], &et->vs_best[m][s][1], &et->vs_best[m][s][2]);
+        set_nan(et->scaling[m]); set_nan(et->plain[m]); set_nan(et->plain_ratio[m]);
+        set_nan(et->ceiling[m]); set_nan(et->of_ceiling[m]);
+        for (int s = 0; s < 2; s++) {
+            et->rows[m][s] = et->bf16_rows[m][s] = (epoch_row){ NAN, NAN, NAN, NAN, NAN };
+            set_nan(et->torch[m][s]); set_nan(et->vs_torch[m][s]); set_nan(et->vs_best[m][s]);
+            set_nan(et->bf16_vs_f32[m][s]); set_nan(et->torch_bf16[m][s]);
+            set_nan(et->bf16_vs_torch[m][s]); set_nan(et->bf16_vs_best[m][s]);
         }
-        for (int s = 0; s < et->settings && et->torch_cmd; s++)
-            median_of(torch[m][s], runs, &et->torch[m][s][0], &et->torch[m][s][1], &et->torch[m][s][2]);
+        if (!et->model_on[m]) continue;
+        if (et->bf16_on) {
+            for (int s = 0; s < et->settings; s++) {
+                et->bf16_rows[m][s] = epoch_row_of(got16[m][s], runs);
+                if (!et->f32_on) continue;
+                for (int r = 0; r < runs; r++) ratio[r] = got16[m][s][r].sps / got[m][s][r].sps;
+                median_of(ratio, runs, &et->bf16_vs_f32[m][s][0], &et->bf16_vs_f32[m][s][1],
+                          &et->bf16_vs_f32[m][s][2]);
+            }
+            if (et->torch_cmd)
+                versus_torch(et, got16[m], torch16[m], runs, et->bf16_vs_torch[m], et->bf16_vs_best[m],
+                             et->torch_bf16[m]);
+        }
+        if (!et->f32_on) continue;
+        for (int s = 0; s < et->settings; s++) et->rows[m][s] = epoch_row_of(got[m][s], runs);
+        if (et->torch_cmd)
+            versus_torch(et, got[m], torch[m], runs, et->vs_torch[m], et->vs_best[m], et->torch[m]);
         if (et->settings == 2) {
             for (int r = 0; r < runs; r++) ratio[r] = got[m][1][r].sps / got[m][0][r].sps;
             median_of(ratio, runs, &et->scaling[m][0], &et->scaling[m][1], &et->scaling[m][2]);
@@ -1173,32 +1271,88 @@ static void print_epoch_kv(const epoch_table *et) {
     printf("fma_isa %s\n", et->isa);
     for (int s = 0; s < et->settings; s++) printf("fma_peak_t%d %.2f\n", et->threads[s], et->peak[s]);
     for (int m = 0; m < BENCH_MODELS; m++)
-        for (int s = 0; s < et->settings; s++) {
-            const epoch_row *e = &et->rows[m][s];
-            const bench_model *bm = &bench_models[m];
-            if (!et->model_on[m]) continue;
-            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "median"), e->median);
-            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "min"), e->min);
-            printf("%s %.1f\n", epoch_key(key, bm, et->threads[s], "max"), e->max);
-            printf("%s %.4f\n", epoch_key(key, bm, et->threads[s], "loss_first"), e->loss_first);
-            printf("%s %.4f\n", epoch_key(key, bm, et->threads[s], "loss_last"), e->loss_last);
-        }
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int s = 0; s < et->settings; s++) {
+                const epoch_row *e = bf16 ? &et->bf16_rows[m][s] : &et->rows[m][s];
+                const bench_model *bm = &bench_models[m];
+                int n = et->threads[s];
+                if (!et->model_on[m] || !(bf16 ? et->bf16_on : et->f32_on)) continue;
+                printf("%s %.1f\n", epoch_key(key, bm, n, "median", bf16), e->median);
+                printf("%s %.1f\n", epoch_key(key, bm, n, "min", bf16), e->min);
+                printf("%s %.1f\n", epoch_key(key, bm, n, "max", bf16), e->max);
+                printf("%s %.4f\n", epoch_key(key, bm, n, "loss_first", bf16), e->loss_first);
+                printf("%s %.4f\n", epoch_key(key, bm, n, "loss_last", bf16), e->loss_last);
+            }
 }
 
 #define EPOCH_ROW "| %-49s | %9s | %-13s | %6s | %-13s | %9s | %9s | %7s | %7s | %-27s | %-8s |\n"
+#define BF16_TARGET 1.5                 /* issue 25: bf16 autocast / float32 (with AMX), mlc / PyTorch bf16 */
 
 /* A ratio row (scaling, build): the median of the runs' ratios in the mlc column, their range
-   beside it; every_run: the target holds for the smallest, else for the median; target 0: none */
-static void epoch_ratio_row(const char *what, const double ratio[3], double target, int every_run) {
+   beside it; every_run: the target holds for the smallest, else for the median; target 0: none;
+   skip (NULL: none): the verdict in place of the target's, where the CPU lacks what it needs */
+static void epoch_ratio_row(const char *what, const double ratio[3], double target, int every_run,
+                            const char *skip) {
     char r[32], range[32] = "-", goal[64] = "", verdict[32] = "";
     if (target > 0) snprintf(goal, sizeof goal, ">= %gx%s", target, every_run ? ", every run" : "");
     if (!isnan(ratio[1])) snprintf(range, sizeof range, "%.2fx-%.2fx", ratio[1], ratio[2]);
     if (target > 0) verdict_of(verdict, every_run ? ratio[1] : ratio[0], target);
+    if (skip) snprintf(verdict, sizeof verdict, "%s", skip);
     printf(EPOCH_ROW, what, times(r, ratio[0]), range, "", "", "", "", "", "", goal, verdict);
 }
 
+/* Model m's row on each setting: float32 (bf16 0) or under bf16 autocast (bf16 1), beside
+   PyTorch's same precision; one, all: the settings of 1 and of all threads (-1: not measured) */
+static void print_model_rows(const epoch_table *et, const kv_file *torch, int m, int bf16, int one, int all,
+                             int torch_all) {
+    char key[64], col[8][32], what[96], goal[64], verdict[32];
+    const bench_model *bm = &bench_models[m];
+    double t1 = kv_num(torch, epoch_key(key, bm, 1, "median", bf16));
+    double tall = kv_num(torch, epoch_key(key, bm, torch_all, "median", bf16));
+    double best = isnan(t1) || tall > t1 ? tall : t1;
+    const double (*paired)[3] = bf16 ? et->torch_bf16[m] : et->torch[m];
+    if (et->torch_cmd) {                /* run by run, beside mlc's */
+        t1 = one >= 0 ? paired[one][0] : NAN;
+        tall = all >= 0 ? paired[all][0] : NAN;
+    }
+    for (int s = 0; s < et->settings; s++) {
+        const epoch_row *e = bf16 ? &et->bf16_rows[m][s] : &et->rows[m][s];
+        int n = et->threads[s];
+        double same = kv_num(torch, epoch_key(key, bm, n, "median", bf16)), target = 0, ratio = NAN;
+        double vs_same = e->median / same, vs_best = e->median / best;
+        if (et->torch_cmd)
+            vs_same = (bf16 ? et->bf16_vs_torch : et->vs_torch)[m][s][0],
+            vs_best = (bf16 ? et->bf16_vs_best : et->vs_best)[m][s][0];
+        int loss_ok = isfinite(e->loss_last) && e->loss_last < e->loss_first;
+        if (bf16)
+            snprintf(what, sizeof what, "%s bf16 autocast (AVX-512 BF16), %d thread%s", bm->short_label, n,
+                     n > 1 ? "s" : "");
+        else
+            snprintf(what, sizeof what, "%s, %d thread%s", bm->label, n, n > 1 ? "s" : "");
+        snprintf(col[0], 32, "%.0f-%.0f", e->min, e->max);
+        snprintf(col[1], 32, "%.1f%%", 100 * e->median * flops_per_sample(bm) / (et->peak[s] * 1e9));
+        snprintf(col[2], 32, "%.3f>%.3f", e->loss_first, e->loss_last);
+        goal[0] = verdict[0] = '\0';
+        if (n == 1) {
+            target = bf16 ? BF16_TARGET : bm->target_one, ratio = vs_same;
+            snprintf(goal, sizeof goal, ">= %gx PyTorch%s 1 thread", target, bf16 ? " bf16" : "");
+        } else if (n == all_threads) {
+            target = bf16 ? BF16_TARGET : bm->target_all, ratio = vs_best;
+            snprintf(goal, sizeof goal, ">= %gx PyTorch%s best", target, bf16 ? " bf16" : "");
+        }
+        if (target > 0) verdict_of(verdict, ratio, target);
+        if (!loss_ok) snprintf(verdict, sizeof verdict, "bad loss");
+        if (bf16 && !et->bf16_on) snprintf(verdict, sizeof verdict, "skipped: no AVX-512 BF16");
+        printf(EPOCH_ROW, what, num(col[3], e->median, 0), isnan(e->min) ? "-" : col[0],
+               bf16 || isnan(et->peak[s]) || isnan(e->median) ? "-" : col[1],
+               isnan(e->loss_first) ? "-" : col[2],
+               num(col[4], t1, 0), num(col[5], tall, 0), times(col[6], vs_same), times(col[7], vs_best), goal,
+               verdict);
+    }
+}
+
 static void print_epoch_table(const epoch_table *et, const kv_file *torch, long samples, int runs) {
-    char key[64], head[2][32], col[10][32], what[96], goal[64], verdict[32];
+    char head[2][32], col[10][32], what[96];
     int one = -1, all = -1;             /* the settings of 1 thread and of all threads, if measured */
     int torch_all = kv_num(torch, "torch_threads") > 0 ? (int)kv_num(torch, "torch_threads") : all_threads;
     for (int s = 0; s < et->settings; s++) {
@@ -1219,53 +1373,34 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
            "--------:", "--------:", "-----------------------------", "----------");
     for (int m = 0; m < BENCH_MODELS; m++) {
         const bench_model *bm = &bench_models[m];
-        double t1 = kv_num(torch, epoch_key(key, bm, 1, "median"));
-        double tall = kv_num(torch, epoch_key(key, bm, torch_all, "median"));
-        double best = isnan(t1) || tall > t1 ? tall : t1;
         if (!et->model_on[m]) continue;
-        if (et->torch_cmd) {            /* run by run, beside mlc's */
-            t1 = one >= 0 ? et->torch[m][one][0] : NAN;
-            tall = all >= 0 ? et->torch[m][all][0] : NAN;
-        }
-        for (int s = 0; s < et->settings; s++) {
-            const epoch_row *e = &et->rows[m][s];
-            int n = et->threads[s];
-            double same = kv_num(torch, epoch_key(key, bm, n, "median")), target = 0, ratio = NAN;
-            double vs_same = e->median / same, vs_best = e->median / best;
-            if (et->torch_cmd) vs_same = et->vs_torch[m][s][0], vs_best = et->vs_best[m][s][0];
-            int loss_ok = isfinite(e->loss_last) && e->loss_last < e->loss_first;
-            snprintf(what, sizeof what, "%s, %d thread%s", bm->label, n, n > 1 ? "s" : "");
-            snprintf(col[0], 32, "%.0f-%.0f", e->min, e->max);
-            snprintf(col[1], 32, "%.1f%%", 100 * e->median * flops_per_sample(bm) / (et->peak[s] * 1e9));
-            snprintf(col[2], 32, "%.3f>%.3f", e->loss_first, e->loss_last);
-            goal[0] = verdict[0] = '\0';
-            if (n == 1) {
-                target = bm->target_one, ratio = vs_same;
-                snprintf(goal, sizeof goal, ">= %gx PyTorch 1 thread", target);
-            } else if (n == all_threads) {
-                target = bm->target_all, ratio = vs_best;
-                snprintf(goal, sizeof goal, ">= %gx PyTorch best", target);
+        if (et->f32_on) {
+            print_model_rows(et, torch, m, 0, one, all, torch_all);
+            if (one >= 0 && all >= 0 && all_threads > 1) {
+                snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
+                epoch_ratio_row(what, et->scaling[m], 1.7, 1, NULL);
             }
-            if (target > 0) verdict_of(verdict, ratio, target);
-            if (!loss_ok) snprintf(verdict, sizeof verdict, "bad loss");
-            printf(EPOCH_ROW, what, num(col[3], e->median, 0), isnan(e->min) ? "-" : col[0],
-                   isnan(et->peak[s]) || isnan(e->median) ? "-" : col[1], col[2], num(col[4], t1, 0),
-                   num(col[5], tall, 0), times(col[6], vs_same), times(col[7], vs_best), goal, verdict);
+            if (!isnan(et->ceiling[m][0])) {
+                snprintf(what, sizeof what, "%s: %d 1-thread runs at once / 1 thread", bm->short_label,
+                         all_threads);
+                epoch_ratio_row(what, et->ceiling[m], 0, 0, NULL);
+                snprintf(what, sizeof what, "%s: %d threads / %d 1-thread runs at once", bm->short_label,
+                         all_threads, all_threads);
+                epoch_ratio_row(what, et->of_ceiling[m], 0, 0, NULL);
+            }
+            if (!isnan(et->plain_ratio[m][0])) {
+                snprintf(what, sizeof what, "%s: plain cc -O2 / bench flags, 1 thread", bm->short_label);
+                epoch_ratio_row(what, et->plain_ratio[m], 0.9, 0, NULL);
+            }
         }
-        if (one >= 0 && all >= 0 && all_threads > 1) {
-            snprintf(what, sizeof what, "%s: %d threads / 1 thread", bm->short_label, all_threads);
-            epoch_ratio_row(what, et->scaling[m], 1.7, 1);
-        }
-        if (!isnan(et->ceiling[m][0])) {
-            snprintf(what, sizeof what, "%s: %d 1-thread runs at once / 1 thread", bm->short_label, all_threads);
-            epoch_ratio_row(what, et->ceiling[m], 0, 0);
-            snprintf(what, sizeof what, "%s: %d threads / %d 1-thread runs at once", bm->short_label, all_threads,
-                     all_threads);
-            epoch_ratio_row(what, et->of_ceiling[m], 0, 0);
-        }
-        if (!isnan(et->plain_ratio[m][0])) {
-            snprintf(what, sizeof what, "%s: plain cc -O2 / bench flags, 1 thread", bm->short_label);
-            epoch_ratio_row(what, et->plain_ratio[m], 0.9, 0);
+        if (!et->bf16_wanted) continue;
+        print_model_rows(et, torch, m, 1, one, all, torch_all);
+        for (int s = 0; s < et->settings && et->f32_on; s++) {
+            int n = et->threads[s];
+            snprintf(what, sizeof what, "%s: bf16 autocast / float32, %d thread%s (AMX)", bm->short_label, n,
+                     n > 1 ? "s" : "");
+            epoch_ratio_row(what, et->bf16_vs_f32[m][s], BF16_TARGET, 0,
+                            !et->bf16_on ? "skipped: no AVX-512 BF16" : !et->amx ? "skipped: no AMX" : NULL);
         }
     }
     printf("\nFMA peak (%s, %d chains of multiply-adds in registers, best of 3 passes):", et->isa,
@@ -1300,6 +1435,18 @@ static void print_epoch_table(const epoch_table *et, const kv_file *torch, long 
                        num(col[1], et->plain[m][1], 0), num(col[2], et->plain[m][2], 0));
         printf(" samples/s.\n");
     }
+    if (et->bf16_wanted)
+        printf("bf16 autocast rows (issue 25): the same loop with mlc_autocast_begin(ctx, MLC_BF16) around\n"
+               "the forward and the loss, each run just after mlc's float32 run on as many threads, then\n"
+               "PyTorch's under torch.autocast(\"cpu\", torch.bfloat16) (PyTorch columns: its bf16 runs).\n"
+               "They need AVX-512 BF16 (mlc's bf16 kernel): %s. bf16 autocast / float32: mlc's\n"
+               "runs, run by run; its >= %gx target is for CPUs with AMX-BF16 (amx_bf16 in /proc/cpuinfo):\n"
+               "%s.\n",
+               et->bf16_cpu ? "found" : "not found, rows skipped", BF16_TARGET,
+               et->amx ? "found (mlc has no AMX kernel yet: these rows run on AVX-512 BF16)"
+                       : "not found, the row is printed and its target skipped");
+    printf("PyTorch's epoch runs set OPENBLAS_NUM_THREADS to their thread count (Debian's PyTorch\n"
+           "multiplies through OpenBLAS) besides torch.set_num_threads.\n");
 }
 
 /* One row of the table. mlc, hook and ref are in `unit`; faster_when_higher says which way the
@@ -1323,12 +1470,15 @@ static void row(const char *what, const char *unit, double mlc, double hook, dou
 static int usage(const char *name) {
     fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--torch-cmd CMD] [--rss FILE] [--plain-exe PLAIN]\n"
             "       [--epochs-only [--kv]]\n"
-            "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N]  |  --rss-child\n", name);
+            "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N] [--amp off|bf16]\n"
+            "       |  --rss-child\n",
+            name);
     return 2;
 }
 
 int main(int argc, char **argv) {
     const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *torch_cmd = NULL, *model = NULL;
+    const char *amp = NULL;             /* --amp: NULL (float32 and bf16), "off" or "bf16" */
     int epochs_only = 0, as_kv = 0, threads = 0, runs = 0;
     long samples = 0;
     epoch_table et = { 0 };
@@ -1351,13 +1501,20 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--threads") == 0 && valued) threads = atoi(argv[++i]);
         else if (strcmp(a, "--samples") == 0 && valued) samples = atol(argv[++i]);
         else if (strcmp(a, "--runs") == 0 && valued) runs = atoi(argv[++i]);
+        else if (strcmp(a, "--amp") == 0 && valued) amp = argv[++i];
         else return usage(argv[0]);
     }
     for (int m = 0; m < BENCH_MODELS; m++)
         et.model_on[m] = !model || strcmp(model, bench_models[m].name) == 0;
     if ((model && strcmp(model, "mlp") && strcmp(model, "cnn")) || threads < 0 || samples < 0 ||
-        (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only))
+        (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only) ||
+        (amp && strcmp(amp, "off") && strcmp(amp, "bf16")))
         return usage(argv[0]);
+    et.bf16_cpu = cpu_has_avx512bf16();
+    et.amx = cpu_has_amx_bf16();
+    et.f32_on = !amp || strcmp(amp, "off") == 0;
+    et.bf16_wanted = !amp || strcmp(amp, "bf16") == 0;
+    et.bf16_on = amp ? et.bf16_wanted : et.bf16_cpu;     /* --amp bf16: measured on any CPU */
     if (threads > all_threads && all_threads == 1) {
         fprintf(stderr, "bench: built without OpenMP, so 1 thread only\n");
         return 2;

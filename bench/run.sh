@@ -5,7 +5,9 @@
 # and build/bench-plain (the default build a user makes of a header: cc -O2 -std=c99, nothing
 # else), run the memory child, bench/torch_bench.py when a python3 with torch is found, then
 # build/bench, which measures mlc (running build/bench-plain's epoch rows beside its own) and
-# prints the tables with the other runs' numbers.
+# prints the tables with the other runs' numbers. The epoch rows include bf16 autocast (issue 25)
+# where the CPU has AVX-512 BF16: mlc under mlc_autocast_begin and PyTorch under torch.autocast,
+# each PyTorch run with OPENBLAS_NUM_THREADS set to its thread count.
 set -e
 cd "$(dirname "$0")/.."
 CC=${CC:-cc}
@@ -40,6 +42,13 @@ else
     echo "bench: zlib not found: the dataset is read through 'gzip -dc'"
 fi
 rm -f "$BUILD"/probe "$BUILD"/probe_*.c
+# the CPU features the bf16 rows name (bench.c asks cpuid itself; this is for the log)
+if [ -r /proc/cpuinfo ]; then
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    has() { case "$flags" in *" $1 "*) echo yes ;; *) echo no ;; esac; }
+    echo "bench: CPU has AVX-512 BF16: $(has avx512_bf16) (the bf16 rows), AMX-BF16: $(has amx_bf16)" \
+        "(the bf16 / float32 target)"
+fi
 echo "bench: $CC $CFLAGS -o $BUILD/bench bench/bench.c $LIBS"
 $CC $CFLAGS -o "$BUILD/bench" bench/bench.c $LIBS
 echo "bench: $CC -O2 -std=c99 -I. -o $BUILD/bench-plain bench/bench.c -lm"

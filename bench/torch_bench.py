@@ -4,7 +4,8 @@ The same models, data, batch size, optimiser and timing method as bench/bench.c,
 can be compared line by line. Prints "key value" lines that bench.c reads (--torch FILE):
 
     torch_version, torch_threads (the "all threads" setting: the CPUs online), torch_data,
-    epoch_{mlp,cnn}_t{1,ALL}_{median,min,max,loss_first,loss_last} (the epoch rows),
+    epoch_{mlp,cnn}_t{1,ALL}_{median,min,max,loss_first,loss_last} (the epoch rows; with --amp bf16
+    epoch_{mlp,cnn}_bf16_t..., the same rows under torch.autocast("cpu", torch.bfloat16)),
     tiny_step_us, mlp_train_sps, cnn_train_sps, lstm_step_ms, mlp_infer_us, cnn_infer_us,
     gpt_tokens_s_1, gpt_tokens_s_all (the tiny GPT of examples/gpt.c, 1 and all threads),
     others_percent (how much of the CPUs other processes used meanwhile)
@@ -14,10 +15,12 @@ torch.randperm order each epoch from a generator seeded 1000 + run, the last par
 dropped), a fresh model (torch.manual_seed(42)) and Adam (lr 1e-3) each run; the gather and
 scaling of a batch is not timed, forward to opt.step() is; samples/s = samples / summed step
 time; median, min and max of the runs; the mean loss of the first and of the last 100 steps
-(of half the steps when a run has fewer than 200).
+(of half the steps when a run has fewer than 200). A run on N threads sets torch.set_num_threads(N)
+and OpenBLAS's threads to N (Debian's PyTorch multiplies through OpenBLAS, which would otherwise
+use every CPU).
 
 Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs] [--model mlp|cnn]
-                                    [--threads N] [--samples N] [--runs N]
+                                    [--threads N] [--samples N] [--runs N] [--amp off|bf16]
     --quick         short runs: 1 run of a tenth of an epoch, short micro-benchmark chunks
     --epochs-only   only the epoch rows
     --no-epochs     only the micro-benchmarks (bench/run.sh: bench.c then runs the epoch rows
@@ -27,6 +30,8 @@ Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs] [--m
     --threads N     the epoch rows on N threads only (default: 1 and all the CPUs online)
     --samples N     samples per run (default: one epoch, 60000; --quick: a tenth)
     --runs N        runs per epoch row (default 3; --quick: 1)
+    --amp bf16      the epoch rows under torch.autocast("cpu", dtype=torch.bfloat16) around the
+                    forward and the loss (bench.c's --amp bf16), in place of float32's; off: float32
 
 With --minilm MODEL_DIR IDS_FILE RUNS it measures all-MiniLM-L6-v2 instead (bench/run.sh's
 sentence-embedding row): the token ids of `build/minilm --ids` (IDS_FILE), embedded as
@@ -36,6 +41,7 @@ RUNS passes, on 1 thread and on 2; prints "minilm_torch_sps_1 X", "minilm_torch_
 (the median pass) and others_percent.
 """
 import argparse
+import ctypes
 import gzip
 import os
 import struct
@@ -239,10 +245,26 @@ def gpt_tokens_per_s(threads):
     return tokens_s
 
 
-def epoch_once(build, shape, images, labels, threads, samples, run):
-    """One run of the epoch rows on `threads` threads: (samples/s, mean loss of the first
-    steps, mean loss of the last steps)."""
+def set_threads(threads):
+    """torch.set_num_threads and, when torch loaded OpenBLAS, openblas_set_num_threads (as
+    OPENBLAS_NUM_THREADS would at start)."""
     torch.set_num_threads(threads)
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "libopenblas" in line})
+    except OSError:
+        paths = []
+    for path in paths:
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(threads)
+        except (OSError, AttributeError):
+            pass
+
+
+def epoch_once(build, shape, images, labels, threads, samples, run, amp=False):
+    """One run of the epoch rows on `threads` threads: (samples/s, mean loss of the first
+    steps, mean loss of the last steps). amp: the forward and the loss under bf16 autocast."""
+    set_threads(threads)
     torch.manual_seed(42)
     model = build()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -258,7 +280,11 @@ def epoch_once(build, shape, images, labels, threads, samples, run):
         x = images[idx].float().div_(255.0).view(BATCH, *shape)
         y = labels[idx]
         start = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
+        if amp:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -267,19 +293,20 @@ def epoch_once(build, shape, images, labels, threads, samples, run):
     return steps * BATCH / timed, sum(losses[:window]) / window, sum(losses[-window:]) / window
 
 
-def epoch_rows(name, build, shape, images, labels, threads, samples, runs):
+def epoch_rows(name, build, shape, images, labels, threads, samples, runs, amp=False):
     """Print one epoch row's key lines (as bench.c's --kv); a line per run on stderr."""
     sps, first, last = [], 0.0, 0.0
     for run in range(runs):
-        one = epoch_once(build, shape, images, labels, threads, samples, run)
-        print("torch_bench: %s, %d thread(s), run %d/%d: %.0f samples/s, loss %.3f (first steps) -> %.3f "
-              "(last)" % (name, threads, run + 1, runs, *one), file=sys.stderr)
+        one = epoch_once(build, shape, images, labels, threads, samples, run, amp)
+        print("torch_bench: %s%s, %d thread(s), run %d/%d: %.0f samples/s, loss %.3f (first steps) -> %.3f "
+              "(last)" % (name, " bf16 autocast" if amp else "", threads, run + 1, runs, *one),
+              file=sys.stderr)
         sps.append(one[0])
         first += one[1] / runs
         last += one[2] / runs
     sps.sort()
     median = sps[runs // 2] if runs % 2 else (sps[runs // 2 - 1] + sps[runs // 2]) / 2
-    key = "epoch_%s_t%d_" % (name, threads)
+    key = "epoch_%s%s_t%d_" % (name, "_bf16" if amp else "", threads)
     print("%smedian %.1f\n%smin %.1f\n%smax %.1f\n%sloss_first %.4f\n%sloss_last %.4f"
           % (key, median, key, sps[0], key, sps[-1], key, first, key, last))
     sys.stdout.flush()
@@ -306,8 +333,8 @@ def main(args):
     for name, build, shape in (("mlp", fashion_mlp, (784,)), ("cnn", fashion_cnn, (1, 28, 28))):
         if args.model in (None, name) and not args.no_epochs:
             for threads in settings:
-                epoch_rows(name, build, shape, images, labels, threads, samples, runs)
-    torch.set_num_threads(ALL_THREADS)
+                epoch_rows(name, build, shape, images, labels, threads, samples, runs, args.amp == "bf16")
+    set_threads(ALL_THREADS)
     torch.manual_seed(42)
     if not args.epochs_only:
         micro(images, labels)
@@ -370,6 +397,8 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--samples", type=int, default=0)
     parser.add_argument("--runs", type=int, default=0)
+    parser.add_argument("--amp", choices=("off", "bf16"), default="off",
+                        help="bf16: the epoch rows under torch.autocast(\"cpu\", torch.bfloat16)")
     parser.add_argument("--minilm", nargs=3, metavar=("MODEL_DIR", "IDS_FILE", "RUNS"))
     options = parser.parse_args()
     if 0 < options.samples < BATCH or options.samples < 0 or options.runs < 0 or options.threads < 0:
