@@ -625,9 +625,6 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, 
 #define MLC_ZERO_INT (-1)
 /* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
-/* relu6(conv2d(...)) as one op on the CPU (no pass of its own over the output; MobileNets'
-   Conv2d + ReLU6 once BatchNorm is folded into the conv); on a device the two run in turn */
-MLCDEF mlc_tensor *mlc_conv2d_relu6(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
 /* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
@@ -952,11 +949,14 @@ typedef struct mlc_load_opts {          /* zero: strict; start from mlc_load_def
 
 /* The options structs with every field zero, which means default (see DEFAULTS at the top): start
    from these, and never from an uninitialised variable set field by field. */
-#define MLC__OPTIONS_STRUCTS(X) X(config, mlc_config) X(ce, mlc_ce_opts) X(conv, mlc_conv_opts) \
-    X(pool, mlc_pool_opts) X(attention, mlc_attention_opts) X(gradcheck, mlc_gradcheck_opts) \
-    X(rnn, mlc_rnn_opts) X(sgd, mlc_sgd_opts) X(adam, mlc_adam_opts) X(rmsprop, mlc_rmsprop_opts) \
-    X(grad_scaler, mlc_grad_scaler_opts) X(batch, mlc_batch_opts) X(load, mlc_load_opts)
-#define MLC__DEFAULTS_DECLARE(name, type) MLCDEF type mlc_##name##_defaults(void);
+#define MLC__OPTIONS_STRUCTS(X) \
+    X(mlc_config_defaults, mlc_config) X(mlc_ce_defaults, mlc_ce_opts) X(mlc_conv_defaults, mlc_conv_opts) \
+    X(mlc_pool_defaults, mlc_pool_opts) X(mlc_attention_defaults, mlc_attention_opts) \
+    X(mlc_gradcheck_defaults, mlc_gradcheck_opts) X(mlc_rnn_defaults, mlc_rnn_opts) \
+    X(mlc_sgd_defaults, mlc_sgd_opts) X(mlc_adam_defaults, mlc_adam_opts) \
+    X(mlc_rmsprop_defaults, mlc_rmsprop_opts) X(mlc_grad_scaler_defaults, mlc_grad_scaler_opts) \
+    X(mlc_batch_defaults, mlc_batch_opts) X(mlc_load_defaults, mlc_load_opts)
+#define MLC__DEFAULTS_DECLARE(name, type) MLCDEF type name(void);
 MLC__OPTIONS_STRUCTS(MLC__DEFAULTS_DECLARE)
 #undef MLC__DEFAULTS_DECLARE
 
@@ -1920,7 +1920,7 @@ MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx) {
    MLC_ERR_STATE and does nothing. At most MLC__MAX_FRAMES (64) are open at once. */
 /* mlc_<name>_defaults(): each options struct zeroed, which is every field's default */
 #define MLC__DEFAULTS_DEFINE(name, type) \
-    MLCDEF type mlc_##name##_defaults(void) { type o; memset(&o, 0, sizeof o); return o; }
+    MLCDEF type name(void) { type o; memset(&o, 0, sizeof o); return o; }
 MLC__OPTIONS_STRUCTS(MLC__DEFAULTS_DEFINE)
 #undef MLC__DEFAULTS_DEFINE
 
@@ -7919,7 +7919,8 @@ MLCDEF mlc_result mlc_module_add_child(mlc_module *m, const char *name, mlc_modu
     }
     if (!(m->n_children & (m->n_children - 1))) {       /* 0 or a power of two: full, so double */
         const size_t cap = m->n_children ? 2 * (size_t)m->n_children : 1;
-        children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * cap, "mlc_module_add_child");
+        children = (mlc_module **)mlc__owned_alloc(m->ctx, sizeof(mlc_module *) * cap,
+                                                   "mlc_module_add_child");
         names = (char **)mlc__owned_alloc(m->ctx, sizeof(char *) * cap, "mlc_module_add_child");
         if (!children || !names) return m->ctx->error;
         if (m->n_children) {
