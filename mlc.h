@@ -5389,7 +5389,7 @@ static void mlc__cumsum_rows(const float *x, float *y, size_t outer, int len, si
             mlc__sum_t sum = 0;                          /* in double, as PyTorch's CPU cumsum */
             for (i = 0; i < len; i++) {
                 size_t at = (o * (size_t)len + (size_t)(reverse ? len - 1 - i : i)) * inner + k;
-                sum += x[at];
+                sum += (mlc__sum_t)x[at];
                 y[at] = add ? y[at] + (float)sum : (float)sum;
             }
         }
