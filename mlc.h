@@ -8431,7 +8431,7 @@ MLCDEF mlc_module *mlc_nn_recurrent(mlc_ctx *ctx, mlc_cell cell, int in, int hid
                  && mlc__size((size_t)layers, sizeof(mlc_module) + 256, 0, &structs)
                  && mlc__size(floats, 2 * sizeof(float), structs, &bytes)
                  && mlc__size(bytes, (size_t)D, 0, &bytes);
-        void *probe = ok && bytes < (size_t)1 << 40 ? mlc__heap_alloc(ctx, bytes) : NULL;   /* 1 TiB */
+        void *probe = ok && bytes >> 20 < (size_t)1 << 20 ? mlc__heap_alloc(ctx, bytes) : NULL;   /* 1 TiB */
         if (!probe)
             return (mlc_module *)mlc__fail(ctx, MLC_ERR_MEMORY, "mlc_nn_recurrent: %d layers of hidden_size "
                                            "%d need more %s", layers, hidden,
