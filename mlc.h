@@ -625,6 +625,9 @@ typedef struct mlc_conv_opts { int stride, padding, dilation, groups, stride_w, 
 #define MLC_ZERO_INT (-1)
 /* x [N, C, H, W], weight [O, C/groups, KH, KW], bias [O] or NULL */
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
+/* relu6(conv2d(...)) as one op on the CPU (no pass of its own over the output; MobileNets'
+   Conv2d + ReLU6 once BatchNorm is folded into the conv); on a device the two run in turn */
+MLCDEF mlc_tensor *mlc_conv2d_relu6(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts);
 MLCDEF mlc_tensor *mlc_max_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* stride 0: kernel */
 MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int padding); /* pads count */
 /* Pooling with PyTorch's other options; zero means default: stride = kernel, padding 0,
@@ -6428,12 +6431,25 @@ MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_t
               windows count only what lies inside the padded input; exclude_pad: only the input)
    ============================================================================================ */
 
-/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width; relu: the
+/* stride, padding, dilation: sh, ph, dh along the height, sw, pw, dw along the width; relu 1: the
    output is relu(y), fused on the CPU (Sequential's Conv2d then ReLU), and backward takes
-   dy = g·(y > 0) image by image */
+   dy = g·(y > 0) image by image; relu 6: relu6(y) (mlc_conv2d_relu6), dy = g·(0 < y < 6) */
 typedef struct mlc__conv {
     int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, relu;
 } mlc__conv;
+
+/* The fused activation over n outputs in place: relu, or relu6 (the bits of mlc_relu6's map) */
+static void mlc__conv_activate(const mlc__conv *cv, size_t n, float *y) {
+    size_t j;
+    if (cv->relu == 6)
+        MLC__VECTOR_LOOP(j, 0, n, { const float v = y[j]; y[j] = v < 0 ? 0.0f : v > 6 ? 6.0f : v; });
+    else if (cv->relu) mlc__relu_row(n, y);
+}
+/* dy = g·activation'(y), the map's own rule with y for x (y = x where the slope is 1) */
+static void mlc__conv_activate_grad(const mlc__conv *cv, size_t n, const float *y, const float *g,
+                                    float *dy) {
+    mlc__unary_grad(cv->relu == 6 ? MLC__UNARY_RELU6 : MLC__UNARY_RELU, n, y, y, g, dy, 1, 0.0f, 0.0f);
+}
 
 /* The output columns ow whose input column ow·s + off falls inside [0, W): [*first, *last). */
 static void mlc__conv_span(const mlc__conv *cv, int off, int *first, int *last) {
@@ -6517,6 +6533,449 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
             }
 }
 
+/* ---- Depthwise convolution (groups = C = O, one kernel per channel: MobileNets' 3x3), plane by
+   plane without im2col (whose product would be one row of KH·KW per group):
+     y[n, c, oh, ·]   = b[c] + Σ_ij w[c, i, j] x[n, c, oh·sh + i·dh - ph, ··sw + j·dw - pw]
+     dx[n, c, ih, ·] += w[c, i, j] dy[n, c, oh, ·] at the same pairs      db[c] += Σ dy[n, c]
+     dw[c, i, j]     += Σ_{n, oh, ow} dy[n, c, oh, ow] x[n, c, oh·sh + i·dh - ph, ow·sw + j·dw - pw]
+   each a run of an output row against a (strided) run of an input row, the runs of
+   mlc__conv_span. Forward shares the planes (n, c) out between threads; backward shares the
+   channels, each thread going through every image of its own, so dw and db are summed in one
+   order whatever the thread count. A fused activation is applied row by row, and backward takes
+   each plane's g·activation' into the thread's scratch. */
+#define MLC__DEPTHWISE_MAX_K 16             /* kernel rows and columns the fast path takes */
+static int mlc__conv_depthwise_fits(const mlc__conv *cv) {
+    return cv->groups == cv->C && cv->O == cv->C && cv->KH <= MLC__DEPTHWISE_MAX_K
+           && cv->KW <= MLC__DEPTHWISE_MAX_K;
+}
+
+typedef struct mlc__depthwise_job {
+    const mlc__conv *cv;
+    const float *x, *w, *bias, *dy;
+    float *y, *gx, *gw, *gb;
+    float *scratch;                     /* per thread: backward with an activation, a plane of g·act';
+                                           forward on small planes, the input plane zero-padded */
+    size_t padded_floats;               /* forward: a padded plane (Hp x Wp) and 64 + 2·dw floats beside */
+    int gx_overwrite;                   /* backward: gx is fresh, each plane written over */
+    int avx512;                         /* forward: 3-wide kernels through mlc__depthwise_3_avx512 */
+    int first[MLC__DEPTHWISE_MAX_K], last[MLC__DEPTHWISE_MAX_K];   /* column j's span */
+    int lo, hi;                         /* the output columns every column of the kernel reaches */
+} mlc__depthwise_job;
+
+/* GCC 12 as C++ at -O2 reads the placeholder operand of its own AVX-512 max/min intrinsics as
+   "may be used uninitialized" (as in the bf16 transposes): silenced for the kernels below */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if MLC__X86
+/* The first n of 16 floats at p, zeros after (n <= 0: none read): a plain load for a whole
+   block, a masked one only at the end of a run (masked loads cost more on some CPUs) */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline __m512 mlc__load16(const float *p, int n) {
+    return n >= 16 ? _mm512_loadu_ps(p)
+         : n <= 0  ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+}
+/* The n outputs (at most 16) from p with stride s (1 or 2): stride 2 takes the even floats of 32 */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline __m512 mlc__load16_strided(const float *p, int n, int s) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    if (s == 1) return mlc__load16(p, n);
+    return _mm512_permutex2var_ps(mlc__load16(p, 2 * n - 1), even, mlc__load16(p + 16, 2 * n - 17));
+}
+
+/* The end of the whole blocks of 16 outputs from lo (below hi) whose loads need no mask: with
+   stride 2 the 32 floats of a block's last tap (offset top) must lie inside the row of W */
+static int mlc__depthwise_whole_end(int lo, int hi, int s, int top, int W) {
+    int end = lo + (hi - lo) / 16 * 16;
+    while (s == 2 && end > lo && 2 * (end - 16) + top + 31 > W - 1) end -= 16;
+    return end;
+}
+
+/* 16 outputs at p with stride s (1, or 2: the even floats of 32), whole (plain loads) */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline __m512 mlc__load16_whole(const float *p, int s) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return s == 1 ? _mm512_loadu_ps(p)
+                  : _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
+}
+
+/* row[ow] = b + Σ_{r < rows} Σ_{j < 3} w[r][j] in[r][ow·s + off + j·d] for ow in [lo, hi) (s 1 or
+   2; input rows of W), then relu (1) or relu6 (6): whole blocks of 16 with plain loads (two at a
+   time), the rest with masked ones, or plain ones too where the rows may be read past their end
+   (overread: a padded copy with room after it; lanes past hi are not stored). (max(0, v) and
+   min(6, v) keep a NaN v, as the maps do.) */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_3_avx512(float *row, int lo, int hi, float b, const float *const *in,
+                                    const float *const *w, int rows, int s, int off, int d, int W, int relu,
+                                    int overread) {
+    const int whole = overread ? hi : mlc__depthwise_whole_end(lo, hi, s, off + 2 * d, W);
+    int ow, r, j;
+    for (ow = lo; ow + 32 <= whole; ow += 32) {            /* two whole blocks: two chains of FMAs */
+        __m512 acc0 = _mm512_set1_ps(b), acc1 = acc0;
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < 3; j++) {
+                const float *p = in[r] + ow * s + off + j * d;
+                const __m512 wv = _mm512_set1_ps(w[r][j]);
+                acc0 = _mm512_fmadd_ps(wv, mlc__load16_whole(p, s), acc0);
+                acc1 = _mm512_fmadd_ps(wv, mlc__load16_whole(p + 16 * s, s), acc1);
+            }
+        if (relu) {
+            acc0 = _mm512_max_ps(_mm512_setzero_ps(), acc0);
+            acc1 = _mm512_max_ps(_mm512_setzero_ps(), acc1);
+        }
+        if (relu == 6) {
+            acc0 = _mm512_min_ps(_mm512_set1_ps(6.0f), acc0);
+            acc1 = _mm512_min_ps(_mm512_set1_ps(6.0f), acc1);
+        }
+        _mm512_storeu_ps(row + ow, acc0);
+        _mm512_storeu_ps(row + ow + 16, acc1);
+    }
+    for (; ow < hi; ow += 16) {
+        const int n = hi - ow < 16 ? hi - ow : 16;
+        __m512 acc = _mm512_set1_ps(b);
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < 3; j++) {
+                const float *p = in[r] + ow * s + off + j * d;
+                const __m512 v = ow < whole ? mlc__load16_whole(p, s) : mlc__load16_strided(p, n, s);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), v, acc);
+            }
+        if (relu) acc = _mm512_max_ps(_mm512_setzero_ps(), acc);
+        if (relu == 6) acc = _mm512_min_ps(_mm512_set1_ps(6.0f), acc);
+        if (n == 16) _mm512_storeu_ps(row + ow, acc);
+        else _mm512_mask_storeu_ps(row + ow, (__mmask16)((1u << n) - 1), acc);
+    }
+}
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+/* The spans of the kernel's columns (mlc__conv_span), and the output columns all of them reach */
+static void mlc__depthwise_spans(const mlc__conv *cv, mlc__depthwise_job *job) {
+    int j;
+    job->lo = 0; job->hi = cv->OW;
+    for (j = 0; j < cv->KW; j++) {
+        mlc__conv_span(cv, j * cv->dw - cv->pw, &job->first[j], &job->last[j]);
+        job->lo = job->first[j] > job->lo ? job->first[j] : job->lo;
+        job->hi = job->last[j] < job->hi ? job->last[j] : job->hi;
+    }
+    if (job->lo > job->hi) job->lo = job->hi;
+}
+
+/* row[ow] = act(b + Σ_r Σ_j w[r][j] in[r][ow·s + j·dw - pw]) over the output row's columns, for
+   `rows` input rows: the columns every tap reaches a row at a time (or all rows at once), then
+   each edge column in one sum of the taps that reach it */
+static void mlc__depthwise_row(const mlc__depthwise_job *job, const float *const *in, const float *const *w,
+                               int rows, float b, float *MLC__RESTRICT row) {
+    const mlc__conv *cv = job->cv;
+    const int s = cv->sw, lo = job->lo, hi = job->hi;
+    int r, j, ow;
+#if MLC__X86
+    if (job->avx512)
+        mlc__depthwise_3_avx512(row, lo, hi, b, in, w, rows, s, -cv->pw, cv->dw, cv->W, cv->relu, 0);
+    else
+#endif
+    {
+        MLC__VECTOR_LOOP(ow, lo, hi, { row[ow] = b; });
+        for (r = 0; r < rows; r++) {
+            const float *a = in[r], *wr = w[r];
+            if (cv->KW == 3 && s == 1) {
+                const float w0 = wr[0], w1 = wr[1], w2 = wr[2];
+                const int o0 = -cv->pw, o1 = o0 + cv->dw, o2 = o1 + cv->dw;
+                MLC__VECTOR_LOOP(ow, lo, hi,
+                                 { row[ow] += w0 * a[ow + o0] + w1 * a[ow + o1] + w2 * a[ow + o2]; });
+            } else
+                for (ow = lo; ow < hi; ow++)
+                    for (j = 0; j < cv->KW; j++) row[ow] += wr[j] * a[ow * s + j * cv->dw - cv->pw];
+        }
+        mlc__conv_activate(cv, (size_t)(hi - lo), row + lo);
+    }
+    for (ow = 0; ow < cv->OW; ow++) {                     /* the edges */
+        float sum = b;
+        if (ow == lo && lo < hi) { ow = hi - 1; continue; }
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < cv->KW; j++)
+                if (ow >= job->first[j] && ow < job->last[j])
+                    sum += w[r][j] * in[r][ow * s + j * cv->dw - cv->pw];
+        row[ow] = sum;
+        mlc__conv_activate(cv, 1, row + ow);
+    }
+}
+
+static void mlc__depthwise_planes(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__depthwise_job *job = (const mlc__depthwise_job *)arg;
+    const mlc__conv *cv = job->cv;
+    const float *in[MLC__DEPTHWISE_MAX_K], *w_rows[MLC__DEPTHWISE_MAX_K];
+#if MLC__X86
+    const int Wp = cv->W + 2 * cv->pw;
+    float *padded = job->scratch ? job->scratch + (size_t)slot * job->padded_floats : NULL;
+#endif
+    int oh, i, rows;
+    size_t pl;
+    (void)slot;
+    for (pl = begin; pl < end; pl++) {
+        const int c = (int)(pl % (size_t)cv->C);
+        const float *x = job->x + pl * cv->H * cv->W, *w = job->w + (size_t)c * cv->KH * cv->KW;
+        const float b = job->bias ? job->bias[c] : 0.0f;
+#if MLC__X86
+        if (padded) {                          /* a small plane: no edges in a zero-padded copy */
+            memset(padded, 0, job->padded_floats * sizeof(float));
+            for (i = 0; i < cv->H; i++)
+                memcpy(padded + (size_t)(i + cv->ph) * Wp + cv->pw, x + (size_t)i * cv->W,
+                       (size_t)cv->W * sizeof(float));
+            for (oh = 0; oh < cv->OH; oh++) {
+                for (i = 0; i < 3; i++) {
+                    in[i] = padded + (size_t)(oh * cv->sh + i * cv->dh) * Wp;
+                    w_rows[i] = w + i * 3;
+                }
+                mlc__depthwise_3_avx512(job->y + (pl * cv->OH + oh) * cv->OW, 0, cv->OW, b, in, w_rows, 3,
+                                        cv->sw, 0, cv->dw, Wp, cv->relu, 1);
+            }
+            continue;
+        }
+#endif
+        for (oh = 0; oh < cv->OH; oh++) {
+            float *row = job->y + (pl * cv->OH + oh) * cv->OW;
+            for (i = rows = 0; i < cv->KH; i++) {              /* the input rows inside */
+                int ih = oh * cv->sh + i * cv->dh - cv->ph;
+                if (ih < 0 || ih >= cv->H) continue;
+                in[rows] = x + (size_t)ih * cv->W;
+                w_rows[rows++] = w + i * cv->KW;
+            }
+            mlc__depthwise_row(job, in, w_rows, rows, b, row);
+        }
+    }
+}
+
+/* Σ a[k] b[k·s] over k in [0, n), in eight running sums (as mlc__sum8) */
+static float mlc__dot_strided(const float *a, const float *b, int n, int s) {
+    float part[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, sum = 0.0f;
+    int q, k;
+    for (q = 0; q + 8 <= n; q += 8)
+        for (k = 0; k < 8; k++) part[k] += a[q + k] * b[(q + k) * s];
+    for (; q < n; q++) sum += a[q] * b[q * s];
+    return sum + (((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])));
+}
+
+/* (GCC 12's C++ warning, as above) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if MLC__X86
+/* dx[t] += Σ_j w[j] g[ow] over t = 2·ow + off_j, stride 2, one input row: the even and the odd
+   columns apart, each a sum of g at fixed shifts (tap j adds w[j] g[k - m_j] to the columns
+   2k + p_j, off_j = 2·m_j + p_j), 16 k at a time where every tap reaches, interleaved into 32
+   columns of dx with one load and store; the other columns one at a time */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_dx_stride2(const mlc__depthwise_job *job, float *d, const float *g, const float *w,
+                                      const int *off) {
+    const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                  high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const int W = job->cv->W;
+    int parity[3], shift[3], klo = 0, khi = W / 2, k, j;
+    for (j = 0; j < 3; j++) {
+        parity[j] = off[j] & 1;
+        shift[j] = (off[j] - parity[j]) / 2;
+        klo = job->first[j] + shift[j] > klo ? job->first[j] + shift[j] : klo;
+        khi = job->last[j] + shift[j] < khi ? job->last[j] + shift[j] : khi;
+    }
+    khi = klo + (khi > klo ? (khi - klo) / 16 * 16 : 0);      /* whole blocks only */
+    for (k = klo; k < khi; k += 16) {
+        __m512 even = _mm512_setzero_ps(), odd = even;
+        for (j = 0; j < 3; j++) {
+            const __m512 v = _mm512_mul_ps(_mm512_set1_ps(w[j]), _mm512_loadu_ps(g + k - shift[j]));
+            if (parity[j]) odd = _mm512_add_ps(odd, v);
+            else even = _mm512_add_ps(even, v);
+        }
+        _mm512_storeu_ps(d + 2 * k, _mm512_add_ps(_mm512_loadu_ps(d + 2 * k),
+                                                  _mm512_permutex2var_ps(even, low, odd)));
+        _mm512_storeu_ps(d + 2 * k + 16, _mm512_add_ps(_mm512_loadu_ps(d + 2 * k + 16),
+                                                       _mm512_permutex2var_ps(even, high, odd)));
+    }
+    for (j = 0; j < 3; j++) {                  /* the other columns: ow before a and from b, tap by tap */
+        const int x0 = 2 * klo - off[j], x1 = 2 * khi - off[j];
+        int a = x0 >= 0 ? (x0 + 1) / 2 : -(-x0 / 2), b = x1 >= 0 ? (x1 + 1) / 2 : -(-x1 / 2), ow;
+        a = a < job->first[j] ? job->first[j] : a > job->last[j] ? job->last[j] : a;
+        b = b < a ? a : b > job->last[j] ? job->last[j] : b;
+        for (ow = job->first[j]; ow < a; ow++) d[2 * ow + off[j]] += w[j] * g[ow];
+        for (ow = b; ow < job->last[j]; ow++) d[2 * ow + off[j]] += w[j] * g[ow];
+    }
+}
+
+/* One plane of a 3x3 depthwise backward (stride 1 or 2), kernel row i at a time over the plane:
+   gw[i·3 + j] += Σ g[oh, ow] x[ih, ow·s + off_j] in three running sums of 16 (whole blocks of the
+   columns every tap reaches with plain loads, the rest masked, the edges one at a time), and
+   with stride 1 dx[ih, t] += Σ_j w[i·3 + j] g[oh, t - off_j] over the columns all three taps
+   reach (one load and store of dx per 16); with stride 2, dx tap by tap. gx and gw may be NULL. */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_plane_backward_avx512(const mlc__depthwise_job *job, const float *dy,
+                                                 const float *x, float *gx, const float *w, float *gw) {
+    const mlc__conv *cv = job->cv;
+    const int s = cv->sw, lo = job->lo, hi = job->hi, W = cv->W;
+    int off[3], tlo = 0, thi = W, whole, oh, i, j, ow, t;
+    for (j = 0; j < 3; j++) {
+        off[j] = j * cv->dw - cv->pw;           /* dx columns t = ow + off_j that tap j reaches (stride 1) */
+        tlo = job->first[j] + off[j] > tlo ? job->first[j] + off[j] : tlo;
+        thi = job->last[j] + off[j] < thi ? job->last[j] + off[j] : thi;
+    }
+    if (tlo > thi) tlo = thi;
+    whole = mlc__depthwise_whole_end(lo, hi, s, off[2], W);
+    for (i = 0; i < 3; i++) {
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0;
+        float edge[3] = { 0.0f, 0.0f, 0.0f };
+        for (oh = 0; oh < cv->OH; oh++) {
+            const int ih = oh * cv->sh + i * cv->dh - cv->ph;
+            const float *g = dy + (size_t)oh * cv->OW, *in = x + (size_t)ih * W;
+            float *d = gx ? gx + (size_t)ih * W : NULL;
+            if (ih < 0 || ih >= cv->H) continue;
+            for (ow = lo; gw && ow < whole; ow += 16) {
+                const __m512 gv = _mm512_loadu_ps(g + ow);
+                acc0 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[0], s), acc0);
+                acc1 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[1], s), acc1);
+                acc2 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[2], s), acc2);
+            }
+            for (; gw && ow < hi; ow += 16) {
+                const int n = hi - ow < 16 ? hi - ow : 16;
+                const __m512 gv = mlc__load16(g + ow, n);
+                acc0 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[0], n, s), acc0);
+                acc1 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[1], n, s), acc1);
+                acc2 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[2], n, s), acc2);
+            }
+            for (ow = 0; gw && ow < cv->OW; ow++) {                 /* gw's edge columns */
+                if (ow == lo && lo < hi) { ow = hi - 1; continue; }
+                for (j = 0; j < 3; j++)
+                    if (ow >= job->first[j] && ow < job->last[j]) edge[j] += g[ow] * in[ow * s + off[j]];
+            }
+            if (d && s == 1) {
+                const __m512 w0 = _mm512_set1_ps(w[i * 3]), w1 = _mm512_set1_ps(w[i * 3 + 1]),
+                             w2 = _mm512_set1_ps(w[i * 3 + 2]);
+                for (t = tlo; t + 16 <= thi; t += 16) {
+                    __m512 v = _mm512_loadu_ps(d + t);
+                    v = _mm512_fmadd_ps(w0, _mm512_loadu_ps(g + t - off[0]), v);
+                    v = _mm512_fmadd_ps(w1, _mm512_loadu_ps(g + t - off[1]), v);
+                    v = _mm512_fmadd_ps(w2, _mm512_loadu_ps(g + t - off[2]), v);
+                    _mm512_storeu_ps(d + t, v);
+                }
+                if (t < thi) {                                       /* the last, part of 16 */
+                    __m512 v = mlc__load16(d + t, thi - t);
+                    v = _mm512_fmadd_ps(w0, mlc__load16(g + t - off[0], thi - t), v);
+                    v = _mm512_fmadd_ps(w1, mlc__load16(g + t - off[1], thi - t), v);
+                    v = _mm512_fmadd_ps(w2, mlc__load16(g + t - off[2], thi - t), v);
+                    _mm512_mask_storeu_ps(d + t, (__mmask16)((1u << (thi - t)) - 1), v);
+                }
+                for (t = 0; t < W; t++) {                            /* dx's edge columns */
+                    if (t == tlo && tlo < thi) { t = thi - 1; continue; }
+                    for (j = 0; j < 3; j++)
+                        if (t - off[j] >= job->first[j] && t - off[j] < job->last[j])
+                            d[t] += w[i * 3 + j] * g[t - off[j]];
+                }
+            } else if (d)
+                mlc__depthwise_dx_stride2(job, d, g, w + i * 3, off);
+        }
+        if (gw) {                                           /* the lanes in mlc__sum8's order */
+            float lanes[48];
+            _mm512_storeu_ps(lanes, acc0);
+            _mm512_storeu_ps(lanes + 16, acc1);
+            _mm512_storeu_ps(lanes + 32, acc2);
+            for (j = 0; j < 3; j++) gw[i * 3 + j] += mlc__sum8(lanes + 16 * j, 16) + edge[j];
+        }
+    }
+}
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__depthwise_job *job = (const mlc__depthwise_job *)arg;
+    const mlc__conv *cv = job->cv;
+    const int s = cv->sw, T = cv->KH * cv->KW, P = cv->OH * cv->OW;
+    int n, oh, i, j, ow;
+    size_t c;
+    for (c = begin; c < end; c++) {
+        const float *w = job->w + c * T;
+        for (n = 0; n < cv->N; n++) {
+            const size_t pl = (size_t)n * cv->C + c;
+            const float *dy = job->dy + pl * P, *x = job->x + pl * cv->H * cv->W;
+            float *gx = job->gx ? job->gx + pl * cv->H * cv->W : NULL;
+            if (cv->relu) {
+                float *masked = job->scratch + (size_t)slot * P;
+                mlc__conv_activate_grad(cv, (size_t)P, job->y + pl * P, dy, masked);
+                dy = masked;
+            }
+            if (job->gb) job->gb[c] += mlc__sum8(dy, P);
+            if (gx && job->gx_overwrite) memset(gx, 0, (size_t)cv->H * cv->W * sizeof(float));
+#if MLC__X86
+            if (job->avx512 && cv->KH == 3) {
+                mlc__depthwise_plane_backward_avx512(job, dy, x, gx, w, job->gw ? job->gw + c * T : NULL);
+                continue;
+            }
+#endif
+            for (oh = 0; oh < cv->OH; oh++)
+                for (i = 0; i < cv->KH; i++) {
+                    const int ih = oh * cv->sh + i * cv->dh - cv->ph;
+                    const float *g = dy + (size_t)oh * cv->OW;
+                    if (ih < 0 || ih >= cv->H) continue;
+                    for (j = 0; j < cv->KW; j++) {
+                        const int off = j * cv->dw - cv->pw, first = job->first[j], last = job->last[j];
+                        if (first == last) continue;
+                        if (job->gw)
+                            job->gw[c * T + i * cv->KW + j] += mlc__dot_strided(
+                                g + first, x + (size_t)ih * cv->W + first * s + off, last - first, s);
+                        if (gx && s == 1)
+                            mlc__axpy((size_t)(last - first), w[i * cv->KW + j], g + first,
+                                      gx + (size_t)ih * cv->W + first + off);
+                        else if (gx)
+                            for (ow = first; ow < last; ow++)
+                                gx[(size_t)ih * cv->W + ow * s + off] += w[i * cv->KW + j] * g[ow];
+                    }
+                }
+        }
+    }
+}
+
+/* planes (forward) or channels (backward) go to threads from this many values of y each */
+#define MLC__DEPTHWISE_PARALLEL 16384
+
+/* Small planes (narrower than this many outputs) go through a zero-padded copy on the forward
+   AVX-512 path: their edge columns would be much of each row */
+#define MLC__DEPTHWISE_PAD_BELOW 32
+
+/* 0 when out of memory (the context's error says so) */
+static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backward) {
+    const mlc__conv *cv = job->cv;
+    const size_t plane = (size_t)cv->OH * cv->OW,
+                 channels_from = MLC__DEPTHWISE_PARALLEL / (plane * cv->N + 1) + 1,
+                 planes_from = MLC__DEPTHWISE_PARALLEL / (plane + 1) + 1;
+    mlc__depthwise_spans(cv, job);
+#if MLC__X86
+    job->avx512 = cv->KW == 3 && (cv->sw == 1 || cv->sw == 2) && __builtin_cpu_supports("avx512f");
+#endif
+    if (backward && cv->relu
+        && !(job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->C, channels_from) * plane
+                                                 + 1, "mlc_conv2d backward")))
+        return 0;
+    if (!backward && job->avx512 && cv->KH == 3 && cv->OW < MLC__DEPTHWISE_PAD_BELOW && (cv->ph || cv->pw)) {
+        job->padded_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 64 + 2 * (size_t)cv->dw;
+        job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->N * cv->C, planes_from)
+                                            * job->padded_floats, "mlc_conv2d");
+        if (!job->scratch) return 0;
+    }
+    if (backward)
+        mlc__parallel(ctx, (size_t)cv->C, channels_from, mlc__depthwise_channels_backward, (void *)job);
+    else mlc__parallel(ctx, (size_t)cv->N * cv->C, planes_from, mlc__depthwise_planes, (void *)job);
+    return 1;
+}
+
+/* A 1x1 convolution with stride 1 and no padding: image i's group g is the product
+   W_g [Og, Cg] @ x_g [Cg, H·W] with x as it lies (no im2col), dx_g = W_gᵀ dY_g straight into dx,
+   dW_g += dY_g x_gᵀ. */
+static int mlc__conv_pointwise(const mlc__conv *cv) {
+    return cv->KH == 1 && cv->KW == 1 && cv->sh == 1 && cv->sw == 1 && cv->ph == 0 && cv->pw == 0;
+}
+
 typedef struct mlc__conv_fast mlc__conv_fast;   /* mlc's own stride-1 path, below */
 
 /* The images are shared out between threads: each thread has scratch of its own (col, packing
@@ -6542,7 +7001,7 @@ typedef struct mlc__conv_job {
 
 /* Plan the job: how many threads, and their scratch (with_grads: the groups and their partial dW
    and db; fast_floats for the fast path's and mlc__im2row's, which forward needs no col or
-   packing space beside). */
+   packing space beside; a pointwise convolution needs no col). */
 static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv, int with_grads,
                           size_t fast_floats, const char *op) {
     int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW;
@@ -6553,9 +7012,10 @@ static int mlc__conv_plan(mlc__conv_job *job, mlc_ctx *ctx, const mlc__conv *cv,
     job->parallel_from = mlc__gemm_threadable(ctx) ? 2 : (size_t)-1;
     job->sums = !with_grads || ctx->config.arena ? 1 : cv->N < MLC__CONV_SUMS ? cv->N : MLC__CONV_SUMS;
     job->slots = mlc__slots(ctx, (size_t)(with_grads ? job->sums : cv->N), job->parallel_from);
-    job->col_floats = fast_floats && !with_grads ? 0 : ((size_t)rows * P + 15) / 16 * 16;
+    job->col_floats = (fast_floats && !with_grads) || mlc__conv_pointwise(cv) ? 0
+                    : ((size_t)rows * P + 15) / 16 * 16;
     job->work_floats = w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
-    if (job->slots < 2 || !job->col_floats) job->work_floats = 0;
+    if (job->slots < 2 || (!job->col_floats && !mlc__conv_pointwise(cv))) job->work_floats = 0;
     job->fast_at = job->col_floats + job->work_floats;
     job->slot_floats = job->fast_at + (fast_floats + 15) / 16 * 16;
     job->sums_at = (size_t)job->slots * job->slot_floats;
@@ -6655,7 +7115,7 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
    arena keeps to im2col's). */
 static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
     if (ctx->config.gemm || ctx->config.arena || cv->groups != 1 || cv->sh != 1 || cv->sw != 1
-        || (cv->N < 2 && mlc__threads(ctx) > 1))
+        || (cv->N < 2 && mlc__threads(ctx) > 1) || mlc__conv_pointwise(cv))
         return 0;
     f->KH = cv->KH; f->KW = cv->KW; f->dh = cv->dh; f->dw = cv->dw;
     f->C = dx ? cv->O : cv->C; f->H = dx ? cv->OH : cv->H; f->W = dx ? cv->OW : cv->W;
@@ -6686,7 +7146,7 @@ static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const f
                 MLC__OMP(omp simd)
                 for (ow = 0; ow < OW; ow++) dst[ow] = src[ow] + b;
             }
-            if (!dx && job->cv->relu) mlc__relu_row((size_t)OW, dst);
+            if (!dx) mlc__conv_activate(job->cv, (size_t)OW, dst);
         }
 }
 
@@ -6750,13 +7210,13 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
             for (o = 0; job->bias && o < Og; o++) {
                 const float b = job->bias[g * Og + o];
                 float *row = y + (size_t)o * P;
-                MLC__OMP(omp simd)
-                for (q = 0; q < P; q++) row[q] = b;
+                MLC__VECTOR_LOOP(q, 0, P, { row[q] = b; });
             }
-            mlc__im2col_threads(job->ctx, cv, Cg, job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows, col,
-                      job->bias ? 1.0f : 0.0f, y, work);
-            if (cv->relu) mlc__relu_row((size_t)Og * P, y);
+            const float *x = job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
+            if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
+            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows,
+                      mlc__conv_pointwise(cv) ? x : col, job->bias ? 1.0f : 0.0f, y, work);
+            mlc__conv_activate(cv, (size_t)Og * P, y);
         }
     }
 }
@@ -6817,9 +7277,8 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
         if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
         for (i = first; i < last; i++) {
             const float *dy_image = job->dy + i * cv->O * P;
-            if (cv->relu) {                             /* relu's own map, y for x: y > 0 where x > 0 */
-                const float *y = job->y + i * cv->O * P;
-                mlc__unary_grad(MLC__UNARY_RELU, (size_t)cv->O * P, y, y, dy_image, dy_relu, 1, 0.0f, 0.0f);
+            if (cv->relu) {
+                mlc__conv_activate_grad(cv, (size_t)cv->O * P, job->y + i * cv->O * P, dy_image, dy_relu);
                 dy_image = dy_relu;
             }
             for (g = 0; g < cv->groups; g++) {
@@ -6828,11 +7287,16 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                     mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
                     mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
                 } else if (job->gw) {
-                    mlc__im2col_threads(job->ctx, cv, Cg,
-                                        job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, col);
-                    mlc__conv_grad_w(job->ctx, Og, rows, P, dy, col, gw + (size_t)g * Og * rows, work);
+                    const float *x = job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
+                    if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
+                    mlc__conv_grad_w(job->ctx, Og, rows, P, dy, mlc__conv_pointwise(cv) ? x : col,
+                                     gw + (size_t)g * Og * rows, work);
                 }
                 if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, dy_image, i, 1);
+                else if (job->gx && mlc__conv_pointwise(cv))
+                    mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy,
+                              job->gx_overwrite ? 0.0f : 1.0f,
+                              job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W, work);
                 else if (job->gx) {
                     float *gx = job->gx + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
                     mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy, 0.0f, col,
@@ -6856,9 +7320,18 @@ static void mlc__conv2d_backward(mlc__node *n) {
     int rows = cv->C / cv->groups * cv->KH * cv->KW, s;
     mlc__conv_job job;
     size_t fast_floats = 0, rows_floats, relu_floats = cv->relu ? (size_t)cv->O * cv->OH * cv->OW : 0;
-    int by_rows = mlc__grad(w) && mlc__conv_im2row_fits(x->ctx, cv, rows);
+    int by_rows = mlc__grad(w) && !mlc__conv_pointwise(cv) && mlc__conv_im2row_fits(x->ctx, cv, rows);
     float gx_beta;
     mlc__conv_fast fast;
+    if (mlc__conv_depthwise_fits(cv)) {
+        mlc__depthwise_job dw;
+        memset(&dw, 0, sizeof dw);
+        dw.cv = cv; dw.x = x->data; dw.w = w->data; dw.dy = n->out->grad; dw.y = n->out->data;
+        dw.gx = mlc__grad_to_overwrite(x, &gx_beta); dw.gx_overwrite = gx_beta == 0.0f;
+        dw.gw = mlc__grad(w); dw.gb = mlc__grad(n->in[2]);
+        mlc__conv_depthwise(x->ctx, &dw, 1);
+        return;
+    }
     if (x->requires_grad && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
         if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
         fast_floats = (fast.piece_floats + 15) / 16 * 16;
@@ -6908,6 +7381,13 @@ static int mlc__conv2d_cpu(mlc__node *n) {
     mlc__conv_job job;
     size_t fast_floats = 0;
     mlc__conv_fast fast;
+    if (mlc__conv_depthwise_fits(cv)) {
+        mlc__depthwise_job dw;
+        memset(&dw, 0, sizeof dw);
+        dw.cv = cv; dw.x = n->in[0]->data; dw.w = n->in[1]->data; dw.y = n->out->data;
+        dw.bias = n->in[2] ? n->in[2]->data : NULL;
+        return mlc__conv_depthwise(ctx, &dw, 0);
+    }
     if (mlc__conv_fast_fits(ctx, cv, 0, &fast)) {
         if (!mlc__conv_fast_plan(&fast, ctx, n->in[1]->data, 0, n->name)) return 0;
         fast_floats = fast.piece_floats;
@@ -6930,7 +7410,9 @@ static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bi
     x = mlc__autocast_low(x); weight = mlc__autocast_low(weight); bias = mlc__autocast_low(bias);
     MLC__ENTER("mlc_conv2d", x, weight);
     if (!mlc__same_device(ctx, "mlc_conv2d", x, bias)) return NULL;
-    if (relu && x->on_device) return mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
+    if (relu && x->on_device)
+        return relu == 6 ? mlc_relu6(mlc__conv2d(x, weight, bias, opts, 0))
+                         : mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
     cv.relu = relu;
     cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
     cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
@@ -6971,6 +7453,9 @@ static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bi
 }
 MLCDEF mlc_tensor *mlc_conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
     return mlc__conv2d(x, weight, bias, opts, 0);
+}
+MLCDEF mlc_tensor *mlc_conv2d_relu6(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts) {
+    return mlc__conv2d(x, weight, bias, opts, 6);
 }
 
 /* The planes (image, channel) are shared out between threads, forward and backward. Kernel KH x

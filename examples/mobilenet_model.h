@@ -14,7 +14,8 @@
 
    mobilenet_fold_batch_norm folds every BatchNorm into the conv before it for inference, as
    torch.ao.quantization.fuse_modules does in eval mode (s = γ / √(var + ε): w' = w·s per output
-   channel, b' = (b - mean)·s + β) and leaves the BatchNorm as an identity. */
+   channel, b' = (b - mean)·s + β) and leaves the BatchNorm as an identity; then each conv and
+   its ReLU6 run as one op (mlc_conv2d_relu6). */
 #ifndef MLC_EXAMPLES_MOBILENET_MODEL_H
 #define MLC_EXAMPLES_MOBILENET_MODEL_H
 #include <math.h>
@@ -53,13 +54,21 @@ static mlc_module *mobilenet_conv(mlc_ctx *ctx, int in, int out, int kernel, int
     return m;
 }
 
-/* Conv2dNormActivation: conv, BatchNorm, and ReLU6 unless linear */
-static mlc_module *mobilenet_conv_bn(mlc_ctx *ctx, int in, int out, int kernel, int stride, int groups,
-                                     int linear) {
-    mlc_module *m = mlc_nn_sequential(ctx, mobilenet_conv(ctx, in, out, kernel, stride, groups),
-                                      mlc_nn_batch_norm(ctx, out), NULL);
-    if (m && !linear)
-        mlc_module_add_child(m, "2", mlc_nn_custom(ctx, "ReLU6", mobilenet_relu6_forward, NULL));
+/* Conv2dNormActivation: conv, BatchNorm, ReLU6; once the BatchNorm is folded, conv and ReLU6 are
+   one op (mlc_conv2d_relu6) */
+static mlc_tensor *mobilenet_conv_bn_forward(mlc_module *m, mlc_tensor *x) {
+    const mlc_module *conv = m->children[0];
+    if (m->children[1]->forward == mobilenet_identity_forward && conv->n_params > 1)
+        return mlc_conv2d_relu6(x, conv->params[0], conv->params[1], conv->conv);
+    for (int i = 0; i < m->n_children && x; i++) x = mlc_forward(m->children[i], x);
+    return x;
+}
+static mlc_module *mobilenet_conv_bn(mlc_ctx *ctx, int in, int out, int kernel, int stride, int groups) {
+    mlc_module *m = mlc_nn_custom(ctx, "Conv2dNormActivation", mobilenet_conv_bn_forward, NULL);
+    if (!m || mlc_module_add_child(m, "0", mobilenet_conv(ctx, in, out, kernel, stride, groups)) != MLC_OK
+        || mlc_module_add_child(m, "1", mlc_nn_batch_norm(ctx, out)) != MLC_OK
+        || mlc_module_add_child(m, "2", mlc_nn_custom(ctx, "ReLU6", mobilenet_relu6_forward, NULL)) != MLC_OK)
+        return NULL;
     return m;
 }
 
@@ -76,8 +85,8 @@ static mlc_module *mobilenet_block(mlc_ctx *ctx, int in, int out, int stride, in
                                   stride == 1 && in == out ? &residual_flag : NULL);
     mlc_module *conv = mlc_nn_sequential(ctx, NULL), *parts[4];
     if (!m || !conv) return NULL;
-    if (expand != 1) parts[n++] = mobilenet_conv_bn(ctx, in, hidden, 1, 1, 1, 0);
-    parts[n++] = mobilenet_conv_bn(ctx, hidden, hidden, 3, stride, hidden, 0);
+    if (expand != 1) parts[n++] = mobilenet_conv_bn(ctx, in, hidden, 1, 1, 1);
+    parts[n++] = mobilenet_conv_bn(ctx, hidden, hidden, 3, stride, hidden);
     parts[n++] = mobilenet_conv(ctx, hidden, out, 1, 1, 1);
     parts[n++] = mlc_nn_batch_norm(ctx, out);
     for (int i = 0; i < n; i++) {
@@ -111,7 +120,7 @@ static mlc_module *mobilenet_create(mlc_ctx *ctx, mobilenet_opts o) {
     mlc_init_normal(linear->params[0], 0.0f, 0.01f);
     mlc_init_constant(linear->params[1], 0.0f);
     snprintf(name, sizeof name, "%d", index++);
-    if (mlc_module_add_child(features, name, mobilenet_conv_bn(ctx, 3, in, 3, 2, 1, 0)) != MLC_OK)
+    if (mlc_module_add_child(features, name, mobilenet_conv_bn(ctx, 3, in, 3, 2, 1)) != MLC_OK)
         return NULL;
     for (int s = 0; s < 7; s++) {
         int out = mobilenet_divisible((float)settings[s][1] * width);
@@ -125,7 +134,7 @@ static mlc_module *mobilenet_create(mlc_ctx *ctx, mobilenet_opts o) {
         }
     }
     snprintf(name, sizeof name, "%d", index++);
-    if (mlc_module_add_child(features, name, mobilenet_conv_bn(ctx, in, last, 1, 1, 1, 0)) != MLC_OK
+    if (mlc_module_add_child(features, name, mobilenet_conv_bn(ctx, in, last, 1, 1, 1)) != MLC_OK
         || mlc_module_add_child(net, "features", features) != MLC_OK
         || mlc_module_add_child(net, "classifier", classifier) != MLC_OK)
         return NULL;

@@ -23,7 +23,10 @@ suite() {
         { echo "FAIL portability.$name: $cc does not build the suite"; cat "$log"; } >"$out"; return
     fi
     # (CI unset inside: the OpenBLAS-hook test skips there, since the cross build links no BLAS)
-    if env -u CI MLC_DEVICE=cpu "$qemu" -L "$root" "build/test-$name" >"$log" 2>&1; then
+    # (left out: safetensors.racing_saves_leave_whole_files forks writer processes, and under
+    # qemu-user 7.2 a forked child spins inside the emulator with no system call for minutes)
+    if env -u CI MLC_DEVICE=cpu timeout 1200 "$qemu" -L "$root" "build/test-$name" \
+        -safetensors.racing_saves_leave_whole_files >"$log" 2>&1; then
         echo "PASS portability.$name: $(tail -n 1 "$log") ($(( $(date +%s) - start )) s)" >"$out"
     else
         { echo "FAIL portability.$name"; grep -E '^(FAIL|SKIP)|passed' "$log"; } >"$out"

@@ -2,7 +2,7 @@
    plane-by-plane path on the CPU) against the same convolution as one ordinary convolution per
    channel (groups 1, im2col or the stride-1 path) joined along the channels, forward and
    gradients; pointwise 1x1 convolutions (products without im2col) against matmul; and
-   finite-difference gradient checks of both. */
+   finite-difference gradient checks of both; mlc_conv2d_relu6 against relu6 after the convolution. */
 #include "test.h"
 
 /* A leaf of random values in [-1, 1) that requires a gradient */
@@ -66,7 +66,10 @@ static int depthwise_matches_per_channel_convs(void) {
         && depthwise_case(1, 3, 7, 5, 3, 1, 0, 1, 1)          /* no padding */
         && depthwise_case(2, 3, 10, 9, 3, 1, 2, 2, 1)         /* dilation */
         && depthwise_case(2, 6, 12, 13, 5, 2, 2, 1, 1)        /* 5x5 */
-        && depthwise_case(1, 16, 40, 37, 3, 1, 1, 1, 1);      /* enough planes for threads */
+        && depthwise_case(1, 16, 40, 37, 3, 1, 1, 1, 1)       /* enough planes for threads */
+        && depthwise_case(2, 3, 9, 70, 3, 2, 1, 1, 1)         /* whole blocks of 16 at stride 2 */
+        && depthwise_case(1, 3, 6, 69, 3, 2, 1, 1, 0)
+        && depthwise_case(1, 2, 5, 67, 3, 2, 0, 1, 1);
 }
 
 static mlc_tensor *f_depthwise(mlc_tensor **in, void *user) {
@@ -116,7 +119,39 @@ static int pointwise_matches_matmul(void) {
     return 1;
 }
 
+/* mlc_conv2d_relu6 (the activation inside the convolution) against mlc_relu6 of mlc_conv2d, output
+   and gradients, on each path: depthwise (stride 1 and 2), pointwise (1 image and 3), the stride-1
+   path (3x3, 3 images), im2col (3x3 stride 2); inputs scaled so that outputs cross 0 and 6 */
+static int relu6_case(int N, int C, int O, int K, int stride, int groups) {
+    mlc_ctx *ctx = test_ctx(14);
+    mlc_conv_opts opts = { stride, K / 2, 1, groups, 0, 0, 0 };
+    mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, 11, 37));
+    mlc_tensor *w = conv_rand(ctx, MLC_SHAPE(O, C / groups, K, K));
+    mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(O)), *xr = conv_twin(x), *wr = conv_twin(w), *br = conv_twin(b);
+    mlc_tensor *y, *ref, *r;
+    CHECK(x && w && b);
+    y = mlc_conv2d_relu6(mlc_mul_scalar(x, 4.0f), w, b, opts);
+    ref = mlc_relu6(mlc_conv2d(mlc_mul_scalar(xr, 4.0f), wr, br, opts));
+    CHECK_MSG(y && ref, "%s", mlc_error_message(ctx));
+    CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
+    r = mlc_rand(ctx, y->ndim, y->shape);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, r))) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(ref, r))) == MLC_OK);
+    CHECK_MSG(conv_grad_diff(x, xr) <= 1e-4, "dx differs by %g", conv_grad_diff(x, xr));
+    CHECK_MSG(conv_grad_diff(w, wr) <= 1e-4, "dw differs by %g", conv_grad_diff(w, wr));
+    CHECK_MSG(conv_grad_diff(b, br) <= 1e-4, "db differs by %g", conv_grad_diff(b, br));
+    test_destroy(ctx);
+    return 1;
+}
+
+static int conv2d_relu6_matches_conv_then_relu6(void) {
+    return relu6_case(2, 6, 6, 3, 1, 6) && relu6_case(2, 6, 6, 3, 2, 6)
+        && relu6_case(1, 8, 12, 1, 1, 1) && relu6_case(3, 8, 12, 1, 1, 1)
+        && relu6_case(3, 4, 5, 3, 1, 1) && relu6_case(2, 4, 5, 3, 2, 1);
+}
+
 const test_case tests_conv[] = {
+    TEST(conv2d_relu6_matches_conv_then_relu6)
     TEST(depthwise_matches_per_channel_convs)
     TEST(depthwise_and_pointwise_gradcheck)
     TEST(pointwise_matches_matmul)

@@ -612,12 +612,14 @@ static int racing_saves_leave_whole_files(void) {
         }
         CHECK((ctx = mlc_create(&(mlc_config){ .quiet = 1, .device = "cpu" })) != NULL);
         while (running) {
+            mlc_frame f = mlc_frame_begin(ctx);              /* each load's tensor goes with it */
             mlc_safetensors *st = mlc_safetensors_open(ctx, path);
             mlc_tensor *t = st ? mlc_safetensors_get(st, "w") : NULL;
             loads++;
             if (!t) { bad++; printf("  load %d: %s\n", loads, mlc_error_message(ctx)); mlc_clear_error(ctx); }
             else for (i = 1; i < 32 * 32; i++) if (mlc_get(t, (size_t)i) != mlc_get(t, 0)) { bad++; break; }
             if (st) mlc_safetensors_close(st);
+            mlc_frame_end(f);
             for (w = 0; w < 3; w++)
                 if (writers[w] > 0 && waitpid(writers[w], &status, WNOHANG) == writers[w]) {
                     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d: status %#x", w, status);
