@@ -6827,9 +6827,11 @@ static void mlc__depthwise_plane_backward_avx512(const mlc__depthwise_job *job, 
         float edge[3] = { 0.0f, 0.0f, 0.0f };
         for (oh = 0; oh < cv->OH; oh++) {
             const int ih = oh * cv->sh + i * cv->dh - cv->ph;
-            const float *g = dy + (size_t)oh * cv->OW, *in = x + (size_t)ih * W;
-            float *d = gx ? gx + (size_t)ih * W : NULL;
-            if (ih < 0 || ih >= cv->H) continue;
+            const float *g, *in;
+            float *d;
+            if (ih < 0 || ih >= cv->H) continue;         /* (before the row's address is formed) */
+            g = dy + (size_t)oh * cv->OW; in = x + (size_t)ih * W;
+            d = gx ? gx + (size_t)ih * W : NULL;
             for (ow = lo; gw && ow < whole; ow += 16) {
                 const __m512 gv = _mm512_loadu_ps(g + ow);
                 acc0 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[0], s), acc0);
