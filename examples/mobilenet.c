@@ -167,17 +167,16 @@ static int check(mlc_ctx *ctx, const options *o) {
             0.99999);
     mlc_set_grad_enabled(ctx, was);
 
-    if (mlc_has_device(ctx))      /* (OpenCL's batch statistics differ up to 1.5e-4 at the output) */
-        printf("SKIP training-mode output and gradients: checked on the CPU only\n");
-    else {
+    {   /* on every device (OpenCL sums batch statistics compensated: 2e-5 at the output on PoCL) */
+        const double out_tol = 1e-4, loss_tol = 1e-5;
         mlc_module_train(net, 1);                      /* batch statistics; dropout 0 as the reference */
         net->children[1]->children[0]->alpha = 0.0f;
         mlc_tensor *out = mlc_forward(net, x);
         mlc_tensor *loss = mlc_cross_entropy(out, y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
         mlc_backward(loss);
-        compare("training-mode output", out, mlc_safetensors_get(ref, "out_train"), 1e-4, 0, 0.99999);
+        compare("training-mode output", out, mlc_safetensors_get(ref, "out_train"), out_tol, 0, 0.99999);
         compare("training-mode loss", mlc_reshape(loss, MLC_SHAPE(1)), mlc_safetensors_get(ref, "loss"),
-                1e-5, 0, 0.99999);
+                loss_tol, 0, 0.99999);
         for (int i = 0; i < 4; i++) {
             snprintf(what, sizeof what, "gradient of %s", grads[i]);
             snprintf(refs, sizeof refs, "grad.%s", grads[i]);
