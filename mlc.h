@@ -2815,22 +2815,27 @@ static int mlc__device_widened_tensor(mlc_tensor *t, int with_values, mlc_tensor
 }
 
 /* Device stand-ins for node n's half tensors, as mlc__stand_ins, in node w (a copy of n);
-   concat's inputs, which its saved list holds, get a list of their own. */
+   concat's inputs, which its saved list holds, get a list of their own (in[0], one of them,
+   shares its stand-in: one cast each). */
 static int mlc__device_stand_ins(const mlc__node *n, mlc__node *w, int out_values) {
-    mlc_tensor **list = (mlc_tensor **)n->saved, **wide;
-    int k, made = 1;
-    for (k = 0; k < n->n_in && made > 0; k++)
-        if (!n->in[k] || n->in[k]->dtype == MLC_F32) w->in[k] = n->in[k];
+    mlc_tensor **list = (mlc_tensor **)n->saved, **wide = NULL;
+    const int count = n->op == MLC__OP_CONCAT ? n->args.concat.count : 0;
+    int k, j, made = 1;
+    if (count) {
+        wide = (mlc_tensor **)mlc__arena_alloc(n->out->ctx, (size_t)count * sizeof *wide, "mlc_concat");
+        if (!wide) return -1;
+        for (k = 0; k < count && made > 0; k++)
+            if (list[k]->dtype == MLC_F32) wide[k] = list[k];
+            else made = mlc__device_widened_tensor(list[k], 1, &wide[k]);
+        w->saved = wide;
+    }
+    for (k = 0; k < n->n_in && made > 0; k++) {
+        for (j = 0; j < count && list[j] != n->in[k]; j++) {}
+        if (j < count) w->in[k] = wide[j];
+        else if (!n->in[k] || n->in[k]->dtype == MLC_F32) w->in[k] = n->in[k];
         else made = mlc__device_widened_tensor(n->in[k], 1, &w->in[k]);
+    }
     if (made > 0 && n->out->dtype != MLC_F32) made = mlc__device_widened_tensor(n->out, out_values, &w->out);
-    if (made <= 0 || n->op != MLC__OP_CONCAT) return made;
-    wide = (mlc_tensor **)mlc__arena_alloc(n->out->ctx, (size_t)n->args.concat.count * sizeof *wide,
-                                           "mlc_concat");
-    if (!wide) return -1;
-    for (k = 0; k < n->args.concat.count && made > 0; k++)
-        if (list[k]->dtype == MLC_F32) wide[k] = list[k];
-        else made = mlc__device_widened_tensor(list[k], 1, &wide[k]);
-    w->saved = wide;
     return made;
 }
 

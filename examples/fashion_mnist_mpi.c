@@ -16,13 +16,13 @@
    Rank 0 prints; the epoch line's "MPI wait" is the share of the step spent waiting for the
    all-reduces after backward. */
 #define _POSIX_C_SOURCE 199309L
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "mlc_mpi.h"
+#include "parse_arg.h"
 
 typedef struct options {
     const char *data, *model, *device, *save, *resume;
@@ -52,32 +52,6 @@ static void usage(FILE *out, const char *program) {
                  "  -h, --help          this text\n", program);
 }
 
-/* a whole number in [lo, hi], or a message */
-static int whole(const char *flag, const char *value, long lo, long hi, int *out) {
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(value, &end, 10);
-    if (end == value || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "%s: '%s' is not an integer from %ld to %ld\n", flag, value, lo, hi);
-        return 0;
-    }
-    *out = (int)x;
-    return 1;
-}
-static int positive(const char *flag, const char *value, float *out) {
-    char *end;
-    double x;
-    errno = 0;
-    x = strtod(value, &end);
-    if (end == value || *end || errno || !(x > 0 && x <= 1e6)) {
-        fprintf(stderr, "%s: '%s' is not a number above 0 and at most 1e6\n", flag, value);
-        return 0;
-    }
-    *out = (float)x;
-    return 1;
-}
-
 enum { RUN, HELP, BAD };
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){ .data = DEFAULT_DATA, .model = "mlp", .threads = 1, .seed = 1 };
@@ -92,19 +66,14 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--device")) o->device = value;
         else if (!strcmp(flag, "--save")) o->save = value;
         else if (!strcmp(flag, "--resume")) o->resume = value;
-        else if (!strcmp(flag, "--epochs")) ok = whole(flag, value, 1, 100000, &o->epochs);
-        else if (!strcmp(flag, "--batch")) ok = whole(flag, value, 1, 1 << 20, &o->batch);
-        else if (!strcmp(flag, "--threads")) ok = whole(flag, value, 1, 1024, &o->threads);
-        else if (!strcmp(flag, "--limit")) ok = whole(flag, value, 1, 1 << 30, &o->limit);
-        else if (!strcmp(flag, "--lr")) ok = positive(flag, value, &o->lr);
-        else if (!strcmp(flag, "--bucket-mb")) ok = positive(flag, value, &o->bucket_mb);
-        else if (!strcmp(flag, "--seed")) {
-            char *end;
-            errno = 0;
-            o->seed = strtoull(value, &end, 10);
-            ok = end != value && !*end && !errno && value[0] != '-';
-            if (!ok) fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", value);
-        } else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
+        else if (!strcmp(flag, "--epochs")) ok = parse_int_arg(flag, value, 1, 100000, &o->epochs);
+        else if (!strcmp(flag, "--batch")) ok = parse_int_arg(flag, value, 1, 1 << 20, &o->batch);
+        else if (!strcmp(flag, "--threads")) ok = parse_int_arg(flag, value, 1, 1024, &o->threads);
+        else if (!strcmp(flag, "--limit")) ok = parse_int_arg(flag, value, 1, 1 << 30, &o->limit);
+        else if (!strcmp(flag, "--lr")) ok = parse_float_arg(flag, value, 0, 1e6, &o->lr);
+        else if (!strcmp(flag, "--bucket-mb")) ok = parse_float_arg(flag, value, 0, 1e6, &o->bucket_mb);
+        else if (!strcmp(flag, "--seed")) ok = parse_u64_arg(flag, value, &o->seed);
+        else { fprintf(stderr, "unknown option %s\n", flag); return BAD; }
         if (!ok) return BAD;
         i++;
     }
