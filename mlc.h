@@ -357,8 +357,10 @@ MLCDEF void mlc_frame_end(mlc_frame frame);
 /* What a tensor stores: float32 (the default), bfloat16 or float16. Arithmetic is float32
    whatever the storage (an op on half tensors computes in float32 and rounds its result once,
    to nearest even, as PyTorch does on the CPU); gradients are float32 for every dtype. Mixing
-   dtypes in an op promotes as PyTorch does: the same dtype stays, anything else is float32. */
-typedef enum mlc_scalar_type { MLC_F32 = 0, MLC_BF16, MLC_F16 } mlc_scalar_type;
+   dtypes in an op promotes as PyTorch does: the same dtype stays, anything else is float32.
+   MLC_I8 is a quantized tensor (see "int8" below): int8 values q standing for scale · (q - zero
+   point), per tensor or per row; only the quantized ops take it, and mlc_read dequantizes. */
+typedef enum mlc_scalar_type { MLC_F32 = 0, MLC_BF16, MLC_F16, MLC_I8 } mlc_scalar_type;
 
 struct mlc_tensor {                     /* read the fields; change them only through the API */
     mlc_ctx *ctx;
@@ -381,6 +383,10 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int read_only;                      /* 1: data is the caller's read-only memory (mlc_from_const) */
     mlc_scalar_type dtype;              /* MLC_F32: values in data; else in half, and data is NULL */
     uint16_t *half;                     /* a bf16 or f16 tensor's values (read them with mlc_read) */
+    int8_t *int8;                       /* an MLC_I8 tensor's values, which stand for          */
+    float qscale;                       /*   qscale · (q - qzero) (per tensor), or, when        */
+    int qzero;                          /*   qscales is set, qscales[r] · q in row r (axis 0)   */
+    struct mlc_tensor *qscales;
     const char *owner, *owner_name;     /* who holds it ("Linear", "an Adam optimiser"; NULL: you), */
                                         /* and its name there ("weight", "exp_avg", "params")  */
     int freed;                          /* 1: mlc_tensor_free released it (a second free is refused) */
@@ -482,6 +488,12 @@ MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every paramete
    For inference, or loading a half checkpoint at half the memory: optimisers update float32
    parameters only (train with mlc_autocast_begin). On the CPU in this version. */
 MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype);
+/* Every Linear in m (children's too) gets an int8 weight, scaled per output row as by
+   mlc_quantize_weight (the float weight freed), and a buffer "weight_scale" [out] with the
+   scales: torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8), and
+   mlc_linear then runs dynamically quantized. Save and load it as any module (its weights as I8
+   safetensors entries, the scales F32). For inference: optimisers refuse int8 weights. */
+MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
@@ -554,6 +566,10 @@ MLCDEF void mlc_gemm_reference(int transpose_a, int transpose_b, int M, int N, i
    arena scratch and multiplied by mlc_gemm. */
 MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int transpose_a, int transpose_b, int M, int N, int K,
                           const uint16_t *A, const uint16_t *B, float beta, float *C);
+/* C[M, N] (int32) = A[M, K] · B[N, K]^T: A and B int8, row-major with K contiguous (B as a
+   Linear's weight is stored, one row per output). Exact integer sums; B's values must lie in
+   [-127, 127] (symmetric weights), A's anywhere in [-128, 127]. */
+MLCDEF void mlc_gemm_i8(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C);
 
 /* reductions over one axis (keepdim keeps it with size 1) and over everything */
 MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim);
@@ -656,6 +672,25 @@ MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x);   /* [N, C, H, W] -> [N
    log-sum-exp. Start from mlc_attention_defaults(). */
 typedef struct mlc_attention_opts { mlc_tensor *mask; int causal; float dropout, scale; } mlc_attention_opts;
 MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, mlc_attention_opts opts);
+
+/* int8 (torch.ao.quantization's int8 schemes). An MLC_I8 tensor holds int8 values q standing for
+   scale · (q - zero point): per tensor, or per row of axis 0 with zero point 0 (a weight's
+   output channels: symmetric, q in [-127, 127]). A value is divided by its scale as v · (1/s),
+   rounded to nearest even, clamped. Only the ops below take int8 tensors (any other names the
+   op and refuses); mlc_read and mlc_get give the dequantized values; no gradient flows into an
+   int8 tensor.
+     mlc_quantize         x -> int8 with scale and zero point (torch.quantize_per_tensor, qint8)
+     mlc_quantize_weight  w [rows, ...] -> int8 per row, scale max|row| / 127 (1 for zeros);
+                          a NaN or an infinity is MLC_ERR_ARG naming the row
+     mlc_dequantize       q -> float32
+   mlc_linear with an int8 weight (mlc_quantize_weight's) is the dynamically quantized linear
+   (torch.ao.nn.quantized.dynamic.Linear): each row of x is quantized as the op runs
+   (symmetric, scale max|row| / 127), multiplied in int32 (mlc_gemm_i8), scaled back to
+   float32 and the bias added. The gradient reaches x (through W's dequantized values, the
+   rounding counted as identity) and the bias. */
+MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point);
+MLCDEF mlc_tensor *mlc_quantize_weight(mlc_tensor *w);
+MLCDEF mlc_tensor *mlc_dequantize(mlc_tensor *q);
 
 /* ============================================================================================
    @section api-autograd  Public API: autograd
@@ -1204,7 +1239,8 @@ extern "C" {
     X(BATCH_NORM,     mlc__batch_norm_cpu,     mlc__batch_norm_backward) \
     X(CONV2D,         mlc__conv2d_cpu,         mlc__conv2d_backward) \
     X(POOL,           mlc__pool_cpu,           mlc__pool_backward) \
-    X(ATTENTION,      mlc__attention_cpu,      mlc__attention_backward)
+    X(ATTENTION,      mlc__attention_cpu,      mlc__attention_backward) \
+    X(LINEAR_INT8,    mlc__linear_int8_cpu,    mlc__linear_int8_backward)
 #define MLC__OP_ENUM(name, forward, backward) MLC__OP_##name,
 typedef enum mlc__op { MLC__OPS(MLC__OP_ENUM) MLC__OP_COUNT } mlc__op;
 #undef MLC__OP_ENUM
@@ -1234,6 +1270,7 @@ typedef union mlc__args {
     struct { int training; float momentum, eps; } batch_norm;
     struct { int kh, kw, sh, sw, ph, pw, is_max, exclude_pad; } pool;   /* kernel, stride, padding */
     mlc__attention_args attention;
+    struct { int relu; } linear_int8;
 } mlc__args;
 
 typedef struct mlc__node mlc__node;
@@ -1721,10 +1758,15 @@ static void *mlc__device_alloc(mlc_ctx *ctx, const mlc_tensor *t, size_t bytes, 
     return b.buffer;
 }
 
-/* The bytes of t's values (grad 0; a bf16 or f16 tensor holds two bytes a value, on the host
-   and on the device) or of its gradient (float32 in every dtype): what a backend copies. */
+/* The bytes of one value of dtype */
+static size_t mlc__width(mlc_scalar_type dtype) {
+    return dtype == MLC_I8 ? 1 : dtype == MLC_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+/* The bytes of t's values (grad 0; a bf16 or f16 tensor holds two bytes a value, an int8 one
+   one byte, on the host and on the device) or of its gradient (float32 in every dtype): what a
+   backend copies. */
 static size_t mlc__bytes_of(const mlc_tensor *t, int grad) {
-    return t->size * (grad || t->dtype == MLC_F32 ? sizeof(float) : sizeof(uint16_t));
+    return t->size * (grad ? sizeof(float) : mlc__width(t->dtype));
 }
 
 /* t's data (grad 0) or gradient buffer, made when missing; backends take theirs from here. */
@@ -2075,7 +2117,7 @@ MLCDEF float mlc_f16_to_float(uint16_t h) {
     return f;
 }
 
-static int mlc__is_half(mlc_scalar_type dtype) { return dtype != MLC_F32; }
+static int mlc__is_half(mlc_scalar_type dtype) { return dtype == MLC_BF16 || dtype == MLC_F16; }
 
 #if MLC__X86
 /* float16 through F16C, 8 at a time: vcvtph2ps is exact and quiets a NaN as PyTorch does;
@@ -2147,21 +2189,53 @@ static void mlc__narrow(mlc_scalar_type dtype, const float *MLC__RESTRICT src, u
     for (; i < n; i++) dst[i] = mlc_float_to_f16(src[i]);
 }
 
+static int8_t mlc__quantize_value(float v, float inverse_scale, int zero_point, int lowest);
+/* The scale of element i of an int8 tensor (per row, or per tensor; the scales' host copy is current) */
+static float mlc__qscale_at(const mlc_tensor *t, size_t i) {
+    return t->qscales ? t->qscales->data[i / (t->size / (size_t)t->shape[0])] : t->qscale;
+}
+
 /* Element i of t becomes v, rounded to t's dtype (t's host copy is written) */
 static void mlc__set(mlc_tensor *t, size_t i, float v) {
     if (t->dtype == MLC_F32) t->data[i] = v;
+    else if (t->dtype == MLC_I8)
+        t->int8[i] = mlc__quantize_value(v, 1.0f / mlc__qscale_at(t, i), t->qzero, t->qscales ? -127 : -128);
     else t->half[i] = t->dtype == MLC_BF16 ? mlc_float_to_bf16(v) : mlc_float_to_f16(v);
 }
 
-/* Element i of t as a float, whatever its dtype (t's host copy is current) */
+/* Element i of t as a float, whatever its dtype (t's host copy is current; int8: dequantized) */
 static float mlc__value(const mlc_tensor *t, size_t i) {
-    return t->dtype == MLC_F32 ? t->data[i] : t->dtype == MLC_BF16 ? mlc_bf16_to_float(t->half[i])
-                                                                    : mlc_f16_to_float(t->half[i]);
+    return t->dtype == MLC_F32    ? t->data[i]
+           : t->dtype == MLC_I8   ? mlc__qscale_at(t, i) * (float)(t->int8[i] - t->qzero)
+           : t->dtype == MLC_BF16 ? mlc_bf16_to_float(t->half[i])
+                                  : mlc_f16_to_float(t->half[i]);
+}
+
+static void mlc__host_sync(mlc_tensor *t);
+/* t's values as float32 at dst (half: widened; int8: dequantized), and back (rounded) */
+static void mlc__values_out(mlc_tensor *t, float *dst) {
+    size_t i;
+    if (t->dtype == MLC_F32) memcpy(dst, t->data, t->size * sizeof(float));
+    else if (t->dtype != MLC_I8) mlc__widen(t->dtype, t->half, dst, t->size);
+    else {
+        if (t->qscales) mlc__host_sync(t->qscales);
+        for (i = 0; i < t->size; i++) dst[i] = mlc__value(t, i);
+    }
+}
+static void mlc__values_in(mlc_tensor *t, const float *src) {
+    size_t i;
+    if (t->dtype == MLC_F32) memcpy(t->data, src, t->size * sizeof(float));
+    else if (t->dtype != MLC_I8) mlc__narrow(t->dtype, src, t->half, t->size);
+    else {
+        if (t->qscales) mlc__host_sync(t->qscales);
+        for (i = 0; i < t->size; i++) mlc__set(t, i, src[i]);
+    }
 }
 
 MLCDEF mlc_scalar_type mlc_dtype(const mlc_tensor *t) { return t ? t->dtype : MLC_F32; }
 MLCDEF const char *mlc_dtype_name(mlc_scalar_type dtype) {
-    return dtype == MLC_F32 ? "float32" : dtype == MLC_BF16 ? "bfloat16" : dtype == MLC_F16 ? "float16" : "?";
+    return dtype == MLC_F32 ? "float32" : dtype == MLC_BF16 ? "bfloat16" : dtype == MLC_F16 ? "float16"
+           : dtype == MLC_I8 ? "int8" : "?";
 }
 
 /* ============================================================================================
@@ -2217,7 +2291,7 @@ static float *mlc__host(mlc_tensor *t) {
     mlc__host_sync(t);
     if (t->dtype != MLC_F32) {
         float *copy = (float *)mlc__arena_alloc(t->ctx, t->size * sizeof(float) + 1, "mlc_read");
-        if (copy) mlc__widen(t->dtype, t->half, copy, t->size);
+        if (copy) mlc__values_out(t, copy);
         return copy;
     }
     return t->data;
@@ -2377,7 +2451,7 @@ static mlc_tensor *mlc__make_over(mlc_ctx *ctx, const char *op, int ndim, const 
     unsigned char *values;
     int d;
     if (!ctx || ctx->error || !mlc__check_shape(ctx, op, ndim, shape)) return NULL;
-    width = over || !mlc__is_half(ctx->op_dtype) ? sizeof(float) : sizeof(uint16_t);
+    width = over ? sizeof(float) : mlc__width(ctx->op_dtype);
     for (d = 0; d < ndim; d++)
         if (!mlc__size(size, (size_t)shape[d], 0, &size)) break;
     if (d < ndim || !mlc__size(size, width, header, &bytes))
@@ -2397,6 +2471,7 @@ static mlc_tensor *mlc__make_over(mlc_ctx *ctx, const char *op, int ndim, const 
     t->size = size;
     t->dtype = over ? MLC_F32 : ctx->op_dtype;
     if (mlc__is_half(t->dtype)) t->half = (uint16_t *)(void *)values;
+    else if (t->dtype == MLC_I8) t->int8 = (int8_t *)(void *)values;
     else t->data = (float *)(void *)values;
     t->read_only = over != NULL;
     t->persistent = persistent;
@@ -2411,8 +2486,10 @@ static mlc_tensor *mlc__make(mlc_ctx *ctx, const char *op, int ndim, const int *
     return mlc__make_over(ctx, op, ndim, shape, persistent, NULL);
 }
 
-/* A tensor's values on the host (data or half; a long-lived one owns them apart from its struct) */
-static void *mlc__storage(const mlc_tensor *t) { return t->half ? (void *)t->half : (void *)t->data; }
+/* A tensor's values on the host (data, half or int8; a long-lived one owns them apart from its struct) */
+static void *mlc__storage(const mlc_tensor *t) {
+    return t->half ? (void *)t->half : t->int8 ? (void *)t->int8 : (void *)t->data;
+}
 /* For backends: the host memory upload and download copy, mlc__bytes_of(t, grad) bytes */
 MLC__FOR_BACKENDS void *mlc__host_copy_of(mlc_tensor *t, int grad) {
     return grad ? (void *)t->grad : mlc__storage(t);
@@ -2576,8 +2653,13 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     x->ctx->op_dtype = x->dtype;
     t = mlc__make(x->ctx, "mlc_keep", x->ndim, x->shape, 1);
     if (!t) return NULL;
-    if (x->dtype != MLC_F32) memcpy(t->half, x->half, x->size * sizeof(uint16_t));
-    else memcpy(t->data, mlc__host(x), x->size * sizeof(float));
+    mlc__host_sync(x);
+    memcpy(mlc__storage(t), mlc__storage(x), mlc__bytes_of(x, 0));
+    t->qscale = x->qscale; t->qzero = x->qzero;
+    if (x->qscales && !(t->qscales = x->qscales->persistent ? x->qscales : mlc_keep(x->qscales))) {
+        mlc_tensor_free(t);
+        return NULL;
+    }
     if (x->requires_grad && !mlc_requires_grad(t, 1)) { mlc_tensor_free(t); return NULL; }
     return t;
 }
@@ -2610,7 +2692,7 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
         return;
     }
     t->freed = 1;
-    t->data = t->grad = NULL; t->half = NULL; t->device_data = t->device_grad = NULL;
+    t->data = t->grad = NULL; t->half = NULL; t->int8 = NULL; t->device_data = t->device_grad = NULL;
     t->on_device = 0; t->requires_grad = 0; t->node = NULL;
     if (ctx->freed[ctx->freed_next]) mlc__owned_free(ctx, ctx->freed[ctx->freed_next]);
     ctx->freed[ctx->freed_next] = t;
@@ -2619,6 +2701,9 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
 
 MLCDEF mlc_tensor *mlc_requires_grad(mlc_tensor *t, int on) {
     if (!mlc__usable(t, "mlc_requires_grad") || (on && !mlc__writable(t, "mlc_requires_grad"))) return NULL;
+    if (on && t->dtype == MLC_I8)
+        return (mlc_tensor *)mlc__fail(t->ctx, MLC_ERR_ARG, "mlc_requires_grad: tensor %T is int8: no "
+                                       "gradient flows into a quantized tensor", t);
     if (on && t->node == NULL && !mlc__alloc_grad(t, "mlc_requires_grad")) return NULL;
     t->requires_grad = on || t->node;
     return t;
@@ -2630,7 +2715,8 @@ MLCDEF float mlc_item(mlc_tensor *t) {
         mlc__fail(t->ctx, MLC_ERR_SHAPE, "mlc_item: tensor %T has %zu elements, not 1", t, t->size);
         return NAN;
     }
-    return t->dtype != MLC_F32 ? mlc__value(t, 0) : mlc__host(t)[0];
+    if (t->dtype == MLC_I8 && t->qscales) mlc__host_sync(t->qscales);
+    return t->dtype != MLC_F32 ? (mlc__host_sync(t), mlc__value(t, 0)) : mlc__host(t)[0];
 }
 
 MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
@@ -2641,6 +2727,7 @@ MLCDEF float mlc_get(mlc_tensor *t, size_t i) {
         return NAN;
     }
     mlc__host_sync(t);
+    if (t->dtype == MLC_I8 && t->qscales) mlc__host_sync(t->qscales);
     return t->dtype != MLC_F32 ? mlc__value(t, i) : t->data[i];
 }
 
@@ -2652,8 +2739,7 @@ MLCDEF mlc_result mlc_read(mlc_tensor *t, float *dst, size_t count) {
         return t->ctx->error;
     }
     mlc__host_sync(t);
-    if (t->dtype != MLC_F32) mlc__widen(t->dtype, t->half, dst, count);
-    else memcpy(dst, t->data, count * sizeof(float));
+    mlc__values_out(t, dst);
     return MLC_OK;
 }
 
@@ -2666,8 +2752,7 @@ MLCDEF mlc_result mlc_write(mlc_tensor *t, const float *src, size_t count) {
     }
     if (!mlc__writable(t, "mlc_write")) return t->ctx->error;
     if (t->device_data) t->ctx->backend->wait(t->ctx, 0);   /* an upload may still read t->data */
-    if (t->dtype != MLC_F32) mlc__narrow(t->dtype, src, t->half, count);   /* rounded */
-    else memcpy(t->data, src, count * sizeof(float));
+    mlc__values_in(t, src);                             /* rounded (int8: quantized) */
     mlc__host_wrote(t);
     return MLC_OK;
 }
@@ -2719,10 +2804,10 @@ static mlc_tensor *mlc__widened(mlc_tensor *t, int with_values) {
 static int mlc__stand_ins(const mlc__node *n, mlc_tensor **w, mlc_tensor **w_out, int out_values) {
     int k;
     for (k = 0; k < n->n_in; k++) {
-        w[k] = n->in[k] && n->in[k]->dtype != MLC_F32 ? mlc__widened(n->in[k], 1) : n->in[k];
+        w[k] = n->in[k] && mlc__is_half(n->in[k]->dtype) ? mlc__widened(n->in[k], 1) : n->in[k];
         if (n->in[k] && !w[k]) return 0;
     }
-    *w_out = n->out->dtype != MLC_F32 ? mlc__widened(n->out, out_values) : n->out;
+    *w_out = mlc__is_half(n->out->dtype) ? mlc__widened(n->out, out_values) : n->out;
     return *w_out != NULL;
 }
 
@@ -2749,11 +2834,19 @@ static int mlc__cpu_widened(mlc__node *call) {
     return ok;
 }
 
+/* An int8 tensor reaches only the quantized ops: any other refuses it, naming the op */
+static int mlc__not_int8(mlc_ctx *ctx, const char *op, const mlc_tensor *t) {
+    if (!t || t->dtype != MLC_I8) return 1;
+    mlc__fail(ctx, MLC_ERR_ARG, "%s: tensor %T is int8 (quantized): only the int8 ops take it; "
+              "mlc_dequantize gives its float32 values", op, t);
+    return 0;
+}
+
 /* Whether the node has a bf16 or f16 tensor */
 static int mlc__has_half(const mlc__node *n) {
     int k;
-    if (n->out->dtype != MLC_F32) return 1;
-    for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->dtype != MLC_F32) return 1;
+    if (mlc__is_half(n->out->dtype)) return 1;
+    for (k = 0; k < n->n_in; k++) if (n->in[k] && mlc__is_half(n->in[k]->dtype)) return 1;
     return 0;
 }
 
@@ -2825,17 +2918,18 @@ static int mlc__device_stand_ins(const mlc__node *n, mlc__node *w, int out_value
         wide = (mlc_tensor **)mlc__arena_alloc(n->out->ctx, (size_t)count * sizeof *wide, "mlc_concat");
         if (!wide) return -1;
         for (k = 0; k < count && made > 0; k++)
-            if (list[k]->dtype == MLC_F32) wide[k] = list[k];
+            if (!mlc__is_half(list[k]->dtype)) wide[k] = list[k];
             else made = mlc__device_widened_tensor(list[k], 1, &wide[k]);
         w->saved = wide;
     }
     for (k = 0; k < n->n_in && made > 0; k++) {
         for (j = 0; j < count && list[j] != n->in[k]; j++) {}
         if (j < count) w->in[k] = wide[j];
-        else if (!n->in[k] || n->in[k]->dtype == MLC_F32) w->in[k] = n->in[k];
+        else if (!n->in[k] || !mlc__is_half(n->in[k]->dtype)) w->in[k] = n->in[k];
         else made = mlc__device_widened_tensor(n->in[k], 1, &w->in[k]);
     }
-    if (made > 0 && n->out->dtype != MLC_F32) made = mlc__device_widened_tensor(n->out, out_values, &w->out);
+    if (made > 0 && mlc__is_half(n->out->dtype))
+        made = mlc__device_widened_tensor(n->out, out_values, &w->out);
     return made;
 }
 
@@ -2916,7 +3010,10 @@ static int mlc__dispatch(mlc_ctx *ctx, mlc__node *call) {
    output holds the result; 0: it failed, with the error set. The builder then records it
    (mlc__record). */
 static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
-    int where = mlc__dispatch(ctx, call);
+    int where, k;
+    for (k = 0; k < call->n_in && call->op != MLC__OP_LINEAR_INT8; k++)   /* (optional inputs too) */
+        if (!mlc__not_int8(ctx, call->name, call->in[k])) return 0;
+    where = mlc__dispatch(ctx, call);
     if (where == 0 && !(mlc__has_half(call) && !mlc__cpu_takes_half(call) ? mlc__cpu_widened(call)
                                                                           : mlc__cpu_of[call->op](call)))
         return 0;
@@ -2973,9 +3070,10 @@ static mlc_scalar_type mlc__promote(int count, mlc_tensor *const *inputs) {
 }
 
 /* The context of an op's inputs, or NULL when the op must not run: an input is NULL, the
-   inputs come from different contexts, or the context already holds an error. Sets the op's
-   device and result dtype (ctx->op_device, ctx->op_dtype). */
-static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs) {
+   inputs come from different contexts, or the context already holds an error, or one is int8
+   and the op is not one of the quantized ops (int8_ok). Sets the op's device and result dtype
+   (ctx->op_device, ctx->op_dtype). */
+static mlc_ctx *mlc__enter_as(const char *op, int count, mlc_tensor *const *inputs, int int8_ok) {
     mlc_ctx *ctx = NULL;
     int i;
     for (i = 0; i < count; i++) if (inputs[i]) { ctx = inputs[i]->ctx; break; }
@@ -2990,6 +3088,7 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
         if (inputs[i]->freed)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_STATE, "%s: input %d was freed (mlc_tensor_free)", op,
                                         i);
+        if (!int8_ok && !mlc__not_int8(ctx, op, inputs[i])) return NULL;
         if (inputs[i]->on_device != inputs[0]->on_device)
             return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_DEVICE,
                                         "%s: input 0 is on %s and input %d on %s; move one with mlc_to", op,
@@ -2999,6 +3098,9 @@ static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs)
     ctx->op_device = inputs[0]->on_device;
     ctx->op_dtype = mlc__promote(count, inputs);
     return ctx;
+}
+static mlc_ctx *mlc__enter(const char *op, int count, mlc_tensor *const *inputs) {
+    return mlc__enter_as(op, count, inputs, 0);
 }
 #define MLC__ENTER(op, ...) \
     mlc_tensor *const mlc__in_[] = { __VA_ARGS__ }; \
@@ -5017,6 +5119,22 @@ MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, con
     mlc__gemm_bf16_then(ctx, ta, tb, M, N, K, A, B, beta, C, NULL, 0, NULL);
 }
 
+/* int8 products (provisional: the plain loop, until the vector kernels land) */
+MLCDEF void mlc_gemm_i8(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C) {
+    int i, j, k;
+    if (!ctx || ctx->error) return;
+    if (M < 0 || N < 0 || K < 0 || (M && N && (!C || (K && (!A || !B))))) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm_i8: M %d, N %d, K %d or a NULL matrix is not valid", M, N, K);
+        return;
+    }
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            int32_t sum = 0;
+            for (k = 0; k < K; k++) sum += (int32_t)A[(size_t)i * K + k] * B[(size_t)j * K + k];
+            C[(size_t)i * N + j] = sum;
+        }
+}
+
 /* Whether products may run on several threads at once: mlc's own may; a hook or BLAS gets
    one product at a time (and may use threads inside it). */
 static int mlc__gemm_threadable(const mlc_ctx *ctx) {
@@ -5180,12 +5298,15 @@ static int mlc__matmul_cpu(mlc__node *n) {
     return 1;
 }
 
+static mlc_tensor *mlc__linear_int8(const char *op, mlc_tensor *x, mlc_tensor *w, mlc_tensor *bias, int relu);
 static mlc_tensor *mlc__matmul(const char *op, mlc_tensor *a, mlc_tensor *b, int transpose_a, int transpose_b,
                                mlc_tensor *bias, int relu) {
     mlc__mm mm;
     mlc_tensor *out;
     mlc__node call;
     int shape[MLC_MAX_DIMS], ndim, K2, d;
+    if (b && b->dtype == MLC_I8 && !transpose_a && transpose_b && !strcmp(op, "mlc_linear"))
+        return mlc__linear_int8(op, a, b, bias, relu);   /* (@section int8) */
     a = mlc__autocast_low(a); b = mlc__autocast_low(b); bias = mlc__autocast_low(bias);
     MLC__ENTER(op, a, b);
     if (!mlc__same_device(ctx, op, a, bias)) return NULL;
@@ -8018,6 +8139,198 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 }
 
 /* ============================================================================================
+   @section int8  int8: quantized tensors, and the dynamic quantized linear
+   A quantized tensor (MLC_I8) holds int8 values q for the real values s (q - z): per tensor
+   (activations: qscale s, qzero z) or per row of axis 0 with z = 0 (weights: qscales,
+   symmetric, q in [-127, 127], so the integer products of mlc_gemm_i8 stay exact on every
+   kernel). A value is divided by its scale as v · (1 / s) and rounded to nearest, ties to even.
+     quantize     q = clamp(round(x / s) + z, -128, 127)                      (no gradient)
+     weight       s_r = max|w_r| / 127 (1 for a row of zeros), q = clamp(round(w / s_r), ±127)
+     dequantize   x = s (q - z)
+     linear       y[m, n] = s_m s_n Σ_k round(x[m, k] / s_m) W[n, k] + b[n],  s_m = max|x_m| / 127:
+                  each row of x quantized as the op runs (dynamic quantization), int32 sums
+                  dx = Σ_n g[m, n] s_n W[n, k] (the rounding counted as identity), db = Σ_m g
+   ============================================================================================ */
+
+/* v / scale (as v · inverse_scale) rounded to nearest even, plus zero_point, clamped into
+   [lowest, 127]; NaN gives the zero point. Integer steps only after the product, so every
+   platform rounds alike. */
+static int8_t mlc__quantize_value(float v, float inverse_scale, int zero_point, int lowest) {
+    float r = v * inverse_scale;
+    int q;
+    if (!(r > -512.0f)) r = r != r ? 0.0f : -512.0f;    /* (clamped before the conversion to int) */
+    if (r > 512.0f) r = 512.0f;
+    q = (int)r;                                          /* toward zero, then down to the floor */
+    if ((float)q > r) q--;
+    r -= (float)q;                                       /* the fraction, exact */
+    if (r > 0.5f || (r == 0.5f && (q & 1))) q++;
+    q += zero_point;
+    return (int8_t)(q < lowest ? lowest : q > 127 ? 127 : q);
+}
+
+/* Rows of v ([rows, per_row]) each quantized symmetrically into q with its scale in scales.
+   finite_only: a NaN or an infinity is an error naming op and t, else the row's scale is NaN
+   (its products come out NaN) and its values 0. 0 on error. */
+static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t, const float *v, size_t rows,
+                              size_t per_row, int8_t *q, float *scales, int finite_only) {
+    size_t r, i;
+    for (r = 0; r < rows; r++, v += per_row, q += per_row) {
+        float top = 0.0f, inverse;
+        int finite = 1;
+        for (i = 0; i < per_row; i++) {
+            const float a = v[i] < 0.0f ? -v[i] : v[i];
+            top = a > top ? a : top;
+            finite &= mlc__is_finite(v[i]);
+        }
+        if (!finite) {
+            if (finite_only)
+                return mlc__fail(ctx, MLC_ERR_ARG, "%s: row %zu of %T holds a NaN or an infinity", op, r, t)
+                       != NULL;
+            scales[r] = NAN;
+            memset(q, 0, per_row);
+            continue;
+        }
+        scales[r] = top > 0.0f ? top / 127.0f : 1.0f;
+        inverse = 1.0f / scales[r];
+        for (i = 0; i < per_row; i++) q[i] = mlc__quantize_value(v[i], inverse, 0, -127);
+    }
+    return 1;
+}
+
+/* A new tensor of x's shape in dtype, on x's device (written on the host first), or NULL */
+static mlc_tensor *mlc__like_in(mlc_ctx *ctx, const char *op, const mlc_tensor *x, mlc_scalar_type dtype) {
+    ctx->op_device = x->on_device;
+    ctx->op_dtype = dtype;
+    return mlc__make(ctx, op, x->ndim, x->shape, 0);
+}
+
+MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point) {
+    const float *v;
+    mlc_tensor *q;
+    size_t i;
+    MLC__ENTER("mlc_quantize", x);
+    if (!(scale > 0.0f) || !mlc__is_finite(scale) || !(1.0f / scale < INFINITY) || zero_point < -128
+        || zero_point > 127)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_quantize: scale %g must be positive, finite "
+                                       "and invertible, and zero point %d in [-128, 127]", (double)scale,
+                                       zero_point);
+    if (!(v = mlc__host(x)) || !(q = mlc__like_in(ctx, "mlc_quantize", x, MLC_I8))) return NULL;
+    q->qscale = scale;
+    q->qzero = zero_point;
+    for (i = 0; i < x->size; i++) q->int8[i] = mlc__quantize_value(v[i], 1.0f / scale, zero_point, -128);
+    return q;
+}
+
+MLCDEF mlc_tensor *mlc_quantize_weight(mlc_tensor *w) {
+    const float *v;
+    mlc_tensor *q, *scales;
+    MLC__ENTER("mlc_quantize_weight", w);
+    if (w->ndim < 1 || w->shape[0] == 0)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_quantize_weight: %T has no rows (axis 0) to "
+                                       "scale", w);
+    if (!(v = mlc__host(w))) return NULL;
+    ctx->op_device = w->on_device;
+    ctx->op_dtype = MLC_F32;
+    if (!(scales = mlc__make(ctx, "mlc_quantize_weight", 1, w->shape, 0))
+        || !(q = mlc__like_in(ctx, "mlc_quantize_weight", w, MLC_I8))
+        || !mlc__quantize_rows(ctx, "mlc_quantize_weight", w, v, (size_t)w->shape[0], w->size / w->shape[0],
+                               q->int8, scales->data, 1))
+        return NULL;
+    q->qscales = scales;
+    return q;
+}
+
+MLCDEF mlc_tensor *mlc_dequantize(mlc_tensor *q) {
+    mlc_tensor *x, *const in[1] = { q };
+    mlc_ctx *ctx = mlc__enter_as("mlc_dequantize", 1, in, 1);
+    if (!ctx) return NULL;
+    if (q->dtype != MLC_I8)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dequantize: tensor %T is %s, not int8", q,
+                                       mlc_dtype_name(q->dtype));
+    if (!(x = mlc__like_in(ctx, "mlc_dequantize", q, MLC_F32))) return NULL;
+    mlc__host_sync(q);
+    mlc__values_out(q, x->data);
+    return x;
+}
+
+/* The dynamic quantized linear (mlc_linear with an int8 weight): x [..., K] float, w [N, K] int8
+   with a scale per row, bias [N] (optional) */
+static mlc_tensor *mlc__linear_int8(const char *op, mlc_tensor *x, mlc_tensor *w, mlc_tensor *bias,
+                                    int relu) {
+    mlc_tensor *out, *const in[2] = { x, w };
+    mlc_ctx *ctx = mlc__enter_as(op, 2, in, 1);
+    mlc__node call;
+    int shape[MLC_MAX_DIMS];
+    if (!ctx || !mlc__not_int8(ctx, op, x) || !mlc__same_device(ctx, op, x, bias)
+        || !mlc__not_int8(ctx, op, bias))
+        return NULL;
+    if (w->ndim != 2 || !w->qscales || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: input %T and int8 weight %T do not match: "
+                                       "[..., in] and [out, in], scaled per row (mlc_quantize_weight)", op, x,
+                                       w);
+    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0]))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T does not match the %d outputs", op,
+                                       bias, w->shape[0]);
+    memcpy(shape, x->shape, (size_t)x->ndim * sizeof(int));
+    shape[x->ndim - 1] = w->shape[0];
+    ctx->op_dtype = MLC_F32;
+    if (!(out = mlc__make(ctx, op, x->ndim, shape, 0))) return NULL;
+    mlc__call(&call, MLC__OP_LINEAR_INT8, op, out, x, w, bias, w->qscales);
+    call.args.linear_int8.relu = relu;
+    if (!mlc__run(ctx, &call)) return NULL;
+    mlc__record(&call);
+    return out;
+}
+
+static int mlc__linear_int8_cpu(mlc__node *n) {
+    const mlc_tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2];
+    const int N = w->shape[0], K = w->shape[1], M = (int)mlc__numel(x->ndim - 1, x->shape);
+    const float *w_scales = n->in[3]->data, *b = bias ? bias->data : NULL;
+    mlc_ctx *ctx = n->out->ctx;
+    mlc_frame scratch = mlc_frame_begin(ctx);
+    int8_t *xq = (int8_t *)mlc__arena_alloc(ctx, (size_t)M * K + 1, n->name);
+    float *x_scales = mlc__floats(ctx, (size_t)M + 1, n->name), *y = n->out->data;
+    int32_t *sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)M * N * sizeof(int32_t) + 1, n->name);
+    int m, j;
+    if (xq && x_scales && sums) {
+        mlc__quantize_rows(ctx, n->name, x, x->data, (size_t)M, (size_t)K, xq, x_scales, 0);
+        mlc_gemm_i8(ctx, M, N, K, xq, w->int8, sums);
+        for (m = 0; m < M; m++, y += N)
+            for (j = 0; j < N; j++) {
+                float v = (float)sums[(size_t)m * N + j] * (x_scales[m] * w_scales[j]) + (b ? b[j] : 0.0f);
+                y[j] = n->args.linear_int8.relu && !(v > 0.0f) && v == v ? 0.0f : v;
+            }
+    }
+    mlc_frame_end(scratch);
+    return !ctx->error;
+}
+
+static void mlc__linear_int8_backward(mlc__node *n) {
+    const mlc_tensor *w = n->in[1];
+    const int N = w->shape[0], K = w->shape[1], M = (int)mlc__numel(n->out->ndim - 1, n->out->shape);
+    const float *w_scales = n->in[3]->data, *g = n->out->grad, *y = n->out->data;
+    mlc_ctx *ctx = n->out->ctx;
+    float beta, *dx = mlc__grad_to_overwrite(n->in[0], &beta), *db = mlc__grad(n->in[2]), *gm, *wd;
+    mlc_frame scratch = mlc_frame_begin(ctx);
+    size_t i;
+    int m, j;
+    if (n->args.linear_int8.relu) {                      /* g where y > 0 */
+        if (!(gm = mlc__floats(ctx, n->out->size + 1, n->name))) goto done;
+        for (i = 0; i < n->out->size; i++) gm[i] = y[i] > 0.0f ? g[i] : 0.0f;
+        g = gm;
+    }
+    if (db)
+        for (m = 0; m < M; m++) for (j = 0; j < N; j++) db[j] += g[(size_t)m * N + j];
+    if (dx) {
+        if (!(wd = mlc__floats(ctx, (size_t)N * K + 1, n->name))) goto done;
+        for (i = 0; i < (size_t)N * K; i++) wd[i] = w_scales[i / (size_t)K] * (float)w->int8[i];
+        mlc_gemm(ctx, 0, 0, M, K, N, g, wd, beta, dx);
+    }
+done:
+    mlc_frame_end(scratch);
+}
+
+/* ============================================================================================
    @section autograd
    Autograd: walk the tape from the newest node back. A node runs when its output received a
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
@@ -8988,7 +9301,7 @@ static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
     mlc_ctx *ctx = t->ctx;
     const int on_device = t->on_device;
     void *values;
-    if (t->dtype == dtype) return 1;
+    if (t->dtype == dtype || t->dtype == MLC_I8) return 1;   /* (int8 stays: PyTorch's .to converts floats) */
     if (t->read_only || !t->persistent) {
         mlc__fail(ctx, MLC_ERR_STATE, "mlc_module_to_dtype: tensor %T %s", t,
                   t->read_only ? "wraps read-only memory (mlc_from_const)" : "is not long-lived");
@@ -9023,13 +9336,63 @@ MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
         return m->ctx->error;
     }
     for (i = 0; i < m->n_params; i++) if (!mlc__convert_storage(m->params[i], dtype)) return m->ctx->error;
-    for (i = 0; i < m->n_buffers; i++)                   /* (a count stays float32: PyTorch's is int64) */
+    for (i = 0; i < m->n_buffers; i++)   /* (a count stays float32: PyTorch's is int64; int8 scales too) */
         if (strcmp(m->buffer_names[i], "num_batches_tracked") != 0
-            && !mlc__convert_storage(m->buffers[i], dtype))
+            && strcmp(m->buffer_names[i], "weight_scale") != 0 && !mlc__convert_storage(m->buffers[i], dtype))
             return m->ctx->error;
     for (i = 0; i < m->n_children; i++)
         if (mlc_module_to_dtype(m->children[i], dtype) != MLC_OK) return m->ctx->error;
     return MLC_OK;
+}
+
+/* Linear m's weight quantized in place (mlc_quantize_weight's scheme): int8 storage, the float
+   one freed, and its scales in a new buffer weight_scale. The values are read in frame f. */
+static int mlc__quantize_linear(mlc_module *m) {
+    mlc_ctx *ctx = m->ctx;
+    mlc_tensor *w = m->params[0], *scales;
+    const size_t rows = (size_t)w->shape[0];
+    const float *v;
+    int8_t *q;
+    const int on_device = w->on_device;
+    if (w->dtype == MLC_I8) return 1;                    /* quantized before */
+    if (on_device && !mlc_to(w, 0)) return 0;           /* quantized on the host, then back */
+    if (!(v = mlc__host(w)) || !(scales = mlc__new(ctx, "mlc_quantize_dynamic", 1, w->shape, 1))) return 0;
+    if (!(q = (int8_t *)mlc__owned_alloc(ctx, w->size + 1, "mlc_quantize_dynamic"))
+        || !mlc__quantize_rows(ctx, "mlc_quantize_dynamic", w, v, rows, rows ? w->size / rows : 0, q,
+                               scales->data, 1)
+        || mlc__module_add(m, "weight_scale", scales, 1) != MLC_OK) {
+        if (q) mlc__owned_free(ctx, q);
+        if (!scales->owner) mlc_tensor_free(scales);
+        return 0;
+    }
+    if (!w->read_only) mlc__owned_free(ctx, mlc__storage(w));
+    if (w->grad) mlc__owned_free(ctx, w->grad);
+    w->data = w->grad = NULL;
+    w->half = NULL;
+    w->int8 = q;
+    w->dtype = MLC_I8;
+    w->qscales = scales;
+    w->qscale = 1.0f;
+    w->qzero = 0;
+    w->requires_grad = w->read_only = 0;
+    w->stale = 0;
+    return !on_device || (mlc_to(w, 1) && mlc_to(scales, 1));
+}
+
+static int mlc__quantize_dynamic(mlc_module *m) {
+    int i;
+    if (m->forward == mlc__linear_forward && !mlc__quantize_linear(m)) return 0;
+    for (i = 0; i < m->n_children; i++) if (!mlc__quantize_dynamic(m->children[i])) return 0;
+    return 1;
+}
+MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m) {
+    mlc_frame f;
+    if (!m) return MLC_ERR_NULL;
+    if (m->ctx->error || !mlc__module_walkable(m, "mlc_quantize_dynamic")) return m->ctx->error;
+    f = mlc_frame_begin(m->ctx);
+    mlc__quantize_dynamic(m);
+    mlc_frame_end(f);
+    return m->ctx->error;
 }
 
 /* A name that does not fit mlc_named_tensor's 127 bytes is an error, never cut short (two cut
@@ -9408,8 +9771,11 @@ MLCDEF void mlc_step(mlc_optim *opt) {
     for (i = 0; i < opt->count; i++)
         if (opt->params[i]->dtype != MLC_F32) {
             mlc__fail(opt->ctx, MLC_ERR_ARG, "mlc_step: parameter %d %T is %s: optimisers update float32 "
-                      "(master) weights; train in float32 with mlc_autocast_begin, or convert back with "
-                      "mlc_module_to_dtype", i, opt->params[i], mlc_dtype_name(opt->params[i]->dtype));
+                      "(master) weights; %s", i, opt->params[i], mlc_dtype_name(opt->params[i]->dtype),
+                      opt->params[i]->dtype == MLC_I8
+                          ? "an int8 model is for inference (train it before mlc_quantize_dynamic)"
+                          : "train in float32 with mlc_autocast_begin, or convert back with "
+                            "mlc_module_to_dtype");
             return;
         }
     opt->ctx->n_autocast_copies = 0;                     /* the weights change: autocast copies them anew */
@@ -11102,6 +11468,11 @@ static float *mlc__st_host_for_write(mlc_tensor *t) {
 static void mlc__st_load_values(const unsigned char *p, int dtype, mlc_tensor *t) {
     float chunk[256];
     size_t i, n, w = mlc__dtype_sizes[dtype];
+    if (t->dtype == MLC_I8) {                            /* (an I8 entry: checked before) */
+        if (t->device_data) t->ctx->backend->wait(t->ctx, 0);
+        memcpy(t->int8, p, t->size);
+        return;
+    }
     if (t->dtype == MLC_F32) { mlc__st_convert(p, dtype, mlc__st_host_for_write(t), t->size); return; }
     if (dtype == (t->dtype == MLC_BF16 ? MLC__BF16 : MLC__F16)) {
         for (i = 0; i < t->size; i++) t->half[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
@@ -11144,6 +11515,13 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
         if (!mlc__st_loadable(e->dtype)) {
             mlc__st_fail(st, e->name, e->at, "dtype %s cannot be loaded as float32",
                          mlc__dtype_names[e->dtype]);
+            goto done;
+        }
+        if ((e->dtype == MLC__I8) != (t->dtype == MLC_I8)) {   /* quantized values are not numbers */
+            mlc__st_fail(st, e->name, e->at, "the entry is %s and the module's tensor %s: %s",
+                         mlc__dtype_names[e->dtype], mlc_dtype_name(t->dtype),
+                         t->dtype == MLC_I8 ? "load the float model, then quantize it"
+                                            : "quantize the module first (mlc_quantize_dynamic)");
             goto done;
         }
         if (e->ndim != t->ndim || memcmp(e->shape, t->shape, (size_t)t->ndim * sizeof(int)) != 0) {
@@ -11313,6 +11691,7 @@ static int mlc__st_item_bytes(mlc_ctx *ctx, const mlc__st_item *item, mlc__sink 
     int ok = 1;
     if (item->raw) return !item->bytes || sink(user, item->raw, item->bytes);
     mlc__host_sync(item->t);
+    if (item->t->dtype == MLC_I8) return !item->bytes || sink(user, item->t->int8, item->bytes);
     if (item->t->dtype != MLC_F32) {                     /* bf16, f16: their bits */
         const uint16_t *bits = item->t->half;
         for (j = 0; ok && j < item->t->size; j += n) {
@@ -11399,7 +11778,10 @@ static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors
     for (i = 0; i < count; i++) {
         mlc_tensor *t = tensors[i].tensor;
         items[i].name = tensors[i].name;
-        items[i].dtype = !t || t->dtype == MLC_F32 ? MLC__F32 : t->dtype == MLC_BF16 ? MLC__BF16 : MLC__F16;
+        items[i].dtype = !t || t->dtype == MLC_F32 ? MLC__F32
+                         : t->dtype == MLC_BF16   ? MLC__BF16
+                         : t->dtype == MLC_F16    ? MLC__F16
+                                                  : MLC__I8;
         items[i].t = t;
         if (t) {
             items[i].ndim = t->ndim;

@@ -2417,8 +2417,9 @@ static int mlc__cl_attention(mlc_ctx *ctx, mlc__node *call, int backward) {
    @section cl-backend  The backend table's entries
    ============================================================================================ */
 
-/* Which ops have kernels here: all of them (each with its forward and its backward). */
-#define MLC__CL_HAS_KERNELS(name, forward, backward) 1,
+/* Which ops have kernels here: all but the int8 ones, which run on the CPU (each with its
+   forward and its backward). */
+#define MLC__CL_HAS_KERNELS(name, forward, backward) (MLC__OP_##name != MLC__OP_LINEAR_INT8),
 static const unsigned char mlc__cl_kernels[] = { MLC__OPS(MLC__CL_HAS_KERNELS) };
 #undef MLC__CL_HAS_KERNELS
 typedef char mlc__cl_kernels_cover_every_op[sizeof mlc__cl_kernels == MLC__OP_COUNT ? 1 : -1];
@@ -2452,6 +2453,7 @@ static int mlc__cl_run_op(mlc_ctx *ctx, mlc__node *n, int backward) {
     case MLC__OP_WHERE:
     case MLC__OP_MASKED_FILL:    return mlc__cl_where(ctx, n, backward);
     case MLC__OP_ATTENTION:      return mlc__cl_attention(ctx, n, backward);
+    case MLC__OP_LINEAR_INT8:                            /* (no kernel: the CPU's) */
     case MLC__OP_COUNT:          break;
     }
     return 0;

@@ -1,0 +1,315 @@
+/* int8 quantization (issue 26): quantize and dequantize against a double-precision reference,
+   the dynamically quantized linear against the same scheme computed in doubles and against its
+   float32 counterpart, its gradients, the module conversion, files, and int8 tensors refused by
+   every op that does not take them. Runs on the suite's device (the int8 ops fall back to the
+   CPU there, counted, like any op a backend lacks). */
+#include <stdlib.h>
+#include "test.h"
+
+/* The int8 ops have no OpenCL kernels: on a device they run on the CPU through copies, counted
+   as fallbacks (int8_ops_fall_back_counted checks the count), which the runner would otherwise
+   fail on a real device. Only those are forgiven: any other op that fell back still fails. */
+static void forgive_int8_fallbacks(mlc_ctx *ctx) {
+    test_destroy_expecting_fallbacks(ctx, "mlc_linear");   /* (the float one has kernels everywhere) */
+}
+
+/* The reference: v / s rounded half to even by the C library (nearbyint in the default mode) */
+static int reference_quantize(float v, float scale, int zero_point, int lowest) {
+    double r = (double)(v * (1.0f / scale));
+    if (r != r) return zero_point;
+    r = nearbyint(r) + zero_point;
+    return r < lowest ? lowest : r > 127 ? 127 : (int)r;
+}
+
+static int quantize_rounds_to_nearest_even(void) {
+    mlc_ctx *ctx = test_ctx(1);
+    static const float ties[] = { 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f, -127.5f, -128.5f,
+                                  300.0f, -300.0f, 1e30f, -1e30f, 0.0f, -0.0f, 0.49999997f, 3.4999998f };
+    const int expected[] = { 0, 2, 2, 0, -2, -2, 126, 127, -128, -128, 127, -128, 127, -128, 0, 0, 0, 3 };
+    float values[64], back[64];
+    mlc_tensor *x, *q;
+    int i, zero_point;
+    x = mlc_from_data(ctx, MLC_SHAPE(18), ties);
+    q = mlc_quantize(x, 1.0f, 0);
+    CHECK_MSG(q != NULL, "%s", mlc_error_message(ctx));
+    CHECK(mlc_dtype(q) == MLC_I8 && strcmp(mlc_dtype_name(MLC_I8), "int8") == 0);
+    for (i = 0; i < 18; i++) CHECK_MSG(q->int8[i] == expected[i], "%g -> %d", (double)ties[i], q->int8[i]);
+    for (zero_point = -128; zero_point <= 127; zero_point += 51) {    /* random values, ties among them */
+        const float scale = 0.0371f;
+        for (i = 0; i < 64; i++)
+            values[i] = i % 4 == 0 ? scale * ((float)(i - 32) + 0.5f) : (float)(rand() % 20001 - 10000) * 1e-3f;
+        x = mlc_from_data(ctx, MLC_SHAPE(64), values);
+        q = mlc_quantize(x, scale, zero_point);
+        CHECK(q && q->qscale == scale && q->qzero == zero_point);
+        CHECK(mlc_read(q, back, 64) == MLC_OK);
+        for (i = 0; i < 64; i++) {
+            const int want = reference_quantize(values[i], scale, zero_point, -128);
+            CHECK_MSG(q->int8[i] == want, "%g (zero point %d) -> %d, reference %d", (double)values[i], zero_point,
+                      q->int8[i], want);
+            CHECK(test_same_float(back[i], scale * (float)(want - zero_point)));   /* dequantized */
+            if (want > -128 && want < 127) CHECK(fabs((double)back[i] - values[i]) <= scale * 0.5 + 1e-6);
+        }
+    }
+    values[0] = NAN;                                                        /* NaN: the zero point */
+    CHECK(mlc_write(x, values, 64) == MLC_OK);
+    CHECK((q = mlc_quantize(x, 0.5f, 3)) && q->int8[0] == 3);
+    CHECK(mlc_quantize(x, 0.0f, 0) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    CHECK(strstr(mlc_error_message(ctx), "mlc_quantize") != NULL);
+    mlc_clear_error(ctx);
+    CHECK(mlc_quantize(x, 1.0f, 128) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_quantize(x, 1e-39f, 0) == NULL && mlc_error(ctx) == MLC_ERR_ARG);   /* 1/scale overflows */
+    test_destroy(ctx);
+    return 1;
+}
+
+static int weights_quantize_per_row(void) {
+    mlc_ctx *ctx = test_ctx(2);
+    const float w[12] = { 0.5f, -1.0f, 0.25f, 0.0f,    0.0f, 0.0f, 0.0f, 0.0f,    3.0f, 1.5f, -0.01f, 2.999f };
+    float back[12];
+    mlc_tensor *t = mlc_from_data(ctx, MLC_SHAPE(3, 4), w), *q = mlc_quantize_weight(t), *d;
+    int r, i;
+    CHECK_MSG(q != NULL, "%s", mlc_error_message(ctx));
+    CHECK(q->qscales && q->qscales->size == 3);
+    CHECK(test_same_float(mlc_get(q->qscales, 0), 1.0f / 127.0f));
+    CHECK(test_same_float(mlc_get(q->qscales, 1), 1.0f));                 /* a row of zeros */
+    CHECK(test_same_float(mlc_get(q->qscales, 2), 3.0f / 127.0f));
+    for (r = 0; r < 3; r++)
+        for (i = 0; i < 4; i++) {
+            const float s = mlc_get(q->qscales, (size_t)r);
+            CHECK(q->int8[r * 4 + i] == reference_quantize(w[r * 4 + i], s, 0, -127));
+            CHECK(q->int8[r * 4 + i] >= -127);
+        }
+    CHECK(q->int8[1] == -127 && q->int8[8] == 127);
+    CHECK((d = mlc_dequantize(q)) && mlc_dtype(d) == MLC_F32);
+    CHECK(mlc_read(d, back, 12) == MLC_OK);
+    for (i = 0; i < 12; i++) CHECK(fabs((double)back[i] - w[i]) <= 0.5 * mlc_get(q->qscales, (size_t)i / 4) + 1e-7);
+    back[5] = INFINITY;
+    t = mlc_from_data(ctx, MLC_SHAPE(3, 4), back);
+    CHECK(mlc_quantize_weight(t) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    CHECK_MSG(strstr(mlc_error_message(ctx), "row 1") != NULL, "%s", mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    CHECK(mlc_quantize_weight(mlc_zeros(ctx, MLC_SHAPE(0, 3))) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    test_destroy(ctx);
+    return 1;
+}
+
+/* The dynamic linear computed in doubles from the same quantized integers */
+static void reference_linear(const float *x, const int8_t *wq, const float *ws, const float *b, int M, int N,
+                             int K, float *y) {
+    int m, n, k;
+    for (m = 0; m < M; m++) {
+        float top = 0.0f, s, inv;
+        int8_t xq[256];
+        for (k = 0; k < K; k++) top = fabsf(x[m * K + k]) > top ? fabsf(x[m * K + k]) : top;
+        s = top > 0.0f ? top / 127.0f : 1.0f;
+        inv = 1.0f / s;
+        for (k = 0; k < K; k++) xq[k] = (int8_t)reference_quantize(x[m * K + k], s, 0, -127);
+        (void)inv;
+        for (n = 0; n < N; n++) {
+            long long sum = 0;
+            for (k = 0; k < K; k++) sum += (long long)xq[k] * wq[n * K + k];
+            y[m * N + n] = (float)sum * (s * ws[n]) + (b ? b[n] : 0.0f);
+        }
+    }
+}
+
+static int dynamic_linear_matches_its_scheme(void) {
+    mlc_ctx *ctx = test_ctx(3);
+    const int M = 7, N = 13, K = 37;
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(M, K)), *w = mlc_randn(ctx, MLC_SHAPE(N, K)),
+               *b = mlc_randn(ctx, MLC_SHAPE(N)), *wq = mlc_quantize_weight(w), *y, *yf;
+    float xs[7 * 37], ws[13], bs[13], got[7 * 13], want[7 * 13], flt[7 * 13];
+    double dot = 0, nf = 0, ny = 0;
+    int i;
+    CHECK_MSG(wq != NULL, "%s", mlc_error_message(ctx));
+    y = mlc_linear(x, wq, b);
+    yf = mlc_linear(x, w, b);
+    CHECK_MSG(y && yf, "%s", mlc_error_message(ctx));
+    CHECK(mlc_dtype(y) == MLC_F32 && y->shape[0] == M && y->shape[1] == N);
+    CHECK(mlc_read(x, xs, (size_t)M * K) == MLC_OK && mlc_read(wq->qscales, ws, (size_t)N) == MLC_OK);
+    CHECK(mlc_read(b, bs, (size_t)N) == MLC_OK && mlc_read(y, got, (size_t)M * N) == MLC_OK);
+    CHECK(mlc_read(yf, flt, (size_t)M * N) == MLC_OK);
+    mlc_host_data(wq->qscales);
+    reference_linear(xs, wq->int8, ws, bs, M, N, K, want);
+    for (i = 0; i < M * N; i++) {
+        CHECK_MSG(test_same_float(got[i], want[i]), "y[%d] = %.9g, the scheme gives %.9g", i, (double)got[i],
+                  (double)want[i]);
+        dot += (double)got[i] * flt[i]; ny += (double)got[i] * got[i]; nf += (double)flt[i] * flt[i];
+    }
+    CHECK_MSG(dot / sqrt(ny * nf) > 0.999, "cosine with float32 %.6f", dot / sqrt(ny * nf));
+    /* batched input [2, 3, K], no bias, a row of zeros and a row with a NaN */
+    {
+        float xb[2 * 3 * 37];
+        mlc_tensor *x3, *y3;
+        for (i = 0; i < 2 * 3 * K; i++) xb[i] = (float)((i * 7919) % 101 - 50) * 0.02f;
+        for (i = 0; i < K; i++) xb[K + i] = 0.0f;
+        xb[2 * K + 5] = NAN;
+        x3 = mlc_from_data(ctx, MLC_SHAPE(2, 3, K), xb);
+        y3 = mlc_linear(x3, wq, NULL);
+        CHECK_MSG(y3 && y3->ndim == 3 && y3->shape[2] == N, "%s", mlc_error_message(ctx));
+        reference_linear(xb, wq->int8, ws, NULL, 6, N, K, want);
+        CHECK(mlc_read(y3, got, (size_t)6 * N) == MLC_OK);
+        for (i = 0; i < 6 * N; i++)
+            if (i / N == 2) CHECK(test_is_nan(got[i]));                     /* the NaN row */
+            else CHECK_MSG(test_same_float(got[i], want[i]), "y3[%d] %.9g vs %.9g", i, (double)got[i],
+                           (double)want[i]);
+        for (i = N; i < 2 * N; i++) CHECK(got[i] == 0.0f);                   /* the zero row */
+    }
+    forgive_int8_fallbacks(ctx);
+    return 1;
+}
+
+/* dx = g · (s_n W), the rounding of x counted as identity: the float linear on the dequantized
+   weight gives the same gradients; db = Σ g */
+static int dynamic_linear_gradients(void) {
+    mlc_ctx *ctx = test_ctx(4);
+    mlc_tensor *w = mlc_randn(ctx, MLC_SHAPE(6, 9)), *wq = mlc_quantize_weight(w), *wd = mlc_dequantize(wq);
+    mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(4, 9)), 1);
+    mlc_tensor *x2 = mlc_requires_grad(mlc_keep(x), 1);
+    mlc_tensor *b = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(6)), 1), *b2 = mlc_requires_grad(mlc_keep(b), 1);
+    mlc_tensor *g = mlc_randn(ctx, MLC_SHAPE(4, 6));
+    float gx[36], gx2[36], gb[6], gb2[6];
+    int i;
+    CHECK_MSG(wd && x2 && b2, "%s", mlc_error_message(ctx));
+    CHECK(mlc_backward_with(mlc_linear(x, wq, b), g) == MLC_OK);
+    CHECK(mlc_backward_with(mlc_linear(x2, wd, b2), g) == MLC_OK);
+    memcpy(gx, mlc_host_grad(x), sizeof gx); memcpy(gx2, mlc_host_grad(x2), sizeof gx2);
+    memcpy(gb, mlc_host_grad(b), sizeof gb); memcpy(gb2, mlc_host_grad(b2), sizeof gb2);
+    for (i = 0; i < 36; i++) CHECK_NEAR(gx[i], gx2[i], 1e-5);
+    for (i = 0; i < 6; i++) CHECK_NEAR(gb[i], gb2[i], 1e-5);
+    CHECK(!wq->requires_grad && wq->grad == NULL);
+    forgive_int8_fallbacks(ctx);
+    return 1;
+}
+
+static mlc_module *mlp(mlc_ctx *ctx) {
+    return mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 20, 32), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 32, 32),
+                             mlc_nn_gelu(ctx), mlc_nn_linear_nobias(ctx, 32, 5), NULL);
+}
+
+/* Whether bytes hold text */
+static int holds(const unsigned char *bytes, size_t size, const char *text) {
+    size_t n = strlen(text), i;
+    for (i = 0; i + n <= size; i++) if (memcmp(bytes + i, text, n) == 0) return 1;
+    return 0;
+}
+
+static double cosine(const float *a, const float *b, size_t n) {
+    double d = 0, na = 0, nb = 0;
+    size_t i;
+    for (i = 0; i < n; i++) { d += (double)a[i] * b[i]; na += (double)a[i] * a[i]; nb += (double)b[i] * b[i]; }
+    return d / sqrt(na * nb);
+}
+
+static int quantize_dynamic_module(void) {
+    mlc_ctx *ctx = test_ctx(5);
+    mlc_module *m = mlp(ctx), *again;
+    mlc_tensor *x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(16, 20))), *w;
+    float before[80], after[80], third[80];
+    mlc_named_tensor state[16];
+    unsigned char *file;
+    size_t size;
+    mlc_optim *opt;
+    int n, i, step;
+    CHECK(mlc_read(mlc_forward(m, x), before, 80) == MLC_OK);
+    CHECK_MSG(mlc_quantize_dynamic(m) == MLC_OK, "%s", mlc_error_message(ctx));
+    CHECK(mlc_quantize_dynamic(m) == MLC_OK);                               /* a second time: nothing */
+    n = mlc_module_state(m, state, 16);
+    CHECK_MSG(n == 8, "%d state tensors", n);                               /* 3 weights, 2 biases, 3 scales */
+    for (i = 0; i < n; i++)
+        if (strstr(state[i].name, ".weight") && !strstr(state[i].name, "scale"))
+            CHECK_MSG(mlc_dtype(state[i].tensor) == MLC_I8, "%.100s", state[i].name);
+    CHECK(strcmp(state[2].name, "0.weight_scale") == 0 && state[2].tensor->size == 32);
+    for (step = 0; step < 50; step++) {                                     /* a long-lived context */
+        mlc_frame f = mlc_frame_begin(ctx);
+        CHECK(mlc_read(mlc_forward(m, x), after, 80) == MLC_OK);
+        mlc_frame_end(f);
+    }
+    CHECK_MSG(cosine(before, after, 80) > 0.999, "cosine %.6f", cosine(before, after, 80));
+    w = m->children[0]->params[0];
+    CHECK(mlc_module_to_dtype(m, MLC_BF16) == MLC_OK);                      /* int8 and its scales stay */
+    CHECK(mlc_dtype(w) == MLC_I8 && mlc_dtype(m->children[0]->buffers[0]) == MLC_F32);
+    CHECK(mlc_module_to_dtype(m, MLC_F32) == MLC_OK);
+    CHECK(mlc_read(mlc_forward(m, x), after, 80) == MLC_OK);                /* (biases rounded to bf16) */
+    /* the file: I8 weights, F32 scales; loads into a quantized model, not into a float one */
+    size = mlc_module_encode(m, NULL, NULL, 0);
+    CHECK(size > 0 && (file = (unsigned char *)malloc(size)) != NULL);
+    CHECK(mlc_module_encode(m, NULL, file, size) == size);
+    CHECK(holds(file, size, "\"0.weight\":{\"dtype\":\"I8\""));
+    again = mlp(ctx);
+    CHECK(mlc_module_load_from_memory(again, file, size, NULL) != MLC_OK);  /* float model */
+    CHECK_MSG(strstr(mlc_error_message(ctx), "quantize") && strstr(mlc_error_message(ctx), "0.weight"), "%s",
+              mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    CHECK(mlc_quantize_dynamic(again) == MLC_OK);
+    CHECK_MSG(mlc_module_load_from_memory(again, file, size, NULL) == MLC_OK, "%s", mlc_error_message(ctx));
+    CHECK(mlc_read(mlc_forward(again, x), third, 80) == MLC_OK);
+    CHECK(memcmp(after, third, sizeof after) == 0);
+    free(file);
+    /* for inference only */
+    opt = mlc_sgd(ctx, m, (mlc_sgd_opts){ .lr = 0.1f });
+    if (opt) {
+        mlc_step(opt);
+        CHECK(mlc_error(ctx) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "int8"));
+        mlc_clear_error(ctx);
+    }
+    forgive_int8_fallbacks(ctx);
+    return 1;
+}
+
+/* Every op but the int8 ones refuses an int8 tensor, naming itself; so do gradients */
+static int int8_refused_elsewhere(void) {
+    mlc_ctx *ctx = test_ctx(6);
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(2, 3)), *q = mlc_quantize(x, 0.1f, 0);
+    mlc_tensor *img = mlc_randn(ctx, MLC_SHAPE(1, 1, 4, 4)), *k = mlc_randn(ctx, MLC_SHAPE(2, 1, 3, 3));
+    mlc_tensor *qb = mlc_quantize(mlc_randn(ctx, MLC_SHAPE(2)), 0.1f, 0);
+    CHECK(q && qb);
+#define REFUSED(call, name) do { \
+        CHECK((call) == NULL && mlc_error(ctx) == MLC_ERR_ARG); \
+        CHECK_MSG(strstr(mlc_error_message(ctx), name) && strstr(mlc_error_message(ctx), "int8"), "%s", \
+                  mlc_error_message(ctx)); \
+        mlc_clear_error(ctx); } while (0)
+    REFUSED(mlc_add(x, q), "mlc_add");
+    REFUSED(mlc_relu(q), "mlc_relu");
+    REFUSED(mlc_matmul(x, mlc_quantize(mlc_randn(ctx, MLC_SHAPE(3, 2)), 0.1f, 0)), "mlc_matmul");
+    REFUSED(mlc_conv2d(img, k, qb, (mlc_conv_opts){ 0 }), "mlc_conv2d");         /* an optional input */
+    REFUSED(mlc_to_dtype(q, MLC_BF16), "mlc_to_dtype");
+    REFUSED(mlc_linear(q, mlc_quantize_weight(mlc_randn(ctx, MLC_SHAPE(4, 3))), NULL), "mlc_linear");
+    REFUSED(mlc_requires_grad(q, 1), "mlc_requires_grad");
+    REFUSED(mlc_quantize(q, 1.0f, 0), "mlc_quantize");
+    CHECK(mlc_dequantize(x) == NULL && mlc_error(ctx) == MLC_ERR_ARG);          /* not int8 */
+    mlc_clear_error(ctx);
+    CHECK(mlc_host_data(q) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_from_data_dtype(ctx, MLC_SHAPE(2), (const float[]){ 1, 2 }, MLC_I8) == NULL);
+    mlc_clear_error(ctx);
+    CHECK(mlc_set_default_dtype(ctx, MLC_I8) == MLC_F32 && mlc_error(ctx) == MLC_ERR_ARG);
+    test_destroy(ctx);
+    return 1;
+#undef REFUSED
+}
+
+/* On a device the int8 linear runs on the CPU through copies: counted, and right */
+static int int8_ops_fall_back_counted(void) {
+    mlc_ctx *ctx = test_ctx(7);
+    mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(3, 8)), *wq = mlc_quantize_weight(mlc_randn(ctx, MLC_SHAPE(4, 8)));
+    const size_t before = mlc_get_stats(ctx).fallbacks;
+    mlc_tensor *y = mlc_relu(mlc_linear(x, wq, NULL));
+    CHECK_MSG(y != NULL, "%s", mlc_error_message(ctx));
+    CHECK(mlc_has_device(ctx) == y->on_device);
+    CHECK(mlc_get_stats(ctx).fallbacks == before + (mlc_has_device(ctx) ? 1 : 0));
+    forgive_int8_fallbacks(ctx);
+    return 1;
+}
+
+const test_case tests_quant[] = {
+    TEST(quantize_rounds_to_nearest_even)
+    TEST(weights_quantize_per_row)
+    TEST(dynamic_linear_matches_its_scheme)
+    TEST(dynamic_linear_gradients)
+    TEST(quantize_dynamic_module)
+    TEST(int8_refused_elsewhere)
+    TEST(int8_ops_fall_back_counted)
+    { NULL, NULL }
+};
