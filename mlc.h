@@ -490,9 +490,11 @@ MLCDEF mlc_result mlc_module_to(mlc_module *m, int on_device); /* every paramete
 MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype);
 /* Every Linear in m (children's too) gets an int8 weight, scaled per output row as by
    mlc_quantize_weight (the float weight freed), and a buffer "weight_scale" [out] with the
-   scales: torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8), and
-   mlc_linear then runs dynamically quantized. Save and load it as any module (its weights as I8
-   safetensors entries, the scales F32). For inference: optimisers refuse int8 weights. */
+   scales; so do the recurrent layers' weight_ih_lN and weight_hh_lN ("weight_ih_l0_scale"):
+   torch.ao.quantization.quantize_dynamic(m, {nn.Linear, nn.LSTM, ...}, dtype=torch.qint8). Their
+   products then run dynamically quantized (mlc_linear with an int8 weight). Save and load it as
+   any module (its weights as I8 safetensors entries, the scales F32). For inference: optimisers
+   refuse int8 weights. */
 MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
@@ -9327,6 +9329,13 @@ static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
            && (!on_device || mlc_to(t, 1));
 }
 
+/* Whether t holds the scales of one of m's int8 parameters */
+static int mlc__scales_of_int8(const mlc_module *m, const mlc_tensor *t) {
+    int i;
+    for (i = 0; i < m->n_params; i++) if (m->params[i]->qscales == t) return 1;
+    return 0;
+}
+
 MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
     int i;
     if (!m) return MLC_ERR_NULL;
@@ -9337,30 +9346,36 @@ MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype) {
     }
     for (i = 0; i < m->n_params; i++) if (!mlc__convert_storage(m->params[i], dtype)) return m->ctx->error;
     for (i = 0; i < m->n_buffers; i++)   /* (a count stays float32: PyTorch's is int64; int8 scales too) */
-        if (strcmp(m->buffer_names[i], "num_batches_tracked") != 0
-            && strcmp(m->buffer_names[i], "weight_scale") != 0 && !mlc__convert_storage(m->buffers[i], dtype))
+        if (strcmp(m->buffer_names[i], "num_batches_tracked") != 0 && !mlc__scales_of_int8(m, m->buffers[i])
+            && !mlc__convert_storage(m->buffers[i], dtype))
             return m->ctx->error;
     for (i = 0; i < m->n_children; i++)
         if (mlc_module_to_dtype(m->children[i], dtype) != MLC_OK) return m->ctx->error;
     return MLC_OK;
 }
 
-/* Linear m's weight quantized in place (mlc_quantize_weight's scheme): int8 storage, the float
-   one freed, and its scales in a new buffer weight_scale. The values are read in frame f. */
-static int mlc__quantize_linear(mlc_module *m) {
+/* Parameter `index` of m (a product's weight) quantized in place (mlc_quantize_weight's scheme):
+   int8 storage, the float one freed, and its scales in a new buffer named after it ("weight"'s
+   "weight_scale"). The values are read in the caller's frame. */
+static int mlc__quantize_param(mlc_module *m, int index) {
     mlc_ctx *ctx = m->ctx;
-    mlc_tensor *w = m->params[0], *scales;
-    const size_t rows = (size_t)w->shape[0];
-    const float *v;
-    int8_t *q;
+    mlc_tensor *w = m->params[index], *scales;
+    const size_t rows = (size_t)w->shape[0], length = strlen(m->param_names[index]);
     const int on_device = w->on_device;
+    const float *v;
+    int8_t *q = NULL;
+    char *name;
     if (w->dtype == MLC_I8) return 1;                    /* quantized before */
     if (on_device && !mlc_to(w, 0)) return 0;           /* quantized on the host, then back */
     if (!(v = mlc__host(w)) || !(scales = mlc__new(ctx, "mlc_quantize_dynamic", 1, w->shape, 1))) return 0;
-    if (!(q = (int8_t *)mlc__owned_alloc(ctx, w->size + 1, "mlc_quantize_dynamic"))
+    if ((name = (char *)mlc__owned_alloc(ctx, length + sizeof "_scale", "mlc_quantize_dynamic")) != NULL) {
+        memcpy(name, m->param_names[index], length);
+        memcpy(name + length, "_scale", sizeof "_scale");
+    }
+    if (!name || !(q = (int8_t *)mlc__owned_alloc(ctx, w->size + 1, "mlc_quantize_dynamic"))
         || !mlc__quantize_rows(ctx, "mlc_quantize_dynamic", w, v, rows, rows ? w->size / rows : 0, q,
                                scales->data, 1)
-        || mlc__module_add(m, "weight_scale", scales, 1) != MLC_OK) {
+        || mlc__module_add(m, name, scales, 1) != MLC_OK) {
         if (q) mlc__owned_free(ctx, q);
         if (!scales->owner) mlc_tensor_free(scales);
         return 0;
@@ -9379,10 +9394,13 @@ static int mlc__quantize_linear(mlc_module *m) {
     return !on_device || (mlc_to(w, 1) && mlc_to(scales, 1));
 }
 
-static int mlc__quantize_dynamic(mlc_module *m) {
+/* A Linear's weight; a recurrent layer's children's weight_ih and weight_hh (its products) */
+static int mlc__quantize_dynamic(mlc_module *m, int recurrent) {
     int i;
-    if (m->forward == mlc__linear_forward && !mlc__quantize_linear(m)) return 0;
-    for (i = 0; i < m->n_children; i++) if (!mlc__quantize_dynamic(m->children[i])) return 0;
+    if (m->forward == mlc__linear_forward && !mlc__quantize_param(m, 0)) return 0;
+    if (recurrent && (!mlc__quantize_param(m, 0) || !mlc__quantize_param(m, 1))) return 0;
+    for (i = 0; i < m->n_children; i++)
+        if (!mlc__quantize_dynamic(m->children[i], m->forward == mlc__rnn_module_forward)) return 0;
     return 1;
 }
 MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m) {
@@ -9390,7 +9408,7 @@ MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m) {
     if (!m) return MLC_ERR_NULL;
     if (m->ctx->error || !mlc__module_walkable(m, "mlc_quantize_dynamic")) return m->ctx->error;
     f = mlc_frame_begin(m->ctx);
-    mlc__quantize_dynamic(m);
+    mlc__quantize_dynamic(m, 0);
     mlc_frame_end(f);
     return m->ctx->error;
 }

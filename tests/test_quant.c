@@ -258,6 +258,41 @@ static int quantize_dynamic_module(void) {
     return 1;
 }
 
+/* The recurrent layers' products quantize too: weight_ih_lN and weight_hh_lN, PyTorch's names
+   with "_scale" for their scales; a bidirectional two-layer LSTM and a GRU stay near float32 */
+static int quantize_dynamic_recurrent(void) {
+    mlc_ctx *ctx = test_ctx(8);
+    mlc_module *lstm = mlc_nn_recurrent(ctx, MLC_CELL_LSTM, 6, 16, (mlc_rnn_opts){ .num_layers = 2,
+                                                                                 .bidirectional = 1 });
+    mlc_module *gru = mlc_nn_gru(ctx, 6, 12, 1);
+    mlc_tensor *x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(3, 5, 6)));
+    static float before[3 * 5 * 32], after[3 * 5 * 32];
+    mlc_named_tensor state[40];
+    int n, i, scales = 0, m;
+    for (m = 0; m < 2; m++) {
+        mlc_module *net = m ? gru : lstm;
+        mlc_tensor *y = mlc_forward(net, x);
+        CHECK_MSG(y != NULL, "%s", mlc_error_message(ctx));
+        CHECK(mlc_read(y, before, y->size) == MLC_OK);
+        CHECK_MSG(mlc_quantize_dynamic(net) == MLC_OK, "%s", mlc_error_message(ctx));
+        CHECK(mlc_read(mlc_forward(net, x), after, y->size) == MLC_OK);
+        CHECK_MSG(cosine(before, after, y->size) > 0.999, "%s cosine %.6f", m ? "GRU" : "LSTM",
+                  cosine(before, after, y->size));
+    }
+    n = mlc_module_state(lstm, state, 40);
+    for (i = 0; i < n; i++) {
+        const int is_scale = strstr(state[i].name, "_scale") != NULL;
+        scales += is_scale;
+        if (strncmp(state[i].name, "weight_", 7) == 0 && !is_scale) CHECK(mlc_dtype(state[i].tensor) == MLC_I8);
+        if (strncmp(state[i].name, "bias_", 5) == 0) CHECK(mlc_dtype(state[i].tensor) == MLC_F32);
+    }
+    CHECK_MSG(scales == 8, "%d scales", scales);                           /* 2 layers x 2 directions x 2 */
+    for (i = 0; i < n && strcmp(state[i].name, "weight_hh_l1_reverse_scale"); i++) {}
+    CHECK(i < n);
+    forgive_int8_fallbacks(ctx);
+    return 1;
+}
+
 /* Every op but the int8 ones refuses an int8 tensor, naming itself; so do gradients */
 static int int8_refused_elsewhere(void) {
     mlc_ctx *ctx = test_ctx(6);
@@ -309,6 +344,7 @@ const test_case tests_quant[] = {
     TEST(dynamic_linear_matches_its_scheme)
     TEST(dynamic_linear_gradients)
     TEST(quantize_dynamic_module)
+    TEST(quantize_dynamic_recurrent)
     TEST(int8_refused_elsewhere)
     TEST(int8_ops_fall_back_counted)
     { NULL, NULL }
