@@ -100,6 +100,8 @@ CONFIGURATION MACROS (define before including)
                          intrinsics (<immintrin.h>) or cpuid in the object. Heap memory comes
                          only from mlc_config.allocator (mlc_create returns NULL without one);
                          with mlc_config.arena the arena is a buffer of yours (see MEMORY).
+   MLC_INT8_PATCH_BYTES  the int8 convolution's im2col scratch, in bytes (default 8192: it
+                         takes as many output positions a pass as fit)
    MLC_FREED_KEPT        how many freed tensors' records (a struct each) a context keeps, so
                          that a second mlc_tensor_free or a use of a freed tensor is refused
                          (default 256, 8 under MLC_NO_MALLOC; in the context; 0: none, a
@@ -693,6 +695,23 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point);
 MLCDEF mlc_tensor *mlc_quantize_weight(mlc_tensor *w);
 MLCDEF mlc_tensor *mlc_dequantize(mlc_tensor *q);
+/* Static quantization (torch.ao.nn.quantized.Conv2d, Linear, FloatFunctional.add): int8 in,
+   int8 out with the given output scale and zero point (calibrated; after a ReLU or ReLU6 the
+   range [0, max] makes the activation part of the clamp). weight: mlc_quantize_weight's; bias:
+   float32, rounded to int32 at s_x s_w. Integer sums, then fixed-point requantization (a
+   multiplier's 24-bit mantissa and a shift, one rounding): the same integers on every
+   platform. mlc_max_pool2d, mlc_avg_pool2d (and _opts), mlc_global_avg_pool2d, mlc_reshape
+   and mlc_flatten take int8 tensors too, keeping their scale and zero point. No gradient; on
+   the CPU (a device counts a fallback). */
+MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
+                                   float scale, int zero_point);
+MLCDEF mlc_tensor *mlc_linear_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float scale,
+                                   int zero_point);
+MLCDEF mlc_tensor *mlc_add_int8(mlc_tensor *a, mlc_tensor *b, float scale, int zero_point);
+/* An int8 tensor over the caller's read-only memory (weights in flash), as mlc_from_const: per
+   tensor (scale, zero_point), or per row with row_scales (float32 [shape[0]]; zero point 0) */
+MLCDEF mlc_tensor *mlc_from_const_int8(mlc_ctx *ctx, int ndim, const int *shape, const int8_t *data,
+                                       float scale, int zero_point, mlc_tensor *row_scales);
 
 /* ============================================================================================
    @section api-autograd  Public API: autograd
@@ -1386,6 +1405,9 @@ typedef struct mlc__device_buffers {   /* frame temporaries (sorted by level), s
 } mlc__device_buffers;
 
 struct mlc__autocast_copy { mlc_tensor *of, *copy; };   /* autocast's copy of a parameter */
+#ifndef MLC_INT8_PATCH_BYTES
+#define MLC_INT8_PATCH_BYTES 8192
+#endif
 #ifndef MLC_FREED_KEPT
 #ifdef MLC_NO_MALLOC
 #define MLC_FREED_KEPT 8                /* bare metal: a few, the context's memory is the user's */
@@ -5852,9 +5874,10 @@ static void mlc__accumulate_backward(mlc__node *n) {   /* reshape, copy: dx = g 
 MLCDEF mlc_tensor *mlc_reshape(mlc_tensor *x, int ndim, const int *shape) {
     int s[MLC_MAX_DIMS] = {0}, d, infer = -1, fits = 1;
     size_t known = 1;
-    mlc_tensor *out;
+    mlc_tensor *out, *const in[1] = { x };
     mlc__node call;
-    MLC__ENTER("mlc_reshape", x);
+    mlc_ctx *ctx = mlc__enter_as("mlc_reshape", 1, in, 1);   /* (an int8 view too) */
+    if (!ctx) return NULL;
     if (ndim < 0 || ndim > MLC_MAX_DIMS || (ndim && !shape))
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_reshape: rank %d is outside 0..%d", ndim,
                                        MLC_MAX_DIMS);
@@ -7531,6 +7554,45 @@ static int mlc__conv2d_cpu(mlc__node *n) {
 }
 
 /* conv2d, then (relu) relu fused into it on the CPU; on a device the two ops run in turn */
+/* A convolution's sizes in *cv from its operands and options, checked (errors name op). */
+static int mlc__conv_setup(mlc_ctx *ctx, const char *op, const mlc_tensor *x, const mlc_tensor *weight,
+                           const mlc_tensor *bias, mlc_conv_opts opts, mlc__conv *cv_out) {
+    mlc__conv cv;
+    cv.relu = 0;
+    cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
+    cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
+    cv.sw = mlc__int_setting(opts.stride_w, cv.sh); cv.pw = mlc__int_setting(opts.padding_w, cv.ph);
+    cv.dw = mlc__int_setting(opts.dilation_w, cv.dh);
+    if (cv.sh < 1 || cv.sw < 1 || cv.ph < 0 || cv.pw < 0 || cv.dh < 1 || cv.dw < 1 || cv.groups < 1
+        || opts.padding_w < MLC_ZERO_INT)
+        return mlc__fail(ctx, MLC_ERR_ARG,
+                         "%s: stride (%d, %d), padding (%d, %d), dilation (%d, %d), groups %d "
+                         "are not valid",
+                         op, opts.stride, opts.stride_w, opts.padding, opts.padding_w, opts.dilation,
+                         opts.dilation_w, opts.groups)
+               != NULL;
+    if (x->ndim != 4 || weight->ndim != 4)
+        return mlc__fail(ctx, MLC_ERR_SHAPE,
+                         "%s: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]", op, x, weight)
+               != NULL;
+    cv.N = x->shape[0]; cv.C = x->shape[1]; cv.H = x->shape[2]; cv.W = x->shape[3];
+    cv.O = weight->shape[0]; cv.KH = weight->shape[2]; cv.KW = weight->shape[3];
+    if (cv.C % cv.groups || cv.O % cv.groups || weight->shape[1] * cv.groups != cv.C)
+        return mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T and weight %T do not fit groups = %d", op, x, weight,
+                         cv.groups) != NULL;
+    if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
+        return mlc__fail(ctx, MLC_ERR_SHAPE, "%s: bias %T must be [%d]", op, bias, cv.O) != NULL;
+    if (!mlc__window_fits(ctx, op, cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw)) return 0;
+    cv.OH = (cv.H + 2 * cv.ph - cv.dh * (cv.KH - 1) - 1) / cv.sh + 1;
+    cv.OW = (cv.W + 2 * cv.pw - cv.dw * (cv.KW - 1) - 1) / cv.sw + 1;
+    if (cv.H + 2 * cv.ph < cv.dh * (cv.KH - 1) + 1 || cv.W + 2 * cv.pw < cv.dw * (cv.KW - 1) + 1)
+        return mlc__fail(ctx, MLC_ERR_SHAPE, "%s: kernel %T is larger than the padded input %T", op, weight,
+                         x)
+               != NULL;
+    *cv_out = cv;
+    return 1;
+}
+
 static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
                                int relu) {
     mlc__conv cv;
@@ -7543,36 +7605,8 @@ static mlc_tensor *mlc__conv2d(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bi
     if (relu && x->on_device)
         return relu == 6 ? mlc_relu6(mlc__conv2d(x, weight, bias, opts, 0))
                          : mlc_relu(mlc__conv2d(x, weight, bias, opts, 0));
+    if (!mlc__conv_setup(ctx, "mlc_conv2d", x, weight, bias, opts, &cv)) return NULL;
     cv.relu = relu;
-    cv.sh = opts.stride ? opts.stride : 1; cv.ph = opts.padding;
-    cv.dh = opts.dilation ? opts.dilation : 1; cv.groups = opts.groups ? opts.groups : 1;
-    cv.sw = mlc__int_setting(opts.stride_w, cv.sh); cv.pw = mlc__int_setting(opts.padding_w, cv.ph);
-    cv.dw = mlc__int_setting(opts.dilation_w, cv.dh);
-    if (cv.sh < 1 || cv.sw < 1 || cv.ph < 0 || cv.pw < 0 || cv.dh < 1 || cv.dw < 1 || cv.groups < 1
-        || opts.padding_w < MLC_ZERO_INT)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
-                                       "mlc_conv2d: stride (%d, %d), padding (%d, %d), dilation (%d, %d), "
-                                       "groups %d are not valid", opts.stride, opts.stride_w, opts.padding,
-                                       opts.padding_w, opts.dilation, opts.dilation_w, opts.groups);
-    if (x->ndim != 4 || weight->ndim != 4)
-        return (mlc_tensor *)mlc__fail(
-            ctx, MLC_ERR_SHAPE, "mlc_conv2d: x %T must be [N, C, H, W] and weight %T [O, C/groups, KH, KW]",
-            x, weight);
-    cv.N = x->shape[0]; cv.C = x->shape[1]; cv.H = x->shape[2]; cv.W = x->shape[3];
-    cv.O = weight->shape[0]; cv.KH = weight->shape[2]; cv.KW = weight->shape[3];
-    if (cv.C % cv.groups || cv.O % cv.groups || weight->shape[1] * cv.groups != cv.C)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
-                                       "mlc_conv2d: x %T and weight %T do not fit groups = %d", x, weight,
-                                       cv.groups);
-    if (bias && (bias->ndim != 1 || bias->shape[0] != cv.O))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_conv2d: bias %T must be [%d]", bias, cv.O);
-    if (!mlc__window_fits(ctx, "mlc_conv2d", cv.H, cv.W, cv.KH, cv.KW, cv.ph, cv.pw, cv.dh, cv.dw))
-        return NULL;
-    cv.OH = (cv.H + 2 * cv.ph - cv.dh * (cv.KH - 1) - 1) / cv.sh + 1;
-    cv.OW = (cv.W + 2 * cv.pw - cv.dw * (cv.KW - 1) - 1) / cv.sw + 1;
-    if (cv.H + 2 * cv.ph < cv.dh * (cv.KH - 1) + 1 || cv.W + 2 * cv.pw < cv.dw * (cv.KW - 1) + 1)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
-                                       "mlc_conv2d: kernel %T is larger than the padded input %T", weight, x);
     shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
     out = mlc__make(ctx, "mlc_conv2d", 4, shape, 0);
     if (!out) return NULL;
@@ -7866,13 +7900,15 @@ static int mlc__pool_cpu(mlc__node *n) {
     return 1;
 }
 
+static int mlc__pool_int8(mlc__node *call);   /* (@section int8) */
 static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K, mlc_pool_opts opts) {
     int shape[4], H, W, KW = opts.kernel_w ? opts.kernel_w : K, SH = opts.stride ? opts.stride : K;
     int SW = opts.stride_w ? opts.stride_w : opts.stride ? opts.stride : KW, PH = opts.padding;
     int PW = mlc__int_setting(opts.padding_w, PH);
-    mlc_tensor *out;
+    mlc_tensor *out, *const in[1] = { x };
     mlc__node call;
-    MLC__ENTER(op, x);
+    mlc_ctx *ctx = mlc__enter_as(op, 1, in, 1);
+    if (!ctx) return NULL;
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: x %T must be [N, C, H, W]", op, x);
     if (K >= 1 && KW >= 1 && PH >= 0 && PW >= 0 && (PH > 0 || PW > 0)
@@ -7898,6 +7934,7 @@ static mlc_tensor *mlc__pool2d(const char *op, int is_max, mlc_tensor *x, int K,
     call.args.pool.ph = PH; call.args.pool.pw = PW;
     call.args.pool.is_max = is_max;
     call.args.pool.exclude_pad = opts.exclude_pad != 0 && !is_max;
+    if (x->dtype == MLC_I8) return mlc__pool_int8(&call) ? out : NULL;   /* (@section int8) */
     if (!mlc__run(ctx, &call)) return NULL;
     mlc__record(&call);
     return out;
@@ -7924,10 +7961,18 @@ MLCDEF mlc_tensor *mlc_avg_pool2d(mlc_tensor *x, int kernel, int stride, int pad
 
 MLCDEF mlc_tensor *mlc_global_avg_pool2d(mlc_tensor *x) {
     int shape[3];
-    MLC__ENTER("mlc_global_avg_pool2d", x);
+    mlc_tensor *const in[1] = { x };
+    mlc_ctx *ctx = mlc__enter_as("mlc_global_avg_pool2d", 1, in, 1);
+    if (!ctx) return NULL;
     if (x->ndim != 4)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_global_avg_pool2d: x %T must be [N, C, H, W]",
                                        x);
+    if (x->dtype == MLC_I8) {                            /* one window the size of the plane */
+        mlc_pool_opts plane;
+        memset(&plane, 0, sizeof plane);
+        plane.kernel_w = x->shape[3];
+        return mlc_reshape(mlc_avg_pool2d_opts(x, x->shape[2], plane), 2, x->shape);
+    }
     shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = x->shape[2] * x->shape[3];
     return mlc_mean(mlc_reshape(x, 3, shape), 2, 0);
 }
@@ -8157,16 +8202,19 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
 /* v / scale (as v · inverse_scale) rounded to nearest even, plus zero_point, clamped into
    [lowest, 127]; NaN gives the zero point. Integer steps only after the product, so every
    platform rounds alike. */
-static int8_t mlc__quantize_value(float v, float inverse_scale, int zero_point, int lowest) {
-    float r = v * inverse_scale;
-    int q;
-    if (!(r > -512.0f)) r = r != r ? 0.0f : -512.0f;    /* (clamped before the conversion to int) */
-    if (r > 512.0f) r = 512.0f;
-    q = (int)r;                                          /* toward zero, then down to the floor */
+/* r (|r| <= 2^30) rounded to the nearest integer, ties to even, in integer steps */
+static int32_t mlc__round_even(float r) {
+    int32_t q = (int32_t)r;                              /* toward zero, then down to the floor */
     if ((float)q > r) q--;
     r -= (float)q;                                       /* the fraction, exact */
-    if (r > 0.5f || (r == 0.5f && (q & 1))) q++;
-    q += zero_point;
+    return r > 0.5f || (r == 0.5f && (q & 1)) ? q + 1 : q;
+}
+static int8_t mlc__quantize_value(float v, float inverse_scale, int zero_point, int lowest) {
+    float r = v * inverse_scale;
+    int32_t q;
+    if (!(r > -512.0f)) r = r != r ? 0.0f : -512.0f;    /* (clamped before the conversion to int) */
+    if (r > 512.0f) r = 512.0f;
+    q = mlc__round_even(r) + zero_point;
     return (int8_t)(q < lowest ? lowest : q > 127 ? 127 : q);
 }
 
@@ -8330,6 +8378,310 @@ static void mlc__linear_int8_backward(mlc__node *n) {
     }
 done:
     mlc_frame_end(scratch);
+}
+
+/* ---- Static quantization: int8 in, int8 out -------------------------------------------------
+   Activations carry a scale and a zero point per tensor. A product's integer sums
+     acc[o] = Σ_k (x_k - z_x) W[o, k] + round(b[o] / (s_x s_w[o]))
+   become its output through the real multiplier M[o] = s_x s_w[o] / s_y, held in integers:
+     M = M0 · 2^-t, M0 the float's 24-bit mantissa shifted into [2^30, 2^31),
+     y = clamp(z_y + ⌊(acc · M0 + 2^(t-1)) / 2^t⌋, -128, 127)          (one rounding, ties up)
+   Only the scales' product and quotient are float operations (IEEE single, the same
+   everywhere); the rest is integer, so the host and a Cortex-M get the same bits (the TFLite /
+   CMSIS-NN scheme). A fused ReLU or ReLU6 is the output's range: calibrated after the
+   activation, [0, max] gives z_y = -128 and the clamp does the rest. Pooling keeps the scale and
+   zero point (max of integers; averages rounded half away from zero). These functions keep no
+   tape (no gradient) and run on the CPU: on a device each counts a fallback.
+   --------------------------------------------------------------------------------------------- */
+
+typedef struct mlc__requant { int64_t m0; int shift; } mlc__requant;
+
+/* M as M0 · 2^-shift; 0 when M is not a normal positive float with the shift in [1, 62] */
+static int mlc__requant_of(float M, mlc__requant *r) {
+    const uint32_t bits = mlc__bits(M);
+    const int exponent = (int)((bits >> 23) & 255u) - 127;          /* M = 1.f · 2^exponent */
+    if (!(M > 0.0f) || !mlc__is_finite(M) || !(bits & 0x7f800000u)) return 0;
+    r->m0 = (int64_t)((bits & 0x7fffffu) | 0x800000u) << 7;
+    r->shift = 30 - exponent;
+    return r->shift >= 1 && r->shift <= 62;
+}
+
+/* z + acc · M rounded (ties up), clamped to int8; |acc| < 2^32 (the shift of a negative value is
+   arithmetic on every compiler mlc supports) */
+static int8_t mlc__requantize(int64_t acc, const mlc__requant *r, int zero_point) {
+    const int64_t q = ((acc * r->m0 + ((int64_t)1 << (r->shift - 1))) >> r->shift) + zero_point;
+    return (int8_t)(q < -128 ? -128 : q > 127 ? 127 : q);
+}
+
+/* a / b rounded half away from zero (b > 0) */
+static int64_t mlc__divide_rounded(int64_t a, int64_t b) {
+    return a >= 0 ? (a + b / 2) / b : -((b / 2 - a) / b);
+}
+
+/* The input's on-device check: the int8 functions run on the host, a device counts a fallback */
+static mlc_ctx *mlc__int8_enter(const char *op, int count, mlc_tensor *const *inputs) {
+    mlc_ctx *ctx = mlc__enter_as(op, count, inputs, 1);
+    int i;
+    if (!ctx) return NULL;
+    for (i = 0; i < count; i++)
+        if (inputs[i]->dtype != MLC_I8)
+            return (mlc_ctx *)mlc__fail(ctx, MLC_ERR_ARG, "%s: input %d %T is %s, not int8 (mlc_quantize)",
+                                        op, i, inputs[i], mlc_dtype_name(inputs[i]->dtype));
+    for (i = 0; i < count; i++) mlc__host_sync(inputs[i]);
+    if (inputs[0]->on_device) mlc__fall_back(ctx, op);
+    return ctx;
+}
+
+/* The output's scale and zero point, checked */
+static int mlc__qout_ok(mlc_ctx *ctx, const char *op, float scale, int zero_point) {
+    if (scale > 0.0f && mlc__is_finite(scale) && zero_point >= -128 && zero_point <= 127) return 1;
+    return mlc__fail(ctx, MLC_ERR_ARG, "%s: output scale %g must be positive and finite, zero point %d in "
+                     "[-128, 127]", op, (double)scale, zero_point) != NULL;
+}
+
+/* A product's per-output constants: offset[o] = round(b[o] / (s_x s_w[o])) - z_x Σ_k W[o, k] and
+   the multipliers s_x s_w[o] / s_y. 0 (the error set) when a multiplier is out of range. */
+static int mlc__qproduct_plan(mlc_ctx *ctx, const char *op, const mlc_tensor *x, const mlc_tensor *w,
+                              mlc_tensor *bias, float scale, int64_t *offset, mlc__requant *rq) {
+    const int O = w->shape[0];
+    const size_t K = w->size / (size_t)O;
+    const float *b = bias ? mlc__host(bias) : NULL, *ws = mlc__host(w->qscales);
+    int o;
+    size_t k;
+    if ((bias && !b) || !ws) return 0;
+    for (o = 0; o < O; o++) {
+        const float s = x->qscale * ws[o];
+        int64_t row = 0;
+        for (k = 0; k < K; k++) row += w->int8[(size_t)o * K + k];
+        offset[o] = -(int64_t)x->qzero * row;
+        if (b) {
+            float r = b[o] * (1.0f / s);
+            r = r != r ? 0.0f : r > 1073741824.0f ? 1073741824.0f : r < -1073741824.0f ? -1073741824.0f : r;
+            offset[o] += mlc__round_even(r);
+        }
+        if (!mlc__requant_of(s / scale, &rq[o]))
+            return mlc__fail(ctx, MLC_ERR_ARG,
+                             "%s: output %d's multiplier %g (input scale %g x weight scale %g / "
+                             "output scale %g) is outside [2^-32, 2^30)",
+                             op, o, (double)(s / scale), (double)x->qscale, (double)ws[o], (double)scale)
+                   != NULL;
+    }
+    return 1;
+}
+
+/* An int8 result of the given shape on x's device (written on the host), with its scale */
+static mlc_tensor *mlc__int8_result(mlc_ctx *ctx, const char *op, const mlc_tensor *x, int ndim,
+                                    const int *shape, float scale, int zero_point) {
+    mlc_tensor *y;
+    ctx->op_device = x->on_device;
+    ctx->op_dtype = MLC_I8;
+    if (!(y = mlc__make(ctx, op, ndim, shape, 0))) return NULL;
+    y->qscale = scale;
+    y->qzero = zero_point;
+    return y;
+}
+
+/* A weight for the static products: int8, scaled per row */
+static int mlc__int8_weight_ok(mlc_ctx *ctx, const char *op, const mlc_tensor *w, const mlc_tensor *bias) {
+    if (w->dtype == MLC_I8 && w->qscales && w->shape[0] > 0 && (!bias || bias->dtype != MLC_I8)) return 1;
+    return mlc__fail(ctx, MLC_ERR_ARG,
+                     "%s: weight %T must be int8 scaled per row (mlc_quantize_weight) and the "
+                     "bias float",
+                     op, w)
+           != NULL;
+}
+
+MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
+                                   float scale, int zero_point) {
+    static const char *const op = "mlc_conv2d_int8";
+    mlc_tensor *y, *const in[2] = { x, weight };
+    mlc_ctx *ctx = mlc__int8_enter(op, 1, in);
+    mlc__conv cv;
+    mlc__requant *rq;
+    int64_t *offset;
+    int32_t *sums;
+    int8_t *patches;
+    int shape[4], n, g, Cg, Og, P, block, p0, p, o, c, i, j;
+    size_t Kg;
+    mlc_frame scratch;
+    if (!ctx || !MLC__ARGS_OK(ctx, op, weight, bias) || !mlc__same_device(ctx, op, x, weight)
+        || !mlc__same_device(ctx, op, x, bias) || !mlc__int8_weight_ok(ctx, op, weight, bias)
+        || !mlc__qout_ok(ctx, op, scale, zero_point) || !mlc__conv_setup(ctx, op, x, weight, bias, opts, &cv))
+        return NULL;
+    mlc__host_sync(weight);
+    shape[0] = cv.N; shape[1] = cv.O; shape[2] = cv.OH; shape[3] = cv.OW;
+    if (!(y = mlc__int8_result(ctx, op, x, 4, shape, scale, zero_point))) return NULL;
+    Cg = cv.C / cv.groups; Og = cv.O / cv.groups; P = cv.OH * cv.OW;
+    Kg = (size_t)Cg * cv.KH * cv.KW;
+    block = Kg ? (int)(MLC_INT8_PATCH_BYTES / Kg) : P;   /* output positions a pass, in the scratch */
+    block = block < 1 ? 1 : block > P ? P : block;
+    scratch = mlc_frame_begin(ctx);
+    rq = (mlc__requant *)mlc__arena_alloc(ctx, (size_t)cv.O * sizeof *rq + 1, op);
+    offset = (int64_t *)mlc__arena_alloc(ctx, (size_t)cv.O * sizeof *offset + 1, op);
+    patches = (int8_t *)mlc__arena_alloc(ctx, (size_t)block * Kg + 1, op);
+    sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)block * Og * sizeof *sums + 1, op);
+    if (rq && offset && patches && sums && mlc__qproduct_plan(ctx, op, x, weight, bias, scale, offset, rq))
+        for (n = 0; n < cv.N; n++)
+            for (g = 0; g < cv.groups; g++)
+                for (p0 = 0; p0 < P; p0 += block) {
+                    const int count = P - p0 < block ? P - p0 : block;
+                    for (p = 0; p < count; p++) {         /* im2col: patch p, in the weight's order */
+                        const int oh = (p0 + p) / cv.OW, ow = (p0 + p) % cv.OW;
+                        int8_t *patch = patches + (size_t)p * Kg;
+                        for (c = 0; c < Cg; c++) {
+                            const int8_t *plane
+                                = x->int8 + ((size_t)n * cv.C + (size_t)g * Cg + c) * cv.H * cv.W;
+                            for (i = 0; i < cv.KH; i++)
+                                for (j = 0; j < cv.KW; j++) {
+                                    const int ih = oh * cv.sh - cv.ph + i * cv.dh,
+                                              iw = ow * cv.sw - cv.pw + j * cv.dw;
+                                    *patch++ = ih >= 0 && ih < cv.H && iw >= 0 && iw < cv.W
+                                                   ? plane[(size_t)ih * cv.W + iw] : (int8_t)x->qzero;
+                                }
+                        }
+                    }
+                    mlc_gemm_i8(ctx, count, Og, (int)Kg, patches, weight->int8 + (size_t)g * Og * Kg, sums);
+                    for (o = 0; o < Og; o++) {
+                        const int oc = g * Og + o;
+                        int8_t *out = y->int8 + ((size_t)n * cv.O + oc) * P + p0;
+                        for (p = 0; p < count; p++)
+                            out[p]
+                                = mlc__requantize(sums[(size_t)p * Og + o] + offset[oc], &rq[oc], zero_point);
+                    }
+                }
+    mlc_frame_end(scratch);
+    return ctx->error ? NULL : y;
+}
+
+MLCDEF mlc_tensor *mlc_linear_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float scale,
+                                   int zero_point) {
+    static const char *const op = "mlc_linear_int8";
+    mlc_tensor *y, *const in[1] = { x };
+    mlc_ctx *ctx = mlc__int8_enter(op, 1, in);
+    mlc__requant *rq;
+    int64_t *offset;
+    int32_t *sums;
+    int shape[MLC_MAX_DIMS], M, N, m, o;
+    mlc_frame scratch;
+    if (!ctx || !MLC__ARGS_OK(ctx, op, weight, bias) || !mlc__same_device(ctx, op, x, weight)
+        || !mlc__same_device(ctx, op, x, bias) || !mlc__int8_weight_ok(ctx, op, weight, bias)
+        || !mlc__qout_ok(ctx, op, scale, zero_point))
+        return NULL;
+    mlc__host_sync(weight);
+    if (weight->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != weight->shape[1]
+        || (bias && (bias->ndim != 1 || bias->shape[0] != weight->shape[0])))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "%s: x %T, weight %T and bias %T do not match: [..., in], "
+                                       "[out, in], [out]",
+                                       op, x, weight, bias);
+    N = weight->shape[0];
+    M = (int)mlc__numel(x->ndim - 1, x->shape);
+    memcpy(shape, x->shape, (size_t)x->ndim * sizeof(int));
+    shape[x->ndim - 1] = N;
+    if (!(y = mlc__int8_result(ctx, op, x, x->ndim, shape, scale, zero_point))) return NULL;
+    scratch = mlc_frame_begin(ctx);
+    rq = (mlc__requant *)mlc__arena_alloc(ctx, (size_t)N * sizeof *rq + 1, op);
+    offset = (int64_t *)mlc__arena_alloc(ctx, (size_t)N * sizeof *offset + 1, op);
+    sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)M * N * sizeof *sums + 1, op);
+    if (rq && offset && sums && mlc__qproduct_plan(ctx, op, x, weight, bias, scale, offset, rq)) {
+        mlc_gemm_i8(ctx, M, N, weight->shape[1], x->int8, weight->int8, sums);
+        for (m = 0; m < M; m++)
+            for (o = 0; o < N; o++)
+                y->int8[(size_t)m * N + o]
+                    = mlc__requantize(sums[(size_t)m * N + o] + offset[o], &rq[o], zero_point);
+    }
+    mlc_frame_end(scratch);
+    return ctx->error ? NULL : y;
+}
+
+/* y = z_y + (s_a (a - z_a) + s_b (b - z_b)) / s_y: both terms in fixed point at one shift, one rounding */
+MLCDEF mlc_tensor *mlc_add_int8(mlc_tensor *a, mlc_tensor *b, float scale, int zero_point) {
+    static const char *const op = "mlc_add_int8";
+    mlc_tensor *y, *const in[2] = { a, b };
+    mlc_ctx *ctx = mlc__int8_enter(op, 2, in);
+    mlc__requant ra, rb;
+    size_t i;
+    int shift;
+    if (!ctx || !mlc__qout_ok(ctx, op, scale, zero_point)) return NULL;
+    if (!mlc_same_shape(a, b))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "%s: %T and %T differ in shape", op, a, b);
+    if (a->qscales || b->qscales || !mlc__requant_of(a->qscale / scale, &ra)
+        || !mlc__requant_of(b->qscale / scale, &rb) || ra.shift - rb.shift > 23 || rb.shift - ra.shift > 23)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG,
+                                       "%s: scales %g and %g (per tensor) are too far from the "
+                                       "output's %g",
+                                       op, (double)a->qscale, (double)b->qscale, (double)scale);
+    if (!(y = mlc__int8_result(ctx, op, a, a->ndim, a->shape, scale, zero_point))) return NULL;
+    shift = ra.shift > rb.shift ? ra.shift : rb.shift;
+    for (i = 0; i < a->size; i++) {
+        const int64_t va = (int64_t)(a->int8[i] - a->qzero) * ra.m0 * ((int64_t)1 << (shift - ra.shift));
+        const int64_t vb = (int64_t)(b->int8[i] - b->qzero) * rb.m0 * ((int64_t)1 << (shift - rb.shift));
+        const int64_t q = ((va + vb + ((int64_t)1 << (shift - 1))) >> shift) + zero_point;
+        y->int8[i] = (int8_t)(q < -128 ? -128 : q > 127 ? 127 : q);
+    }
+    return y;
+}
+
+/* Pooling an int8 tensor (mlc_max_pool2d / mlc_avg_pool2d and their _opts; node `call` holds the
+   sizes and the output, made int8): the input's scale and zero point kept; padding counts as
+   the zero point (real 0) where average pooling counts it */
+static int mlc__pool_int8(mlc__node *call) {
+    mlc_tensor *x = call->in[0], *y = call->out;
+    mlc_ctx *ctx = mlc__int8_enter(call->name, 1, call->in);
+    mlc__pool_job job;
+    const int OH = y->shape[2], OW = y->shape[3], H = x->shape[2], W = x->shape[3];
+    size_t plane;
+    int oh, ow, ih, iw, h0, h1, w0, w1;
+    if (!ctx) return 0;
+    mlc__pool_job_of(&job, call, NULL, NULL);
+    y->qscale = x->qscale;
+    y->qzero = x->qzero;
+    for (plane = 0; plane < (size_t)x->shape[0] * x->shape[1]; plane++) {
+        const int8_t *in = x->int8 + plane * H * W;
+        int8_t *out = y->int8 + plane * OH * OW;
+        for (oh = 0; oh < OH; oh++)
+            for (ow = 0; ow < OW; ow++) {
+                int64_t sum = 0, best = -128;
+                mlc__pool_window(&job, oh, ow, &h0, &h1, &w0, &w1);
+                for (ih = h0; ih < h1; ih++)
+                    for (iw = w0; iw < w1; iw++) {
+                        sum += in[ih * W + iw];
+                        best = in[ih * W + iw] > best ? in[ih * W + iw] : best;
+                    }
+                if (!job.is_max) {
+                    const int count = mlc__pool_count(&job, oh, ow);
+                    best = mlc__divide_rounded(sum + (int64_t)(count - (h1 - h0) * (w1 - w0)) * x->qzero,
+                                               count);
+                }
+                out[oh * OW + ow] = (int8_t)best;
+            }
+    }
+    return 1;
+}
+
+/* A read-only int8 tensor over the caller's memory (weights in flash) */
+MLCDEF mlc_tensor *mlc_from_const_int8(mlc_ctx *ctx, int ndim, const int *shape, const int8_t *data,
+                                       float scale, int zero_point, mlc_tensor *row_scales) {
+    static const char *const op = "mlc_from_const_int8";
+    mlc_tensor *t;
+    if (!ctx || ctx->error) return NULL;
+    if (!data) return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_NULL, "%s: data is NULL", op);
+    if (row_scales && !MLC__ARGS_OK(ctx, op, row_scales)) return NULL;
+    if (row_scales ? row_scales->dtype != MLC_F32 || row_scales->ndim != 1 || ndim < 1
+                         || row_scales->shape[0] != shape[0]
+                   : !mlc__qout_ok(ctx, op, scale, zero_point))
+        return (mlc_tensor *)mlc__fail(
+            ctx, MLC_ERR_ARG, "%s: row scales %T must be float32, one per row (axis 0)", op, row_scales);
+    ctx->op_device = ctx->backend != NULL;
+    ctx->op_dtype = MLC_F32;
+    if (!(t = mlc__make_over(ctx, op, ndim, shape, 1, (const float *)(const void *)data))) return NULL;
+    t->dtype = MLC_I8;
+    t->data = NULL;
+    t->int8 = (int8_t *)(uintptr_t)data;
+    t->qscale = row_scales ? 1.0f : scale;
+    t->qzero = row_scales ? 0 : zero_point;
+    t->qscales = row_scales;
+    return t;
 }
 
 /* ============================================================================================

@@ -72,7 +72,7 @@ int test_isnan(double v);
 int test_isfinite(double v);
 extern size_t test_fallbacks;                      /* summed by test_destroy */
 extern char test_fallback_op[96];                  /* the first op that fell back */
-void test_destroy_expecting_fallbacks(mlc_ctx *ctx, const char *op);   /* (tests/test_device.c) */
+void test_destroy_expecting_fallbacks(mlc_ctx *ctx, const char *ops);  /* (tests/test_device.c) */
 
 /* Every element of t equals want[i] within tol (read through mlc_host_data: on a device the
    host copy may be out of date until then). */

@@ -280,7 +280,7 @@ static int other_context_before_shape(void) {
    (mlc_module_to, mlc_module_encode/save, checkpoints): those tensors cannot be ended or freed
    (mlc_tensor_free refuses an owned tensor, free_what_others_hold). */
 enum { K_X, K_M33, K_W43, K_V4, K_V3, K_01, K_CLS, K_IDX2, K_GIDX, K_EIDX, K_EW, K_IMG, K_CW, K_Q,
-       K_MASK, K_ONE, K_ONEG, K_XG, K_PARAM, K_KEPT, K_SEQ, K_H0, K_I8, K_W8 };
+       K_MASK, K_ONE, K_ONEG, K_XG, K_PARAM, K_KEPT, K_SEQ, K_H0, K_I8, K_W8, K_IMG8, K_CW8 };
 static const float hw_v01[] = { 1, 0, 1, 0, 1, 0 }, hw_vcls[] = { 0, 2 }, hw_vidx[] = { 1, 0 };
 static const float hw_vgidx[] = { 0, 1, 2, 2, 1, 0 }, hw_veidx[] = { 1, 4 }, hw_vmask[] = { 0, 0, 0, 0 };
 static const struct { int ndim, shape[4]; const float *values; } hw_kinds[] = {     /* in enum order */
@@ -290,6 +290,7 @@ static const struct { int ndim, shape[4]; const float *values; } hw_kinds[] = { 
     { 4, { 3, 2, 3, 3 }, NULL }, { 3, { 1, 2, 4 }, NULL }, { 2, { 2, 2 }, hw_vmask }, { 1, { 1 }, NULL },
     { 1, { 1 }, NULL }, { 2, { 2, 3 }, NULL }, { 2, { 2, 3 }, NULL }, { 2, { 2, 3 }, NULL },
     { 3, { 1, 2, 3 }, NULL }, { 3, { 1, 1, 2 }, NULL }, { 2, { 2, 3 }, NULL }, { 2, { 4, 3 }, NULL },
+    { 4, { 1, 2, 4, 4 }, NULL }, { 4, { 3, 2, 3, 3 }, NULL },
 };
 
 /* A good tensor of that kind in ctx: in the current frame, or long-lived for K_PARAM and K_KEPT
@@ -310,8 +311,8 @@ static mlc_tensor *hw_make(mlc_ctx *ctx, int kind, int in_frame) {
     t = mlc_from_data(ctx, hw_kinds[kind].ndim, hw_kinds[kind].shape, v);
     if (t && (kind == K_ONEG || kind == K_XG || kind == K_PARAM)) t = mlc_requires_grad(t, 1);
     if (t && kind == K_KEPT && !in_frame) t = mlc_keep(t);
-    if (t && kind == K_I8) t = mlc_quantize(t, 0.05f, 0);          /* int8, per tensor */
-    if (t && kind == K_W8) t = mlc_quantize_weight(t);             /* int8, per row */
+    if (t && (kind == K_I8 || kind == K_IMG8)) t = mlc_quantize(t, 0.05f, 0);   /* int8, per tensor */
+    if (t && (kind == K_W8 || kind == K_CW8)) t = mlc_quantize_weight(t);       /* int8, per row */
     return t;
 }
 
@@ -385,6 +386,10 @@ HW_OP(linear, mlc_linear(t[0], t[1], t[2]))
 HW_OP(quantize, mlc_quantize(t[0], 0.1f, 0))
 HW_OP(quantize_weight, mlc_quantize_weight(t[0]))
 HW_OP(dequantize, mlc_dequantize(t[0]))
+HW_OP(conv2d_int8, mlc_conv2d_int8(t[0], t[1], t[2], (mlc_conv_opts){ 0 }, 0.1f, 0))
+HW_OP(linear_int8, mlc_linear_int8(t[0], t[1], t[2], 0.1f, 0))
+HW_OP(add_int8, mlc_add_int8(t[0], t[1], 0.1f, 0))
+HW_OP(max_pool2d_int8, mlc_max_pool2d(t[0], 2, 2, 0))
 HW_OP(sum, mlc_sum(t[0], 1, 0))
 HW_OP(mean, mlc_mean(t[0], 1, 1))
 HW_OP(max, mlc_max(t[0], 1, 0))
@@ -528,6 +533,10 @@ static const hw_row hw_rows[] = {
     { "mlc_linear", NULL, NULL, hw_linear, 3, { K_X, K_W43, K_V4 }, "x,weight,bias?", 0 },
     { "mlc_linear", "int8 weight", NULL, hw_linear, 3, { K_X, K_W8, K_V4 }, "x,weight,bias?", 0 },
     HW1(quantize, K_X, "x") HW1(quantize_weight, K_W43, "w") HW1(dequantize, K_I8, "q")
+    { "mlc_conv2d_int8", NULL, NULL, hw_conv2d_int8, 3, { K_IMG8, K_CW8, K_V3 }, "x,weight,bias?", 0 },
+    { "mlc_linear_int8", NULL, NULL, hw_linear_int8, 3, { K_I8, K_W8, K_V4 }, "x,weight,bias?", 0 },
+    { "mlc_add_int8", NULL, NULL, hw_add_int8, 2, { K_I8, K_I8 }, "a,b", 0 },
+    { "mlc_max_pool2d", "int8", NULL, hw_max_pool2d_int8, 1, { K_IMG8 }, "x", 0 },
     HW1(sum, K_X, "x") HW1(mean, K_X, "x") HW1(max, K_X, "x") HW1(var, K_X, "x") HW1(sum_all, K_X, "x")
     HW1(mean_all, K_X, "x") HW1(argmax, K_X, "x") HW1(cumsum, K_X, "x")
     { "mlc_cross_entropy", NULL, NULL, hw_cross_entropy, 2, { K_X, K_CLS }, "logits,target", 0 },
@@ -652,10 +661,12 @@ static int hw_case(const hw_row *r, int pos, int bad, int autocast, char *why, s
     mlc_clear_error(other);
     mlc_frame_end(fo);
     mlc_frame_end(f);
-    for (i = 0; i < r->n && r->kinds[i] != K_W8; i++) {}
+    for (i = 0; i < r->n && r->kinds[i] < K_I8; i++) {}
     if (i < r->n) {                                      /* int8 products: no device kernel, counted */
-        test_destroy_expecting_fallbacks(other, "mlc_linear");
-        test_destroy_expecting_fallbacks(ctx, "mlc_linear");
+        static const char *const int8_ops = "mlc_linear mlc_conv2d_int8 mlc_linear_int8 mlc_add_int8 "
+                                            "mlc_max_pool2d_opts";
+        test_destroy_expecting_fallbacks(other, int8_ops);
+        test_destroy_expecting_fallbacks(ctx, int8_ops);
     } else {
         test_destroy(other);
         test_destroy(ctx);

@@ -12,6 +12,11 @@
 static void forgive_int8_fallbacks(mlc_ctx *ctx) {
     test_destroy_expecting_fallbacks(ctx, "mlc_linear");   /* (the float one has kernels everywhere) */
 }
+/* The static int8 functions run on the host: on a device each counts a fallback under its name */
+static void forgive_int8_fallbacks_named(mlc_ctx *ctx) {
+    test_destroy_expecting_fallbacks(ctx, "mlc_linear mlc_conv2d_int8 mlc_linear_int8 mlc_add_int8 mlc_max_pool2d "
+                                          "mlc_avg_pool2d mlc_max_pool2d_opts mlc_avg_pool2d_opts");
+}
 
 /* The reference: v / s rounded half to even by the C library (nearbyint in the default mode) */
 static int reference_quantize(float v, float scale, int zero_point, int lowest) {
@@ -293,6 +298,169 @@ static int quantize_dynamic_recurrent(void) {
     return 1;
 }
 
+/* ---- static quantization ---------------------------------------------------------------- */
+
+/* The requantization reference: z + acc · (s_x s_w / s_y) in doubles, rounded, clamped */
+static int reference_requantize(long long acc, float s_x, float s_w, float s_y, int z) {
+    const double v = nearbyint((double)acc * (double)((s_x * s_w) / s_y)) + z;
+    return v < -128 ? -128 : v > 127 ? 127 : (int)v;
+}
+
+/* Within one step of the reference (ties round up in mlc, to even in the reference), and
+   equal nearly everywhere */
+#define CHECK_LSB(got, want, count, exact) do { \
+        int d_ = (got) - (want); \
+        CHECK_MSG(d_ >= -1 && d_ <= 1, "%d vs the reference %d", (int)(got), (int)(want)); \
+        (exact) += d_ == 0; (count)++; } while (0)
+
+static float bias_values[16];
+
+static int static_linear_and_conv_match_the_reference(void) {
+    mlc_ctx *ctx = test_ctx(9);
+    const float sx = 0.041f, sy = 0.093f;
+    const int zx = -17, zy = 9, N = 2, C = 4, H = 7, W = 6, O = 6, G = 2;
+    mlc_tensor *xf = mlc_randn(ctx, MLC_SHAPE(N, C, H, W)), *x = mlc_quantize(xf, sx, zx);
+    mlc_tensor *wf = mlc_randn(ctx, MLC_SHAPE(O, C / G, 3, 3)), *w = mlc_quantize_weight(wf), *b, *y, *lw, *ly;
+    mlc_conv_opts opts = { 0 };
+    int n, o, oh, ow, c, i, j, count = 0, exact = 0, OH, OW;
+    for (i = 0; i < 16; i++) bias_values[i] = 0.05f * (float)(i - 8);
+    b = mlc_from_data(ctx, MLC_SHAPE(O), bias_values);
+    opts.stride = 2; opts.padding = 1; opts.groups = G; opts.dilation = 1;
+    y = mlc_conv2d_int8(x, w, b, opts, sy, zy);
+    CHECK_MSG(y != NULL, "%s", mlc_error_message(ctx));
+    CHECK(mlc_dtype(y) == MLC_I8 && y->qscale == sy && y->qzero == zy);
+    OH = y->shape[2]; OW = y->shape[3];
+    CHECK(OH == 4 && OW == 3);
+    mlc_host_data(w->qscales);
+    for (n = 0; n < N; n++)
+        for (o = 0; o < O; o++)
+            for (oh = 0; oh < OH; oh++)
+                for (ow = 0; ow < OW; ow++) {
+                    const float sw = mlc_get(w->qscales, (size_t)o);
+                    long long acc = 0;
+                    for (c = 0; c < C / G; c++)
+                        for (i = 0; i < 3; i++)
+                            for (j = 0; j < 3; j++) {
+                                const int ih = oh * 2 - 1 + i, iw = ow * 2 - 1 + j;
+                                const int ch = (o / (O / G)) * (C / G) + c;
+                                const int xv = ih >= 0 && ih < H && iw >= 0 && iw < W
+                                                   ? x->int8[((n * C + ch) * H + ih) * W + iw] : zx;
+                                acc += (long long)(xv - zx) * w->int8[((o * (C / G) + c) * 3 + i) * 3 + j];
+                            }
+                    acc += (long long)nearbyint((double)(bias_values[o] * (1.0f / (sx * sw))));
+                    CHECK_LSB(y->int8[((n * O + o) * OH + oh) * OW + ow], reference_requantize(acc, sx, sw, sy, zy),
+                              count, exact);
+                }
+    CHECK_MSG(exact * 100 >= count * 99, "%d of %d exact", exact, count);
+    /* the static linear on a flattened copy */
+    lw = mlc_quantize_weight(mlc_randn(ctx, MLC_SHAPE(5, C * H * W)));
+    ly = mlc_linear_int8(mlc_flatten(x, 1), lw, NULL, 0.2f, -3);
+    CHECK_MSG(ly && ly->shape[0] == N && ly->shape[1] == 5, "%s", mlc_error_message(ctx));
+    count = exact = 0;
+    for (n = 0; n < N; n++)
+        for (o = 0; o < 5; o++) {
+            long long acc = 0;
+            for (i = 0; i < C * H * W; i++) acc += (long long)(x->int8[n * C * H * W + i] - zx) * lw->int8[o * C * H * W + i];
+            CHECK_LSB(ly->int8[n * 5 + o], reference_requantize(acc, sx, mlc_get(lw->qscales, (size_t)o), 0.2f, -3), count,
+                      exact);
+        }
+    CHECK(mlc_conv2d_int8(xf, w, b, opts, sy, zy) == NULL && mlc_error(ctx) == MLC_ERR_ARG);   /* float x */
+    mlc_clear_error(ctx);
+    CHECK(mlc_conv2d_int8(x, wf, b, opts, sy, zy) == NULL && mlc_error(ctx) == MLC_ERR_ARG);   /* float weight */
+    mlc_clear_error(ctx);
+    CHECK(mlc_conv2d_int8(x, w, b, opts, 0.0f, zy) == NULL && mlc_error(ctx) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_conv2d_int8(x, w, b, opts, 1e-30f, zy) == NULL && mlc_error(ctx) == MLC_ERR_ARG);  /* multiplier */
+    CHECK_MSG(strstr(mlc_error_message(ctx), "multiplier"), "%s", mlc_error_message(ctx));
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
+/* A small int8 CNN against the float32 one it came from: conv - relu - max pool - avg pool -
+   flatten - linear, each output's scale from the float activations' range */
+static int static_cnn_tracks_float32(void) {
+    mlc_ctx *ctx = test_ctx(10);
+    mlc_tensor *x = mlc_rand(ctx, MLC_SHAPE(4, 1, 12, 12)), *w1 = mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(8, 1, 3, 3)), 0.5f);
+    mlc_tensor *b1 = mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(8)), 0.1f);
+    mlc_tensor *w2 = mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(3, 8 * 3 * 3)), 0.2f);
+    mlc_tensor *f1, *f2, *f3, *q, *yq;
+    mlc_conv_opts opts = { 0 };
+    float top1, top3, lo3, yf[12], yd[12];
+    int i;
+    opts.padding = 1;
+    f1 = mlc_relu(mlc_conv2d(x, w1, b1, opts));
+    f2 = mlc_avg_pool2d(mlc_max_pool2d(f1, 2, 2, 0), 2, 2, 0);
+    f3 = mlc_linear(mlc_flatten(f2, 1), w2, NULL);
+    CHECK_MSG(f3 != NULL, "%s", mlc_error_message(ctx));
+    top1 = mlc_item(mlc_max(mlc_flatten(f1, 0), 0, 0));
+    top3 = mlc_item(mlc_max(mlc_flatten(f3, 0), 0, 0));
+    lo3 = -mlc_item(mlc_max(mlc_flatten(mlc_neg(f3), 0), 0, 0));
+    q = mlc_quantize(x, 1.0f / 255.0f, -128);
+    q = mlc_conv2d_int8(q, mlc_quantize_weight(w1), b1, opts, top1 / 255.0f, -128);       /* ReLU: [0, max] */
+    q = mlc_avg_pool2d(mlc_max_pool2d(q, 2, 2, 0), 2, 2, 0);
+    CHECK_MSG(q && mlc_dtype(q) == MLC_I8 && q->qscale == top1 / 255.0f && q->qzero == -128, "%s", mlc_error_message(ctx));
+    yq = mlc_linear_int8(mlc_flatten(q, 1), mlc_quantize_weight(w2), NULL, (top3 - lo3) / 255.0f,
+                         -128 - (int)nearbyint(lo3 / ((top3 - lo3) / 255.0f)));
+    CHECK_MSG(yq != NULL, "%s", mlc_error_message(ctx));
+    CHECK(mlc_read(f3, yf, 12) == MLC_OK && mlc_read(yq, yd, 12) == MLC_OK);
+    for (i = 0; i < 12; i++)
+        CHECK_MSG(fabs((double)yd[i] - yf[i]) <= 0.05 * (top3 - lo3) + 1e-6, "y[%d] %g vs float %g", i, (double)yd[i],
+                  (double)yf[i]);
+    CHECK_MSG(cosine(yf, yd, 12) > 0.995, "cosine %.5f", cosine(yf, yd, 12));
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
+static int int8_pooling_add_and_views(void) {
+    mlc_ctx *ctx = test_ctx(11);
+    const float v[16] = { -1, 2, 3, -4, 5, 6, -7, 8, 9, 10, 11, 12, -13, 14, 15, 16 };
+    static const int8_t raw[6] = { -128, -1, 0, 1, 2, 127 };
+    mlc_tensor *x = mlc_quantize(mlc_from_data(ctx, MLC_SHAPE(1, 1, 4, 4), v), 0.125f, 5), *m, *a, *g, *s, *c, *k;
+    mlc_pool_opts po;
+    int i, count = 0, exact = 0;
+    CHECK(x != NULL);
+    m = mlc_max_pool2d(x, 2, 2, 0);
+    CHECK(m && mlc_dtype(m) == MLC_I8 && m->qscale == 0.125f && m->qzero == 5);
+    CHECK(m->int8[0] == 53 && m->int8[1] == 69 && m->int8[2] == 117 && m->int8[3] == 127);   /* 6, 8, 14, 16 (clamped) */
+    memset(&po, 0, sizeof po);
+    po.stride = 1; po.padding = 1;
+    a = mlc_avg_pool2d_opts(x, 3, po);                                        /* padding counts as real 0 */
+    CHECK(a && a->shape[2] == 4);
+    for (i = 0; i < 16; i++) {
+        const int oh = i / 4, ow = i % 4;
+        long long sum = 0;
+        int dh, dw;
+        for (dh = -1; dh <= 1; dh++)
+            for (dw = -1; dw <= 1; dw++) {
+                const int ih = oh + dh, iw = ow + dw;
+                sum += ih >= 0 && ih < 4 && iw >= 0 && iw < 4 ? x->int8[ih * 4 + iw] : 5;
+            }
+        CHECK_LSB(a->int8[i], (int)nearbyint((double)sum / 9.0), count, exact);
+    }
+    g = mlc_global_avg_pool2d(x);
+    CHECK(g && g->ndim == 2 && g->shape[1] == 1 && mlc_dtype(g) == MLC_I8);
+    s = mlc_add_int8(x, mlc_quantize(mlc_from_data(ctx, MLC_SHAPE(1, 1, 4, 4), v), 0.3f, -2), 0.4f, 1);
+    CHECK_MSG(s != NULL, "%s", mlc_error_message(ctx));
+    for (i = 0; i < 16; i++) {
+        const double real = 0.125 * (x->int8[i] - 5) + 0.3 * (mlc_get(mlc_quantize(mlc_from_data(ctx, MLC_SHAPE(1, 1, 4, 4),
+                                                                                                  v), 0.3f, -2), (size_t)i) / 0.3);
+        const double want = nearbyint(real / 0.4) + 1;
+        CHECK_LSB(s->int8[i], (int)(want < -128 ? -128 : want > 127 ? 127 : want), count, exact);
+    }
+    CHECK(mlc_add_int8(x, m, 0.4f, 1) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_clear_error(ctx);
+    c = mlc_flatten(x, 1);
+    CHECK(c && mlc_dtype(c) == MLC_I8 && c->qscale == 0.125f && c->qzero == 5 && c->int8 == x->int8);
+    k = mlc_from_const_int8(ctx, MLC_SHAPE(2, 3), raw, 0.5f, -1, NULL);
+    CHECK(k && mlc_dtype(k) == MLC_I8 && test_same_float(mlc_get(k, 0), -63.5f) && test_same_float(mlc_get(k, 5), 64.0f));
+    CHECK(mlc_write(k, v, 6) != MLC_OK);                                      /* read-only */
+    mlc_clear_error(ctx);
+    k = mlc_from_const_int8(ctx, MLC_SHAPE(2, 3), raw, 0.0f, 0, mlc_from_data(ctx, MLC_SHAPE(2), v + 1));
+    CHECK(k && test_same_float(mlc_get(k, 4), 2.0f * 3.0f));                  /* row 1's scale 3 */
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
 /* Every op but the int8 ones refuses an int8 tensor, naming itself; so do gradients */
 static int int8_refused_elsewhere(void) {
     mlc_ctx *ctx = test_ctx(6);
@@ -330,11 +498,16 @@ static int int8_ops_fall_back_counted(void) {
     mlc_ctx *ctx = test_ctx(7);
     mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(3, 8)), *wq = mlc_quantize_weight(mlc_randn(ctx, MLC_SHAPE(4, 8)));
     const size_t before = mlc_get_stats(ctx).fallbacks;
-    mlc_tensor *y = mlc_relu(mlc_linear(x, wq, NULL));
+    mlc_tensor *y = mlc_linear(x, wq, NULL), *q, *z;
     CHECK_MSG(y != NULL, "%s", mlc_error_message(ctx));
     CHECK(mlc_has_device(ctx) == y->on_device);
     CHECK(mlc_get_stats(ctx).fallbacks == before + (mlc_has_device(ctx) ? 1 : 0));
-    forgive_int8_fallbacks(ctx);
+    q = mlc_quantize(x, 0.05f, 0);                                   /* the static ones too */
+    z = mlc_linear_int8(q, wq, NULL, 0.1f, 0);
+    CHECK(z && z->on_device == y->on_device);
+    CHECK(mlc_get_stats(ctx).fallbacks == before + (mlc_has_device(ctx) ? 2 : 0));
+    CHECK(mlc_relu(mlc_dequantize(z)) != NULL);                      /* back to float ops on the device */
+    forgive_int8_fallbacks_named(ctx);
     return 1;
 }
 
@@ -345,6 +518,9 @@ const test_case tests_quant[] = {
     TEST(dynamic_linear_gradients)
     TEST(quantize_dynamic_module)
     TEST(quantize_dynamic_recurrent)
+    TEST(static_linear_and_conv_match_the_reference)
+    TEST(static_cnn_tracks_float32)
+    TEST(int8_pooling_add_and_views)
     TEST(int8_refused_elsewhere)
     TEST(int8_ops_fall_back_counted)
     { NULL, NULL }
