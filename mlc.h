@@ -498,6 +498,18 @@ MLCDEF mlc_result mlc_module_to_dtype(mlc_module *m, mlc_scalar_type dtype);
    any module (its weights as I8 safetensors entries, the scales F32). For inference: optimisers
    refuse int8 weights. */
 MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m);
+/* Static quantization of a Sequential (torch.ao.quantization's prepare, calibrate, convert):
+   the model is put in eval mode and run on the calibration batches (at least one: without them
+   it is an error) to observe every child's output range (min and max, 0 included), a
+   BatchNorm right after a Conv2d folded into it first and a ReLU right after a Conv2d or Linear
+   observed with it. Then the model runs in int8: its input quantized at the observed range,
+   Conv2d and Linear as mlc_conv2d_int8 / mlc_linear_int8 (weights as mlc_quantize_weight's),
+   pooling and Flatten on int8, any other child in float32 between a dequantize and a quantize
+   (PyTorch's stubs), and the output dequantized: mlc_forward still takes and returns float32.
+   The ranges are buffers ("input_scale", "input_zero_point" on the Sequential; "scale",
+   "zero_point" on each child): a saved model loads into one quantized the same way. The
+   folded BatchNorms keep their tensors but run as the identity. */
+MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibration, int count);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
@@ -8265,6 +8277,7 @@ MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point) {
                                        "and invertible, and zero point %d in [-128, 127]", (double)scale,
                                        zero_point);
     if (!(v = mlc__host(x)) || !(q = mlc__like_in(ctx, "mlc_quantize", x, MLC_I8))) return NULL;
+    if (x->on_device) mlc__fall_back(ctx, "mlc_quantize");   /* (on the CPU, as the int8 ops) */
     q->qscale = scale;
     q->qzero = zero_point;
     for (i = 0; i < x->size; i++) q->int8[i] = mlc__quantize_value(v[i], 1.0f / scale, zero_point, -128);
@@ -8279,6 +8292,7 @@ MLCDEF mlc_tensor *mlc_quantize_weight(mlc_tensor *w) {
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_quantize_weight: %T has no rows (axis 0) to "
                                        "scale", w);
     if (!(v = mlc__host(w))) return NULL;
+    if (w->on_device) mlc__fall_back(ctx, "mlc_quantize_weight");
     ctx->op_device = w->on_device;
     ctx->op_dtype = MLC_F32;
     if (!(scales = mlc__make(ctx, "mlc_quantize_weight", 1, w->shape, 0))
@@ -8298,6 +8312,7 @@ MLCDEF mlc_tensor *mlc_dequantize(mlc_tensor *q) {
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_dequantize: tensor %T is %s, not int8", q,
                                        mlc_dtype_name(q->dtype));
     if (!(x = mlc__like_in(ctx, "mlc_dequantize", q, MLC_F32))) return NULL;
+    if (q->on_device) mlc__fall_back(ctx, "mlc_dequantize");
     mlc__host_sync(q);
     mlc__values_out(q, x->data);
     return x;
@@ -9763,6 +9778,191 @@ MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m) {
     mlc__quantize_dynamic(m, 0);
     mlc_frame_end(f);
     return m->ctx->error;
+}
+
+/* ---- Static quantization of a Sequential (mlc_quantize_static) ------------------------------
+   Each child's output range is observed on the calibration batches (float32, eval mode), then
+   the child runs in int8: Conv2d and Linear as mlc_conv2d_int8 / mlc_linear_int8 (a BatchNorm
+   right after a Conv2d folded into it first, a ReLU right after observed with it, so the range
+   [0, max] is the activation), pooling and Flatten on int8 as they are; any other child runs in
+   float32 between a dequantize and a quantize at its observed range (PyTorch's DeQuantStub /
+   QuantStub around a float module). A range [lo, hi] (0 included) gives scale (hi - lo) / 255
+   and zero point -128 - round(lo / scale). The Sequential keeps "input_scale" and
+   "input_zero_point", each child "scale" and "zero_point" (float32, [1]).
+   --------------------------------------------------------------------------------------------- */
+
+/* BatchNorm bn (eval) folded into Conv2d conv, per output:
+   w' = w γ/√(var + ε),  b' = (b - mean) γ/√(var + ε) + β */
+static int mlc__fold_batch_norm(mlc_module *conv, mlc_module *bn) {
+    mlc_ctx *ctx = conv->ctx;
+    mlc_tensor *w = conv->params[0], *bias = conv->n_params > 1 ? conv->params[1] : NULL;
+    const int out = w->shape[0];
+    const size_t per = w->size / (size_t)out;
+    const float *gamma = mlc__host(bn->params[0]), *beta = mlc__host(bn->params[1]);
+    const float *mean = mlc__host(bn->buffers[0]), *var = mlc__host(bn->buffers[1]);
+    float *wd = mlc__floats(ctx, w->size + 1, "mlc_quantize_static"),
+          *bd = mlc__floats(ctx, (size_t)out + 1, "mlc_quantize_static");
+    int o;
+    size_t k;
+    if (!gamma || !beta || !mean || !var || !wd || !bd || mlc_read(w, wd, w->size) != MLC_OK) return 0;
+    if (bias && mlc_read(bias, bd, (size_t)out) != MLC_OK) return 0;
+    if (!bias) {
+        memset(bd, 0, (size_t)out * sizeof(float));
+        if (!(bias = mlc_parameter(ctx, 1, &out)) || mlc_module_add_param(conv, "bias", bias) != MLC_OK)
+            return 0;
+    }
+    for (o = 0; o < out; o++) {
+        const float s = gamma[o] / MLC_SQRTF(var[o] + bn->eps);
+        for (k = 0; k < per; k++) wd[(size_t)o * per + k] *= s;
+        bd[o] = (bd[o] - mean[o]) * s + beta[o];
+    }
+    return mlc_write(w, wd, w->size) == MLC_OK && mlc_write(bias, bd, (size_t)out) == MLC_OK;
+}
+
+static mlc_tensor *mlc__identity_forward(mlc_module *m, mlc_tensor *x) { (void)m; return x; }
+
+/* A quantized child's output scale or zero point (the Sequential's: its input's), by name */
+static float mlc__qparam(const mlc_module *m, const char *name) {
+    int i;
+    for (i = 0; i < m->n_buffers; i++)
+        if (!strcmp(m->buffer_names[i], name)) return mlc_get(m->buffers[i], 0);
+    return NAN;                                          /* (not quantized: the op refuses the scale) */
+}
+
+static mlc_tensor *mlc__qconv_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_conv2d_int8(x, m->params[0], m->n_params > 1 ? m->params[1] : NULL, m->conv,
+                           mlc__qparam(m, "scale"), (int)mlc__qparam(m, "zero_point"));
+}
+static mlc_tensor *mlc__qlinear_forward(mlc_module *m, mlc_tensor *x) {
+    return mlc_linear_int8(x, m->params[0], m->n_params > 1 ? m->params[1] : NULL, mlc__qparam(m, "scale"),
+                           (int)mlc__qparam(m, "zero_point"));
+}
+/* ReLU after a product observed with it: the product's clamp did it (zero point -128); else max(q, z) */
+static mlc_tensor *mlc__qrelu_forward(mlc_module *m, mlc_tensor *x) {
+    mlc_tensor *y;
+    size_t i;
+    (void)m;
+    if (!x || x->dtype != MLC_I8 || x->qzero == -128) return x;
+    if (!(y = mlc__int8_result(x->ctx, "mlc_relu", x, x->ndim, x->shape, x->qscale, x->qzero))) return NULL;
+    mlc__host_sync(x);
+    for (i = 0; i < x->size; i++) y->int8[i] = x->int8[i] > x->qzero ? x->int8[i] : (int8_t)x->qzero;
+    return y;
+}
+
+/* Whether child c runs on int8 as it is (pooling, flatten, dropout in eval, the folded BatchNorm) */
+static int mlc__int8_as_is(const mlc_module *c) {
+    return c->forward == mlc__max_pool_forward || c->forward == mlc__avg_pool_forward
+           || c->forward == mlc__gap_forward || c->forward == mlc__flatten_forward
+           || c->forward == mlc__identity_forward || c->forward == mlc__qconv_forward
+           || c->forward == mlc__qlinear_forward || c->forward == mlc__qrelu_forward;
+}
+
+static mlc_tensor *mlc__qsequential_forward(mlc_module *m, mlc_tensor *x) {
+    int i;
+    x = mlc_quantize(x, mlc__qparam(m, "input_scale"), (int)mlc__qparam(m, "input_zero_point"));
+    for (i = 0; i < m->n_children && x; i++) {
+        mlc_module *c = m->children[i];
+        if (c->forward == mlc__dropout_forward) continue;                     /* (eval: the identity) */
+        x = mlc__int8_as_is(c) ? mlc_forward(c, x)
+                               : mlc_quantize(mlc_forward(c, mlc_dequantize(x)), mlc__qparam(c, "scale"),
+                                              (int)mlc__qparam(c, "zero_point"));
+    }
+    return mlc_dequantize(x);
+}
+
+/* [lo, hi] as a scale and a zero point, into two new buffers of m ("scale", "zero_point", or with prefix) */
+static int mlc__add_qparams(mlc_module *m, const char *scale_name, const char *zero_name, float lo,
+                            float hi) {
+    static const int one = 1;
+    mlc_tensor *s = mlc__new(m->ctx, "mlc_quantize_static", 1, &one, 1);
+    mlc_tensor *z = mlc__new(m->ctx, "mlc_quantize_static", 1, &one, 1);
+    float scale;
+    int32_t zero;
+    lo = lo < 0.0f ? lo : 0.0f;
+    hi = hi > 0.0f ? hi : 0.0f;
+    scale = hi > lo ? (hi - lo) / 255.0f : 1.0f;
+    zero = -128 - mlc__round_even(lo / scale);
+    if (!s || !z) return 0;
+    s->data[0] = scale;
+    z->data[0] = (float)(zero < -128 ? -128 : zero > 127 ? 127 : zero);
+    return mlc__module_add(m, scale_name, s, 1) == MLC_OK && mlc__module_add(m, zero_name, z, 1) == MLC_OK;
+}
+
+/* The range of t's values into [*lo, *hi] (widened) */
+static int mlc__observe(mlc_tensor *t, float *lo, float *hi) {
+    const float *v = t ? mlc__host(t) : NULL;
+    size_t i;
+    if (!v) return 0;
+    for (i = 0; i < t->size; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+    return 1;
+}
+
+MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibration, int count) {
+    static const char *const op = "mlc_quantize_static";
+    mlc_ctx *ctx;
+    float *lo = NULL, *hi = NULL;
+    int i, b, n;
+    mlc_frame f;
+    if (!m) return MLC_ERR_NULL;
+    ctx = m->ctx;
+    if (ctx->error || !mlc__module_walkable(m, op)) return ctx->error;
+    if (m->forward != mlc__sequential_forward)
+        return mlc__fail(ctx, MLC_ERR_ARG,
+                         "%s: the model is a %s: a Sequential (mlc_nn_sequential) is quantized", op, m->type),
+               ctx->error;
+    if (!calibration || count < 1)
+        return mlc__fail(ctx, MLC_ERR_ARG,
+                         "%s: no calibration batches: the activations' ranges come from them", op),
+               ctx->error;
+    for (b = 0; b < count; b++)
+        if (!MLC__ARGS_OK(ctx, op, calibration[b])) return ctx->error;
+    n = m->n_children;
+    mlc_module_train(m, 0);
+    f = mlc_frame_begin(ctx);
+    lo = mlc__floats(ctx, (size_t)n + 2, op);
+    hi = mlc__floats(ctx, (size_t)n + 2, op);
+    for (i = 0; lo && hi && i < n; i++) {                 /* folds: a BatchNorm into the Conv2d before it */
+        mlc_module *c = m->children[i], *next = i + 1 < n ? m->children[i + 1] : NULL;
+        if (c->forward == mlc__conv2d_forward && next && next->forward == mlc__batch_norm_forward) {
+            if (!mlc__fold_batch_norm(c, next)) break;
+            next->forward = mlc__identity_forward;
+        }
+    }
+    for (i = 0; lo && hi && i <= n; i++) lo[i] = hi[i] = 0.0f;
+    for (b = 0; lo && hi && !ctx->error && b < count;
+         b++) { /* the ranges: [0] the input, [i + 1] child i's */
+        mlc_frame batch = mlc_frame_begin(ctx);
+        mlc_tensor *x = calibration[b];
+        mlc__observe(x, &lo[0], &hi[0]);
+        for (i = 0; i < n && x; i++) {
+            x = mlc_forward(m->children[i], x);
+            mlc__observe(x, &lo[i + 1], &hi[i + 1]);
+        }
+        mlc_frame_end(batch);
+    }
+    for (i = n - 1; lo && hi && !ctx->error && i >= 0; i--) {   /* a ReLU's range is its product's too */
+        mlc_module *c = m->children[i], *next = i + 1 < n ? m->children[i + 1] : NULL;
+        if ((c->forward == mlc__conv2d_forward || c->forward == mlc__linear_forward) && next
+            && next->forward == mlc__relu_forward)
+            lo[i + 1] = lo[i + 2], hi[i + 1] = hi[i + 2];
+    }
+    if (lo && hi && !ctx->error && mlc__add_qparams(m, "input_scale", "input_zero_point", lo[0], hi[0]))
+        for (i = 0; i < n && !ctx->error; i++) {
+            mlc_module *c = m->children[i];
+            if (c->forward == mlc__identity_forward || c->forward == mlc__dropout_forward) continue;
+            if (!mlc__add_qparams(c, "scale", "zero_point", lo[i + 1], hi[i + 1])) break;
+            if (c->forward == mlc__conv2d_forward || c->forward == mlc__linear_forward) {
+                if (!mlc__quantize_param(c, 0)) break;
+                c->forward = c->forward == mlc__conv2d_forward ? mlc__qconv_forward : mlc__qlinear_forward;
+            } else if (c->forward == mlc__relu_forward)
+                c->forward = mlc__qrelu_forward;
+        }
+    mlc_frame_end(f);
+    if (!ctx->error) m->forward = mlc__qsequential_forward;
+    return ctx->error;
 }
 
 /* A name that does not fit mlc_named_tensor's 127 bytes is an error, never cut short (two cut
