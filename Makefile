@@ -291,7 +291,9 @@ fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
 
 # PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes six models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
-# mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
+# mlc's outputs; then mlc's dynamically quantized Linear against torch.ao's (equal weight
+# integers; its error at most twice PyTorch's on each quantized engine). Both sides print
+# PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3
 $(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)
