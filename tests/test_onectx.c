@@ -245,32 +245,38 @@ static int run_program(mlc_ctx *ctx, record *r) {
     return 1;
 }
 
-static int onectx_every_op_family_and_optimiser(void) {
-    record dev, cpu;
-    mlc_ctx *ctx = test_ctx(5), *ref;
+/* A quiet context on the CPU, the reference the suite's device is compared with */
+static mlc_ctx *cpu_reference(void) {
     mlc_config c;
-    int ok, k;
-    size_t i;
-    memset(&dev, 0, sizeof dev);
-    memset(&cpu, 0, sizeof cpu);
     memset(&c, 0, sizeof c);
     c.device = "cpu";
     c.quiet = 1;
-    ref = mlc_create(&c);
-    ok = run_program(ctx, &dev) && run_program(ref, &cpu);
-    if (ok) {
-        CHECK_MSG(dev.count == cpu.count && dev.used == cpu.used, "the runs recorded %d and %d pieces", dev.count, cpu.count);
-        for (k = 0; k < dev.count && ok; k++)
-            for (i = dev.starts[k]; i < dev.starts[k + 1]; i++) {
-                double d = dev.values[i], e = cpu.values[i];
-                if (!(fabs(d - e) <= 2e-4 + 2e-4 * fabs(e))) {
-                    snprintf(test_failure, sizeof test_failure, "%s[%zu] on %s = %.9g, on the CPU %.9g", dev.names[k],
-                             i - dev.starts[k], mlc_device_name(ctx), d, e);
-                    ok = 0;
-                    break;
-                }
-            }
-    }
+    return mlc_create(&c);
+}
+
+/* What ctx's run recorded (dev) against the CPU's (cpu), value for value within
+   2e-4 + 2e-4 |cpu|: 1 when they agree, else 0 and test_failure says where. */
+static int same_records(const record *dev, const record *cpu, const mlc_ctx *ctx) {
+    int k;
+    size_t i;
+    CHECK_MSG(dev->count == cpu->count && dev->used == cpu->used, "the runs recorded %d and %d pieces",
+              dev->count, cpu->count);
+    for (k = 0; k < dev->count; k++)
+        for (i = dev->starts[k]; i < dev->starts[k + 1]; i++) {
+            double d = dev->values[i], e = cpu->values[i];
+            CHECK_MSG(fabs(d - e) <= 2e-4 + 2e-4 * fabs(e), "%s[%zu] on %s = %.9g, on the CPU %.9g",
+                      dev->names[k], i - dev->starts[k], mlc_device_name(ctx), d, e);
+        }
+    return 1;
+}
+
+static int onectx_every_op_family_and_optimiser(void) {
+    record dev, cpu;
+    mlc_ctx *ctx = test_ctx(5), *ref = cpu_reference();
+    int ok;
+    memset(&dev, 0, sizeof dev);
+    memset(&cpu, 0, sizeof cpu);
+    ok = run_program(ctx, &dev) && run_program(ref, &cpu) && same_records(&dev, &cpu, ctx);
     free(dev.values);
     free(cpu.values);
     test_destroy(ctx);
@@ -284,14 +290,10 @@ static int onectx_every_op_family_and_optimiser(void) {
    the products took the autocast dtype. */
 static int onectx_every_op_family_under_autocast(void) {
     static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
-    mlc_config c;
     int d, ok = 1;
-    memset(&c, 0, sizeof c);
-    c.device = "cpu";
-    c.quiet = 1;
     for (d = 0; d < 2 && ok; d++) {
         record amp, f32;
-        mlc_ctx *ctx = test_ctx(0), *ref = mlc_create(&c);
+        mlc_ctx *ctx = test_ctx(0), *ref = cpu_reference();
         double worst = 0;
         int k;
         size_t i;
@@ -324,8 +326,84 @@ static int onectx_every_op_family_under_autocast(void) {
     return ok;
 }
 
+/* The dynamically quantized MLP (mlc_quantize_dynamic: int8 Linears, the first fused with its ReLU)
+   trained many steps in the same context: its float32 biases by SGD with momentum (the int8
+   weights stay; optimisers take float32 parameters only), each step in a frame, the gradient
+   reaching the input through the int8 weights. Records the loss and the input's gradient now and
+   then, and the biases and an output at the end; *grew: heap and arena bytes held after the last
+   step minus after the 10th (the context must not accumulate anything step by step). */
+static int run_quantized_mlp(mlc_ctx *ctx, record *r, long *grew) {
+    mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 16, 32), mlc_nn_relu(ctx),
+                                        mlc_nn_linear(ctx, 32, 8), NULL);
+    mlc_named_tensor p[8];
+    mlc_optim *opt;
+    size_t early = 0;
+    int n = net ? mlc_module_parameters(net, p, 8) : 0, k, step;
+    CHECK_MSG(n == 4, "%d parameters: %s", n, mlc_error_message(ctx));
+    for (k = 0; k < n; k++) {                             /* fixed values, whatever the context's RNG */
+        mlc_tensor *v = data(ctx, p[k].tensor->ndim, p[k].tensor->shape, 70u + (unsigned)k, -0.5f, 0.5f, 0);
+        CHECK(v && mlc_write(p[k].tensor, mlc_host_data(v), v->size) == MLC_OK);
+    }
+    CHECK_MSG(mlc_quantize_dynamic(net) == MLC_OK, "%s", mlc_error_message(ctx));
+    opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
+    for (k = 0; k < n; k++)
+        if (mlc_dtype(p[k].tensor) == MLC_F32) CHECK(mlc_optim_add_param(opt, p[k].tensor) == MLC_OK);
+        else CHECK_MSG(mlc_dtype(p[k].tensor) == MLC_I8, "%s is %s", p[k].name,
+                       mlc_dtype_name(mlc_dtype(p[k].tensor)));
+    for (step = 0; step < 200; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *x = DATA(ctx, 80u + (unsigned)(step % 7), -1, 1, 1, 8, 16);
+        mlc_tensor *y = DATA(ctx, 90u + (unsigned)(step % 7), -1, 1, 0, 8, 8);
+        mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
+        mlc_zero_grad(opt);
+        CHECK_MSG(mlc_backward(loss) == MLC_OK, "step %d: %s", step, mlc_error_message(ctx));
+        mlc_step(opt);
+        if (step < 3 || step % 50 == 49) {
+            CHECK(keep(r, "quantized mlp loss", mlc_reshape(loss, 1, (int[]){ 1 })));
+            CHECK(keep(r, "quantized mlp grad x", mlc_from_data(ctx, 2, x->shape, mlc_host_grad(x))));
+        }
+        mlc_frame_end(f);
+        CHECK_MSG(mlc_error(ctx) == MLC_OK, "step %d: %s", step, mlc_error_message(ctx));
+        if (step == 9) early = mlc_get_stats(ctx).bytes_current + mlc_get_stats(ctx).arena_used;
+    }
+    *grew = (long)(mlc_get_stats(ctx).bytes_current + mlc_get_stats(ctx).arena_used) - (long)early;
+    CHECK(keep(r, "quantized mlp bias 0", p[1].tensor) && keep(r, "quantized mlp bias 2", p[3].tensor));
+    {
+        mlc_frame f = mlc_frame_begin(ctx);
+        CHECK(keep(r, "quantized mlp output", mlc_forward(net, DATA(ctx, 99, -1, 1, 0, 8, 16))));
+        mlc_frame_end(f);
+    }
+    CHECK(mlc_get_stats(ctx).tape_nodes == 0);
+    return 1;
+}
+
+static int onectx_quantized_mlp_many_steps(void) {
+    record dev, cpu;
+    mlc_ctx *ctx = test_ctx(6), *ref = cpu_reference();
+    long grew_dev = -1, grew_cpu = -1;
+    int ok;
+    memset(&dev, 0, sizeof dev);
+    memset(&cpu, 0, sizeof cpu);
+    ok = run_quantized_mlp(ctx, &dev, &grew_dev) && run_quantized_mlp(ref, &cpu, &grew_cpu)
+         && same_records(&dev, &cpu, ctx);
+    if (ok) {
+        CHECK_MSG(grew_dev == 0 && grew_cpu == 0, "heap and arena bytes grew by %ld (%s) and %ld (cpu) from "
+                  "step 10 to 200", grew_dev, mlc_device_name(ctx), grew_cpu);
+        CHECK_MSG(dev.values[0] > 1.2f * dev.values[dev.starts[12]], "the loss went from %g to %g",
+                  dev.values[0], dev.values[dev.starts[12]]);    /* the biases learnt something */
+        if (getenv("MLC_TEST_VERBOSE")) printf("  quantized MLP: loss %.4f at step 1, %.4f at step 200\n",
+                                              dev.values[0], dev.values[dev.starts[12]]);
+    }
+    free(dev.values);
+    free(cpu.values);
+    test_destroy_expecting_fallbacks(ctx, "mlc_linear");  /* (int8: no device kernel, as test_quant.c says) */
+    mlc_destroy(ref);
+    return ok;
+}
+
 const test_case tests_onectx[] = {
     TEST(onectx_every_op_family_and_optimiser)
     TEST(onectx_every_op_family_under_autocast)
+    TEST(onectx_quantized_mlp_many_steps)
     { NULL, NULL }
 };

@@ -6,6 +6,14 @@
    running statistics updated as PyTorch does); then train 3 Adam steps, save the weights and
    the eval output for PyTorch to match.
    Tolerance: |mlc - torch| <= 1e-5 + 1e-4 |torch| per element.
+   Then the dynamically quantized Linear (qlinear): PyTorch's float32 Linear loaded and
+   mlc_quantize_dynamic'd; (a) its int8 weights and their scales must equal
+   torch.quantize_per_channel(w, max|row| / 127, zero points 0, axis 0, torch.qint8)'s, integer for
+   integer (the one place the two schemes agree); (b) the schemes differ for activations (mlc: each
+   row symmetric, max|row| / 127; torch: the whole tensor affine uint8), so each quantized output
+   is compared with the float32 Linear's: mlc's max |error| must be at most twice that of torch's
+   quantize_dynamic on each engine and weight scheme the file holds. mlc saves the quantized module
+   and its output for torch_interop.py to check.
    Usage: interop DIR. Prints PASS/FAIL lines and "interop (mlc side): N passed, M failed". */
 #include <math.h>
 #include <stdio.h>
@@ -156,6 +164,91 @@ static void run_model(const char *dir, const char *name) {
     mlc_destroy(ctx);
 }
 
+/* max |a - b| over the elements (-1 when either is missing or they differ in size) */
+static double max_abs_diff(mlc_tensor *a, mlc_tensor *b) {
+    const float *x = a ? mlc_host_data(a) : NULL, *y = b ? mlc_host_data(b) : NULL;
+    double worst = 0;
+    size_t i;
+    if (!x || !y || a->size != b->size) return -1;
+    for (i = 0; i < a->size; i++)
+        if (fabs((double)x[i] - y[i]) > worst) worst = fabs((double)x[i] - y[i]);
+    return worst;
+}
+
+static void run_qlinear(const char *dir) {
+    char path[512], detail[200];
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });
+    mlc_module *lin = mlc_nn_linear(ctx, 96, 48);
+    mlc_safetensors *ref;
+    mlc_named_tensor state[4], saved[2];
+    mlc_tensor *w_int, *w_scale, *want, *x, *out, *scales = NULL;
+    const float *ints, *s;
+    double err, worst_ratio = 0;
+    int i, n, differ = 0, engines = 0;
+    snprintf(path, sizeof path, "%s/qlinear.weights.safetensors", dir);
+    report(mlc_module_load(lin, path, NULL) == MLC_OK && mlc_quantize_dynamic(lin) == MLC_OK, "qlinear",
+           "strict load of PyTorch's Linear, then mlc_quantize_dynamic",
+           mlc_error(ctx) ? mlc_error_message(ctx) : "");
+    snprintf(path, sizeof path, "%s/qlinear.ref.safetensors", dir);
+    ref = mlc_safetensors_open(ctx, path);
+    if (mlc_error(ctx)) {
+        report(0, "qlinear", "reference", mlc_error_message(ctx));
+        mlc_destroy(ctx);
+        return;
+    }
+    n = mlc_module_state(lin, state, 4);                 /* weight, bias, weight_scale */
+    for (i = 0; i < n && i < 4; i++) if (!strcmp(state[i].name, "weight_scale")) scales = state[i].tensor;
+    w_int = mlc_safetensors_get(ref, "w_int");
+    w_scale = mlc_safetensors_get(ref, "w_scale");
+    ints = w_int ? mlc_host_data(w_int) : NULL;
+    s = w_scale ? mlc_host_data(w_scale) : NULL;
+    if (!ints || !s || !scales || mlc_dtype(lin->params[0]) != MLC_I8 || w_int->size != lin->params[0]->size
+        || w_scale->size != scales->size) {
+        report(0, "qlinear", "int8 weights", "(missing, not int8, or of another size)");
+    } else {
+        const float *got = mlc_host_data(scales);
+        size_t k;
+        for (k = 0; k < w_int->size; k++) differ += (float)lin->params[0]->int8[k] != ints[k];
+        snprintf(detail, sizeof detail, "(%d of %zu differ)", differ, w_int->size);
+        report(differ == 0, "qlinear", "int8 weights equal torch.quantize_per_channel's integers at the same "
+               "scales", detail);
+        for (k = 0, differ = 0; k < scales->size; k++) differ += got[k] != s[k];
+        snprintf(detail, sizeof detail, "(%d of %zu differ)", differ, scales->size);
+        report(differ == 0, "qlinear", "weight_scale equals PyTorch's max|row| / 127", detail);
+    }
+    x = mlc_keep(mlc_safetensors_get(ref, "x"));
+    out = mlc_keep(mlc_forward(lin, x));
+    want = mlc_keep(mlc_safetensors_get(ref, "out"));
+    err = max_abs_diff(out, want);
+    printf("qlinear: max |quantized - float32| over %zu outputs: mlc %.4g", want ? want->size : 0, err);
+    for (i = 0; i < mlc_safetensors_count(ref); i++) {
+        const char *name = mlc_safetensors_name(ref, i);
+        double theirs;
+        if (strncmp(name, "torch.", 6) != 0) continue;
+        theirs = max_abs_diff(mlc_safetensors_get(ref, name), want);
+        printf(", %s %.4g", name, theirs);
+        if (theirs > 0 && err / theirs > worst_ratio) worst_ratio = err / theirs;
+        if (!(err >= 0 && theirs > 0 && err <= 2 * theirs)) worst_ratio = INFINITY;
+        engines++;
+    }
+    printf("\n");
+    snprintf(detail, sizeof detail, "(%d of PyTorch's; worst mlc / torch %.3g)", engines, worst_ratio);
+    report(engines > 0 && worst_ratio <= 2, "qlinear", "error against float32 at most 2x that of torch's "
+           "quantize_dynamic", detail);
+    mlc_safetensors_close(ref);
+    snprintf(path, sizeof path, "%s/qlinear.mlc.safetensors", dir);
+    mlc_module_save(lin, path, (const char *const[]){ "by", "mlc", NULL });
+    snprintf(saved[0].name, sizeof saved[0].name, "x");
+    snprintf(saved[1].name, sizeof saved[1].name, "out");
+    saved[0].tensor = x;
+    saved[1].tensor = out;
+    snprintf(path, sizeof path, "%s/qlinear.mlc_out.safetensors", dir);
+    mlc_safetensors_save(ctx, path, saved, 2, NULL);
+    report(mlc_error(ctx) == MLC_OK, "qlinear", "saved the quantized module and its output",
+           mlc_error(ctx) ? mlc_error_message(ctx) : "");
+    mlc_destroy(ctx);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: interop DIR (written by torch_interop.py write DIR)\n"); return 2; }
     run_model(argv[1], "mlp");
@@ -164,6 +257,7 @@ int main(int argc, char **argv) {
     run_model(argv[1], "attn");
     run_model(argv[1], "lstm");
     run_model(argv[1], "gru");
+    run_qlinear(argv[1]);
     printf("interop (mlc side): %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -15,9 +15,26 @@ length, a JSON header, raw little-endian data).
                                output after that step's running-statistics update, and for the
                                MLP, the CNN and the attention model that output under
                                torch.autocast("cpu", torch.bfloat16) as out_eval_bf16).
+                               And the dynamically quantized Linear (qlinear, 96 -> 48; a batch
+                               of 16 rows scaled from 0.1 to 10): DIR/qlinear.weights.safetensors
+                               (float32 weight and bias) and DIR/qlinear.ref.safetensors (x, the
+                               float32 output, torch.quantize_per_channel(w, max|row| / 127, zero
+                               points 0, axis 0, qint8)'s integers (w_int, as F32) and scales, and
+                               torch.ao.quantization.quantize_dynamic's output for each quantized
+                               engine this torch has (of onednn, qnnpack, fbgemm) with per-tensor
+                               weights (its default qconfig) and per-channel ones:
+                               "torch.ENGINE.per_tensor", "torch.ENGINE.per_channel").
   torch_interop.py check DIR   loads mlc's trained DIR/<model>.mlc.safetensors into the same
                                PyTorch model (strict load_state_dict) and matches mlc's eval
-                               output in DIR/<model>.mlc_out.safetensors.
+                               output in DIR/<model>.mlc_out.safetensors. For qlinear, mlc's
+                               quantized module (DIR/qlinear.mlc.safetensors: I8 weight, F32
+                               weight_scale and bias): its integers equal to
+                               torch.quantize_per_channel's with the same scales, the scales
+                               equal, and its output (DIR/qlinear.mlc_out.safetensors) equal to
+                               mlc's scheme computed here in PyTorch from those integers (each
+                               row of x quantized symmetrically, scale max|row| / 127, rounded half
+                               to even; exact integer sums; scaled back; the bias) within the
+                               tolerance.
 Each check prints PASS or FAIL; the last line is "interop (PyTorch side): N passed, M failed";
 the exit status is 1 on any failure. Tolerance: |a - b| <= 1e-5 + 1e-4 |b| per element.
 """
@@ -33,7 +50,8 @@ import torch.nn.functional as F
 RTOL, ATOL = 1e-4, 1e-5
 AUTOCAST_MODELS = ("mlp", "cnn", "attn")   # eval output under torch.autocast("cpu", torch.bfloat16) too
 DTYPES = {torch.float32: ("F32", "<f4"), torch.int64: ("I64", "<i8")}
-NUMPY = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "F64": "<f8", "I32": "<i4"}
+NUMPY = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "F64": "<f8", "I32": "<i4", "I8": "<i1"}
+QENGINES = [e for e in ("onednn", "qnnpack", "fbgemm") if e in torch.backends.quantized.supported_engines]
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -169,6 +187,36 @@ def write(folder):
                     ref["out_eval_bf16"] = model(x).float()
         write_safetensors(f"{folder}/{name}.ref.safetensors", ref)
         print(f"wrote {name}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
+    write_qlinear(folder)
+
+
+def write_qlinear(folder):
+    """The dynamically quantized Linear: mlc's scheme and PyTorch's differ (PyTorch: activations
+    per tensor, affine uint8 from their min and max; weights per tensor or per channel from a MinMax
+    observer. mlc: each row of x symmetric, scale max|row| / 127; weights per row, max|row| / 127),
+    so what can be equal is compared as equal (the weights' integers at the same scales) and the
+    outputs are each compared with the float32 Linear (interop.c)."""
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+    torch.manual_seed(106)
+    lin = nn.Linear(96, 48)
+    gen = torch.Generator().manual_seed(206)
+    x = torch.randn(16, 96, generator=gen) * torch.logspace(-1, 1, 16)[:, None]   # rows from 0.1 to 10
+    w = lin.weight.detach()
+    scale = w.abs().amax(1) / 127
+    w_int = torch.quantize_per_channel(w, scale, torch.zeros(48, dtype=torch.long), 0, torch.qint8).int_repr()
+    with torch.no_grad():
+        ref = {"x": x, "out": lin(x), "w_int": w_int.float(), "w_scale": scale}
+        for engine in QENGINES:
+            torch.backends.quantized.engine = engine
+            for scheme, qconfig in (("per_tensor", default_dynamic_qconfig),
+                                    ("per_channel", per_channel_dynamic_qconfig)):
+                q = quantize_dynamic(nn.Sequential(lin), {nn.Linear: qconfig}, dtype=torch.qint8)
+                ref[f"torch.{engine}.{scheme}"] = q(x)
+    write_safetensors(f"{folder}/qlinear.weights.safetensors", lin.state_dict(),
+                      {"model": "qlinear", "by": "pytorch"})
+    write_safetensors(f"{folder}/qlinear.ref.safetensors", ref)
+    print(f"wrote qlinear: torch's quantize_dynamic on the engines {', '.join(QENGINES)} "
+          f"(of {torch.backends.quantized.supported_engines})")
 
 
 def close(a, b):
@@ -177,6 +225,30 @@ def close(a, b):
         return False, f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
     err = ((a - b).abs() - (ATOL + RTOL * b.abs())).max().item() if a.numel() else -1.0
     return err <= 0, f"max |a - b| = {(a - b).abs().max().item() if a.numel() else 0:.3g}"
+
+
+def check_qlinear(folder, passed, failed):
+    """mlc's quantized Linear, as mlc saved it, against torch.quantize_per_channel and against its
+    own scheme computed in PyTorch (see the docstring)"""
+    state, _ = read_safetensors(f"{folder}/qlinear.mlc.safetensors")
+    ref, _ = read_safetensors(f"{folder}/qlinear.ref.safetensors")
+    data, _ = read_safetensors(f"{folder}/qlinear.mlc_out.safetensors")
+    w_int, scale = state["weight"], state["weight_scale"]
+    ok = w_int.dtype == torch.int8 and torch.equal(w_int.float(), ref["w_int"])
+    differ = int((w_int.float() != ref["w_int"]).sum())
+    print(f"{'PASS' if ok else 'FAIL'} qlinear: mlc's int8 weights (I8 in its file) equal "
+          f"torch.quantize_per_channel's integers with the same scales ({differ} of {w_int.numel()} differ)")
+    passed, failed = passed + ok, failed + (not ok)
+    ok = torch.equal(scale, ref["w_scale"])
+    print(f"{'PASS' if ok else 'FAIL'} qlinear: mlc's weight_scale equals max|row| / 127 computed by PyTorch")
+    passed, failed = passed + ok, failed + (not ok)
+    x = data["x"]
+    x_scale = x.abs().amax(1, keepdim=True) / 127
+    x_int = torch.round(x * (1.0 / x_scale)).clamp(-127, 127)           # torch.round: half to even
+    sums = (x_int.double() @ w_int.double().T).float()                  # exact: |sum| < 2^24
+    ok, why = close(data["out"], sums * (x_scale * scale[None, :]) + state["bias"])
+    print(f"{'PASS' if ok else 'FAIL'} qlinear: mlc's output equals its scheme computed in PyTorch ({why})")
+    return passed + ok, failed + (not ok)
 
 
 def check(folder):
@@ -198,6 +270,7 @@ def check(folder):
                 ok, why = close(model(x), data["out"])
         print(f"{'PASS' if ok else 'FAIL'} {name}: PyTorch loads mlc's trained weights and matches its output ({why})")
         passed, failed = passed + ok, failed + (not ok)
+    passed, failed = check_qlinear(folder, passed, failed)
     ok = not close(data["out"] + 1e-3, data["out"])[0]        # the comparison itself can fail
     print(f"{'PASS' if ok else 'FAIL'} the comparison rejects a 1e-3 change")
     passed, failed = passed + ok, failed + (not ok)
