@@ -700,8 +700,9 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
                           a NaN or an infinity is MLC_ERR_ARG naming the row
      mlc_dequantize       q -> float32
    mlc_linear with an int8 weight (mlc_quantize_weight's) is the dynamically quantized linear
-   (torch.ao.nn.quantized.dynamic.Linear): each row of x is quantized as the op runs
-   (symmetric, scale max|row| / 127), multiplied in int32 (mlc_gemm_i8), scaled back to
+   (torch.ao.nn.quantized.dynamic.Linear): each row of x is quantized as the op runs over its
+   range [lo, hi] (0 included: scale (hi - lo) / 255, zero point -128 - round(lo / scale), as
+   PyTorch quantizes the whole input), multiplied in int32 (mlc_gemm_i8), scaled back to
    float32 and the bias added. The gradient reaches x (through W's dequantized values, the
    rounding counted as identity) and the bias. */
 MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point);
@@ -8206,8 +8207,9 @@ MLCDEF mlc_tensor *mlc_attention(mlc_tensor *q, mlc_tensor *k, mlc_tensor *v, ml
      quantize     q = clamp(round(x / s) + z, -128, 127)                      (no gradient)
      weight       s_r = max|w_r| / 127 (1 for a row of zeros), q = clamp(round(w / s_r), ±127)
      dequantize   x = s (q - z)
-     linear       y[m, n] = s_m s_n Σ_k round(x[m, k] / s_m) W[n, k] + b[n],  s_m = max|x_m| / 127:
-                  each row of x quantized as the op runs (dynamic quantization), int32 sums
+     linear       y[m, n] = s_m s_n Σ_k (q[m, k] - z_m) W[n, k] + b[n]: each row of x quantized as
+                  the op runs (dynamic quantization) over its range [lo, hi] (0 included),
+                  s_m = (hi - lo) / 255, z_m = -128 - round(lo / s_m); int32 sums
                   dx = Σ_n g[m, n] s_n W[n, k] (the rounding counted as identity), db = Σ_m g
    ============================================================================================ */
 
@@ -8230,11 +8232,10 @@ static int8_t mlc__quantize_value(float v, float inverse_scale, int zero_point, 
     return (int8_t)(q < lowest ? lowest : q > 127 ? 127 : q);
 }
 
-/* Rows of v ([rows, per_row]) each quantized symmetrically into q with its scale in scales.
-   finite_only: a NaN or an infinity is an error naming op and t, else the row's scale is NaN
-   (its products come out NaN) and its values 0. 0 on error. */
+/* Rows of v ([rows, per_row], weights) each quantized symmetrically into q with its scale in
+   scales; a NaN or an infinity is an error naming op and t. 0 on error. */
 static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t, const float *v, size_t rows,
-                              size_t per_row, int8_t *q, float *scales, int finite_only) {
+                              size_t per_row, int8_t *q, float *scales) {
     size_t r, i;
     for (r = 0; r < rows; r++, v += per_row, q += per_row) {
         float top = 0.0f, inverse;
@@ -8244,19 +8245,40 @@ static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t,
             top = a > top ? a : top;
             finite &= mlc__is_finite(v[i]);
         }
-        if (!finite) {
-            if (finite_only)
-                return mlc__fail(ctx, MLC_ERR_ARG, "%s: row %zu of %T holds a NaN or an infinity", op, r, t)
-                       != NULL;
-            scales[r] = NAN;
-            memset(q, 0, per_row);
-            continue;
-        }
+        if (!finite)
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: row %zu of %T holds a NaN or an infinity", op, r, t) != NULL;
         scales[r] = top > 0.0f ? top / 127.0f : 1.0f;
         inverse = 1.0f / scales[r];
         for (i = 0; i < per_row; i++) q[i] = mlc__quantize_value(v[i], inverse, 0, -127);
     }
     return 1;
+}
+
+/* Rows of v ([rows, K], activations) each quantized over its range [lo, hi] (0 included):
+   scale (hi - lo) / 255, zero point -128 - round(lo / scale), into q, scales and zeros. A row
+   with a NaN or an infinity gets scale NaN (its products come out NaN) and values 0. */
+static void mlc__quantize_rows_affine(const float *v, size_t rows, size_t K, int8_t *q, float *scales,
+                                      int32_t *zeros) {
+    size_t r, i;
+    for (r = 0; r < rows; r++, v += K, q += K) {
+        float lo = 0.0f, hi = 0.0f, inverse;
+        int finite = 1;
+        for (i = 0; i < K; i++) {
+            lo = v[i] < lo ? v[i] : lo;
+            hi = v[i] > hi ? v[i] : hi;
+            finite &= mlc__is_finite(v[i]);
+        }
+        if (!finite) {
+            scales[r] = NAN;
+            zeros[r] = 0;
+            memset(q, 0, K);
+            continue;
+        }
+        scales[r] = hi > lo ? (hi - lo) / 255.0f : 1.0f;
+        inverse = 1.0f / scales[r];
+        zeros[r] = -128 - mlc__round_even(lo * inverse);
+        for (i = 0; i < K; i++) q[i] = mlc__quantize_value(v[i], inverse, zeros[r], -128);
+    }
 }
 
 /* A new tensor of x's shape in dtype, on x's device (written on the host first), or NULL */
@@ -8298,7 +8320,7 @@ MLCDEF mlc_tensor *mlc_quantize_weight(mlc_tensor *w) {
     if (!(scales = mlc__make(ctx, "mlc_quantize_weight", 1, w->shape, 0))
         || !(q = mlc__like_in(ctx, "mlc_quantize_weight", w, MLC_I8))
         || !mlc__quantize_rows(ctx, "mlc_quantize_weight", w, v, (size_t)w->shape[0], w->size / w->shape[0],
-                               q->int8, scales->data, 1))
+                               q->int8, scales->data))
         return NULL;
     q->qscales = scales;
     return q;
@@ -8356,13 +8378,22 @@ static int mlc__linear_int8_cpu(mlc__node *n) {
     int8_t *xq = (int8_t *)mlc__arena_alloc(ctx, (size_t)M * K + 1, n->name);
     float *x_scales = mlc__floats(ctx, (size_t)M + 1, n->name), *y = n->out->data;
     int32_t *sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)M * N * sizeof(int32_t) + 1, n->name);
-    int m, j;
-    if (xq && x_scales && sums) {
-        mlc__quantize_rows(ctx, n->name, x, x->data, (size_t)M, (size_t)K, xq, x_scales, 0);
+    int32_t *x_zeros = (int32_t *)mlc__arena_alloc(ctx, ((size_t)M + N) * sizeof(int32_t) + 1, n->name);
+    int32_t *w_sums = x_zeros ? x_zeros + M : NULL;
+    int m, j, k;
+    if (xq && x_scales && sums && x_zeros) {
+        mlc__quantize_rows_affine(x->data, (size_t)M, (size_t)K, xq, x_scales, x_zeros);
+        for (j = 0; j < N; j++) {                        /* Σ_k W[n, k], for the zero points */
+            const int8_t *row = w->int8 + (size_t)j * K;
+            int32_t sum = 0;
+            for (k = 0; k < K; k++) sum += row[k];
+            w_sums[j] = sum;
+        }
         mlc_gemm_i8(ctx, M, N, K, xq, w->int8, sums);
         for (m = 0; m < M; m++, y += N)
             for (j = 0; j < N; j++) {
-                float v = (float)sums[(size_t)m * N + j] * (x_scales[m] * w_scales[j]) + (b ? b[j] : 0.0f);
+                const int64_t dot = sums[(size_t)m * N + j] - (int64_t)x_zeros[m] * w_sums[j];
+                float v = (float)dot * (x_scales[m] * w_scales[j]) + (b ? b[j] : 0.0f);
                 y[j] = n->args.linear_int8.relu && !(v > 0.0f) && v == v ? 0.0f : v;
             }
     }
@@ -9741,7 +9772,7 @@ static int mlc__quantize_param(mlc_module *m, int index) {
     }
     if (!name || !(q = (int8_t *)mlc__owned_alloc(ctx, w->size + 1, "mlc_quantize_dynamic"))
         || !mlc__quantize_rows(ctx, "mlc_quantize_dynamic", w, v, rows, rows ? w->size / rows : 0, q,
-                               scales->data, 1)
+                               scales->data)
         || mlc__module_add(m, name, scales, 1) != MLC_OK) {
         if (q) mlc__owned_free(ctx, q);
         if (!scales->owner) mlc_tensor_free(scales);

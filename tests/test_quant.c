@@ -97,21 +97,24 @@ static int weights_quantize_per_row(void) {
     return 1;
 }
 
-/* The dynamic linear computed in doubles from the same quantized integers */
+/* The dynamic linear computed in doubles from the same quantized integers: each row of x over
+   its range [lo, hi] (0 included), scale (hi - lo) / 255, zero point -128 - round(lo / scale) */
 static void reference_linear(const float *x, const int8_t *wq, const float *ws, const float *b, int M, int N,
                              int K, float *y) {
     int m, n, k;
     for (m = 0; m < M; m++) {
-        float top = 0.0f, s, inv;
-        int8_t xq[256];
-        for (k = 0; k < K; k++) top = fabsf(x[m * K + k]) > top ? fabsf(x[m * K + k]) : top;
-        s = top > 0.0f ? top / 127.0f : 1.0f;
-        inv = 1.0f / s;
-        for (k = 0; k < K; k++) xq[k] = (int8_t)reference_quantize(x[m * K + k], s, 0, -127);
-        (void)inv;
+        float lo = 0.0f, hi = 0.0f, s;
+        int xq[256], z;
+        for (k = 0; k < K; k++) {
+            lo = x[m * K + k] < lo ? x[m * K + k] : lo;
+            hi = x[m * K + k] > hi ? x[m * K + k] : hi;
+        }
+        s = hi > lo ? (hi - lo) / 255.0f : 1.0f;
+        z = -128 - (int)nearbyint((double)(lo * (1.0f / s)));
+        for (k = 0; k < K; k++) xq[k] = reference_quantize(x[m * K + k], s, z, -128);
         for (n = 0; n < N; n++) {
             long long sum = 0;
-            for (k = 0; k < K; k++) sum += (long long)xq[k] * wq[n * K + k];
+            for (k = 0; k < K; k++) sum += (long long)(xq[k] - z) * wq[n * K + k];
             y[m * N + n] = (float)sum * (s * ws[n]) + (b ? b[n] : 0.0f);
         }
     }

@@ -32,7 +32,8 @@ length, a JSON header, raw little-endian data).
                                torch.quantize_per_channel's with the same scales, the scales
                                equal, and its output (DIR/qlinear.mlc_out.safetensors) equal to
                                mlc's scheme computed here in PyTorch from those integers (each
-                               row of x quantized symmetrically, scale max|row| / 127, rounded half
+                               row of x quantized over its range [lo, hi], 0 included: scale
+                               (hi - lo) / 255, zero point -128 - round(lo / scale), rounded half
                                to even; exact integer sums; scaled back; the bias) within the
                                tolerance.
 Each check prints PASS or FAIL; the last line is "interop (PyTorch side): N passed, M failed";
@@ -193,7 +194,8 @@ def write(folder):
 def write_qlinear(folder):
     """The dynamically quantized Linear: mlc's scheme and PyTorch's differ (PyTorch: activations
     per tensor, affine uint8 from their min and max; weights per tensor or per channel from a MinMax
-    observer. mlc: each row of x symmetric, scale max|row| / 127; weights per row, max|row| / 127),
+    observer. mlc: each row of x affine over its range, as PyTorch's whole input; weights per
+    row, symmetric, max|row| / 127),
     so what can be equal is compared as equal (the weights' integers at the same scales) and the
     outputs are each compared with the float32 Linear (interop.c)."""
     from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
@@ -243,8 +245,11 @@ def check_qlinear(folder, passed, failed):
     print(f"{'PASS' if ok else 'FAIL'} qlinear: mlc's weight_scale equals max|row| / 127 computed by PyTorch")
     passed, failed = passed + ok, failed + (not ok)
     x = data["x"]
-    x_scale = x.abs().amax(1, keepdim=True) / 127
-    x_int = torch.round(x * (1.0 / x_scale)).clamp(-127, 127)           # torch.round: half to even
+    lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
+    x_scale = (hi - lo) / 255                                           # float32, as mlc computes it
+    inverse = 1.0 / x_scale
+    zero = -128 - torch.round(lo * inverse)                             # torch.round: half to even
+    x_int = (torch.round(x * inverse) + zero).clamp(-128, 127) - zero
     sums = (x_int.double() @ w_int.double().T).float()                  # exact: |sum| < 2^24
     ok, why = close(data["out"], sums * (x_scale * scale[None, :]) + state["bias"])
     print(f"{'PASS' if ok else 'FAIL'} qlinear: mlc's output equals its scheme computed in PyTorch ({why})")
