@@ -22,7 +22,7 @@ static void emit(const char *text) {                 /* semihosting SYS_WRITE0 *
 static void emit(const char *text) { fputs(text, stdout); }
 #endif
 
-static unsigned char pool[1024 * sizeof(void *)] __attribute__((aligned(16)));   /* long-lived objects */
+static unsigned char pool[1280 * sizeof(void *)] __attribute__((aligned(16)));   /* long-lived objects */
 static unsigned char arena[20 * 1024] __attribute__((aligned(32)));
 static size_t pool_used;
 
