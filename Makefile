@@ -408,50 +408,96 @@ test-models: $(BUILD)/minilm
 	exit $$status
 
 # The digits CNN on a Cortex-M4F (examples/embedded; needs gcc-arm-none-eabi,
-# libnewlib-arm-none-eabi and qemu-system-arm): export.c trains it on the host and writes its
-# weights and 12 held-out digits as C arrays (model.h) and the host's predictions; main.c, built
-# bare-metal (MLC_NO_MALLOC, weights in flash, a static arena), runs under qemu's MPS2-AN386
-# with semihosting, and its predictions must equal the host's (so must main.c's built for the
-# host). Then the sizes; no malloc, stdio or getenv may be linked; and of the mlc functions
-# that call soft-float double helpers, none may be outside EMBEDDED_DOUBLE (the error
-# messages' %g, which varargs pass as double).
+# libnewlib-arm-none-eabi and qemu-system-arm), in float32 (main.c) and in int8 (main_int8.c):
+# export.c trains it on the host and writes its weights and 12 held-out digits as C arrays
+# (model.h; the int8 model, batch norm folded and calibrated, in model_int8.h) and the host's
+# float32 and int8 predictions and a hash of the int8 logits (host.txt). Both programs, built
+# bare-metal (MLC_NO_MALLOC, weights in flash, a static arena), run under qemu's MPS2-AN386 with
+# semihosting, and what they print must equal the host's (so must what they print built for the
+# host). Then the sizes side by side (weights: the model arrays w_* and q_*, with the issue's
+# targets: int8 weights <= 0.27x, arena peak + stack <= 0.5x of float32's, a NOTE if missed); no
+# malloc, stdio or getenv may be linked; and of the mlc functions that call soft-float
+# double helpers, none may be outside EMBEDDED_DOUBLE, and only mlc__vformat (which formats the
+# error messages' %g) may do more than __aeabi_f2d (a float passed to %g through varargs).
 ARM_CC ?= arm-none-eabi-gcc
 ARM_FLAGS := -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -Os -ffunction-sections \
              -fdata-sections -fno-math-errno -std=c99 -Wall -Wextra -pedantic -Werror
+ARM_LINK := -nostartfiles --specs=nano.specs -T examples/embedded/mps2-an386.ld -Wl,--gc-sections
 EMBEDDED := $(BUILD)/embedded
-EMBEDDED_DOUBLE := mlc__vformat mlc__in_range mlc_gemm
+EMBEDDED_DOUBLE := mlc__vformat mlc__in_range mlc_gemm mlc_quantize mlc__qout_ok mlc__qproduct_plan
+EMBEDDED_SOURCES := examples/embedded/startup.c examples/embedded/mps2-an386.ld examples/embedded/board.h \
+                    mlc.h
 
-$(EMBEDDED)/export: examples/embedded/export.c examples/digits_data.h mlc.h
+$(EMBEDDED)/export: examples/embedded/export.c examples/embedded/cnn_int8.h examples/digits_data.h mlc.h
 	mkdir -p $(EMBEDDED)
 	$(CC) $(CFLAGS) -I. -o $@ examples/embedded/export.c $(LDLIBS)
 
 $(EMBEDDED)/model.h: $(EMBEDDED)/export data/digits.bin
-	./$(EMBEDDED)/export $@ data/digits.bin >$(EMBEDDED)/host.txt
+	./$(EMBEDDED)/export $@ data/digits.bin --int8 $(EMBEDDED)/model_int8.h >$(EMBEDDED)/host.txt
 
-$(EMBEDDED)/digits.elf: examples/embedded/main.c examples/embedded/startup.c examples/embedded/mps2-an386.ld \
-                        $(EMBEDDED)/model.h mlc.h
-	$(ARM_CC) $(ARM_FLAGS) -I. -I$(EMBEDDED) -nostartfiles --specs=nano.specs -T examples/embedded/mps2-an386.ld \
-	    -Wl,--gc-sections -o $@ examples/embedded/main.c examples/embedded/startup.c -lm
+# (written with model.h; made again with it if it went missing)
+$(EMBEDDED)/model_int8.h: $(EMBEDDED)/model.h
+	@test -f $@ || { rm -f $<; $(MAKE) $<; }
 
-$(EMBEDDED)/digits-host: examples/embedded/main.c $(EMBEDDED)/model.h mlc.h
+$(EMBEDDED)/digits.elf: examples/embedded/main.c $(EMBEDDED)/model.h $(EMBEDDED_SOURCES)
+	$(ARM_CC) $(ARM_FLAGS) -I. -I$(EMBEDDED) $(ARM_LINK) -o $@ examples/embedded/main.c \
+	    examples/embedded/startup.c -lm
+
+$(EMBEDDED)/digits-host: examples/embedded/main.c $(EMBEDDED)/model.h examples/embedded/board.h mlc.h
 	$(CC) $(CFLAGS) -Werror -I. -I$(EMBEDDED) -o $@ examples/embedded/main.c $(LDLIBS)
 
-embedded: $(EMBEDDED)/digits.elf $(EMBEDDED)/digits-host
+$(EMBEDDED)/digits_int8.elf: examples/embedded/main_int8.c examples/embedded/cnn_int8.h \
+                             $(EMBEDDED)/model_int8.h $(EMBEDDED_SOURCES)
+	$(ARM_CC) $(ARM_FLAGS) -I. -I$(EMBEDDED) $(ARM_LINK) -o $@ examples/embedded/main_int8.c \
+	    examples/embedded/startup.c -lm
+
+$(EMBEDDED)/digits_int8-host: examples/embedded/main_int8.c examples/embedded/cnn_int8.h \
+                              $(EMBEDDED)/model_int8.h examples/embedded/board.h mlc.h
+	$(CC) $(CFLAGS) -Werror -I. -I$(EMBEDDED) -o $@ examples/embedded/main_int8.c $(LDLIBS)
+
+embedded: $(EMBEDDED)/digits.elf $(EMBEDDED)/digits-host $(EMBEDDED)/digits_int8.elf \
+          $(EMBEDDED)/digits_int8-host
 	@set -e; cd $(EMBEDDED); \
-	rm -f qemu.txt; timeout 120 qemu-system-arm -M mps2-an386 -display none -monitor none -serial none \
-	    -chardev file,id=out,path=qemu.txt -semihosting-config enable=on,target=native,chardev=out \
-	    -kernel digits.elf || \
-	    { cat qemu.txt; echo "FAIL embedded: qemu-system-arm exited $$?"; exit 1; }; \
-	./digits-host >host-build.txt; \
-	cat qemu.txt; echo "host     $$(cat host.txt)"; \
-	grep -qxF "$$(cat host.txt)" qemu.txt || { echo "FAIL embedded: Cortex-M4F and host predictions differ"; exit 1; }; \
-	grep -qxF "$$(cat host.txt)" host-build.txt || { echo "FAIL embedded: main.c on the host differs"; exit 1; }; \
-	arm-none-eabi-size digits.elf; \
-	! arm-none-eabi-nm digits.elf | grep -wE 'malloc|free|_malloc_r|_sbrk|printf|getenv' || \
-	    { echo "FAIL embedded: the ELF links an allocator, stdio or getenv"; exit 1; }; \
-	arm-none-eabi-objdump -d digits.elf | awk '/^[0-9a-f]+ <.*>:$$/ { fn = substr($$2, 2, length($$2) - 3) } \
-	    /bl.*<(__aeabi_(d[a-z0-9]+|[a-z0-9]+2d)|sqrt|exp|log|pow|cos|ceil)>/ && fn ~ /mlc/ { print fn }' | sort -u >double.txt; \
-	echo "double-precision helpers called from: $$(tr '\n' ' ' <double.txt)"; \
-	for fn in $$(cat double.txt); do case " $(EMBEDDED_DOUBLE) " in *" $$fn "*) ;; \
-	    *) echo "FAIL embedded: $$fn computes in double (soft float on a Cortex-M4F)"; exit 1;; esac; done; \
-	echo "embedded: the Cortex-M4F predictions equal the host's"
+	run() { rm -f $$2; timeout 120 qemu-system-arm -M mps2-an386 -display none -monitor none -serial none \
+	    -chardev file,id=out,path=$$2 -semihosting-config enable=on,target=native,chardev=out -kernel $$1 || \
+	    { status=$$?; cat $$2; echo "FAIL embedded: qemu-system-arm exited $$status on $$1"; exit 1; }; }; \
+	same() { want=$$(grep "^$$1" host.txt || true); grep -qxF "$$want" $$2 || \
+	    { echo "host     $$want"; echo "FAIL embedded: $$3"; exit 1; }; }; \
+	size() { arm-none-eabi-size $$1 | awk 'NR == 2 { print $$1 + $$2, $$2 + $$3 }'; }; \
+	weights() { arm-none-eabi-nm -S -t d $$1 | \
+	    awk -v p="$$2" 'index($$4, p) == 1 { s += $$2 } END { print s + 0 }'; }; \
+	used() { sed -n "s/^$$1 bytes: //p" $$2; }; \
+	run digits.elf qemu.txt; run digits_int8.elf qemu-int8.txt; \
+	./digits-host >host-build.txt; ./digits_int8-host >host-build-int8.txt; \
+	cat qemu.txt qemu-int8.txt; sed 's/^/host     /' host.txt; \
+	same predictions: qemu.txt "float32: Cortex-M4F and host predictions differ"; \
+	same predictions: host-build.txt "float32: main.c on the host differs"; \
+	same "int8 predictions:" qemu-int8.txt "int8: Cortex-M4F and host predictions differ"; \
+	same "int8 predictions:" host-build-int8.txt "int8: main_int8.c on the host differs"; \
+	same "int8 logits hash:" qemu-int8.txt "int8: the Cortex-M4F's logits differ from the host's"; \
+	same "int8 logits hash:" host-build-int8.txt "int8: main_int8.c's logits on the host differ"; \
+	for elf in digits.elf digits_int8.elf; do \
+	    ! arm-none-eabi-nm $$elf | grep -wE 'malloc|free|_malloc_r|_sbrk|printf|getenv' || \
+	        { echo "FAIL embedded: $$elf links an allocator, stdio or getenv"; exit 1; }; \
+	    arm-none-eabi-objdump -d $$elf | awk '/^[0-9a-f]+ <.*>:$$/ { fn = substr($$2, 2, length($$2) - 3) } \
+	        /bl.*<(__aeabi_(d[a-z0-9]+|[a-z0-9]+2d)|sqrt|exp|log|pow|cos|ceil)>/ && fn ~ /mlc/ { \
+	        print fn, substr($$NF, 2, length($$NF) - 2) }' | sort -u >double.txt; \
+	    echo "$$elf: double-precision helpers called from:" $$(cut -d' ' -f1 double.txt | sort -u); \
+	    while read fn helper; do case " $(EMBEDDED_DOUBLE) " in *" $$fn "*) ;; \
+	        *) echo "FAIL embedded: $$fn computes in double (soft float on a Cortex-M4F)"; exit 1;; esac; \
+	        [ "$$fn" = mlc__vformat ] || [ "$$helper" = __aeabi_f2d ] || \
+	            { echo "FAIL embedded: $$fn calls $$helper (double arithmetic, not a %g argument)"; exit 1; }; \
+	    done <double.txt; \
+	done; \
+	set -- $$(size digits.elf) $$(weights digits.elf w_) $$(used "arena peak" qemu.txt) $$(used stack qemu.txt) \
+	       $$(size digits_int8.elf) $$(weights digits_int8.elf q_) $$(used "arena peak" qemu-int8.txt) \
+	       $$(used stack qemu-int8.txt); \
+	awk -v f="$$1 $$2 $$3 $$4 $$5" -v q="$$6 $$7 $$8 $$9 $${10}" 'BEGIN { split(f, a); split(q, b); \
+	    a[6] = a[4] + a[5]; b[6] = b[4] + b[5]; \
+	    split("flash, all (text + data)|RAM, all (data + bss, 4 KiB stack reserve)|weights (model arrays)|" \
+	          "arena peak|stack used|RAM used: arena peak + stack", name, "|"); \
+	    printf "%-46s %9s %9s %8s\n", "Cortex-M4F, bytes", "float32", "int8", "ratio"; \
+	    for (i = 1; i <= 6; i++) printf "%-46s %9d %9d %7.3fx\n", name[i], a[i], b[i], b[i] / a[i]; \
+	    if (b[3] > 0.27 * a[3] || b[6] > 0.5 * a[6]) { \
+	        print "NOTE embedded: over the targets (weights <= 0.27x, RAM used <= 0.5x)" } }'; \
+	echo "embedded: the Cortex-M4F predictions equal the host's, float32 and int8"

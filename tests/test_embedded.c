@@ -128,6 +128,86 @@ static int fixed_arena(void) {
     return 1;
 }
 
+/* main_int8.c's path on a [1, 1, 4, 4] image: quantize, int8 conv 3x3 (ReLU as the output
+   range), max pool, flatten, int8 linear, in a frame; the 3 logits into out, and returns the
+   arena bytes the run used */
+static size_t int8_chain(mlc_ctx *ctx, mlc_tensor *const layers[4], int8_t out[3]) {
+    static const float pixels[16] = { 0, .25f, .5f, 1, 1, .75f, 0, 0, .5f, .5f, 1, .25f, 0, 1, 0, .75f };
+    const mlc_conv_opts same = { .padding = 1 };
+    mlc_frame f = mlc_frame_begin(ctx);
+    size_t before = mlc_get_stats(ctx).arena_used, used = 0;
+    mlc_tensor *x = mlc_quantize(mlc_from_data(ctx, MLC_SHAPE(1, 1, 4, 4), pixels), 1.0f / 255.0f, -128);
+    mlc_tensor *h = mlc_max_pool2d(mlc_conv2d_int8(x, layers[0], layers[1], same, 0.02f, -128), 2, 2, 0);
+    mlc_tensor *y = mlc_linear_int8(mlc_flatten(h, 1), layers[2], layers[3], 0.25f, 3);
+    if (y) {
+        memcpy(out, y->int8, 3);
+        used = mlc_get_stats(ctx).arena_used - before;
+    }
+    mlc_frame_end(f);
+    return used;
+}
+
+/* int8 weights in read-only memory (flash), with float32 row scales and biases */
+static const int8_t int8_w1[18] = { 127, -64, 3, 90, -127, 45, 0, 12, -33,
+                                    -5, 60, 127, -80, 20, 7, 1, -127, 99 };
+static const int8_t int8_w2[24] = { 127, -1, 2, -3, 50, 60, -70, 80, -9, 10, -127, 12, 13, -14, 15, -16,
+                                    17, 18, -19, 127, 21, -22, 23, -24 };
+static const float int8_s1[2] = { 0.01f, 0.02f }, int8_b1[2] = { 0.1f, -0.05f };
+static const float int8_s2[3] = { 0.03f, 0.02f, 0.05f }, int8_b2[3] = { 0.5f, -0.25f, 0.0f };
+
+/* The layers over them, as main_int8.c wraps its weights */
+static void int8_layers(mlc_ctx *ctx, mlc_tensor *layers[4]) {
+    layers[0] = mlc_from_const_int8(ctx, MLC_SHAPE(2, 1, 3, 3), int8_w1, 0.0f, 0,
+                                    mlc_from_const(ctx, MLC_SHAPE(2), int8_s1));
+    layers[1] = mlc_from_const(ctx, MLC_SHAPE(2), int8_b1);
+    layers[2] = mlc_from_const_int8(ctx, MLC_SHAPE(3, 8), int8_w2, 0.0f, 0,
+                                    mlc_from_const(ctx, MLC_SHAPE(3), int8_s2));
+    layers[3] = mlc_from_const(ctx, MLC_SHAPE(3), int8_b2);
+}
+
+/* The int8 path runs on a fixed arena without asking the heap, the same bytes every time, and
+   gives the logits a context with a heap gives; an arena too small is an error naming the op */
+static int int8_fixed_arena(void) {
+    static unsigned char arena[8192];
+    mlc_config c;
+    mlc_ctx *ctx, *heap;
+    mlc_tensor *layers[4], *heap_layers[4];
+    int8_t want[3], got[3];
+    size_t used, allocs, peak;
+    int i;
+    memset(&c, 0, sizeof c);
+    c.quiet = 1; c.device = "cpu";
+    heap = mlc_create(&c);
+    int8_layers(heap, heap_layers);
+    CHECK(int8_chain(heap, heap_layers, want) > 0);
+    c.arena = arena; c.arena_bytes = sizeof arena;
+    ctx = mlc_create(&c);
+    int8_layers(ctx, layers);
+    CHECK(ctx && layers[0] && layers[2] && mlc_error(ctx) == MLC_OK);
+    CHECK(layers[0]->int8 == int8_w1 && layers[0]->read_only && layers[2]->int8 == int8_w2);   /* no copy */
+    allocs = mlc_get_stats(ctx).allocs;
+    used = int8_chain(ctx, layers, got);
+    CHECK_MSG(used > 0, "%s", mlc_error_message(ctx));
+    CHECK(memcmp(got, want, 3) == 0);
+    peak = mlc_get_stats(ctx).arena_peak;             /* the output, and the conv's scratch before */
+    CHECK(peak > used);
+    for (i = 0; i < 20; i++) CHECK(int8_chain(ctx, layers, got) == used && memcmp(got, want, 3) == 0);
+    CHECK(mlc_get_stats(ctx).allocs == allocs);       /* the heap is never asked */
+    CHECK(mlc_get_stats(ctx).arena_peak == peak);
+    test_destroy(ctx);
+
+    c.arena_bytes = used;                             /* the scratch no longer fits */
+    ctx = mlc_create(&c);
+    int8_layers(ctx, layers);
+    allocs = mlc_get_stats(ctx).allocs;
+    CHECK(int8_chain(ctx, layers, got) == 0 && mlc_error(ctx) == MLC_ERR_MEMORY);
+    CHECK_MSG(strstr(mlc_error_message(ctx), "fixed arena"), "%s", mlc_error_message(ctx));
+    CHECK(mlc_get_stats(ctx).allocs == allocs);
+    test_destroy(ctx);
+    test_destroy(heap);
+    return 1;
+}
+
 /* Inference takes from the arena its outputs and nothing else: with gradients off, parameters
    that want gradients cost what read-only weights cost, and the tape stays empty. */
 static int inference_takes_only_outputs(void) {
@@ -160,6 +240,7 @@ static int inference_takes_only_outputs(void) {
 const test_case tests_embedded[] = {
     TEST(const_weights_in_place)
     TEST(fixed_arena)
+    TEST(int8_fixed_arena)
     TEST(inference_takes_only_outputs)
     { NULL, NULL }
 };

@@ -1,56 +1,18 @@
 /* The digits CNN on a Cortex-M4F (make embedded runs it under qemu-system-arm, MPS2-AN386):
    weights and test digits from model.h (written by export.c) stay in flash, wrapped with
    mlc_from_const; every op result comes from a static arena, and the few long-lived objects
-   (the context, the tensor structs over the weights) from a static pool. No malloc, no stdio:
-   output goes through semihosting. Built for the host too (same source, stdout), as a check. */
+   (the context, the tensor structs over the weights) from a static pool (board.h). No malloc,
+   no stdio: output goes through semihosting. Built for the host too (same source, stdout), as
+   a check. main_int8.c is the int8 build of the same network. */
 #define MLC_NO_MALLOC
 #define MLC_FLOAT_ONLY                      /* sums in float: the FPU has no double */
 #define MLC_NO_STDIO
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "model.h"
+#include "board.h"
 
-#ifdef __arm__
-unsigned long stack_used(void);                      /* startup.c */
-static void emit(const char *text) {                 /* semihosting SYS_WRITE0 */
-    register int op __asm__("r0") = 0x04;
-    register const char *arg __asm__("r1") = text;
-    __asm__ volatile("bkpt 0xab" : "+r"(op) : "r"(arg) : "memory");
-}
-#else
-#include <stdio.h>
-static void emit(const char *text) { fputs(text, stdout); }
-#endif
-
-static unsigned char pool[1024 * sizeof(void *)] __attribute__((aligned(16)));   /* long-lived objects */
 static unsigned char arena[20 * 1024] __attribute__((aligned(32)));
-static size_t pool_used;
-
-/* A bump allocator: nothing long-lived is freed before the program ends. */
-static void *pool_alloc(size_t bytes, void *user) {
-    void *p = pool + pool_used;
-    (void)user;
-    bytes = (bytes + 15) & ~(size_t)15;
-    if (bytes > sizeof pool - pool_used) return NULL;
-    pool_used += bytes;
-    return p;
-}
-static void pool_free(void *p, void *user) { (void)p; (void)user; }
-
-static char *put_int(char *s, size_t v) {
-    char rev[24];
-    int n = 0;
-    do { rev[n++] = (char)('0' + v % 10); v /= 10; } while (v);
-    while (n) *s++ = rev[--n];
-    return s;
-}
-
-static void emit_size(const char *label, size_t v) {
-    char text[24], *end = put_int(text, v);
-    end[0] = '\n'; end[1] = '\0';
-    emit(label);
-    emit(text);
-}
 
 typedef struct { mlc_tensor *w, *b; } conv_layer;
 typedef struct { mlc_tensor *mean, *var, *w, *b; } norm_layer;
@@ -72,16 +34,10 @@ static mlc_tensor *block(mlc_tensor *x, const conv_layer *c, const norm_layer *n
 }
 
 int main(void) {
-    mlc_config config = { 0 };
-    mlc_ctx *ctx;
+    mlc_ctx *ctx = board_context(arena, sizeof arena);
     digits_cnn net;
     char line[128] = "predictions:", *s = line + 12;
     int i;
-    config.allocator.alloc = pool_alloc;
-    config.allocator.free = pool_free;
-    config.arena = arena;
-    config.arena_bytes = sizeof arena;
-    ctx = mlc_create(&config);
     if (!ctx) { emit("mlc_create failed\n"); return 1; }
     net.conv1.w = WRAP(ctx, w_1_weight, 16, 1, 3, 3);   net.conv1.b = WRAP(ctx, w_1_bias, 16);
     net.bn1.w = WRAP(ctx, w_2_weight, 16);              net.bn1.b = WRAP(ctx, w_2_bias, 16);
@@ -100,13 +56,5 @@ int main(void) {
         mlc_frame_end(f);
     }
     *s++ = '\n'; *s = '\0';
-    if (mlc_error(ctx)) { emit("error: "); emit(mlc_error_message(ctx)); emit("\n"); return 1; }
-    emit(line);
-    emit_size("arena peak bytes: ", mlc_get_stats(ctx).arena_peak);
-    emit_size("pool bytes: ", pool_used);
-#ifdef __arm__
-    emit_size("stack bytes: ", stack_used());
-#endif
-    mlc_destroy(ctx);
-    return 0;
+    return board_report(ctx, line);
 }
