@@ -8246,7 +8246,8 @@ static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t,
             finite &= mlc__is_finite(v[i]);
         }
         if (!finite)
-            return mlc__fail(ctx, MLC_ERR_ARG, "%s: row %zu of %T holds a NaN or an infinity", op, r, t) != NULL;
+            return mlc__fail(ctx, MLC_ERR_ARG, "%s: row %zu of %T holds a NaN or an infinity", op, r, t)
+                   != NULL;
         scales[r] = top > 0.0f ? top / 127.0f : 1.0f;
         inverse = 1.0f / scales[r];
         for (i = 0; i < per_row; i++) q[i] = mlc__quantize_value(v[i], inverse, 0, -127);
@@ -12086,6 +12087,32 @@ static void mlc__st_load_values(const unsigned char *p, int dtype, mlc_tensor *t
     }
 }
 
+/* A quantized module's scales and zero points from a file, checked before anything is loaded:
+   in a module that holds int8 tensors, a tensor named *scale (weight_scale, scale, input_scale,
+   weight_ih_l0_scale, ...) must hold positive finite values and one named *zero_point whole
+   numbers in [-128, 127]; else an error naming the entry, the value and its place. */
+static int mlc__st_quant_params_ok(mlc_safetensors *st, const mlc_named_tensor *state, int n,
+                                   const mlc__st_entry *e, const char *name) {
+    const size_t length = strlen(name), width = mlc__dtype_sizes[e->dtype];
+    const int is_scale = length >= 5 && !strcmp(name + length - 5, "scale");
+    const int is_zero = length >= 10 && !strcmp(name + length - 10, "zero_point");
+    size_t i;
+    int k, quantized = 0;
+    for (k = 0; k < n && !quantized; k++) quantized = state[k].tensor->dtype == MLC_I8;
+    if (!quantized || (!is_scale && !is_zero)) return 1;
+    for (i = 0; i < (e->end - e->begin) / width; i++) {
+        float v;
+        mlc__st_convert(st->body + e->begin + i * width, e->dtype, &v, 1);
+        if (is_scale ? v > 0.0f && mlc__is_finite(v) && 1.0f / v < INFINITY
+                     : v >= -128.0f && v <= 127.0f && v == (float)(int)v)
+            continue;
+        mlc__st_fail(st, e->name, st->body_at + e->begin + i * width, "value %g at index %zu is not a %s",
+                     (double)v, i, is_scale ? "positive finite scale" : "zero point (a whole number in [-128, 127])");
+        return 0;
+    }
+    return 1;
+}
+
 MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const mlc_load_opts *opts) {
     mlc_ctx *ctx;
     mlc_named_tensor *state = NULL;
@@ -12148,7 +12175,9 @@ MLCDEF mlc_result mlc_safetensors_load(mlc_safetensors *st, mlc_module *m, const
         goto done;
     }
     for (i = 0; i < n; i++)                               /* nothing changes unless all can change */
-        if (match[i] && !mlc__writable(state[i].tensor, "mlc_safetensors_load")) goto done;
+        if (match[i] && (!mlc__writable(state[i].tensor, "mlc_safetensors_load")
+                         || !mlc__st_quant_params_ok(st, state, n, match[i], state[i].name)))
+            goto done;
     for (i = 0; i < n; i++) {
         mlc_tensor *t = state[i].tensor;
         if (!match[i]) continue;

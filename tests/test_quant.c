@@ -519,6 +519,66 @@ static int quantize_static_sequential(void) {
     return 1;
 }
 
+/* A quantized model's file with a bad scale or zero point, or an int8 weight of the wrong
+   shape, is refused naming the tensor, and nothing is loaded */
+static int corrupt_quantized_files_refused(void) {
+    mlc_ctx *ctx = test_ctx(13);
+    mlc_module *m = small_cnn(ctx), *other;
+    mlc_tensor *calibration = mlc_keep(mlc_rand(ctx, MLC_SHAPE(4, 1, 10, 10)));
+    mlc_named_tensor state[40];
+    static const struct { const char *name; float value; } bad[] = {
+        { "7.weight_scale", 0.0f }, { "7.weight_scale", -0.5f }, { "0.weight_scale", NAN }, { "0.scale", INFINITY },
+        { "input_scale", 0.0f }, { "0.zero_point", 300.0f }, { "7.zero_point", 1.5f }, { "input_zero_point", -129.0f },
+    };
+    unsigned char *file;
+    float values[64];
+    size_t size, b;
+    int n, i, k;
+    CHECK(mlc_quantize_static(m, &calibration, 1) == MLC_OK);
+    other = small_cnn(ctx);
+    CHECK(mlc_quantize_static(other, &calibration, 1) == MLC_OK);
+    n = mlc_module_state(m, state, 40);
+    for (b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        float keep, first;
+        for (i = 0; i < n && strcmp(state[i].name, bad[b].name); i++) {}
+        CHECK_MSG(i < n, "no %s", bad[b].name);
+        CHECK(state[i].tensor->size <= 64 && mlc_read(state[i].tensor, values, state[i].tensor->size) == MLC_OK);
+        keep = values[0];
+        values[0] = bad[b].value;                             /* the first value (of one, or a row's) */
+        CHECK(mlc_write(state[i].tensor, values, state[i].tensor->size) == MLC_OK);
+        size = mlc_module_encode(m, NULL, NULL, 0);
+        CHECK((file = (unsigned char *)malloc(size)) != NULL && mlc_module_encode(m, NULL, file, size) == size);
+        first = mlc_get(other->children[0]->params[1], 0);
+        CHECK_MSG(mlc_module_load_from_memory(other, file, size, NULL) == MLC_ERR_IO, "%s: %s", bad[b].name,
+                  mlc_error_message(ctx));
+        CHECK_MSG(strstr(mlc_error_message(ctx), bad[b].name) && strstr(mlc_error_message(ctx), "index 0"), "%s",
+                  mlc_error_message(ctx));
+        mlc_clear_error(ctx);
+        CHECK(test_same_float(mlc_get(other->children[0]->params[1], 0), first));   /* nothing loaded */
+        free(file);
+        values[0] = keep;
+        CHECK(mlc_write(state[i].tensor, values, state[i].tensor->size) == MLC_OK);
+    }
+    /* an int8 weight of another shape */
+    k = 0;
+    {
+        mlc_module *wide = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 8, 3), NULL), *narrow;
+        mlc_tensor *c8 = mlc_keep(mlc_rand(ctx, MLC_SHAPE(2, 8)));
+        narrow = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 7, 3), NULL);
+        CHECK(mlc_quantize_static(wide, &c8, 1) == MLC_OK && mlc_quantize_dynamic(narrow) == MLC_OK);
+        size = mlc_module_encode(wide, NULL, NULL, 0);
+        CHECK((file = (unsigned char *)malloc(size)) != NULL && mlc_module_encode(wide, NULL, file, size) == size);
+        CHECK(mlc_module_load_from_memory(narrow, file, size, NULL) != MLC_OK);
+        CHECK_MSG(strstr(mlc_error_message(ctx), "0.weight"), "%s", mlc_error_message(ctx));
+        mlc_clear_error(ctx);
+        free(file);
+        k = 1;
+    }
+    CHECK(k);
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
 /* Every op but the int8 ones refuses an int8 tensor, naming itself; so do gradients */
 static int int8_refused_elsewhere(void) {
     mlc_ctx *ctx = test_ctx(6);
@@ -580,6 +640,7 @@ const test_case tests_quant[] = {
     TEST(static_cnn_tracks_float32)
     TEST(int8_pooling_add_and_views)
     TEST(quantize_static_sequential)
+    TEST(corrupt_quantized_files_refused)
     TEST(int8_refused_elsewhere)
     TEST(int8_ops_fall_back_counted)
     { NULL, NULL }
