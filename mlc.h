@@ -12107,7 +12107,8 @@ static int mlc__st_quant_params_ok(mlc_safetensors *st, const mlc_named_tensor *
                      : v >= -128.0f && v <= 127.0f && v == (float)(int)v)
             continue;
         mlc__st_fail(st, e->name, st->body_at + e->begin + i * width, "value %g at index %zu is not a %s",
-                     (double)v, i, is_scale ? "positive finite scale" : "zero point (a whole number in [-128, 127])");
+                     (double)v, i,
+                     is_scale ? "positive finite scale" : "zero point (a whole number in [-128, 127])");
         return 0;
     }
     return 1;
