@@ -510,6 +510,14 @@ MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m);
    "zero_point" on each child): a saved model loads into one quantized the same way. The
    folded BatchNorms keep their tensors but run as the identity. */
 MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibration, int count);
+/* The observer: percentile 0 (or 100) takes each range's min and max (MinMaxObserver);
+   percentile p in [50, 100) clips it where (100 - p) % of the values lie outside, split between
+   the two ends (all at the top for a range that starts at 0, as after a ReLU), from a
+   2048-bin histogram of each output (PyTorch's HistogramObserver keeps one too): outliers no
+   longer stretch the scale. */
+typedef struct mlc_quant_opts { float percentile; } mlc_quant_opts;
+MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *calibration, int count,
+                                           mlc_quant_opts opts);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 
@@ -1027,7 +1035,8 @@ typedef struct mlc_load_opts {          /* zero: strict; start from mlc_load_def
     X(mlc_gradcheck_defaults, mlc_gradcheck_opts) X(mlc_rnn_defaults, mlc_rnn_opts) \
     X(mlc_sgd_defaults, mlc_sgd_opts) X(mlc_adam_defaults, mlc_adam_opts) \
     X(mlc_rmsprop_defaults, mlc_rmsprop_opts) X(mlc_grad_scaler_defaults, mlc_grad_scaler_opts) \
-    X(mlc_batch_defaults, mlc_batch_opts) X(mlc_load_defaults, mlc_load_opts)
+    X(mlc_batch_defaults, mlc_batch_opts) X(mlc_load_defaults, mlc_load_opts) \
+    X(mlc_quant_defaults, mlc_quant_opts)
 #define MLC__DEFAULTS_DECLARE(name, type) MLCDEF type name(void);
 MLC__OPTIONS_STRUCTS(MLC__DEFAULTS_DECLARE)
 #undef MLC__DEFAULTS_DECLARE
@@ -9932,7 +9941,41 @@ static int mlc__observe(mlc_tensor *t, float *lo, float *hi) {
     return 1;
 }
 
+/* Histogram bins per observed range (the percentile observer) */
+#define MLC__QUANT_BINS 2048
+/* The values of t counted into bins over [lo, hi] */
+static int mlc__histogram(mlc_tensor *t, float lo, float hi, double *bins) {
+    const float *v = t ? mlc__host(t) : NULL;
+    const float per = hi > lo ? (float)MLC__QUANT_BINS / (hi - lo) : 0.0f;
+    size_t i;
+    if (!v) return 0;
+    for (i = 0; i < t->size; i++) {
+        const float at = (v[i] - lo) * per;
+        bins[at >= (float)MLC__QUANT_BINS ? MLC__QUANT_BINS - 1 : at > 0.0f ? (int)at : 0] += 1.0;
+    }
+    return 1;
+}
+/* [*lo, *hi] narrowed to where the share `tail` of the histogram's values lies outside: half
+   below and half above, or all above for a range that starts at 0 */
+static void mlc__clip_range(const double *bins, double tail, float *lo, float *hi) {
+    const float start = *lo, width = (*hi - *lo) / (float)MLC__QUANT_BINS;
+    double total = 0.0, low_tail, high_tail, seen;
+    int a, b;
+    for (a = 0; a < MLC__QUANT_BINS; a++) total += bins[a];
+    low_tail = start < 0.0f ? total * tail / 2.0 : 0.0;
+    high_tail = total * tail - low_tail;
+    for (a = 0, seen = 0.0; a < MLC__QUANT_BINS - 1 && seen + bins[a] <= low_tail; a++) seen += bins[a];
+    for (b = MLC__QUANT_BINS - 1, seen = 0.0; b > a && seen + bins[b] <= high_tail; b--) seen += bins[b];
+    *lo = start + width * (float)a;                      /* (mlc__add_qparams puts 0 back in) */
+    *hi = start + width * (float)(b + 1);
+}
+
 MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibration, int count) {
+    return mlc_quantize_static_opts(m, calibration, count, mlc_quant_defaults());
+}
+
+MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *calibration, int count,
+                                           mlc_quant_opts opts) {
     static const char *const op = "mlc_quantize_static";
     mlc_ctx *ctx;
     float *lo = NULL, *hi = NULL;
@@ -9951,6 +9994,9 @@ MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibrat
                ctx->error;
     for (b = 0; b < count; b++)
         if (!MLC__ARGS_OK(ctx, op, calibration[b])) return ctx->error;
+    if (!(opts.percentile == 0.0f || (opts.percentile >= 50.0f && opts.percentile <= 100.0f)))
+        return mlc__fail(ctx, MLC_ERR_ARG, "%s: percentile %g is not 0 (min and max) or in [50, 100]", op,
+                         (double)opts.percentile), ctx->error;
     n = m->n_children;
     mlc_module_train(m, 0);
     f = mlc_frame_begin(ctx);
@@ -9974,6 +10020,24 @@ MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibrat
             mlc__observe(x, &lo[i + 1], &hi[i + 1]);
         }
         mlc_frame_end(batch);
+    }
+    if (opts.percentile != 0.0f && opts.percentile != 100.0f && lo && hi && !ctx->error) {
+        const size_t bytes = ((size_t)n + 1) * MLC__QUANT_BINS * sizeof(double);
+        double *bins = (double *)mlc__arena_alloc(ctx, bytes, op);
+        if (bins) memset(bins, 0, bytes);
+        for (b = 0; bins && !ctx->error && b < count; b++) {  /* again, counting into the histograms */
+            mlc_frame batch = mlc_frame_begin(ctx);
+            mlc_tensor *x = calibration[b];
+            mlc__histogram(x, lo[0], hi[0], bins);
+            for (i = 0; i < n && x; i++) {
+                x = mlc_forward(m->children[i], x);
+                mlc__histogram(x, lo[i + 1], hi[i + 1], bins + (size_t)(i + 1) * MLC__QUANT_BINS);
+            }
+            mlc_frame_end(batch);
+        }
+        for (i = 0; bins && i <= n; i++)
+            mlc__clip_range(bins + (size_t)i * MLC__QUANT_BINS, (100.0 - (double)opts.percentile) / 100.0,
+                            &lo[i], &hi[i]);
     }
     for (i = n - 1; lo && hi && !ctx->error && i >= 0; i--) {   /* a ReLU's range is its product's too */
         mlc_module *c = m->children[i], *next = i + 1 < n ? m->children[i + 1] : NULL;

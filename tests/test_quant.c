@@ -519,6 +519,55 @@ static int quantize_static_sequential(void) {
     return 1;
 }
 
+/* b's parameters and buffers made equal to a's (same structure) */
+static int copy_state(mlc_module *b, mlc_module *a) {
+    mlc_named_tensor sa[16], sb[16];
+    float v[4096];
+    int n = mlc_module_state(a, sa, 16), i;
+    if (n != mlc_module_state(b, sb, 16)) return 0;
+    for (i = 0; i < n; i++)
+        if (sa[i].tensor->size > 4096 || mlc_read(sa[i].tensor, v, sa[i].tensor->size) != MLC_OK
+            || mlc_write(sb[i].tensor, v, sb[i].tensor->size) != MLC_OK)
+            return 0;
+    return 1;
+}
+
+/* The percentile observer: one outlier in the calibration data stretches min/max's scale, not
+   the 98th percentile's (the outlier row's outputs are 1.6 % of them) */
+static int percentile_observer_ignores_outliers(void) {
+    mlc_ctx *ctx = test_ctx(14);
+    mlc_module *plain = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 16, 8), NULL), *clipped;
+    mlc_tensor *calibration = mlc_keep(mlc_rand(ctx, MLC_SHAPE(64, 16))), *x = mlc_keep(mlc_rand(ctx, MLC_SHAPE(32, 16)));
+    mlc_quant_opts opts = mlc_quant_defaults();
+    float want[256], a[256], b[256], outlier = 1000.0f;
+    double err_plain = 0, err_clipped = 0;
+    int i;
+    clipped = mlc_nn_sequential(ctx, mlc_nn_linear(ctx, 16, 8), NULL);
+    CHECK(copy_state(clipped, plain));
+    CHECK(mlc_read(mlc_forward(plain, x), want, 256) == MLC_OK);
+    mlc_host_data(calibration)[5] = outlier;
+    CHECK(mlc_write(calibration, mlc_host_data(calibration), calibration->size) == MLC_OK);
+    CHECK(opts.percentile == 0.0f);
+    CHECK(mlc_quantize_static(plain, &calibration, 1) == MLC_OK);
+    opts.percentile = 30.0f;
+    CHECK(mlc_quantize_static_opts(clipped, &calibration, 1, opts) == MLC_ERR_ARG);
+    CHECK_MSG(strstr(mlc_error_message(ctx), "percentile 30"), "%s", mlc_error_message(ctx));
+    mlc_clear_error(ctx);
+    opts.percentile = 98.0f;
+    CHECK(mlc_quantize_static_opts(clipped, &calibration, 1, opts) == MLC_OK);
+    CHECK(mlc_get(plain->buffers[0], 0) > 3.0f);                             /* input_scale: 1000 / 255 */
+    CHECK_MSG(mlc_get(clipped->buffers[0], 0) < 0.01f, "input scale %g", (double)mlc_get(clipped->buffers[0], 0));
+    CHECK(mlc_read(mlc_forward(plain, x), a, 256) == MLC_OK && mlc_read(mlc_forward(clipped, x), b, 256) == MLC_OK);
+    for (i = 0; i < 256; i++) {
+        err_plain += fabs((double)a[i] - want[i]);
+        err_clipped += fabs((double)b[i] - want[i]);
+    }
+    CHECK_MSG(err_clipped * 10 < err_plain, "mean error %g (98th percentile) vs %g (min/max)", err_clipped / 256,
+              err_plain / 256);
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
 /* A quantized model's file with a bad scale or zero point, or an int8 weight of the wrong
    shape, is refused naming the tensor, and nothing is loaded */
 static int corrupt_quantized_files_refused(void) {
@@ -640,6 +689,7 @@ const test_case tests_quant[] = {
     TEST(static_cnn_tracks_float32)
     TEST(int8_pooling_add_and_views)
     TEST(quantize_static_sequential)
+    TEST(percentile_observer_ignores_outliers)
     TEST(corrupt_quantized_files_refused)
     TEST(int8_refused_elsewhere)
     TEST(int8_ops_fall_back_counted)
