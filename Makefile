@@ -292,8 +292,11 @@ fuzz: $(addprefix $(BUILD)/fuzz-,$(FUZZ_TARGETS))
 # PyTorch interop (Debian's python3-torch and python3-numpy): PyTorch writes six models and a
 # batch as safetensors, mlc matches outputs and gradients, trains, saves, and PyTorch matches
 # mlc's outputs; then mlc's dynamically quantized Linear against torch.ao's (equal weight
-# integers; its error at most twice PyTorch's on each quantized engine). Both sides print
-# PASS/FAIL lines and an "N passed, M failed" summary.
+# integers; its error at most twice PyTorch's on each quantized engine), and its statically
+# quantized convolutions (strides, padding, groups, depthwise, a fused ReLU) and int8 pooling
+# against PyTorch's quantized Conv2d and pooling on each engine (integers equal to mlc's scheme
+# recomputed in PyTorch; within 1 LSB of PyTorch's, differing only where a rounding tie or the
+# bias's rounding decides). Both sides print PASS/FAIL lines and an "N passed, M failed" summary.
 INTEROP_PYTHON ?= /usr/bin/python3
 $(BUILD)/interop: tests/interop/interop.c mlc.h | $(BUILD)
 	$(CC) $(CFLAGS) -D_POSIX_C_SOURCE=200809L -I. -o $@ tests/interop/interop.c $(LDLIBS)

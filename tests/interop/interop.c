@@ -10,13 +10,23 @@
    mlc_quantize_dynamic'd; (a) its int8 weights and their scales must equal
    torch.quantize_per_channel(w, max|row| / 127, zero points 0, axis 0, torch.qint8)'s, integer for
    integer (the one place the two schemes agree); (b) the schemes differ for activations (mlc: each
-   row symmetric, max|row| / 127; torch: the whole tensor affine uint8), so each quantized output
+   row affine over its own range; torch: the whole tensor's), so each quantized output
    is compared with the float32 Linear's: mlc's max |error| must be at most twice that of torch's
    quantize_dynamic on each engine and weight scheme the file holds. mlc saves the quantized module
    and its output for torch_interop.py to check.
+   Then the statically quantized convolutions (qconv): for each configuration of
+   qconv.ref.safetensors (NAME.params: stride, padding, groups, s_x, z_x, s_y, z_y), NAME.x as an
+   int8 tensor at (s_x, z_x), the float weight through mlc_quantize_weight (its integers and
+   scales must equal torch.quantize_per_channel's, NAME.w_int and NAME.w_scale) and
+   mlc_conv2d_int8 with the float bias at (s_y, z_y), which must give int8 at that scale and zero
+   point; then int8 max and average pooling of pool.x (2x2 stride 2; 3x3 stride 2 padding 1),
+   which keep the scale and zero point. The outputs (I8) and weights go to
+   qconv.mlc_out.safetensors: torch_interop.py compares them with mlc's scheme (equal) and with
+   PyTorch's quantized engines (within 1 LSB; see its docstring).
    Usage: interop DIR. Prints PASS/FAIL lines and "interop (mlc side): N passed, M failed". */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
@@ -175,6 +185,17 @@ static double max_abs_diff(mlc_tensor *a, mlc_tensor *b) {
     return worst;
 }
 
+/* DIR/MODEL.ref.safetensors, or NULL after a FAIL line */
+static mlc_safetensors *open_reference(mlc_ctx *ctx, const char *dir, const char *model) {
+    char path[512];
+    mlc_safetensors *ref;
+    snprintf(path, sizeof path, "%s/%s.ref.safetensors", dir, model);
+    ref = mlc_safetensors_open(ctx, path);
+    if (!mlc_error(ctx)) return ref;
+    report(0, model, "reference", mlc_error_message(ctx));
+    return NULL;
+}
+
 static void run_qlinear(const char *dir) {
     char path[512], detail[200];
     mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });
@@ -189,10 +210,7 @@ static void run_qlinear(const char *dir) {
     report(mlc_module_load(lin, path, NULL) == MLC_OK && mlc_quantize_dynamic(lin) == MLC_OK, "qlinear",
            "strict load of PyTorch's Linear, then mlc_quantize_dynamic",
            mlc_error(ctx) ? mlc_error_message(ctx) : "");
-    snprintf(path, sizeof path, "%s/qlinear.ref.safetensors", dir);
-    ref = mlc_safetensors_open(ctx, path);
-    if (mlc_error(ctx)) {
-        report(0, "qlinear", "reference", mlc_error_message(ctx));
+    if (!(ref = open_reference(ctx, dir, "qlinear"))) {
         mlc_destroy(ctx);
         return;
     }
@@ -249,6 +267,147 @@ static void run_qlinear(const char *dir) {
     mlc_destroy(ctx);
 }
 
+/* An int8 tensor (scale, zero point) holding the integers of a float32 tensor, over buf (the
+   caller's until the context ends); NULL when a value is not an int8 integer */
+static mlc_tensor *int8_of(mlc_tensor *ints, float scale, int zero_point, int8_t *buf) {
+    const float *v = ints && buf ? mlc_host_data(ints) : NULL;
+    size_t i;
+    if (!v) return NULL;
+    for (i = 0; i < ints->size; i++) {
+        if (!(v[i] >= -128 && v[i] <= 127 && v[i] == (float)(int)v[i])) return NULL;
+        buf[i] = (int8_t)v[i];
+    }
+    return mlc_from_const_int8(ints->ctx, ints->ndim, ints->shape, buf, scale, zero_point, NULL);
+}
+
+/* How many values of got (int8 or float32) differ from want's (float32; -1: missing or of
+   another size) */
+static long values_differ(mlc_tensor *want, mlc_tensor *got) {
+    const float *v = want ? mlc_host_data(want) : NULL;
+    const float *g = got && mlc_dtype(got) == MLC_F32 ? mlc_host_data(got) : NULL;
+    long differ = 0;
+    size_t i;
+    if (!v || !got || (!g && mlc_dtype(got) != MLC_I8) || want->size != got->size) return -1;
+    for (i = 0; i < got->size; i++) differ += v[i] != (g ? g[i] : (float)got->int8[i]);
+    return differ;
+}
+
+/* ref's tensor "CASE.PART" */
+static mlc_tensor *part_of(mlc_safetensors *ref, const char *name, const char *part) {
+    char key[256];
+    snprintf(key, sizeof key, "%.120s.%.120s", name, part);
+    return mlc_safetensors_get(ref, key);
+}
+
+/* One int8 convolution of qconv.ref.safetensors (CASE.params: stride, padding, groups, s_x,
+   z_x, s_y, z_y): x as int8 at (s_x, z_x), the float weight through mlc_quantize_weight (its
+   integers and scales against torch.quantize_per_channel's), mlc_conv2d_int8 at (s_y, z_y).
+   Adds the output, the weight and its scales to saved; returns how many it added. */
+static int run_qconv_case(mlc_ctx *ctx, mlc_safetensors *ref, const char *name, int8_t **buf,
+                          mlc_named_tensor *saved) {
+    mlc_tensor *p = part_of(ref, name, "params"), *xf = part_of(ref, name, "x"), *x, *w, *y;
+    const float *v = p && p->size == 7 ? mlc_host_data(p) : NULL;
+    char model[160], what[160], detail[160];
+    mlc_conv_opts opts = { 0 };
+    long differ, scales_differ;
+    snprintf(model, sizeof model, "qconv.%.96s", name);
+    *buf = xf ? (int8_t *)malloc(xf->size) : NULL;
+    x = v ? int8_of(xf, v[3], (int)v[4], *buf) : NULL;
+    w = mlc_quantize_weight(part_of(ref, name, "weight"));
+    if (!x || !w) {
+        report(0, model, "int8 input and weight", mlc_error(ctx) ? mlc_error_message(ctx) : "(missing)");
+        mlc_clear_error(ctx);
+        return 0;
+    }
+    differ = values_differ(part_of(ref, name, "w_int"), w);
+    scales_differ = values_differ(part_of(ref, name, "w_scale"), w->qscales);
+    snprintf(detail, sizeof detail, "(%ld of %zu differ; scales: %ld of %d)", differ, w->size, scales_differ,
+             w->shape[0]);
+    report(differ == 0 && scales_differ == 0, model,
+           "int8 weights equal torch.quantize_per_channel's integers at the same scales", detail);
+    opts.stride = (int)v[0];
+    opts.padding = (int)v[1];
+    opts.groups = (int)v[2];
+    y = mlc_conv2d_int8(x, w, part_of(ref, name, "bias"), opts, v[5], (int)v[6]);
+    snprintf(what, sizeof what, "mlc_conv2d_int8 (stride %d, padding %d, groups %d) gives int8 at the "
+             "output's scale and zero point", opts.stride, opts.padding, opts.groups);
+    if (y)
+        snprintf(detail, sizeof detail, "([%d, %d, %d, %d], scale %g, zero point %d)", y->shape[0],
+                 y->shape[1], y->shape[2], y->shape[3], (double)y->qscale, y->qzero);
+    report(y && mlc_dtype(y) == MLC_I8 && y->qscale == v[5] && y->qzero == (int)v[6], model, what,
+           y ? detail : mlc_error_message(ctx));
+    if (!y) { mlc_clear_error(ctx); return 0; }
+    snprintf(saved[0].name, sizeof saved[0].name, "%.96s.out", name);
+    snprintf(saved[1].name, sizeof saved[1].name, "%.96s.weight", name);
+    snprintf(saved[2].name, sizeof saved[2].name, "%.96s.weight_scale", name);
+    saved[0].tensor = y;
+    saved[1].tensor = w;
+    saved[2].tensor = w->qscales;
+    return 3;
+}
+
+/* The statically quantized convolutions (qconv): each CASE of qconv.ref.safetensors, then int8
+   max and average pooling of "pool.x" (at pool.params: scale, zero point). The int8 outputs and
+   the weights go to qconv.mlc_out.safetensors for torch_interop.py to compare with PyTorch's
+   engines. */
+static void run_qconv(const char *dir) {
+    static const struct { const char *kind; int kernel, stride, padding; } pools[] = {  /* its QPOOL */
+        { "max", 2, 2, 0 }, { "avg", 2, 2, 0 }, { "max", 3, 2, 1 }, { "avg", 3, 2, 1 }
+    };
+    char path[512], name[128], what[160], detail[160];
+    mlc_ctx *ctx = mlc_create(&(mlc_config){ .seed = 1 });
+    mlc_safetensors *ref;
+    mlc_named_tensor saved[64];
+    int8_t *held[17] = { NULL };
+    mlc_tensor *p, *x;
+    const float *v;
+    int i, n_saved = 0, n_held = 0, convs = 0;
+    if (!(ref = open_reference(ctx, dir, "qconv"))) {
+        mlc_destroy(ctx);
+        return;
+    }
+    for (i = 0; i < mlc_safetensors_count(ref) && n_held < 16; i++) {
+        const char *entry = mlc_safetensors_name(ref, i);
+        const size_t len = strlen(entry);
+        if (len < 8 || len > 100 || strcmp(entry + len - 7, ".params") != 0 || !strncmp(entry, "pool.", 5))
+            continue;
+        snprintf(name, sizeof name, "%.*s", (int)(len - 7), entry);
+        if (run_qconv_case(ctx, ref, name, &held[n_held++], saved + n_saved) == 3) {
+            n_saved += 3;
+            convs++;
+        }
+    }
+    p = mlc_safetensors_get(ref, "pool.params");
+    v = p && p->size == 2 ? mlc_host_data(p) : NULL;
+    x = mlc_safetensors_get(ref, "pool.x");
+    held[n_held] = x ? (int8_t *)malloc(x->size) : NULL;
+    x = v ? int8_of(x, v[0], (int)v[1], held[n_held]) : NULL;
+    n_held++;
+    for (i = 0; i < (int)(sizeof pools / sizeof pools[0]); i++) {
+        const int is_max = strcmp(pools[i].kind, "max") == 0;
+        mlc_tensor *y = !x      ? NULL
+                        : is_max ? mlc_max_pool2d(x, pools[i].kernel, pools[i].stride, pools[i].padding)
+                                 : mlc_avg_pool2d(x, pools[i].kernel, pools[i].stride, pools[i].padding);
+        snprintf(name, sizeof name, "pool.%s%ds%dp%d", pools[i].kind, pools[i].kernel, pools[i].stride,
+                 pools[i].padding);
+        snprintf(what, sizeof what, "%.40s: mlc_%s_pool2d on int8 keeps int8, the scale and the zero point",
+                 name, pools[i].kind);
+        report(y && mlc_dtype(y) == MLC_I8 && y->qscale == x->qscale && y->qzero == x->qzero, "qconv", what,
+               y ? "" : mlc_error(ctx) ? mlc_error_message(ctx) : "(missing reference)");
+        if (!y) { mlc_clear_error(ctx); continue; }
+        snprintf(saved[n_saved].name, sizeof saved[n_saved].name, "%.96s", name);
+        saved[n_saved++].tensor = y;
+    }
+    mlc_safetensors_close(ref);
+    snprintf(path, sizeof path, "%s/qconv.mlc_out.safetensors", dir);
+    mlc_safetensors_save(ctx, path, saved, n_saved, NULL);
+    snprintf(detail, sizeof detail, "(%d convolutions; %d tensors)", convs, n_saved);
+    report(mlc_error(ctx) == MLC_OK && convs > 0, "qconv", "saved the int8 outputs and weights",
+           mlc_error(ctx) ? mlc_error_message(ctx) : detail);
+    mlc_destroy(ctx);
+    for (i = 0; i < n_held; i++) free(held[i]);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: interop DIR (written by torch_interop.py write DIR)\n"); return 2; }
     run_model(argv[1], "mlp");
@@ -258,6 +417,7 @@ int main(int argc, char **argv) {
     run_model(argv[1], "lstm");
     run_model(argv[1], "gru");
     run_qlinear(argv[1]);
+    run_qconv(argv[1]);
     printf("interop (mlc side): %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
