@@ -28,7 +28,7 @@ CONTENTS (each section's banner carries "@section <name>": search for it to jump
    binary        elementwise ops with broadcasting (add, sub, mul, div, where, masked_fill)
    formulas      helpers the formulas share with the device kernels (MLC__FORMULA_HELPERS)
    unary         maps and activations, one table row each (MLC__UNARY_KINDS)
-   matmul        matrix products: the reference loop, mlc's blocked GEMM, BLAS, linear
+   matmul        matrix products: the reference loop, mlc's blocked GEMM, BLAS, bf16 and int8, linear
    reduce        sum, mean, max, argmax, var, cumsum
    softmax       softmax and log_softmax
    losses        cross entropy, nll, and the pointwise losses (MLC__POINTWISE_LOSSES)
@@ -592,8 +592,15 @@ MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int transpose_a, int transpose_b, int M,
                           const uint16_t *A, const uint16_t *B, float beta, float *C);
 /* C[M, N] (int32) = A[M, K] · B[N, K]^T: A and B int8, row-major with K contiguous (B as a
    Linear's weight is stored, one row per output). Exact integer sums; B's values must lie in
-   [-127, 127] (symmetric weights), A's anywhere in [-128, 127]. */
+   [-127, 127] (symmetric weights; a -128 there may give other sums on some CPUs), A's
+   anywhere in [-128, 127]. The same bits on every CPU and for any thread count. K is at most
+   65536 (2^16: no int32 sum can overflow; more is MLC_ERR_ARG). On x86-64 it runs mlc's
+   AVX-512 VNNI, AVX-VNNI or AVX2 kernel, the best the CPU has (workspace from the arena; with
+   a fixed arena the portable loops), elsewhere portable C loops (int16 x int16 products
+   summed in int32, as a Cortex-M4 multiplies). */
 MLCDEF void mlc_gemm_i8(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C);
+/* The plain loop: the reference every int8 kernel is tested against. */
+MLCDEF void mlc_gemm_i8_reference(int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C);
 
 /* reductions over one axis (keepdim keeps it with size 1) and over everything */
 MLCDEF mlc_tensor *mlc_sum(mlc_tensor *x, int axis, int keepdim);
@@ -1191,6 +1198,7 @@ typedef double mlc__sum_t;
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(MLC_NO_MALLOC)
 #define MLC__X86 1
 #include <immintrin.h>
+#include <cpuid.h>          /* AVX-VNNI's bit (Clang's __builtin_cpu_supports does not know it) */
 #else
 #define MLC__X86 0
 #endif
@@ -1470,6 +1478,8 @@ struct mlc_ctx {
     mlc__device_buffers buffers;       /* the device buffers' books (see mlc__device_alloc) */
     int threads;                       /* threads for ops (mlc_set_threads), at least 1 */
     struct mlc__workers *workers;      /* the worker threads, started on first use (see Threads) */
+    int i8_kernel;                     /* mlc_gemm_i8's kernel (MLC__I8_KERNELS): the best the CPU has,
+                                          found by mlc_create; tests/test_device.c sets each in turn */
 };
 #if MLC__THREADS
 static void mlc__workers_stop(mlc_ctx *ctx);
@@ -1886,6 +1896,8 @@ MLCDEF float mlc_rand_normal(mlc_ctx *ctx) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+static int mlc__i8_best(void);          /* mlc_gemm_i8's fastest kernel here (@section matmul) */
+
 MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     mlc_config cfg;
     mlc_ctx *ctx;
@@ -1916,6 +1928,7 @@ MLCDEF mlc_ctx *mlc_create(const mlc_config *config) {
     ctx->grad_enabled = 1;
     ctx->owned.next = ctx->owned.prev = &ctx->owned;
     ctx->buffers.refuse_from = -1;
+    ctx->i8_kernel = mlc__i8_best();
     mlc_seed(ctx, cfg.seed);
     mlc_set_threads(ctx, cfg.threads);
     if (cfg.arena) mlc__arena_fixed(ctx);
@@ -4149,6 +4162,7 @@ MLCDEF mlc_tensor *mlc_leaky_relu(mlc_tensor *x, float slope) {
    mlc_gemm_reference is the plain loop every faster path is tested against; mlc_gemm is the
    one place every product goes through (the user's hook, BLAS, or mlc's own). Products of bf16
    matrices go through mlc_gemm_bf16: mlc's bf16 kernel where the CPU has one, else mlc_gemm.
+   mlc_gemm_i8 multiplies int8 matrices into exact int32 sums (after the bf16 kernels).
    ============================================================================================ */
 
 /* C[M,N] = op(A) op(B) + beta C; each operand is stored row-major as written, or transposed. */
@@ -5165,20 +5179,468 @@ MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, con
     mlc__gemm_bf16_then(ctx, ta, tb, M, N, K, A, B, beta, C, NULL, 0, NULL);
 }
 
-/* int8 products (provisional: the plain loop, until the vector kernels land) */
-MLCDEF void mlc_gemm_i8(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C) {
+/* ---- int8 products: mlc_gemm_i8 ------------------------------------------------------------ */
+/* C[M, N] (int32) = A[M, K] · B[N, K]ᵀ, the product of quantized Linear and convolution layers
+   (issue 26): A int8 activations, B an int8 weight stored as a Linear stores it, one row per
+   output, both with K contiguous; C their exact int32 sums. Integer sums do not round, so every
+   kernel, every cut of K into slices and every split of C between threads gives the same bits.
+   K <= 2^16 keeps every sum inside int32: a product is at most 128 · 127 < 2^14 in size, the
+   VNNI kernels' shifted ones (a + 128) b (below) at most 255 · 127 < 2^15, and no sum of 2^16
+   of either reaches 2^31.
+   The kernels, the best one the CPU has found by mlc_create (ctx->i8_kernel):
+     portable      dot products of rows, one row of A against four of B, each product int16 x
+                   int16 summed into int32 (one SMLABB on a Cortex-M4); no workspace
+     AVX2          vpmaddubsw, with the sign trick
+     AVX-VNNI      vpdpbusd on 256 bits, with A shifted by 128
+     AVX-512 VNNI  vpdpbusd on 512 bits, with A shifted by 128
+   Multiplying bytes on x86: both instructions multiply unsigned bytes of their first operand by
+   signed bytes of their second. vpmaddubsw adds each pair of neighbouring products into an
+   int16 *with saturation*; vpdpbusd adds each group of four into an int32 lane, exactly. So:
+     the sign trick (AVX2): a b = |a| (sign(a) b). |a| <= 128 fits an unsigned byte; sign(a) b
+       (vpsignb: b negated where a < 0, zeroed where a = 0) fits a signed one while b != -128,
+       hence B's range [-127, 127]. A pair of products then sums to at most 2 · 128 · 127 =
+       32512 < 32767: the int16 never saturates. vpmaddwd against ones adds the pairs into int32.
+     the shift (VNNI): (a + 128) b = a b + 128 b. A is packed as the unsigned bytes a + 128 (its
+       top bits flipped) and each column starts from -128 Σ_k b instead of 0.
+   The x86 kernels use the scheme of mlc's float GEMM: a panel of B and a block of A are packed
+   into slivers of 32-bit words, each the four bytes of k = 4p .. 4p+3 of one row, zero past K:
+     A sliver (MR rows):    word [p*MR + i] = A[i, 4p .. 4p+3]      (+ 128 each for VNNI)
+     B sliver (NR columns): word [p*NR + j] = B[j, 4p .. 4p+3], then NR int32 the columns start
+                            from: -128 Σ B[j, k] over the sliver's k for VNNI, 0 for AVX2
+   The micro-kernel keeps an MR x NR tile of C in registers over a slice of K, broadcasting a
+   word of A against vectors of B: each 32-bit lane sums its column's four products of a word. */
+enum {
+    MLC__I8_K_MAX = 1 << 16,            /* the longest K */
+    MLC__I8_PARALLEL = 64 * 64 * 32     /* the multiply-adds from which threads share a product */
+};
+enum { MLC__I8_PORTABLE, MLC__I8_AVX2, MLC__I8_AVXVNNI, MLC__I8_AVX512VNNI, MLC__I8_KERNELS };
+
+MLCDEF void mlc_gemm_i8_reference(int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C) {
     int i, j, k;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            const int8_t *a = A + (size_t)i * K, *b = B + (size_t)j * K;
+            int32_t sum = 0;
+            for (k = 0; k < K; k++) sum += (int32_t)a[k] * (int32_t)b[k];
+            C[(size_t)i * N + j] = sum;
+        }
+}
+
+/* the SIMD kernels need x86-64 and a compiler that knows AVX-VNNI (GCC 11, Clang 12) */
+#if MLC__X86 && defined(__x86_64__) \
+    && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define MLC__I8_X86 1
+#else
+#define MLC__I8_X86 0
+#endif
+
+typedef struct mlc__i8_arch mlc__i8_arch;
+typedef struct mlc__i8_job {            /* one product, or a block of its rows or columns */
+    const mlc__i8_arch *g;              /* the packed kernel; NULL: the portable one */
+    int M, N, K, kc;                    /* kc: the depth of K's slices (a multiple of 4), in every part */
+    const int8_t *A, *B;                /* A[i, k] at A[i*K + k], B[j, k] at B[j*K + k] */
+    int32_t *C;                         /* C[i, j] at C[i*ldc + j] */
+    size_t ldc;
+    int split_rows;                     /* threads share: 1 rows of C, 0 its columns */
+    uint32_t *work;                     /* per slot: one B panel then one A block, work_words in all */
+    size_t work_words;
+} mlc__i8_job;
+
+/* c[r] = a · b_r for the four rows b_r = b + r ldb: a's bytes are read once for the four sums */
+static void mlc__i8_dot4(int K, const int8_t *MLC__RESTRICT a, const int8_t *MLC__RESTRICT b, size_t ldb,
+                         int32_t *MLC__RESTRICT c) {
+    const int8_t *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int k;
+    for (k = 0; k < K; k++) {
+        const int16_t x = a[k];
+        s0 += x * (int16_t)b0[k];
+        s1 += x * (int16_t)b1[k];
+        s2 += x * (int16_t)b2[k];
+        s3 += x * (int16_t)b3[k];
+    }
+    c[0] = s0; c[1] = s1; c[2] = s2; c[3] = s3;
+}
+
+/* The portable kernel on the job's rows and columns: four rows of B at a time against every row
+   of A, so that those four stay in cache while A streams past */
+static void mlc__i8_portable(const mlc__i8_job *p) {
+    const int M = p->M, N = p->N, K = p->K;
+    int i, j, r;
+    for (j = 0; j < N; j += 4)
+        for (i = 0; i < M; i++) {
+            const int8_t *a = p->A + (size_t)i * K;
+            int32_t *c = p->C + (size_t)i * p->ldc + j;
+            if (N - j >= 4) { mlc__i8_dot4(K, a, p->B + (size_t)j * K, (size_t)K, c); continue; }
+            for (r = 0; r < N - j; r++) {
+                const int8_t *b = p->B + (size_t)(j + r) * K;
+                int32_t sum = 0;
+                int k;
+                for (k = 0; k < K; k++) sum += (int16_t)a[k] * (int16_t)b[k];
+                c[r] = sum;
+            }
+        }
+}
+
+#if MLC__I8_X86
+/* x rounded up to a multiple of m (the float GEMM's helpers are left out under MLC_USE_CBLAS) */
+static int mlc__i8_round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + the sliver's start values + the sums
+   over kq words of k of the slivers a (mr rows) and b (nr columns), packed as above */
+typedef void (*mlc__i8_kernel_fn)(int kq, const uint32_t *a, const uint32_t *b, int32_t *c, int ldc, int add);
+struct mlc__i8_arch { mlc__i8_kernel_fn kernel; int mr, nr, mc, kc, nc, shift; };   /* shift: 128 or 0 */
+enum { MLC__I8_MR_MAX = 12, MLC__I8_NR_MAX = 32 };
+/* 32 bytes (or 8 int32) at p, aligned or not */
+#define MLC__I8_LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define MLC__I8_STORE256(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), (v))
+
+/* Each kernel starts its accumulators from the B sliver's start values (after its kq·NR
+   words), not from zero: so GCC 12 keeps them in registers (started from zero, it stored all of
+   them to the stack at every step, a third of the speed).
+   4 x 16 with the sign trick: eight 8-lane accumulators; per word of k two B loads, then for
+   each row a broadcast word of A, its magnitude, and per B vector vpsignb, vpmaddubsw, vpmaddwd
+   and an add (six rows would need more than the 16 registers) */
+__attribute__((target("avx2")))
+static void mlc__i8_kernel_avx2(int kq, const uint32_t *a, const uint32_t *b, int32_t *c, int ldc, int add) {
+    const __m256i ones = _mm256_set1_epi16(1),
+                  start0 = MLC__I8_LOAD256(b + (size_t)kq * 16),
+                  start1 = MLC__I8_LOAD256(b + (size_t)kq * 16 + 8);
+    __m256i acc[4][2];
+    int i, p;
+    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) { acc[i][0] = start0; acc[i][1] = start1; }
+    for (p = 0; p < kq; p++, a += 4, b += 16) {
+        const __m256i b0 = MLC__I8_LOAD256(b), b1 = MLC__I8_LOAD256(b + 8);
+        _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
+            const __m256i ai = _mm256_set1_epi32((int)a[i]), magnitude = _mm256_abs_epi8(ai);
+            const __m256i pairs0 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(b0, ai)),
+                          pairs1 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(b1, ai));
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(pairs0, ones));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(pairs1, ones));
+        }
+    }
+    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm256_add_epi32(acc[i][0], MLC__I8_LOAD256(c));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], MLC__I8_LOAD256(c + 8));
+        }
+        MLC__I8_STORE256(c, acc[i][0]);
+        MLC__I8_STORE256(c + 8, acc[i][1]);
+    }
+}
+
+/* 6 x 16 on AVX-VNNI: twelve 8-lane accumulators; per word of k two B loads and six broadcast
+   words of A, each against both */
+__attribute__((target("avx2,avxvnni")))
+static void mlc__i8_kernel_avxvnni(int kq, const uint32_t *a, const uint32_t *b, int32_t *c, int ldc,
+                                   int add) {
+    const __m256i start0 = MLC__I8_LOAD256(b + (size_t)kq * 16),
+                  start1 = MLC__I8_LOAD256(b + (size_t)kq * 16 + 8);
+    __m256i acc[6][2];
+    int i, p;
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) { acc[i][0] = start0; acc[i][1] = start1; }
+    for (p = 0; p < kq; p++, a += 6, b += 16) {
+        const __m256i b0 = MLC__I8_LOAD256(b), b1 = MLC__I8_LOAD256(b + 8);
+        _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) {
+            const __m256i ai = _mm256_set1_epi32((int)a[i]);
+            acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], ai, b0);
+            acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], ai, b1);
+        }
+    }
+    _Pragma("GCC unroll 6") for (i = 0; i < 6; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm256_add_epi32(acc[i][0], MLC__I8_LOAD256(c));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], MLC__I8_LOAD256(c + 8));
+        }
+        MLC__I8_STORE256(c, acc[i][0]);
+        MLC__I8_STORE256(c + 8, acc[i][1]);
+    }
+}
+
+/* 12 x 32 on AVX-512 VNNI: 24 16-lane accumulators; per word of k two B loads and twelve
+   broadcast words of A, each against both */
+#define MLC__I8_AVX512_TARGET "avx512f,avx512bw,avx512vnni"
+__attribute__((target(MLC__I8_AVX512_TARGET)))
+static void mlc__i8_kernel_avx512vnni(int kq, const uint32_t *a, const uint32_t *b, int32_t *c, int ldc,
+                                      int add) {
+    const __m512i start0 = _mm512_loadu_si512(b + (size_t)kq * 32),
+                  start1 = _mm512_loadu_si512(b + (size_t)kq * 32 + 16);
+    __m512i acc[12][2];
+    int i, p;
+    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) { acc[i][0] = start0; acc[i][1] = start1; }
+    for (p = 0; p < kq; p++, a += 12, b += 32) {
+        const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);
+        _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) {
+            const __m512i ai = _mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], ai, b1);
+        }
+    }
+    _Pragma("GCC unroll 12") for (i = 0; i < 12; i++, c += ldc) {
+        if (add) {
+            acc[i][0] = _mm512_add_epi32(acc[i][0], _mm512_loadu_si512(c));
+            acc[i][1] = _mm512_add_epi32(acc[i][1], _mm512_loadu_si512(c + 16));
+        }
+        _mm512_storeu_si512(c, acc[i][0]);
+        _mm512_storeu_si512(c + 16, acc[i][1]);
+    }
+}
+
+/* The kernels with their block sizes in bytes of k: a KC x NR sliver of B in L1, MC x KC of A
+   in L2, KC x NC of B in L3 (indexed by MLC__I8_AVX2 on) */
+static const mlc__i8_arch mlc__i8_archs[MLC__I8_KERNELS - 1] = {
+    { mlc__i8_kernel_avx2, 4, 16, 192, 1024, 2048, 0 },
+    { mlc__i8_kernel_avxvnni, 6, 16, 192, 1024, 2048, 128 },
+    { mlc__i8_kernel_avx512vnni, 12, 32, 192, 512, 2048, 128 }
+};
+
+/* mlc__i8_pack's words [0, words - words % 8) of rows [0, rows - rows % 4), in blocks of 4 rows
+   x 8 words: loaded, flipped, transposed in registers (the words as 32-bit lanes) and stored as
+   8 runs of 4 along x. (Every CPU of the x86 kernels has AVX2.) */
+__attribute__((target("avx2")))
+static void mlc__i8_pack_avx2(uint32_t *dst, const int8_t *src, size_t ld, int rows, int words, int w,
+                              uint32_t flips) {
+    const __m256i flip = _mm256_set1_epi32((int)flips);
+    int x, p;
+    for (x = 0; x + 4 <= rows; x += 4)
+        for (p = 0; p + 8 <= words; p += 8) {
+            const int8_t *s = src + (size_t)x * ld + 4 * p;
+            uint32_t *d = dst + (size_t)p * w + x;
+            const __m256i r0 = _mm256_xor_si256(MLC__I8_LOAD256(s), flip),
+                          r1 = _mm256_xor_si256(MLC__I8_LOAD256(s + ld), flip),
+                          r2 = _mm256_xor_si256(MLC__I8_LOAD256(s + 2 * ld), flip),
+                          r3 = _mm256_xor_si256(MLC__I8_LOAD256(s + 3 * ld), flip);
+            /* per 128-bit half: t0 words 0, 1 of rows 0, 1 interleaved; t1 words 2, 3; t2, t3 rows 2, 3 */
+            const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpackhi_epi32(r0, r1),
+                          t2 = _mm256_unpacklo_epi32(r2, r3), t3 = _mm256_unpackhi_epi32(r2, r3);
+            /* u_q: word q of rows 0..3 in the low half, word q + 4 in the high one */
+            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2),
+                          u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+            _mm_storeu_si128((__m128i *)(void *)d, _mm256_castsi256_si128(u0));
+            _mm_storeu_si128((__m128i *)(void *)(d + w), _mm256_castsi256_si128(u1));
+            _mm_storeu_si128((__m128i *)(void *)(d + 2 * w), _mm256_castsi256_si128(u2));
+            _mm_storeu_si128((__m128i *)(void *)(d + 3 * w), _mm256_castsi256_si128(u3));
+            _mm_storeu_si128((__m128i *)(void *)(d + 4 * w), _mm256_extracti128_si256(u0, 1));
+            _mm_storeu_si128((__m128i *)(void *)(d + 5 * w), _mm256_extracti128_si256(u1, 1));
+            _mm_storeu_si128((__m128i *)(void *)(d + 6 * w), _mm256_extracti128_si256(u2, 1));
+            _mm_storeu_si128((__m128i *)(void *)(d + 7 * w), _mm256_extracti128_si256(u3, 1));
+        }
+}
+
+/* Packs `rows` rows of src (row stride ld, kk bytes each) into a sliver w wide: word [p*w + x] =
+   bytes 4p .. 4p+3 of row x, each xor flip (0x80: a + 128 as an unsigned byte), zero past kk
+   and for rows x >= rows. mlc__i8_pack_avx2 does the blocks it can, the loop below the rest. */
+static void mlc__i8_pack(uint32_t *dst, const int8_t *src, size_t ld, int rows, int kk, int w,
+                         unsigned char flip) {
+    const int whole = kk / 4, kq = (kk + 3) / 4;
+    const int blocked_rows = rows - rows % 4, blocked_words = whole - whole % 8;   /* the AVX2 blocks' */
+    const uint32_t flips = flip * 0x01010101u;
+    int x, p, t;
+    if (rows < w) memset(dst, 0, (size_t)kq * (size_t)w * sizeof(uint32_t));
+    mlc__i8_pack_avx2(dst, src, ld, rows, whole, w, flips);
+    for (x = 0; x < rows; x++) {
+        const int8_t *s = src + (size_t)x * ld;
+        uint32_t word;
+        for (p = x < blocked_rows ? blocked_words : 0; p < whole; p++) {
+            memcpy(&word, s + 4 * p, 4);
+            dst[(size_t)p * w + x] = word ^ flips;
+        }
+        if (whole < kq) {                       /* the last 1 to 3 bytes, then zeros */
+            unsigned char last[4] = { 0, 0, 0, 0 };
+            for (t = 0; t < kk - 4 * whole; t++)
+                last[t] = (unsigned char)((unsigned char)s[4 * whole + t] ^ flip);
+            memcpy(&word, last, 4);
+            dst[(size_t)whole * w + x] = word;
+        }
+    }
+}
+
+/* Σ s[k] over n bytes, 32 at a time: vpmaddubsw of ones and the bytes (pairs, at most 254 in
+   size), vpmaddwd of those and ones into int32 lanes, added across at the end */
+__attribute__((target("avx2")))
+static int32_t mlc__i8_sum_avx2(const int8_t *s, int n) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i lanes = _mm256_setzero_si256();
+    __m128i h;
+    int32_t sum;
+    int k;
+    for (k = 0; k + 32 <= n; k += 32) {
+        const __m256i bytes = MLC__I8_LOAD256(s + k);
+        lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16));
+    }
+    h = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    sum = _mm_cvtsi128_si32(h);
+    for (; k < n; k++) sum += s[k];
+    return sum;
+}
+
+/* Packs a B sliver as mlc__i8_pack, then its w start values: -shift Σ_k B[x, k] (shift 128 for
+   the VNNI kernels, whose CPUs all have AVX2; 0 for AVX2's) */
+static void mlc__i8_pack_b(uint32_t *dst, const int8_t *src, size_t ld, int rows, int kk, int w, int shift) {
+    uint32_t *start = dst + (size_t)((kk + 3) / 4) * (size_t)w;
+    int x;
+    mlc__i8_pack(dst, src, ld, rows, kk, w, 0);
+    for (x = 0; x < w; x++)
+        start[x] = shift && x < rows ? (uint32_t)(-shift * mlc__i8_sum_avx2(src + (size_t)x * ld, kk)) : 0;
+}
+
+/* the words of one packed B panel of N columns and one A block of M rows, kc deep, each a whole
+   number of 64-byte lines */
+static size_t mlc__i8_panel_words(const mlc__i8_arch *g, int N, int kc) {
+    return ((size_t)mlc__i8_round_up(N < g->nc ? N : g->nc, g->nr) * (size_t)(kc / 4 + 1) + 15) / 16 * 16;
+}
+static size_t mlc__i8_block_words(const mlc__i8_arch *g, int M, int kc) {
+    return ((size_t)mlc__i8_round_up(M < g->mc ? M : g->mc, g->mr) * (size_t)(kc / 4) + 15) / 16 * 16;
+}
+
+/* The loops over blocks, as mlc__gemm_blocks: for each panel of B (packed), each block of A
+   (packed), the kernel over the tiles of C; an edge tile runs in full aside. */
+static void mlc__i8_blocks(const mlc__i8_job *p, uint32_t *work) {
+    const mlc__i8_arch *g = p->g;
+    const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K, kc = p->kc,
+              mblocks = (M + g->mc - 1) / g->mc, mc = mlc__i8_round_up((M + mblocks - 1) / mblocks, mr);
+    const unsigned char flip = g->shift ? 0x80 : 0;
+    uint32_t *panel = work, *block = work + mlc__i8_panel_words(g, N, kc);
+    int jc, pc;
+    for (jc = 0; jc < N; jc += g->nc) {
+        const int nc = N - jc < g->nc ? N - jc : g->nc;
+        for (pc = 0; pc < K; pc += kc) {
+            const int kk = K - pc < kc ? K - pc : kc, kq = (kk + 3) / 4, add = pc > 0;
+            const size_t sliver = (size_t)nr * (size_t)(kq + 1);      /* a B sliver's words */
+            int jr, ic;
+            for (jr = 0; jr < nc; jr += nr)
+                mlc__i8_pack_b(panel + (size_t)(jr / nr) * sliver, p->B + (size_t)(jc + jr) * K + pc,
+                               (size_t)K, nc - jr < nr ? nc - jr : nr, kk, nr, g->shift);
+            for (ic = 0; ic < M; ic += mc) {
+                const int m = M - ic < mc ? M - ic : mc;
+                int ir;
+                for (ir = 0; ir < m; ir += mr)
+                    mlc__i8_pack(block + (size_t)ir * kq, p->A + (size_t)(ic + ir) * K + pc, (size_t)K,
+                                 m - ir < mr ? m - ir : mr, kk, mr, flip);
+                for (jr = 0; jr < nc; jr += nr)
+                    for (ir = 0; ir < m; ir += mr) {
+                        const int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr;
+                        const uint32_t *a = block + (size_t)ir * kq, *b = panel + (size_t)(jr / nr) * sliver;
+                        int32_t *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
+                                tile[MLC__I8_MR_MAX * MLC__I8_NR_MAX];
+                        int i, j;
+                        if (mm == mr && nn == nr) {
+                            g->kernel(kq, a, b, c, (int)p->ldc, add);
+                            continue;
+                        }
+                        g->kernel(kq, a, b, tile, nr, 0);
+                        for (i = 0; i < mm; i++)
+                            for (j = 0; j < nn; j++) {
+                                int32_t *to = c + (size_t)i * p->ldc + j;
+                                *to = tile[i * nr + j] + (add ? *to : 0);
+                            }
+                    }
+            }
+        }
+    }
+}
+#endif
+
+/* Whether this build and CPU run int8 kernel k */
+static int mlc__i8_kernel_runs(int k) {
+#if MLC__I8_X86
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    switch (k) {
+    case MLC__I8_AVX2: return __builtin_cpu_supports("avx2") != 0;
+    case MLC__I8_AVXVNNI:                       /* CPUID leaf 7, subleaf 1: EAX bit 4 */
+        return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)
+               && (eax >> 4 & 1);
+    case MLC__I8_AVX512VNNI:
+        return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    default: break;
+    }
+#endif
+    return k == MLC__I8_PORTABLE;
+}
+
+static int mlc__i8_best(void) {
+    int k = MLC__I8_KERNELS - 1;
+    while (k > MLC__I8_PORTABLE && !mlc__i8_kernel_runs(k)) k--;
+    return k;
+}
+
+/* Units [begin, end) of the product's rows or columns (MR or NR each for a packed kernel, 1 for
+   the portable one), for mlc__parallel: that part of C on this thread */
+static void mlc__i8_part(void *arg, int slot, size_t begin, size_t end) {
+    mlc__i8_job part = *(const mlc__i8_job *)arg;
+#if MLC__I8_X86
+    const int unit = !part.g ? 1 : part.split_rows ? part.g->mr : part.g->nr;
+#else
+    const int unit = 1;
+#endif
+    const int from = (int)begin * unit;
+    int to = (int)end * unit;
+    if (part.split_rows) {
+        if (to > part.M) to = part.M;
+        part.A += (size_t)from * (size_t)part.K; part.C += (size_t)from * part.ldc; part.M = to - from;
+    } else {
+        if (to > part.N) to = part.N;
+        part.B += (size_t)from * (size_t)part.K; part.C += from; part.N = to - from;
+    }
+#if MLC__I8_X86
+    if (part.g) { mlc__i8_blocks(&part, part.work + (size_t)slot * part.work_words); return; }
+#endif
+    (void)slot;
+    mlc__i8_portable(&part);
+}
+
+/* The product (M, N, K >= 1) on the context's kernel: the threads share C's rows, or its
+   columns when it has more of those in tiles, each packing its own blocks of both operands into
+   arena scratch (released at once; out of memory: the error is set and C is left). The portable
+   kernel, and any product with a fixed arena (no room promised for packing), packs nothing. */
+static void mlc__i8_gemm(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C) {
+    const size_t from = (long long)M * N < (MLC__I8_PARALLEL + K - 1) / K ? (size_t)-1 : 2;
+    mlc__i8_job job;
+    job.g = NULL; job.M = M; job.N = N; job.K = K; job.kc = K; job.A = A; job.B = B; job.C = C;
+    job.ldc = (size_t)N; job.work = NULL; job.work_words = 0;
+#if MLC__I8_X86
+    if (ctx->i8_kernel != MLC__I8_PORTABLE && !ctx->config.arena) {
+        const mlc__i8_arch *g = &mlc__i8_archs[ctx->i8_kernel - 1];
+        const int rows = (M + g->mr - 1) / g->mr, cols = (N + g->nr - 1) / g->nr,
+                  kblocks = (K + g->kc - 1) / g->kc;
+        mlc_frame scratch = mlc_frame_begin(ctx);
+        size_t units;
+        int slots, per;
+        job.g = g;
+        job.kc = mlc__i8_round_up((K + kblocks - 1) / kblocks, 4);        /* equal slices, whole words */
+        job.split_rows = rows >= cols;
+        units = (size_t)(job.split_rows ? rows : cols);
+        slots = mlc__slots(ctx, units, from);
+        per = (int)((units + (size_t)mlc__pieces(units, slots) - 1) / (size_t)mlc__pieces(units, slots));
+        job.work_words = mlc__i8_panel_words(g, job.split_rows ? N : per * g->nr, job.kc)
+                         + mlc__i8_block_words(g, job.split_rows ? per * g->mr : M, job.kc);
+        job.work = (uint32_t *)mlc__arena_alloc(ctx, job.work_words * (size_t)slots * sizeof(uint32_t),
+                                                "mlc_gemm_i8");
+        if (job.work) mlc__parallel(ctx, units, from, mlc__i8_part, &job);
+        mlc_frame_end(scratch);
+        return;
+    }
+#endif
+    job.split_rows = M > N;
+    mlc__parallel(ctx, (size_t)(job.split_rows ? M : N), from, mlc__i8_part, &job);
+}
+
+MLCDEF void mlc_gemm_i8(mlc_ctx *ctx, int M, int N, int K, const int8_t *A, const int8_t *B, int32_t *C) {
     if (!ctx || ctx->error) return;
     if (M < 0 || N < 0 || K < 0 || (M && N && (!C || (K && (!A || !B))))) {
         mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm_i8: M %d, N %d, K %d or a NULL matrix is not valid", M, N, K);
         return;
     }
-    for (i = 0; i < M; i++)
-        for (j = 0; j < N; j++) {
-            int32_t sum = 0;
-            for (k = 0; k < K; k++) sum += (int32_t)A[(size_t)i * K + k] * B[(size_t)j * K + k];
-            C[(size_t)i * N + j] = sum;
-        }
+    if (K > MLC__I8_K_MAX) {
+        mlc__fail(ctx, MLC_ERR_ARG, "mlc_gemm_i8: M %d, N %d, K %d: K may be at most %d (so that no int32 "
+                  "sum overflows)", M, N, K, MLC__I8_K_MAX);
+        return;
+    }
+    if (!M || !N) return;
+    if (!K) { memset(C, 0, (size_t)M * (size_t)N * sizeof(int32_t)); return; }
+    mlc__i8_gemm(ctx, M, N, K, A, B, C);
 }
 
 /* Whether products may run on several threads at once: mlc's own may; a hook or BLAS gets

@@ -22,6 +22,11 @@
         (mlc_config.gemm calling OpenBLAS), and OpenBLAS called directly; 1 and all threads.
         Then bf16 (issue 25): mlc_gemm_bf16 against mlc_gemm on the same values, n = 512 and
         1024, 1 thread, where the CPU has AVX-512 BF16 (elsewhere the rows are skipped).
+        Then int8 (issue 26): mlc_gemm_i8 against mlc_gemm on float32 copies of the same values,
+        B stored [N, K] in both (a Linear's weight), n = 512 and 1024, 1 thread, GOP/s (2 n^3
+        operations a product), medians of 5 chunks; the target is >= 2.5x on a CPU with VNNI
+        (avx512_vnni or avx_vnni in /proc/cpuinfo), >= 8x with AMX-INT8 (amx_int8; mlc has no
+        AMX kernel yet), none without either.
      2. the tiny MLP 10-100(tanh)-1: one Adam step on a batch of 64 (MSE), in µs.
      3. training samples/s, batch 64, Adam, cross entropy, on Fashion-MNIST (28x28, 10 classes):
         an MLP 784-256-128-10 and a small CNN (conv 16 - pool - conv 32 - pool - fc 128 - fc 10);
@@ -55,6 +60,7 @@
                               bf16 where the CPU has AVX-512 BF16
      --kv                     with --epochs-only: print "key value" lines, not the table
      --quick                  short runs (1 run of a tenth of an epoch; short micro chunks)
+     --int8-gemm              only the int8 GEMM rows (issue 26), for quick iteration on them
    Build (run.sh does this): cc -O2 -fopenmp -std=c99 -Ibench/.. bench/bench.c -lm
      -DBENCH_OPENBLAS -lopenblas   adds the hook and OpenBLAS columns
      -DBENCH_ZLIB -lz              reads the gzipped dataset with zlib (else `gzip -dc`)
@@ -131,6 +137,37 @@ static double seconds_per_call(bench_fn fn, void *arg, double chunk_s, int chunk
         if (t < best) best = t;
     }
     return best;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Seconds per call of fn(arg), the median of `chunks` (at most 15) chunks of about chunk_s
+   seconds each, after seconds_per_call's warm-up and count */
+static double median_seconds_per_call(bench_fn fn, void *arg, double chunk_s, int chunks) {
+    double t, times[15];
+    long calls = 1, i;
+    int c;
+    if (quick) chunk_s /= 4;
+    if (chunks > 15) chunks = 15;
+    fn(arg);                                            /* warm-up */
+    for (;;) {                                          /* calibrate */
+        t = now();
+        for (i = 0; i < calls; i++) fn(arg);
+        t = now() - t;
+        if (t >= chunk_s / 4 || calls >= (1L << 24)) break;
+        calls *= 2;
+    }
+    if (t > 0) calls = (long)((double)calls * chunk_s / t) + 1;
+    for (c = 0; c < chunks; c++) {
+        t = now();
+        for (i = 0; i < calls; i++) fn(arg);
+        times[c] = (now() - t) / (double)calls;
+    }
+    qsort(times, (size_t)chunks, sizeof times[0], compare_doubles);
+    return times[chunks / 2];
 }
 
 static int threads_now;                  /* set_threads's setting, for the contexts make_ctx makes */
@@ -368,20 +405,86 @@ static int cpu_has_avx512bf16(void) {
 #endif
 }
 
-static int cpu_has_amx_bf16(void) {              /* "amx_bf16" among /proc/cpuinfo's flags */
+static int cpu_has_flag(const char *flag) {      /* flag among /proc/cpuinfo's flags */
     FILE *f = fopen("/proc/cpuinfo", "r");
     char *line = NULL;
-    size_t size = 0;
+    size_t size = 0, len = strlen(flag);
     int found = 0;
     while (f && !found && getline(&line, &size, f) > 0)
         if (strncmp(line, "flags", 5) == 0) {
-            for (char *p = strstr(line, " amx_bf16"); p && !found; p = strstr(p + 1, " amx_bf16"))
-                found = p[9] == ' ' || p[9] == '\n' || p[9] == '\0';
+            for (char *p = strstr(line, flag); p && !found; p = strstr(p + 1, flag))
+                found = p[-1] == ' ' && (p[len] == ' ' || p[len] == '\n' || p[len] == '\0');
             break;
         }
     free(line);
     if (f) fclose(f);
     return found;
+}
+
+static int cpu_has_amx_bf16(void) { return cpu_has_flag("amx_bf16"); }
+
+/* int8 products (issue 26): mlc_gemm_i8 against mlc_gemm, float32, on the same values (int8's,
+   widened), B stored [N, K] in both as a Linear's weight (mlc_gemm with transpose_b), square n,
+   1 thread, the median of 5 chunks each. Whatever kernel mlc_gemm_i8 picks here (AVX-512 VNNI,
+   AVX-VNNI, AVX2 or the portable loops). */
+typedef struct i8_case {
+    int n;
+    mlc_ctx *ctx;
+    const int8_t *A, *B;
+    int32_t *C;
+    const float *Af, *Bf;               /* the same values as float32 */
+    float *Cf;
+} i8_case;
+
+static void i8_call(void *arg) {
+    i8_case *g = (i8_case *)arg;
+    mlc_gemm_i8(g->ctx, g->n, g->n, g->n, g->A, g->B, g->C);
+}
+static void i8_float_call(void *arg) {
+    i8_case *g = (i8_case *)arg;
+    mlc_gemm(g->ctx, 0, 1, g->n, g->n, g->n, g->Af, g->Bf, 0.0f, g->Cf);
+}
+static const int i8_sizes[] = { 512, 1024 };
+#define I8_SIZES (int)(sizeof i8_sizes / sizeof i8_sizes[0])
+
+/* gops[s][0]: mlc_gemm's GOP/s at i8_sizes[s], [s][1]: mlc_gemm_i8's (2 n^3 operations each) */
+static void bench_i8(double gops[][2]) {
+    int nmax = i8_sizes[I8_SIZES - 1];
+    size_t count = (size_t)nmax * nmax;
+    float *Af = malloc(count * sizeof(float)), *Bf = malloc(count * sizeof(float));
+    float *Cf = malloc(count * sizeof(float));
+    int8_t *A = malloc(count), *B = malloc(count);
+    int32_t *C = malloc(count * sizeof(int32_t));
+    set_threads(1);
+    mlc_ctx *ctx = make_ctx(0);
+    if (!Af || !Bf || !Cf || !A || !B || !C || !ctx) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < count; i++) {                /* A in [-128, 127], B in [-127, 127] */
+        A[i] = (int8_t)(int)(mlc_rand_u32(ctx) % 256 - 128);
+        B[i] = (int8_t)(int)(mlc_rand_u32(ctx) % 255 - 127);
+        Af[i] = A[i];
+        Bf[i] = B[i];
+    }
+    for (int s = 0; s < I8_SIZES; s++) {
+        int n = i8_sizes[s];
+        double ops = 2.0 * n * n * n;
+        i8_case g = { n, ctx, A, B, C, Af, Bf, Cf };
+        gops[s][0] = ops / median_seconds_per_call(i8_float_call, &g, 0.2, 5) * 1e-9;
+        gops[s][1] = ops / median_seconds_per_call(i8_call, &g, 0.2, 5) * 1e-9;
+    }
+    if (mlc_error(ctx)) fprintf(stderr, "bench: int8 GEMM: %s\n", mlc_error_message(ctx));
+    mlc_destroy(ctx);
+    set_threads(all_threads);
+    free(Af); free(Bf); free(Cf); free(A); free(B); free(C);
+}
+
+/* The int8 rows' target: >= 8x where the CPU has AMX-INT8, >= 2.5x where it has VNNI (AVX-512
+   or AVX), none without either; what was found, for the note under the table */
+static double i8_target(const char **found) {
+    if (cpu_has_flag("amx_int8")) { *found = "AMX-INT8 (mlc has no AMX kernel yet)"; return 8; }
+    if (cpu_has_flag("avx512_vnni")) { *found = "AVX-512 VNNI"; return 2.5; }
+    if (cpu_has_flag("avx_vnni")) { *found = "AVX-VNNI"; return 2.5; }
+    *found = "no VNNI or AMX-INT8: no target";
+    return 0;
 }
 
 /* ============================================================================================
@@ -1467,11 +1570,39 @@ static void row(const char *what, const char *unit, double mlc, double hook, dou
            times(r1, vs), times(r2, hook_vs), goal, verdict);
 }
 
+/* The micro-benchmark table's header */
+static void micro_header(void) {
+    printf("\n| %-44s | %-9s | %9s | %9s | %9s | %-8s | %7s | %7s | %-7s | %-7s |\n", "benchmark", "unit",
+           "mlc", "mlc+hook", "reference", "ref is", "mlc vs", "hook vs", "target", "result");
+    printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------------",
+           "-----------", "----------:", "----------:", "----------:", "----------", "--------:", "--------:",
+           "---------", "---------");
+}
+
+/* The int8 GEMM rows (bench_i8's figures), and their note */
+static void i8_rows(double gops[][2]) {
+    const char *found;
+    double target = i8_target(&found);
+    for (int s = 0; s < I8_SIZES; s++) {
+        char what[64];
+        snprintf(what, sizeof what, "int8 GEMM / float32 GEMM, n=%d, 1 thread", i8_sizes[s]);
+        row(what, "GOP/s", gops[s][1], NAN, gops[s][0], "mlc f32", 1, target);
+    }
+}
+static void i8_note(void) {
+    const char *found;
+    double target = i8_target(&found);
+    printf("int8 rows: mlc_gemm_i8 against mlc_gemm (float32) on the same values, B stored [N, K] in both,\n"
+           "1 thread, medians of 5 chunks; GOP/s counts 2 n^3 operations a product.\nCPU: %s", found);
+    if (target > 0) printf(" (target >= %gx)", target);
+    printf(".\n");
+}
+
 static int usage(const char *name) {
     fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--torch-cmd CMD] [--rss FILE] [--plain-exe PLAIN]\n"
             "       [--epochs-only [--kv]]\n"
             "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N] [--amp off|bf16]\n"
-            "       |  --rss-child\n",
+            "       |  --rss-child  |  [--quick] --int8-gemm\n",
             name);
     return 2;
 }
@@ -1479,7 +1610,7 @@ static int usage(const char *name) {
 int main(int argc, char **argv) {
     const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *torch_cmd = NULL, *model = NULL;
     const char *amp = NULL;             /* --amp: NULL (float32 and bf16), "off" or "bf16" */
-    int epochs_only = 0, as_kv = 0, threads = 0, runs = 0;
+    int epochs_only = 0, as_kv = 0, threads = 0, runs = 0, int8_only = 0;
     long samples = 0;
     epoch_table et = { 0 };
 #ifdef _OPENMP
@@ -1492,6 +1623,7 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--rss-child") == 0) return rss_child();
         else if (strcmp(a, "--quick") == 0) quick = 1;
         else if (strcmp(a, "--epochs-only") == 0) epochs_only = 1;
+        else if (strcmp(a, "--int8-gemm") == 0) int8_only = 1;
         else if (strcmp(a, "--kv") == 0) as_kv = 1;
         else if (strcmp(a, "--torch") == 0 && valued) torch_path = argv[++i];
         else if (strcmp(a, "--rss") == 0 && valued) rss_path = argv[++i];
@@ -1510,6 +1642,15 @@ int main(int argc, char **argv) {
         (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only) ||
         (amp && strcmp(amp, "off") && strcmp(amp, "bf16")))
         return usage(argv[0]);
+    if (int8_only) {                    /* --int8-gemm: those rows alone */
+        double g8[I8_SIZES][2];
+        bench_i8(g8);
+        micro_header();
+        i8_rows(g8);
+        printf("\n");
+        i8_note();
+        return 0;
+    }
     et.bf16_cpu = cpu_has_avx512bf16();
     et.amx = cpu_has_amx_bf16();
     et.f32_on = !amp || strcmp(amp, "off") == 0;
@@ -1556,8 +1697,9 @@ int main(int argc, char **argv) {
     /* ---- measure: the micro-benchmarks ---- */
     gemm_results g;
     bench_gemm(&g);
-    double g16[BF16_SIZES][2];
+    double g16[BF16_SIZES][2], g8[I8_SIZES][2];
     int have_bf16 = bench_bf16(g16);
+    bench_i8(g8);
     set_threads(all_threads);
     double tiny = tiny_step_us();
     double mlp_sps = train_samples_per_s(0, fashion_mlp, &data, 1, mlp_input);
@@ -1583,11 +1725,7 @@ int main(int argc, char **argv) {
 
     /* the micro-benchmark table */
     const char *torch_ref = have_torch ? "PyTorch" : "-";
-    printf("\n| %-44s | %-9s | %9s | %9s | %9s | %-8s | %7s | %7s | %-7s | %-7s |\n", "benchmark", "unit",
-           "mlc", "mlc+hook", "reference", "ref is", "mlc vs", "hook vs", "target", "result");
-    printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------------",
-           "-----------", "----------:", "----------:", "----------:", "----------", "--------:", "--------:",
-           "---------", "---------");
+    micro_header();
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < GEMM_SIZES; s++) {
             double *v = g.gflops[t][s], skipped = g.skipped_est_s[t][s][GEMM_MLC];
@@ -1603,6 +1741,7 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "bf16 / float32 GEMM (mlc), n=%d, 1 thread", bf16_sizes[s]);
         row(what, "GFLOP/s", have_bf16 ? g16[s][1] : NAN, NAN, have_bf16 ? g16[s][0] : NAN, "mlc f32", 1, 1.7);
     }
+    i8_rows(g8);
     row("tiny MLP 10-100(tanh)-1 Adam step (MSE)", "us/step", tiny, NAN, kv_num(&torch, "tiny_step_us"), torch_ref, 0, 20);
     row("MLP 784-256-128-10 training", "samples/s", mlp_sps, mlp_hook_sps, kv_num(&torch, "mlp_train_sps"), torch_ref, 1, 2);
     row("CNN conv16-pool-conv32-pool-fc128-fc10 train", "samples/s", cnn_sps, cnn_hook_sps, kv_num(&torch, "cnn_train_sps"), torch_ref, 1, 1.5);
@@ -1635,6 +1774,7 @@ int main(int argc, char **argv) {
     printf("%s", have_bf16 ? "bf16 rows: mlc_gemm_bf16 (AVX-512 BF16 kernel) against mlc_gemm (float32) on the same\n"
                              "values, 1 thread, back to back.\n"
                            : "bf16 rows: no AVX-512 BF16: row skipped.\n");
+    i8_note();
     printf("mlc_gemm runs at %.2fx the speed of mlc_gemm_reference (the plain loop) at n = 256",
            g.own_vs_reference);
 #ifdef BENCH_OPENBLAS

@@ -48,6 +48,8 @@ if [ -r /proc/cpuinfo ]; then
     has() { case "$flags" in *" $1 "*) echo yes ;; *) echo no ;; esac; }
     echo "bench: CPU has AVX-512 BF16: $(has avx512_bf16) (the bf16 rows), AMX-BF16: $(has amx_bf16)" \
         "(the bf16 / float32 target)"
+    echo "bench: CPU has AVX-512 VNNI: $(has avx512_vnni), AVX-VNNI: $(has avx_vnni)," \
+        "AMX-INT8: $(has amx_int8) (the int8 GEMM rows' target)"
 fi
 echo "bench: $CC $CFLAGS -o $BUILD/bench bench/bench.c $LIBS"
 $CC $CFLAGS -o "$BUILD/bench" bench/bench.c $LIBS

@@ -17,7 +17,7 @@ char test_failure[512];
 
 #define SUITES(X) X(tensor) X(ops) X(gemm) X(grad) X(errors) X(misuse) X(modules) X(optim) X(train) X(data) \
     X(device) X(safetensors) X(attention) X(recurrent) X(embedded) X(threads) X(onectx) X(dtype) X(hostile) \
-    X(conv) X(quant)
+    X(conv) X(int8) X(quant)
 #define DECLARE(s) extern const test_case tests_##s[];
 SUITES(DECLARE)
 #define ENTRY(s) { #s, tests_##s },

@@ -56,6 +56,11 @@ int test_pool_started(const mlc_ctx *ctx);
    threads (tests/test_device.c) */
 void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
                    void (*fn)(void *arg, int slot, size_t begin, size_t end), void *arg);
+/* mlc_gemm_i8 runs int8 kernel k of mlc.h's list (0 portable C, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
+   VNNI; -1: the best this CPU has, as mlc_create picks) for the context's products from now on:
+   returns its name, or NULL (nothing changed) where this build or CPU lacks it
+   (tests/test_device.c) */
+const char *test_gemm_i8_kernel(mlc_ctx *ctx, int k);
 /* Fault injection on the context's device (the fake one, OpenCL, any backend): refuse buffer k
    and every later one (k < 0: none); returns how many buffers the device has made so far (-1:
    the context runs on the CPU only). */

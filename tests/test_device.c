@@ -47,6 +47,18 @@ void test_parallel(mlc_ctx *ctx, size_t n, size_t parallel_from,
     mlc__parallel(ctx, n, parallel_from, fn, arg);
 }
 
+/* mlc_gemm_i8's kernels, in the order of mlc.h's list (MLC__I8_KERNELS) */
+static const char *const i8_kernel_names[] = { "portable C", "AVX2", "AVX-VNNI", "AVX-512 VNNI" };
+typedef char i8_kernel_names_check[sizeof i8_kernel_names / sizeof i8_kernel_names[0] == MLC__I8_KERNELS
+                                   ? 1 : -1];
+
+const char *test_gemm_i8_kernel(mlc_ctx *ctx, int k) {
+    if (k < 0) k = mlc__i8_best();
+    if (!ctx || k >= MLC__I8_KERNELS || !mlc__i8_kernel_runs(k)) return NULL;
+    ctx->i8_kernel = k;
+    return i8_kernel_names[k];
+}
+
 /* Install the fake device on a context that runs on the CPU and holds no tensors yet. */
 mlc_ctx *test_install_fake_device(mlc_ctx *ctx) {
     fake_install(ctx);
