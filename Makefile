@@ -195,7 +195,7 @@ test-sanitize: | $(BUILD)
 	fi; \
 	exit $$status
 
-# The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside
+# The benchmark suite: sgemm, training, inference (int8 too) and memory, OpenBLAS and PyTorch beside
 # mlc when installed; one table (bench/RESULTS.md has a run). BENCH_FLAGS=--quick: short runs.
 bench: | $(BUILD)
 	CC="$(CC)" sh bench/run.sh $(BENCH_FLAGS)
