@@ -53,14 +53,18 @@ for cmd in "gpt --steps" "fashion_mnist --epochs" "devices --device" "minilm --m
     rc=$?
     if [ $rc -eq 2 ]; then ok; else bad "$1.missing_value (exit $rc, want 2)"; fi
 done
+# refused TEST PATTERN EXAMPLE ARGS...: the example exits 2 with PATTERN (grep -E) on stderr
+refused() {
+    test=$1 pattern=$2 name=$3; shift 3
+    "$bin/$name" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ $rc -eq 2 ] && grep -qE -- "$pattern" "$tmp/err"; then ok
+    else bad "$name.$test ($name $*: exit $rc, want 2)"; fi
+}
 for cmd in "minilm --int8 --dtype bf16 x" "minilm --dtype f16 --int8 x"; do   # int8 quantizes float32 only
     # shellcheck disable=SC2086
     set -- $cmd
-    name=$1; shift
-    "$bin/$name" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    if [ $rc -eq 2 ] && grep -q -- "--int8" "$tmp/err"; then ok
-    else bad "$name.int8_with_dtype (exit $rc, want 2)"; fi
+    refused int8_with_dtype "--int8" "$@"
 done
 # --calibration: a count of batches with --int8 only (fashion_mnist: --int8 quantizes the cnn only,
 # mlc_quantize_static cannot take the mlp's BatchNorms after Linears); each refused before any data
@@ -71,11 +75,7 @@ for cmd in "fashion_mnist --calibration 8" "fashion_mnist --int8 --calibration 0
            "digits --int8 --calibration x"; do
     # shellcheck disable=SC2086
     set -- $cmd
-    name=$1; shift
-    "$bin/$name" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    if [ $rc -eq 2 ] && grep -qE -- "--int8|--calibration" "$tmp/err"; then ok
-    else bad "$name.int8_misuse ($cmd: exit $rc, want 2)"; fi
+    refused int8_misuse "--int8|--calibration" "$@"
 done
 
 # The data-reading examples from /tmp, each in its quickest mode: they find data/ beside build/.
