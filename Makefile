@@ -195,7 +195,7 @@ test-sanitize: | $(BUILD)
 	fi; \
 	exit $$status
 
-# The benchmark suite: sgemm, training, inference and memory, OpenBLAS and PyTorch beside
+# The benchmark suite: sgemm, training, inference (int8 too) and memory, OpenBLAS and PyTorch beside
 # mlc when installed; one table (bench/RESULTS.md has a run). BENCH_FLAGS=--quick: short runs.
 bench: | $(BUILD)
 	CC="$(CC)" sh bench/run.sh $(BENCH_FLAGS)
@@ -322,7 +322,8 @@ test-interop: $(BUILD)/interop $(BUILD)/mobilenet
 	else echo "SKIPPED mobilenet on OpenCL: no OpenCL device (or a build without the OpenCL headers)"; fi
 
 # The examples as a user runs them: fashion_mnist stopped during an epoch and resumed from its
-# checkpoint prints the same losses as an uninterrupted run (needs dataset-fashion-mnist); then
+# checkpoint prints the same losses as an uninterrupted run, and a saved CNN resumed with --int8
+# tests within 1 point of float32 (needs dataset-fashion-mnist); then
 # each example given hostile files and arguments (tests/examples_hostile.sh), built with ASan and
 # UBSan in build/hostile: a message and exit 1 or 2, never a crash, hang or sanitizer report.
 HOSTILE_EXAMPLES := $(addprefix $(BUILD)/hostile/,gpt minilm digits devices fashion_mnist)

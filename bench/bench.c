@@ -37,6 +37,11 @@
      6. tokens/s of a training step of the tiny GPT of examples/gpt.c (examples/gpt_model.h:
         4 layers, 64 dims, 4 heads, block 64, batch 16, AdamW, clipping) on its text, 1 and all
         threads, against the same model in PyTorch (nn.MultiheadAttention) on 1 and all threads.
+     7. int8 (issue 26): batch-1 latency of the CNN of 3. on 1 thread, float32 and converted by
+        mlc_quantize_static (calibrated on the first 8 batches of 64 training images), the median
+        of single calls; against PyTorch's statically quantized model (torch.ao.quantization,
+        onednn and qnnpack, the faster taken). The int8 accuracy row is examples/fashion_mnist.c's
+        --int8 (bench does not test its models).
    PyTorch's numbers come from bench/torch_bench.py (same models, same data), read from a file.
 
    Usage:
@@ -49,6 +54,8 @@
                               before each of mlc's, for paired ratios; `CMD ... --amp bf16`
                               before each bf16 run: PyTorch under autocast)
      bench --rss-child        train the MLP only; print its peak RSS
+     bench --int8-only [--quick] [--torch FILE]
+                              the int8 rows (7.) only (FILE: torch_bench.py --int8-only's)
    Options for quick iteration on the epoch rows:
      --epochs-only            only the epoch rows (and the FMA peak), not the micro-benchmarks
      --model mlp|cnn          one model only
@@ -413,7 +420,7 @@ static int cpu_has_flag(const char *flag) {      /* flag among /proc/cpuinfo's f
     while (f && !found && getline(&line, &size, f) > 0)
         if (strncmp(line, "flags", 5) == 0) {
             for (char *p = strstr(line, flag); p && !found; p = strstr(p + 1, flag))
-                found = p[-1] == ' ' && (p[len] == ' ' || p[len] == '\n' || p[len] == '\0');
+                found = (p[-1] == ' ' || p[-1] == '\t') && (p[len] == ' ' || p[len] == '\n' || p[len] == '\0');
             break;
         }
     free(line);
@@ -1094,6 +1101,84 @@ static double kv_num(const kv_file *f, const char *key) {
 }
 
 /* ============================================================================================
+   7. int8 (issue 26): batch-1 latency of the CNN, float32 and statically quantized, 1 thread
+   ============================================================================================ */
+
+#define INT8_CALIBRATION 8              /* batches of BATCH training images (torch_bench.py's too) */
+#define INT8_RUNS 301                   /* single calls timed of each model (--quick: 51) */
+
+typedef struct int8_latency {
+    double us[2];                       /* median µs of a call: [0] float32, [1] int8 */
+    double cosine;                      /* the two outputs' on the calibration images */
+} int8_latency;
+
+static double forward_us(mlc_ctx *ctx, mlc_module *model, mlc_tensor *x) {
+    double t = now();
+    mlc_frame f = mlc_frame_begin(ctx);
+    mlc_forward(model, x);
+    mlc_frame_end(f);
+    return (now() - t) * 1e6;
+}
+
+/* The CNN of 3. (fashion_cnn, seed 42) twice, on 1 thread each, one converted by
+   mlc_quantize_static calibrated on the first INT8_CALIBRATION batches of training images;
+   then one image at a time (eval, no gradients): 10 warm-up calls of each, then `runs` pairs of
+   calls, float32 then int8, so both see the machine in the same state; the medians. Also the
+   cosine of the two models' logits on the calibration images (a check that the int8 model
+   computes the same thing). 0 on an error (said). */
+static int int8_cnn_latency(const dataset *d, int runs, int8_latency *out) {
+    mlc_ctx *ctx[2];
+    mlc_module *model[2];
+    mlc_tensor *x[2], *calibration[INT8_CALIBRATION];
+    double *took = malloc(2 * (size_t)runs * sizeof(double)), lo, hi, dot = 0, n0 = 0, n1 = 0;
+    float *logits[2] = { NULL, NULL };
+    const int images = INT8_CALIBRATION * BATCH, count = images * 10;
+    int ok = took != NULL;
+    set_threads(1);
+    for (int m = 0; m < 2; m++) {
+        ctx[m] = make_ctx(0);
+        model[m] = ctx[m] ? fashion_cnn(ctx[m]) : NULL;
+        x[m] = ctx[m] ? mlc_empty(ctx[m], MLC_SHAPE(1, 1, 28, 28)) : NULL;
+        logits[m] = malloc((size_t)count * sizeof(float));
+        if (!x[m] || !logits[m] || mlc_error(ctx[m])) { ok = 0; continue; }
+        for (int i = 0; i < 784; i++) x[m]->data[i] = d->images[i] * (1.0f / 255.0f);
+        mlc_module_train(model[m], 0);
+        mlc_set_grad_enabled(ctx[m], 0);
+    }
+    for (int m = 0; ok && m < 2; m++) {           /* m = 1: quantized first, on its batches */
+        mlc_frame f = mlc_frame_begin(ctx[m]);
+        mlc_tensor *all = mlc_empty(ctx[m], MLC_SHAPE(images, 1, 28, 28));
+        for (size_t i = 0; all && i < (size_t)images * 784; i++)
+            all->data[i] = d->images[i] * (1.0f / 255.0f);
+        for (int b = 0; all && m && b < INT8_CALIBRATION; b++)
+            calibration[b] = mlc_slice(all, 0, b * BATCH, (b + 1) * BATCH);
+        if (m) mlc_quantize_static(model[1], calibration, INT8_CALIBRATION);
+        mlc_read(mlc_forward(model[m], all), logits[m], (size_t)count);
+        mlc_frame_end(f);
+    }
+    for (int m = 0; ok && m < 2; m++)
+        if (mlc_error(ctx[m])) { fprintf(stderr, "bench: int8: %s\n", mlc_error_message(ctx[m])); ok = 0; }
+    for (int i = 0; ok && i < 20; i++) forward_us(ctx[i % 2], model[i % 2], x[i % 2]);      /* warm-up */
+    for (int r = 0; ok && r < runs; r++) {
+        took[r] = forward_us(ctx[0], model[0], x[0]);
+        took[runs + r] = forward_us(ctx[1], model[1], x[1]);
+    }
+    for (int m = 0; ok && m < 2; m++) {
+        if (mlc_error(ctx[m])) { fprintf(stderr, "bench: int8: %s\n", mlc_error_message(ctx[m])); ok = 0; }
+        else median_of(took + (size_t)m * runs, runs, &out->us[m], &lo, &hi);
+    }
+    for (int i = 0; ok && i < count; i++) {
+        dot += (double)logits[0][i] * logits[1][i];
+        n0 += (double)logits[0][i] * logits[0][i];
+        n1 += (double)logits[1][i] * logits[1][i];
+    }
+    out->cosine = ok && n0 > 0 && n1 > 0 ? dot / sqrt(n0 * n1) : NAN;
+    for (int m = 0; m < 2; m++) { mlc_destroy(ctx[m]); free(logits[m]); }
+    free(took);
+    return ok;
+}
+
+/* ============================================================================================
    The report
    ============================================================================================ */
 
@@ -1598,9 +1683,49 @@ static void i8_note(void) {
     printf(".\n");
 }
 
+/* The int8 rows (7.): mlc int8 / float32 and mlc int8 / PyTorch's quantized model on its fastest
+   engine (torch_bench.py's keys) */
+static void int8_rows(const int8_latency *r, const kv_file *torch) {
+    static const char *const engines[] = { "onednn", "qnnpack" };
+    const char *best = NULL;
+    double torch_us = NAN;
+    char key[64];
+    for (int e = 0; e < 2; e++) {
+        snprintf(key, sizeof key, "cnn_int8_infer_us_%s", engines[e]);
+        double us = kv_num(torch, key);
+        if (us > 0 && !(torch_us <= us)) { torch_us = us; best = engines[e]; }
+    }
+    row("CNN batch-1 int8 / float32 latency, 1 thread", "us", r->us[1], NAN, r->us[0], "mlc f32", 0, 2);
+    row("CNN batch-1 int8 vs PyTorch int8, 1 thread", "us", r->us[1], NAN, torch_us, best ? best : "-", 0,
+        1.5);
+}
+
+/* What the int8 rows measured, and on what */
+static void int8_notes(const int8_latency *r, const kv_file *torch, int runs) {
+    static const char *const flags[][2] = { { "avx2", "AVX2" }, { "avx_vnni", "AVX-VNNI" },
+                                            { "avx512_vnni", "AVX-512 VNNI" }, { "amx_int8", "AMX-INT8" } };
+    printf("int8 rows (issue 26): the CNN conv16-pool-conv32-pool-fc128-fc10 at batch 1 on 1 thread, the\n"
+           "median of %d single calls of each model (alternating, after a warm-up); mlc's converted by\n"
+           "mlc_quantize_static calibrated on %d batches of %d training images (the int8 logits' cosine\n"
+           "with float32's there: %.5f).\n",
+           runs, INT8_CALIBRATION, BATCH, r->cosine);
+    if (kv_str(torch, "torch_int8_engines"))
+        printf("PyTorch (engines %s): torch.ao.quantization's prepare / calibrate (the same images)\n"
+               "/ convert, conv and linear fused with their ReLU, the same timing: %.1f us on onednn,\n"
+               "%.1f us on qnnpack (its float32 model: %.1f us); the row takes the faster engine.\n",
+               kv_str(torch, "torch_int8_engines"), kv_num(torch, "cnn_int8_infer_us_onednn"),
+               kv_num(torch, "cnn_int8_infer_us_qnnpack"), kv_num(torch, "cnn_infer_t1_f32_us"));
+    printf("The CPU's int8 instructions:");
+    for (int i = 0; i < 4; i++)
+        printf("%s %s %s", i ? "," : "", flags[i][1], cpu_has_flag(flags[i][0]) ? "yes" : "no");
+    printf(".\nmlc_gemm_i8 is still the plain C loop (the vector kernels are being written elsewhere), so\n"
+           "mlc's int8 uses none of them yet. The int8 test accuracy (within 1 point of float32) is the\n"
+           "example's: ./build/fashion_mnist --model cnn --int8.\n");
+}
+
 static int usage(const char *name) {
     fprintf(stderr, "usage: %s [--quick] [--torch FILE] [--torch-cmd CMD] [--rss FILE] [--plain-exe PLAIN]\n"
-            "       [--epochs-only [--kv]]\n"
+            "       [--epochs-only [--kv] | --int8-only]\n"
             "       [--model mlp|cnn] [--threads N] [--samples N] [--runs N] [--amp off|bf16]\n"
             "       |  --rss-child  |  [--quick] --int8-gemm\n",
             name);
@@ -1610,7 +1735,7 @@ static int usage(const char *name) {
 int main(int argc, char **argv) {
     const char *torch_path = NULL, *rss_path = NULL, *plain_exe = NULL, *torch_cmd = NULL, *model = NULL;
     const char *amp = NULL;             /* --amp: NULL (float32 and bf16), "off" or "bf16" */
-    int epochs_only = 0, as_kv = 0, threads = 0, runs = 0, int8_only = 0;
+    int epochs_only = 0, as_kv = 0, threads = 0, runs = 0, int8_only = 0, int8_gemm_only = 0;
     long samples = 0;
     epoch_table et = { 0 };
 #ifdef _OPENMP
@@ -1623,7 +1748,8 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--rss-child") == 0) return rss_child();
         else if (strcmp(a, "--quick") == 0) quick = 1;
         else if (strcmp(a, "--epochs-only") == 0) epochs_only = 1;
-        else if (strcmp(a, "--int8-gemm") == 0) int8_only = 1;
+        else if (strcmp(a, "--int8-gemm") == 0) int8_gemm_only = 1;
+        else if (strcmp(a, "--int8-only") == 0) int8_only = 1;
         else if (strcmp(a, "--kv") == 0) as_kv = 1;
         else if (strcmp(a, "--torch") == 0 && valued) torch_path = argv[++i];
         else if (strcmp(a, "--rss") == 0 && valued) rss_path = argv[++i];
@@ -1640,9 +1766,10 @@ int main(int argc, char **argv) {
         et.model_on[m] = !model || strcmp(model, bench_models[m].name) == 0;
     if ((model && strcmp(model, "mlp") && strcmp(model, "cnn")) || threads < 0 || samples < 0 ||
         (samples && samples < BATCH) || runs < 0 || runs > MAX_RUNS || (as_kv && !epochs_only) ||
+        ((int8_only || int8_gemm_only) && epochs_only) || (int8_only && int8_gemm_only) ||
         (amp && strcmp(amp, "off") && strcmp(amp, "bf16")))
         return usage(argv[0]);
-    if (int8_only) {                    /* --int8-gemm: those rows alone */
+    if (int8_gemm_only) {               /* --int8-gemm: those rows alone */
         double g8[I8_SIZES][2];
         bench_i8(g8);
         micro_header();
@@ -1677,6 +1804,21 @@ int main(int argc, char **argv) {
     /* ---- measure: the epoch rows ---- */
     dataset data = { 0 };
     if (!load_fashion(&data)) random_data(&data, 60000, FASHION_DIR " not found or unreadable");
+    const int int8_runs = quick ? 51 : INT8_RUNS;
+    int8_latency i8 = { { NAN, NAN }, NAN };
+    if (int8_only) {                                 /* the int8 rows alone */
+        int8_cnn_latency(&data, int8_runs, &i8);
+        double others = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
+        disturbed = others > 10 || others_torch > 10;
+        print_header(&torch, &data, others, others_torch);
+        micro_header();
+        int8_rows(&i8, &torch);
+        printf("\n");
+        int8_notes(&i8, &torch, int8_runs);
+        printf("\nmlc measurements took %.0f s.\n", now() - t0);
+        free_data(&data);
+        return 0;
+    }
     if (!samples) samples = quick ? data.count / 10 : data.count;
     measure_epochs(&et, &data, samples, runs);
     if (epochs_only) {
@@ -1712,6 +1854,8 @@ int main(int argc, char **argv) {
     double lstm = lstm_step_ms();
     double mlp_inf = infer_us(fashion_mlp, &data, 1, mlp_input);
     double cnn_inf = infer_us(fashion_cnn, &data, 3, cnn_input);
+    int8_cnn_latency(&data, int8_runs, &i8);         /* (on 1 thread) */
+    set_threads(all_threads);
     double gpt_1 = gpt_tokens_per_s(1), gpt_2 = gpt_tokens_per_s(all_threads);
     char gpt_what[64];
     double others_mlc = others_percent(start_mark), others_torch = kv_num(&torch, "others_percent");
@@ -1749,6 +1893,7 @@ int main(int argc, char **argv) {
         torch_ref, 0, 0);
     row("MLP inference, batch 1", "us", mlp_inf, NAN, kv_num(&torch, "mlp_infer_us"), torch_ref, 0, 5);
     row("CNN inference, batch 1", "us", cnn_inf, NAN, kv_num(&torch, "cnn_infer_us"), torch_ref, 0, 5);
+    int8_rows(&i8, &torch);
     row("tiny GPT 4x64 training step, 1 thread", "tokens/s", gpt_1, NAN, kv_num(&torch, "gpt_tokens_s_1"),
         torch_ref, 1, 0);
     snprintf(gpt_what, sizeof gpt_what, "tiny GPT 4x64 training step, %d threads", all_threads);
@@ -1781,6 +1926,7 @@ int main(int argc, char **argv) {
     printf("; largest |mlc - OpenBLAS| / max|C| for n <= 256: %.1e", g.max_rel_error);
 #endif
     printf(".\n");
+    int8_notes(&i8, &torch, int8_runs);
     if (!isnan(peak))
         printf("Memory: peak RSS of `bench --rss-child` (MLP training, 20 steps on one random batch, alone in its\n"
                "process) against parameters + gradients + Adam's 2 buffers + one batch of activations.\n"

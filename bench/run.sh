@@ -7,7 +7,9 @@
 # build/bench, which measures mlc (running build/bench-plain's epoch rows beside its own) and
 # prints the tables with the other runs' numbers. The epoch rows include bf16 autocast (issue 25)
 # where the CPU has AVX-512 BF16: mlc under mlc_autocast_begin and PyTorch under torch.autocast,
-# each PyTorch run with OPENBLAS_NUM_THREADS set to its thread count.
+# each PyTorch run with OPENBLAS_NUM_THREADS set to its thread count. The micro-benchmarks end
+# with the int8 rows (issue 26): the CNN's batch-1 latency on 1 thread, int8 (mlc_quantize_static)
+# against float32 and against PyTorch's statically quantized model (onednn, qnnpack).
 set -e
 cd "$(dirname "$0")/.."
 CC=${CC:-cc}

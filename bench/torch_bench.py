@@ -8,7 +8,17 @@ can be compared line by line. Prints "key value" lines that bench.c reads (--tor
     epoch_{mlp,cnn}_bf16_t..., the same rows under torch.autocast("cpu", torch.bfloat16)),
     tiny_step_us, mlp_train_sps, cnn_train_sps, lstm_step_ms, mlp_infer_us, cnn_infer_us,
     gpt_tokens_s_1, gpt_tokens_s_all (the tiny GPT of examples/gpt.c, 1 and all threads),
+    cnn_infer_t1_f32_us, cnn_int8_infer_us_ENGINE (the int8 rows, below), torch_int8_engines,
     others_percent (how much of the CPUs other processes used meanwhile)
+
+The int8 rows (issue 26): the CNN at batch 1 on 1 thread (torch.set_num_threads(1), OpenBLAS on
+1 thread), in float32 and statically quantized as torch.ao.quantization's eager mode does it:
+conv+ReLU and linear+ReLU fused (fuse_modules), QuantStub/DeQuantStub around the model,
+prepare with the engine's default qconfig (HistogramObserver activations; onednn: per-channel
+weights, qnnpack: per-tensor), calibration on the first 8 batches of 64 training images (bench.c
+calibrates on the same images), convert; for each of onednn and qnnpack that
+torch.backends.quantized.supported_engines lists (Debian's 1.13 has no fbgemm). Each figure is
+the median of single calls after a warm-up (bench.c times mlc the same way).
 
 The epoch rows are bench.c's: a user's loop over whole shuffled Fashion-MNIST epochs (a new
 torch.randperm order each epoch from a generator seeded 1000 + run, the last partial batch
@@ -19,8 +29,9 @@ time; median, min and max of the runs; the mean loss of the first and of the las
 and OpenBLAS's threads to N (Debian's PyTorch multiplies through OpenBLAS, which would otherwise
 use every CPU).
 
-Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs] [--model mlp|cnn]
-                                    [--threads N] [--samples N] [--runs N] [--amp off|bf16]
+Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs | --int8-only]
+                                    [--model mlp|cnn] [--threads N] [--samples N] [--runs N]
+                                    [--amp off|bf16]
     --quick         short runs: 1 run of a tenth of an epoch, short micro-benchmark chunks
     --epochs-only   only the epoch rows
     --no-epochs     only the micro-benchmarks (bench/run.sh: bench.c then runs the epoch rows
@@ -32,6 +43,7 @@ Usage: python3 bench/torch_bench.py [--quick] [--epochs-only | --no-epochs] [--m
     --runs N        runs per epoch row (default 3; --quick: 1)
     --amp bf16      the epoch rows under torch.autocast("cpu", dtype=torch.bfloat16) around the
                     forward and the loss (bench.c's --amp bf16), in place of float32's; off: float32
+    --int8-only     only the int8 rows (with bench.c --int8-only)
 
 With --minilm MODEL_DIR IDS_FILE RUNS it measures all-MiniLM-L6-v2 instead (bench/run.sh's
 sentence-embedding row): the token ids of `build/minilm --ids` (IDS_FILE), embedded as
@@ -318,6 +330,60 @@ def infer_us(model, image):
         return seconds_per_call(lambda: model(image), 0.2, 7) * 1e6
 
 
+INT8_CALIBRATION = 8                                # batches of BATCH training images, as bench.c
+INT8_RUNS = 301                                     # single calls timed (--quick: 51)
+
+
+def median_call_us(fn, runs):
+    """The median of `runs` single calls of fn(), in µs, after 10 warm-up calls."""
+    for _ in range(10):
+        fn()
+    took = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - t)
+    took.sort()
+    return took[len(took) // 2] * 1e6
+
+
+def quantized_cnn(engine, calibration):
+    """fashion_cnn (seed 42) statically quantized in eager mode on `engine`."""
+    import torch.ao.quantization as tq
+    torch.backends.quantized.engine = engine
+    torch.manual_seed(42)
+    cnn = fashion_cnn().eval()
+    tq.fuse_modules(cnn, [["0", "1"], ["3", "4"], ["7", "8"]], inplace=True)   # conv+ReLU, linear+ReLU
+    model = nn.Sequential(tq.QuantStub(), cnn, tq.DeQuantStub()).eval()
+    model.qconfig = tq.get_default_qconfig(engine)
+    tq.prepare(model, inplace=True)
+    with torch.no_grad():
+        for x in calibration:
+            model(x)
+    return tq.convert(model, inplace=True)
+
+
+def int8_rows(images):
+    """The int8 rows' key lines: the CNN's batch-1 latency on 1 thread, float32 and int8 on each
+    quantized engine there is (onednn, qnnpack)."""
+    runs = 51 if QUICK else INT8_RUNS
+    set_threads(1)
+    scaled = images[:INT8_CALIBRATION * BATCH].float().div_(255.0).view(-1, 1, 28, 28)
+    calibration = [scaled[i:i + BATCH] for i in range(0, scaled.shape[0], BATCH)]
+    image = scaled[:1]
+    torch.manual_seed(42)
+    cnn = fashion_cnn().eval()
+    with torch.no_grad():
+        print("cnn_infer_t1_f32_us %.3f" % median_call_us(lambda: cnn(image), runs))
+        engines = [e for e in ("onednn", "qnnpack") if e in torch.backends.quantized.supported_engines]
+        for engine in engines:
+            model = quantized_cnn(engine, calibration)
+            print("cnn_int8_infer_us_%s %.3f" % (engine, median_call_us(lambda: model(image), runs)))
+    print("torch_int8_engines %s" % (",".join(engines) or "none"))
+    sys.stdout.flush()
+    set_threads(ALL_THREADS)
+
+
 def main(args):
     torch.manual_seed(42)
     images, labels, source = load_fashion()
@@ -327,6 +393,10 @@ def main(args):
     sys.stdout.flush()
 
     start = cpu_mark()
+    if args.int8_only:
+        int8_rows(images)
+        print("others_percent %.1f" % others_percent(start))
+        return
     samples = args.samples or (images.shape[0] // 10 if QUICK else images.shape[0])
     runs = args.runs or (1 if QUICK else 3)
     settings = [args.threads] if args.threads else sorted({1, ALL_THREADS})
@@ -357,6 +427,7 @@ def micro(images, labels):
     print("cnn_infer_us %.3f" % infer_us(fashion_cnn(), first.view(1, 1, 28, 28)))
     print("gpt_tokens_s_1 %.1f" % gpt_tokens_per_s(1))
     print("gpt_tokens_s_all %.1f" % gpt_tokens_per_s(ALL_THREADS))
+    int8_rows(images)
 
 
 def minilm_main(model, ids_file, runs):
@@ -397,6 +468,7 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--samples", type=int, default=0)
     parser.add_argument("--runs", type=int, default=0)
+    parser.add_argument("--int8-only", action="store_true", help="only the int8 rows (CNN latency)")
     parser.add_argument("--amp", choices=("off", "bf16"), default="off",
                         help="bf16: the epoch rows under torch.autocast(\"cpu\", torch.bfloat16)")
     parser.add_argument("--minilm", nargs=3, metavar=("MODEL_DIR", "IDS_FILE", "RUNS"))
