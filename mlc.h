@@ -389,6 +389,7 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     float qscale;                       /*   qscale · (q - qzero) (per tensor), or, when        */
     int qzero;                          /*   qscales is set, qscales[r] · q in row r (axis 0)   */
     struct mlc_tensor *qscales;
+    int32_t *qsums;                     /* a long-lived int8 weight's row sums, kept between uses */
     const char *owner, *owner_name;     /* who holds it ("Linear", "an Adam optimiser"; NULL: you), */
                                         /* and its name there ("weight", "exp_avg", "params")  */
     int freed;                          /* 1: mlc_tensor_free released it (a second free is refused) */
@@ -788,7 +789,8 @@ MLCDEF int mlc_gradcheck(mlc_ctx *ctx, mlc_gradcheck_fn fn, void *user, mlc_tens
    ============================================================================================ */
 
 typedef mlc_tensor *(*mlc_forward_fn)(mlc_module *self, mlc_tensor *x);
-#define MLC_MODULE_MAX_TENSORS 4
+/* The parameters, and the buffers, a module holds (a quantized BatchNorm: 3 buffers and 2 more) */
+#define MLC_MODULE_MAX_TENSORS 6
 /* How many levels of children a module may have under it (PyTorch's models have about 10). A
    walk over the tree (train, to, parameters, an optimiser, a forward) recurses once a level, so
    a deeper tree is an error (MLC_ERR_ARG naming the call), never a stack overflow. */
@@ -2112,6 +2114,7 @@ static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
     out->level = ctx->level;
     out->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
     out->graph_used = 0;
+    out->qsums = NULL;                  /* (x keeps its own) */
 }
 
 /* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
@@ -2320,9 +2323,12 @@ MLCDEF int mlc_has_device(const mlc_ctx *ctx) { return ctx && ctx->backend; }
 MLCDEF void mlc_sync(mlc_ctx *ctx) { if (ctx && ctx->backend) ctx->backend->wait(ctx, 1); }
 
 /* The CPU wrote t's host data (or gradient): the device copy is out of date. */
+static void mlc__int8_sum_rows(const mlc_tensor *w, int32_t *sums);   /* (@section int8) */
+static int mlc__int8_keep_sums(mlc_tensor *w);
 static void mlc__host_wrote(mlc_tensor *t) {
     t->stale &= ~(unsigned)MLC__HOST_STALE;
     if (t->on_device) t->stale |= MLC__DEVICE_STALE;
+    if (t->qsums) mlc__int8_sum_rows(t, t->qsums);      /* (int8: its row sums follow) */
 }
 static void mlc__host_wrote_grad(mlc_tensor *t) {
     t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
@@ -2715,7 +2721,8 @@ MLCDEF mlc_tensor *mlc_keep(mlc_tensor *x) {
     mlc__host_sync(x);
     memcpy(mlc__storage(t), mlc__storage(x), mlc__bytes_of(x, 0));
     t->qscale = x->qscale; t->qzero = x->qzero;
-    if (x->qscales && !(t->qscales = x->qscales->persistent ? x->qscales : mlc_keep(x->qscales))) {
+    if (x->qscales && (!(t->qscales = x->qscales->persistent ? x->qscales : mlc_keep(x->qscales))
+                       || !mlc__int8_keep_sums(t))) {
         mlc_tensor_free(t);
         return NULL;
     }
@@ -2745,13 +2752,18 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     }
     if (t->on_device) mlc__device_release(t);
     if (t->grad) mlc__owned_free(ctx, t->grad);
+    if (t->qsums) mlc__owned_free(ctx, t->qsums);
     if (!t->read_only) mlc__owned_free(ctx, mlc__storage(t));
     if (MLC_FREED_KEPT < 1) {                /* no records kept */
         mlc__owned_free(ctx, t);
         return;
     }
     t->freed = 1;
-    t->data = t->grad = NULL; t->half = NULL; t->int8 = NULL; t->device_data = t->device_grad = NULL;
+    t->data = t->grad = NULL;
+    t->half = NULL;
+    t->int8 = NULL;
+    t->qsums = NULL;
+    t->device_data = t->device_grad = NULL;
     t->on_device = 0; t->requires_grad = 0; t->node = NULL;
     if (ctx->freed[ctx->freed_next]) mlc__owned_free(ctx, ctx->freed[ctx->freed_next]);
     ctx->freed[ctx->freed_next] = t;
@@ -8726,16 +8738,68 @@ static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t,
     return 1;
 }
 
+#if MLC__X86 && defined(__x86_64__)
+/* mlc__quantize_rows_affine's two passes over a row, 8 values a step (the rest left to the
+   caller): its range and whether all are finite; and the values quantized as
+   mlc__quantize_value does it (a product, the clamp, vcvtps2dq's rounding to nearest even,
+   the zero point, a saturating pack): the same bits. Return how many values they took. */
+__attribute__((target("avx2")))
+static size_t mlc__row_range_avx2(const float *v, size_t K, float *lo, float *hi, int *finite) {
+    const __m256 exponent = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps(), special = _mm256_setzero_ps();
+    float l[8], h[8], e[8];
+    size_t i;
+    int j;
+    for (i = 0; i + 8 <= K; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        low = _mm256_min_ps(low, x);
+        high = _mm256_max_ps(high, x);
+        special = _mm256_or_ps(special, _mm256_cmp_ps(_mm256_and_ps(x, exponent), exponent, _CMP_EQ_OQ));
+    }
+    _mm256_storeu_ps(l, low);
+    _mm256_storeu_ps(h, high);
+    _mm256_storeu_ps(e, special);
+    for (j = 0; j < 8; j++) {
+        *lo = l[j] < *lo ? l[j] : *lo;
+        *hi = h[j] > *hi ? h[j] : *hi;
+        *finite &= mlc__bits(e[j]) == 0;
+    }
+    return i;
+}
+__attribute__((target("avx2")))
+static size_t mlc__quantize_row_avx2(const float *v, size_t K, float inverse, int32_t zero, int8_t *q) {
+    const __m256 scale = _mm256_set1_ps(inverse), top = _mm256_set1_ps(512.0f),
+                 bottom = _mm256_set1_ps(-512.0f);
+    const __m256i zeros = _mm256_set1_epi32(zero);
+    size_t i;
+    for (i = 0; i + 8 <= K; i += 8) {
+        const __m256 r
+            = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), scale), top), bottom);
+        const __m256i n = _mm256_add_epi32(_mm256_cvtps_epi32(r), zeros);
+        const __m128i n16 = _mm_packs_epi32(_mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1));
+        _mm_storel_epi64((__m128i *)(void *)(q + i), _mm_packs_epi16(n16, n16));
+    }
+    return i;
+}
+#endif
+
 /* Rows of v ([rows, K], activations) each quantized over its range [lo, hi] (0 included):
    scale (hi - lo) / 255, zero point -128 - round(lo / scale), into q, scales and zeros. A row
    with a NaN or an infinity gets scale NaN (its products come out NaN) and values 0. */
 static void mlc__quantize_rows_affine(const float *v, size_t rows, size_t K, int8_t *q, float *scales,
                                       int32_t *zeros) {
     size_t r, i;
+#if MLC__X86 && defined(__x86_64__)
+    const int avx2 = __builtin_cpu_supports("avx2");
+#endif
     for (r = 0; r < rows; r++, v += K, q += K) {
         float lo = 0.0f, hi = 0.0f, inverse;
         int finite = 1;
-        for (i = 0; i < K; i++) {
+        i = 0;
+#if MLC__X86 && defined(__x86_64__)
+        if (avx2) i = mlc__row_range_avx2(v, K, &lo, &hi, &finite);
+#endif
+        for (; i < K; i++) {
             lo = v[i] < lo ? v[i] : lo;
             hi = v[i] > hi ? v[i] : hi;
             finite &= mlc__is_finite(v[i]);
@@ -8749,7 +8813,11 @@ static void mlc__quantize_rows_affine(const float *v, size_t rows, size_t K, int
         scales[r] = hi > lo ? (hi - lo) / 255.0f : 1.0f;
         inverse = 1.0f / scales[r];
         zeros[r] = -128 - mlc__round_even(lo * inverse);
-        for (i = 0; i < K; i++) q[i] = mlc__quantize_value(v[i], inverse, zeros[r], -128);
+        i = 0;
+#if MLC__X86 && defined(__x86_64__)
+        if (avx2) i = mlc__quantize_row_avx2(v, K, inverse, zeros[r], q);
+#endif
+        for (; i < K; i++) q[i] = mlc__quantize_value(v[i], inverse, zeros[r], -128);
     }
 }
 
@@ -8841,6 +8909,35 @@ static mlc_tensor *mlc__linear_int8(const char *op, mlc_tensor *x, mlc_tensor *w
     return out;
 }
 
+/* Σ_k W[r, k] for each row r of int8 weight w [rows, K], what a zero point's share takes off:
+   into sums; and kept with a long-lived weight scaled per row, made with it (so inference
+   allocates nothing) and summed again whenever its values are written (mlc__host_wrote). */
+static void mlc__int8_sum_rows(const mlc_tensor *w, int32_t *sums) {
+    const size_t rows = (size_t)w->shape[0], K = rows ? w->size / rows : 0;
+    size_t r, k;
+    for (r = 0; r < rows; r++) {
+        const int8_t *row = w->int8 + r * K;
+        int32_t sum = 0;
+        for (k = 0; k < K; k++) sum += row[k];
+        sums[r] = sum;
+    }
+}
+static int mlc__int8_keep_sums(mlc_tensor *w) {
+    if (!(w->qsums
+          = (int32_t *)mlc__owned_alloc(w->ctx, (size_t)w->shape[0] * sizeof(int32_t) + 1, "mlc_int8")))
+        return 0;
+    mlc__int8_sum_rows(w, w->qsums);
+    return 1;
+}
+/* w's row sums: kept, or made in the current frame (NULL when out of memory) */
+static const int32_t *mlc__int8_row_sums(const mlc_tensor *w) {
+    int32_t *sums;
+    if (w->qsums) return w->qsums;
+    sums = (int32_t *)mlc__arena_alloc(w->ctx, (size_t)w->shape[0] * sizeof(int32_t) + 1, "mlc_int8");
+    if (sums) mlc__int8_sum_rows(w, sums);
+    return sums;
+}
+
 static int mlc__linear_int8_cpu(mlc__node *n) {
     const mlc_tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2];
     const int N = w->shape[0], K = w->shape[1], M = (int)mlc__numel(x->ndim - 1, x->shape);
@@ -8850,17 +8947,11 @@ static int mlc__linear_int8_cpu(mlc__node *n) {
     int8_t *xq = (int8_t *)mlc__arena_alloc(ctx, (size_t)M * K + 1, n->name);
     float *x_scales = mlc__floats(ctx, (size_t)M + 1, n->name), *y = n->out->data;
     int32_t *sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)M * N * sizeof(int32_t) + 1, n->name);
-    int32_t *x_zeros = (int32_t *)mlc__arena_alloc(ctx, ((size_t)M + N) * sizeof(int32_t) + 1, n->name);
-    int32_t *w_sums = x_zeros ? x_zeros + M : NULL;
-    int m, j, k;
-    if (xq && x_scales && sums && x_zeros) {
+    int32_t *x_zeros = (int32_t *)mlc__arena_alloc(ctx, (size_t)M * sizeof(int32_t) + 1, n->name);
+    const int32_t *w_sums = mlc__int8_row_sums(n->in[1]);
+    int m, j;
+    if (xq && x_scales && sums && x_zeros && w_sums) {
         mlc__quantize_rows_affine(x->data, (size_t)M, (size_t)K, xq, x_scales, x_zeros);
-        for (j = 0; j < N; j++) {                        /* Σ_k W[n, k], for the zero points */
-            const int8_t *row = w->int8 + (size_t)j * K;
-            int32_t sum = 0;
-            for (k = 0; k < K; k++) sum += row[k];
-            w_sums[j] = sum;
-        }
         mlc_gemm_i8(ctx, M, N, K, xq, w->int8, sums);
         for (m = 0; m < M; m++, y += N)
             for (j = 0; j < N; j++) {
@@ -8959,19 +9050,16 @@ static int mlc__qout_ok(mlc_ctx *ctx, const char *op, float scale, int zero_poin
 
 /* A product's per-output constants: offset[o] = round(b[o] / (s_x s_w[o])) - z_x Σ_k W[o, k] and
    the multipliers s_x s_w[o] / s_y. 0 (the error set) when a multiplier is out of range. */
-static int mlc__qproduct_plan(mlc_ctx *ctx, const char *op, const mlc_tensor *x, const mlc_tensor *w,
+static int mlc__qproduct_plan(mlc_ctx *ctx, const char *op, const mlc_tensor *x, mlc_tensor *w,
                               mlc_tensor *bias, float scale, int64_t *offset, mlc__requant *rq) {
     const int O = w->shape[0];
-    const size_t K = w->size / (size_t)O;
     const float *b = bias ? mlc__host(bias) : NULL, *ws = mlc__host(w->qscales);
+    const int32_t *row_sums = mlc__int8_row_sums(w);
     int o;
-    size_t k;
-    if ((bias && !b) || !ws) return 0;
+    if ((bias && !b) || !ws || !row_sums) return 0;
     for (o = 0; o < O; o++) {
         const float s = x->qscale * ws[o];
-        int64_t row = 0;
-        for (k = 0; k < K; k++) row += w->int8[(size_t)o * K + k];
-        offset[o] = -(int64_t)x->qzero * row;
+        offset[o] = -(int64_t)x->qzero * row_sums[o];
         if (b) {
             float r = b[o] * (1.0f / s);
             r = r != r ? 0.0f : r > 1073741824.0f ? 1073741824.0f : r < -1073741824.0f ? -1073741824.0f : r;
@@ -9045,7 +9133,20 @@ MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor
                     const int count = P - p0 < block ? P - p0 : block;
                     for (p = 0; p < count; p++) {         /* im2col: patch p, in the weight's order */
                         const int oh = (p0 + p) / cv.OW, ow = (p0 + p) % cv.OW;
+                        const int ih0 = oh * cv.sh - cv.ph, iw0 = ow * cv.sw - cv.pw;
                         int8_t *patch = patches + (size_t)p * Kg;
+                        if (ih0 >= 0 && iw0 >= 0 && ih0 + (cv.KH - 1) * cv.dh < cv.H
+                            && iw0 + (cv.KW - 1) * cv.dw < cv.W) {   /* inside: no padding to check */
+                            for (c = 0; c < Cg; c++) {
+                                const int8_t *plane
+                                    = x->int8 + ((size_t)n * cv.C + (size_t)g * Cg + c) * cv.H * cv.W + iw0;
+                                for (i = 0; i < cv.KH; i++, patch += cv.KW) {
+                                    const int8_t *in = plane + (size_t)(ih0 + i * cv.dh) * cv.W;
+                                    for (j = 0; j < cv.KW; j++) patch[j] = in[j * cv.dw];
+                                }
+                            }
+                            continue;
+                        }
                         for (c = 0; c < Cg; c++) {
                             const int8_t *plane
                                 = x->int8 + ((size_t)n * cv.C + (size_t)g * Cg + c) * cv.H * cv.W;
@@ -9199,7 +9300,7 @@ MLCDEF mlc_tensor *mlc_from_const_int8(mlc_ctx *ctx, int ndim, const int *shape,
     t->qscale = row_scales ? 1.0f : scale;
     t->qzero = row_scales ? 0 : zero_point;
     t->qscales = row_scales;
-    return t;
+    return !row_scales || mlc__int8_keep_sums(t) ? t : NULL;
 }
 
 /* ============================================================================================
@@ -10261,7 +10362,7 @@ static int mlc__quantize_param(mlc_module *m, int index) {
     w->qzero = 0;
     w->requires_grad = w->read_only = 0;
     w->stale = 0;
-    return !on_device || (mlc_to(w, 1) && mlc_to(scales, 1));
+    return mlc__int8_keep_sums(w) && (!on_device || (mlc_to(w, 1) && mlc_to(scales, 1)));
 }
 
 /* A Linear's weight; a recurrent layer's children's weight_ih and weight_hh (its products) */
@@ -10464,9 +10565,11 @@ MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *cal
     f = mlc_frame_begin(ctx);
     lo = mlc__floats(ctx, (size_t)n + 2, op);
     hi = mlc__floats(ctx, (size_t)n + 2, op);
-    for (i = 0; lo && hi && i < n; i++) {                 /* folds: a BatchNorm into the Conv2d before it */
+    for (i = 0; lo && hi && i < n; i++) {        /* folds: a BatchNorm into the Conv2d or Linear before it */
         mlc_module *c = m->children[i], *next = i + 1 < n ? m->children[i + 1] : NULL;
-        if (c->forward == mlc__conv2d_forward && next && next->forward == mlc__batch_norm_forward) {
+        if ((c->forward == mlc__conv2d_forward || c->forward == mlc__linear_forward) && next
+            && next->forward == mlc__batch_norm_forward
+            && next->params[0]->size == (size_t)c->params[0]->shape[0]) {   /* (its features: c's outputs) */
             if (!mlc__fold_batch_norm(c, next)) break;
             next->forward = mlc__identity_forward;
         }
@@ -10502,10 +10605,12 @@ MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *cal
                             &lo[i], &hi[i]);
     }
     for (i = n - 1; lo && hi && !ctx->error && i >= 0; i--) {   /* a ReLU's range is its product's too */
-        mlc_module *c = m->children[i], *next = i + 1 < n ? m->children[i + 1] : NULL;
-        if ((c->forward == mlc__conv2d_forward || c->forward == mlc__linear_forward) && next
-            && next->forward == mlc__relu_forward)
-            lo[i + 1] = lo[i + 2], hi[i + 1] = hi[i + 2];
+        mlc_module *c = m->children[i];
+        int j = i + 1;                                   /* (past a BatchNorm folded into c) */
+        while (j < n && m->children[j]->forward == mlc__identity_forward) j++;
+        if ((c->forward == mlc__conv2d_forward || c->forward == mlc__linear_forward) && j < n
+            && m->children[j]->forward == mlc__relu_forward)
+            lo[i + 1] = lo[j + 1], hi[i + 1] = hi[j + 1];
     }
     if (lo && hi && !ctx->error && mlc__add_qparams(m, "input_scale", "input_zero_point", lo[0], hi[0]))
         for (i = 0; i < n && !ctx->error; i++) {

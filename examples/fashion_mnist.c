@@ -14,7 +14,7 @@
    --csv writes one line per epoch (loss and accuracy, train and test); tools/plot_svg.py
    draws it. --save FILE writes a checkpoint after every epoch; --resume FILE continues from one
    (the same --model, and --epochs counting all epochs, the resumed ones too).
-   --int8 (--model cnn): after training (or resuming), the float32 model's test accuracy (no autocast),
+   --int8: after training (or resuming), the float32 model's test accuracy (no autocast),
    then static int8 quantization (mlc_quantize_static: the ranges observed on the first N
    batches of 64 training images, --calibration N, 8 by default) and the int8 model's test
    accuracy, with the difference in points (issue 26's target: within 1 point).
@@ -63,7 +63,7 @@ static void usage(FILE *out, const char *program) {
                  "  --csv FILE          write a line per epoch: loss and accuracy, train and test\n"
                  "  --save FILE         write a checkpoint after every epoch\n"
                  "  --resume FILE       continue from a checkpoint\n"
-                 "  --int8              then quantize to int8 (static) and test again (cnn only)\n"
+                 "  --int8              then quantize to int8 (static) and test again\n"
                  "  --calibration N     with --int8: calibrate on N batches of %d training images (%d)\n"
                  "  -h, --help          this text\n", program, CALIBRATION_BATCH, DEFAULT_CALIBRATION);
 }
@@ -100,11 +100,6 @@ static int parse_options(int argc, char **argv, options *o) {
                  : !strcmp(o->amp, "fp16") ? MLC_F16 : (mlc_scalar_type)-1;
     if ((int)o->amp_dtype < 0) { fprintf(stderr, "--amp is bf16, fp16 or off\n"); return BAD; }
     if (o->calibration && !o->int8) { fprintf(stderr, "--calibration goes with --int8\n"); return BAD; }
-    if (o->int8 && !cnn) {               /* (mlc_quantize_static: no room for a BatchNorm's ranges) */
-        fprintf(stderr, "--int8 quantizes --model cnn only: the mlp's BatchNorms follow Linears, which "
-                        "mlc_quantize_static does not fold yet\n");
-        return BAD;
-    }
     if (!o->calibration) o->calibration = DEFAULT_CALIBRATION;
     if (!o->epochs) o->epochs = cnn ? 5 : 10;
     if (!o->batch) o->batch = cnn ? 64 : 128;

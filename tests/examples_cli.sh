@@ -66,11 +66,10 @@ for cmd in "minilm --int8 --dtype bf16 x" "minilm --dtype f16 --int8 x"; do   # 
     set -- $cmd
     refused int8_with_dtype "--int8" "$@"
 done
-# --calibration: a count of batches with --int8 only (fashion_mnist: --int8 quantizes the cnn only,
-# mlc_quantize_static cannot take the mlp's BatchNorms after Linears); each refused before any data
-# is read, with exit 2 and a message naming the option
+# --calibration: a count of batches with --int8 only; each refused before any data is read, with
+# exit 2 and a message naming the option
 for cmd in "fashion_mnist --calibration 8" "fashion_mnist --int8 --calibration 0 --model cnn" \
-           "fashion_mnist --model cnn --int8 --calibration 938" "fashion_mnist --int8" \
+           "fashion_mnist --model cnn --int8 --calibration 938" "fashion_mnist --int8 --calibration -1" \
            "digits --calibration 8" "digits --int8 --calibration 0" "digits --int8 --calibration 25" \
            "digits --int8 --calibration x"; do
     # shellcheck disable=SC2086

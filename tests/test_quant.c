@@ -504,6 +504,10 @@ static int quantize_static_sequential(void) {
     mlc_clear_error(ctx);
     CHECK_MSG(mlc_quantize_static(m, calibration, 3) == MLC_OK, "%s", mlc_error_message(ctx));
     CHECK(mlc_dtype(m->children[0]->params[0]) == MLC_I8 && mlc_dtype(m->children[7]->params[0]) == MLC_I8);
+    for (i = 0; i < m->children[0]->n_buffers && strcmp(m->children[0]->buffer_names[i], "zero_point"); i++) {}
+    CHECK(i < m->children[0]->n_buffers);                                   /* conv - BN - ReLU: [0, max] */
+    CHECK_MSG(mlc_get(m->children[0]->buffers[i], 0) == -128.0f, "the conv's zero point %g",
+              (double)mlc_get(m->children[0]->buffers[i], 0));
     CHECK(mlc_read(mlc_forward(m, x), after, 32) == MLC_OK);
     CHECK_MSG(cosine(before, after, 32) > 0.99, "cosine %.5f", cosine(before, after, 32));
     size = mlc_module_encode(m, NULL, NULL, 0);
@@ -564,6 +568,31 @@ static int percentile_observer_ignores_outliers(void) {
     }
     CHECK_MSG(err_clipped * 10 < err_plain, "mean error %g (98th percentile) vs %g (min/max)", err_clipped / 256,
               err_plain / 256);
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
+/* Linear - BatchNorm - ReLU (an MLP's block): the BatchNorm folded into the Linear, the ReLU's
+   range the Linear's; a BatchNorm that follows no product stays in float32 with its range */
+static int quantize_static_mlp_blocks(void) {
+    mlc_ctx *ctx = test_ctx(15);
+    mlc_module *m = mlc_nn_sequential(ctx, mlc_nn_batch_norm(ctx, 12), mlc_nn_linear(ctx, 12, 20),
+                                      mlc_nn_batch_norm(ctx, 20), mlc_nn_relu(ctx), mlc_nn_linear(ctx, 20, 5), NULL);
+    mlc_tensor *calibration = mlc_keep(mlc_randn(ctx, MLC_SHAPE(64, 12))), *x = mlc_keep(mlc_randn(ctx, MLC_SHAPE(16, 12)));
+    float stats[20], before[80], after[80];
+    int i;
+    for (i = 0; i < 20; i++) stats[i] = 0.5f + 0.05f * (float)i;
+    CHECK(mlc_write(m->children[2]->buffers[1], stats, 20) == MLC_OK);     /* running var */
+    CHECK(mlc_write(m->children[0]->buffers[1], stats, 12) == MLC_OK);
+    mlc_module_train(m, 0);
+    CHECK(mlc_read(mlc_forward(m, x), before, 80) == MLC_OK);
+    CHECK_MSG(mlc_quantize_static(m, &calibration, 1) == MLC_OK, "%s", mlc_error_message(ctx));
+    CHECK(mlc_read(mlc_forward(m, x), after, 80) == MLC_OK);
+    CHECK_MSG(cosine(before, after, 80) > 0.99, "cosine %.5f", cosine(before, after, 80));
+    CHECK(mlc_dtype(m->children[1]->params[0]) == MLC_I8);
+    for (i = 0; i < m->children[1]->n_buffers && strcmp(m->children[1]->buffer_names[i], "zero_point"); i++) {}
+    CHECK(i < m->children[1]->n_buffers && mlc_get(m->children[1]->buffers[i], 0) == -128.0f);
+    CHECK(m->children[0]->n_buffers == 5);                                  /* the first BatchNorm: float32 */
     forgive_int8_fallbacks_named(ctx);
     return 1;
 }
@@ -689,6 +718,7 @@ const test_case tests_quant[] = {
     TEST(static_cnn_tracks_float32)
     TEST(int8_pooling_add_and_views)
     TEST(quantize_static_sequential)
+    TEST(quantize_static_mlp_blocks)
     TEST(percentile_observer_ignores_outliers)
     TEST(corrupt_quantized_files_refused)
     TEST(int8_refused_elsewhere)
