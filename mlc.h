@@ -8833,7 +8833,7 @@ MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point) {
     mlc_tensor *q;
     size_t i;
     MLC__ENTER("mlc_quantize", x);
-    if (!(scale > 0.0f) || !mlc__is_finite(scale) || !(1.0f / scale < INFINITY) || zero_point < -128
+    if (!(scale > 0.0f) || !mlc__is_finite(scale) || !mlc__is_finite(1.0f / scale) || zero_point < -128
         || zero_point > 127)
         return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_ARG, "mlc_quantize: scale %g must be positive, finite "
                                        "and invertible, and zero point %d in [-128, 127]", (double)scale,
@@ -9061,7 +9061,8 @@ static int mlc__qproduct_plan(mlc_ctx *ctx, const char *op, const mlc_tensor *x,
         const float s = x->qscale * ws[o];
         offset[o] = -(int64_t)x->qzero * row_sums[o];
         if (b) {
-            float r = b[o] * (1.0f / s);
+            const float inverse = 1.0f / s;              /* (each step stored: rounded to float where */
+            float r = b[o] * inverse;                    /*  FLT_EVAL_METHOD is 1 or 2, as elsewhere) */
             r = r != r ? 0.0f : r > 1073741824.0f ? 1073741824.0f : r < -1073741824.0f ? -1073741824.0f : r;
             offset[o] += mlc__round_even(r);
         }
@@ -12734,7 +12735,7 @@ static int mlc__st_quant_params_ok(mlc_safetensors *st, const mlc_named_tensor *
     for (i = 0; i < (e->end - e->begin) / width; i++) {
         float v;
         mlc__st_convert(st->body + e->begin + i * width, e->dtype, &v, 1);
-        if (is_scale ? v > 0.0f && mlc__is_finite(v) && 1.0f / v < INFINITY
+        if (is_scale ? v > 0.0f && mlc__is_finite(v) && mlc__is_finite(1.0f / v)
                      : v >= -128.0f && v <= 127.0f && v == (float)(int)v)
             continue;
         mlc__st_fail(st, e->name, st->body_at + e->begin + i * width, "value %g at index %zu is not a %s",
