@@ -120,6 +120,20 @@ static double now(void) {
 
 typedef void (*bench_fn)(void *arg);
 
+/* After a warm-up call, how many calls of fn(arg) take about chunk_s / 4 (doubling from 1), and
+   in *t the seconds those took */
+static long calibrated_calls(bench_fn fn, void *arg, double chunk_s, double *t) {
+    long calls = 1, i;
+    fn(arg);                                            /* warm-up */
+    for (;;) {
+        *t = now();
+        for (i = 0; i < calls; i++) fn(arg);
+        *t = now() - *t;
+        if (*t >= chunk_s / 4 || calls >= (1L << 24)) return calls;
+        calls *= 2;
+    }
+}
+
 /* Seconds per call of fn(arg), the best of `chunks` chunks of about chunk_s seconds each.
    The first calls warm up (caches, arena blocks, thread pools) and count how many calls fill
    a chunk. */
@@ -127,14 +141,7 @@ static double seconds_per_call(bench_fn fn, void *arg, double chunk_s, int chunk
     long calls = 1, i;
     double t, best;
     if (quick) chunk_s /= 4;
-    fn(arg);                                            /* warm-up */
-    for (;;) {                                          /* calibrate */
-        t = now();
-        for (i = 0; i < calls; i++) fn(arg);
-        t = now() - t;
-        if (t >= chunk_s / 4 || calls >= (1L << 24)) break;
-        calls *= 2;
-    }
+    calls = calibrated_calls(fn, arg, chunk_s, &t);
     best = t / (double)calls;
     if (t > 0) calls = (long)((double)calls * chunk_s / t) + 1;
     while (chunks-- > 0) {
@@ -159,14 +166,7 @@ static double median_seconds_per_call(bench_fn fn, void *arg, double chunk_s, in
     int c;
     if (quick) chunk_s /= 4;
     if (chunks > 15) chunks = 15;
-    fn(arg);                                            /* warm-up */
-    for (;;) {                                          /* calibrate */
-        t = now();
-        for (i = 0; i < calls; i++) fn(arg);
-        t = now() - t;
-        if (t >= chunk_s / 4 || calls >= (1L << 24)) break;
-        calls *= 2;
-    }
+    calls = calibrated_calls(fn, arg, chunk_s, &t);
     if (t > 0) calls = (long)((double)calls * chunk_s / t) + 1;
     for (c = 0; c < chunks; c++) {
         t = now();
