@@ -5301,7 +5301,14 @@ static int mlc__i8_round_up(int x, int m) { return (x + m - 1) / m * m; }
 /* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + the sliver's start values + the sums
    over kq words of k of the slivers a (mr rows) and b (nr columns), packed as above */
 typedef void (*mlc__i8_kernel_fn)(int kq, const uint32_t *a, const uint32_t *b, int32_t *c, int ldc, int add);
-struct mlc__i8_arch { mlc__i8_kernel_fn kernel; int mr, nr, mc, kc, nc, shift; };   /* shift: 128 or 0 */
+/* the few-rows path (NULL: none): the job's C by dot products of A's and B's rows as they lie */
+typedef void (*mlc__i8_dots_fn)(const mlc__i8_job *p);
+struct mlc__i8_arch {
+    mlc__i8_kernel_fn kernel;
+    int mr, nr, mc, kc, nc, shift;                     /* shift: 128 or 0 */
+    mlc__i8_dots_fn dots;
+};
+enum { MLC__I8_DOT_ROWS = 4 };          /* A's rows up to which dots beat packing (B read once a row) */
 enum { MLC__I8_MR_MAX = 12, MLC__I8_NR_MAX = 32 };
 /* 32 bytes (or 8 int32) at p, aligned or not */
 #define MLC__I8_LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
@@ -5398,12 +5405,48 @@ static void mlc__i8_kernel_avx512vnni(int kq, const uint32_t *a, const uint32_t 
     }
 }
 
+/* C = A Bᵀ for A's few rows (a batch-1 linear) with AVX-512 VNNI, B's rows read where they lie
+   (packing B, as the blocks do, would cost more than the product): four rows of B at a time,
+   64 bytes of k a step (the last step masked), a + 128 as unsigned bytes against b, and Σ b
+   beside (ones against b) for the -128 Σ b that makes the sum Σ a b */
+__attribute__((target(MLC__I8_AVX512_TARGET)))
+static void mlc__i8_dots_avx512vnni(const mlc__i8_job *p) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
+    const int K = p->K;
+    int i, j, r, k;
+    for (i = 0; i < p->M; i++)
+        for (j = 0; j < p->N; j += 4) {
+            const int rows = p->N - j < 4 ? p->N - j : 4;
+            const int8_t *a = p->A + (size_t)i * K, *b = p->B + (size_t)j * K;
+            __m512i acc[4], sum[4];
+            for (r = 0; r < 4; r++) { acc[r] = _mm512_setzero_si512(); sum[r] = _mm512_setzero_si512(); }
+            for (k = 0; k < K; k += 64) {
+                const __mmask64 live = K - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (K - k)) - 1;
+                const __m512i ua = _mm512_maskz_mov_epi8(
+                    live, _mm512_xor_si512(_mm512_maskz_loadu_epi8(live, a + k), flip));
+                for (r = 0; r < rows; r++) {
+                    const __m512i br = _mm512_maskz_loadu_epi8(live, b + (size_t)r * K + k);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], ua, br);
+                    sum[r] = _mm512_dpbusd_epi32(sum[r], ones, br);
+                }
+            }
+            for (r = 0; r < rows; r++) { /* Σ a b per lane, added across (unsigned: wraps to the int32) */
+                uint32_t lanes[16], bs[16], total = 0;
+                int l;
+                _mm512_storeu_si512(lanes, acc[r]);
+                _mm512_storeu_si512(bs, sum[r]);
+                for (l = 0; l < 16; l++) total += lanes[l] - 128u * bs[l];
+                p->C[(size_t)i * p->ldc + j + r] = (int32_t)total;
+            }
+        }
+}
+
 /* The kernels with their block sizes in bytes of k: a KC x NR sliver of B in L1, MC x KC of A
    in L2, KC x NC of B in L3 (indexed by MLC__I8_AVX2 on) */
 static const mlc__i8_arch mlc__i8_archs[MLC__I8_KERNELS - 1] = {
-    { mlc__i8_kernel_avx2, 4, 16, 192, 1024, 2048, 0 },
-    { mlc__i8_kernel_avxvnni, 6, 16, 192, 1024, 2048, 128 },
-    { mlc__i8_kernel_avx512vnni, 12, 32, 192, 512, 2048, 128 }
+    { mlc__i8_kernel_avx2, 4, 16, 192, 1024, 2048, 0, NULL },
+    { mlc__i8_kernel_avxvnni, 6, 16, 192, 1024, 2048, 128, NULL },
+    { mlc__i8_kernel_avx512vnni, 12, 32, 192, 512, 2048, 128, mlc__i8_dots_avx512vnni }
 };
 
 /* mlc__i8_pack's words [0, words - words % 8) of rows [0, rows - rows % 4), in blocks of 4 rows
@@ -5597,6 +5640,7 @@ static void mlc__i8_part(void *arg, int slot, size_t begin, size_t end) {
         part.B += (size_t)from * (size_t)part.K; part.C += from; part.N = to - from;
     }
 #if MLC__I8_X86
+    if (part.g && part.M <= MLC__I8_DOT_ROWS && part.g->dots) { part.g->dots(&part); return; }
     if (part.g) { mlc__i8_blocks(&part, part.work + (size_t)slot * part.work_words); return; }
 #endif
     (void)slot;
@@ -8741,8 +8785,9 @@ static int mlc__quantize_rows(mlc_ctx *ctx, const char *op, const mlc_tensor *t,
 #if MLC__X86 && defined(__x86_64__)
 /* mlc__quantize_rows_affine's two passes over a row, 8 values a step (the rest left to the
    caller): its range and whether all are finite; and the values quantized as
-   mlc__quantize_value does it (a product, the clamp, vcvtps2dq's rounding to nearest even,
-   the zero point, a saturating pack): the same bits. Return how many values they took. */
+   mlc__quantize_value does it with lowest -128 (a product, a NaN made 0, the clamp,
+   vcvtps2dq's rounding to nearest even, the zero point, a saturating pack): the same bits.
+   Return how many values they took. */
 __attribute__((target("avx2")))
 static size_t mlc__row_range_avx2(const float *v, size_t K, float *lo, float *hi, int *finite) {
     const __m256 exponent = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
@@ -8773,8 +8818,11 @@ static size_t mlc__quantize_row_avx2(const float *v, size_t K, float inverse, in
     const __m256i zeros = _mm256_set1_epi32(zero);
     size_t i;
     for (i = 0; i + 8 <= K; i += 8) {
-        const __m256 r
-            = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), scale), top), bottom);
+        const __m256 product = _mm256_mul_ps(_mm256_loadu_ps(v + i), scale),
+                     r = _mm256_max_ps(_mm256_min_ps(_mm256_and_ps(product, _mm256_cmp_ps(product, product,
+                                                                                           _CMP_ORD_Q)),
+                                                     top),
+                                       bottom);
         const __m256i n = _mm256_add_epi32(_mm256_cvtps_epi32(r), zeros);
         const __m128i n16 = _mm_packs_epi32(_mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1));
         _mm_storel_epi64((__m128i *)(void *)(q + i), _mm_packs_epi16(n16, n16));
@@ -8842,7 +8890,12 @@ MLCDEF mlc_tensor *mlc_quantize(mlc_tensor *x, float scale, int zero_point) {
     if (x->on_device) mlc__fall_back(ctx, "mlc_quantize");   /* (on the CPU, as the int8 ops) */
     q->qscale = scale;
     q->qzero = zero_point;
-    for (i = 0; i < x->size; i++) q->int8[i] = mlc__quantize_value(v[i], 1.0f / scale, zero_point, -128);
+    i = 0;
+#if MLC__X86 && defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2"))
+        i = mlc__quantize_row_avx2(v, x->size, 1.0f / scale, zero_point, q->int8);
+#endif
+    for (; i < x->size; i++) q->int8[i] = mlc__quantize_value(v[i], 1.0f / scale, zero_point, -128);
     return q;
 }
 
@@ -9022,6 +9075,62 @@ static int8_t mlc__requantize(int64_t acc, const mlc__requant *r, int zero_point
     return (int8_t)(q < -128 ? -128 : q > 127 ? 127 : q);
 }
 
+#if MLC__I8_X86
+/* mlc__requantize over rows of n sums + offset, 8 at a time, for a multiplier below 1 (shift
+   >= 31) and |sums + offset| < 2^31, so that every result fits an int32 lane: the products
+   acc · M0 (|.| < 2^62) in 64-bit lanes, even and odd apart, with 2^62 added so that a logical
+   shift (AVX2 has no arithmetic one on 64 bits) divides them; the 2^(62 - shift) that leaves
+   is taken off with the zero point added in 32 bits; the packs then clamp to int8. A row of
+   8 or more ends with the 8 that end it (overlapping the step before: the same bits written
+   again); a shorter one goes through mlc__requantize. */
+__attribute__((target("avx2")))
+static void mlc__requantize_avx2(int8_t *out, size_t out_stride, const int32_t *sums, size_t sums_stride,
+                                 int rows, int n, int32_t offset, const mlc__requant *r, int zero_point) {
+    const __m256i m0 = _mm256_set1_epi64x(r->m0), add = _mm256_set1_epi32(offset),
+                  half = _mm256_set1_epi64x((int64_t)(((uint64_t)1 << 62) + ((uint64_t)1 << (r->shift - 1)))),
+                  base
+                  = _mm256_set1_epi32((int32_t)((uint32_t)zero_point - ((uint32_t)1 << (62 - r->shift)))),
+                  order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m128i shift = _mm_cvtsi32_si128(r->shift);
+    int row, p, step;
+    for (row = 0; row < rows; row++, out += out_stride, sums += sums_stride) {
+        for (p = 0; p < n - 7; p += step) {
+            const __m256i acc = _mm256_add_epi32(MLC__I8_LOAD256(sums + p), add);
+            const __m256i even
+                = _mm256_srl_epi64(_mm256_add_epi64(_mm256_mul_epi32(acc, m0), half), shift),
+                odd = _mm256_srl_epi64(
+                    _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(acc, 32), m0), half), shift);
+            const __m256i q
+                = _mm256_add_epi32(_mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xaa), base);
+            const __m256i words = _mm256_packs_epi32(q, q), bytes = _mm256_packs_epi16(words, words);
+            _mm_storel_epi64((__m128i *)(void *)(out + p),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bytes, order)));
+            step = n - p >= 16 || n - p == 8 ? 8 : n - p - 8;
+        }
+        for (; p < n; p++) out[p] = mlc__requantize((int64_t)sums[p] + offset, r, zero_point);
+    }
+}
+#endif
+
+/* One output channel: rows of n outputs out[p] = mlc__requantize(sums[p] + offset) (strides
+   apart), the sums from a product over K bytes of k; 8 at a time where the CPU has AVX2 and
+   the bounds above hold (a product over K <= 2^14 has |sums| <= 16256 K <= 2^28) */
+static void mlc__requantize_rows(int8_t *out, size_t out_stride, const int32_t *sums, size_t sums_stride,
+                                 int rows, int n, int64_t offset, const mlc__requant *r, int zero_point,
+                                 int K) {
+    int row, p;
+#if MLC__I8_X86
+    if (K <= 16384 && r->shift >= 31 && offset <= ((int64_t)1 << 30) && offset >= -((int64_t)1 << 30)
+        && mlc__cpu_avx2()) {
+        mlc__requantize_avx2(out, out_stride, sums, sums_stride, rows, n, (int32_t)offset, r, zero_point);
+        return;
+    }
+#endif
+    (void)K;
+    for (row = 0; row < rows; row++, out += out_stride, sums += sums_stride)
+        for (p = 0; p < n; p++) out[p] = mlc__requantize(sums[p] + offset, r, zero_point);
+}
+
 /* a / b rounded half away from zero (b > 0) */
 static int64_t mlc__divide_rounded(int64_t a, int64_t b) {
     return a >= 0 ? (a + b / 2) / b : -((b / 2 - a) / b);
@@ -9098,6 +9207,137 @@ static int mlc__int8_weight_ok(mlc_ctx *ctx, const char *op, const mlc_tensor *w
            != NULL;
 }
 
+#if MLC__I8_X86
+/* ---- The int8 convolution without im2col: stride 1, groups 1, a VNNI kernel ----
+   As mlc__conv_fast for float32: the image is copied once into planes Hp x Wp padded with its
+   zero point (real 0), and the output computed at every column of the padded width, OH x Wp
+   "extended" columns q = oh·Wp + ow of which the last Wp - OW of each row are thrown away. Row
+   r = (c, i, j) of the patches at column q is then plane c at q + i·dh·Wp + j·dw: contiguous
+   in q, so a B sliver's words (four rows' bytes of one column) are four runs of NR bytes
+   interleaved. The weights are A (a + 128, packed once a call), the activations B: vpdpbusd
+   multiplies signed bytes there exactly, -128 included (mlc_gemm_i8's AVX2 kernel, whose sign
+   trick cannot, is not used), each column starting from -128 Σ_r B[r, q]. */
+typedef struct mlc__i8_conv {
+    const mlc__i8_arch *g;
+    const int8_t *planes, *zeros;       /* the padded planes (plane bytes each), NR zero bytes */
+    const uint32_t *wp;                 /* packed weights: per slice of k, per MR rows */
+    const int *off;                     /* per row of the patches: its offset in the planes */
+    int32_t *cs;                        /* C: [Mr, Pn] */
+    uint32_t *slivers;                  /* per slot: one packed B sliver */
+    int R, kc, Mr, Pn;                  /* patch rows, slice depth, A's rows and C's columns rounded */
+} mlc__i8_conv;
+
+/* Columns [begin, end) (in slivers of NR) of C = A B: each slice of k's B sliver packed from
+   the planes, then the kernel against every MR rows of A */
+__attribute__((target("avx2")))
+static void mlc__i8_conv_part(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__i8_conv *f = (const mlc__i8_conv *)arg;
+    const int nr = f->g->nr, kq_max = f->kc / 4;
+    const __m128i ones = _mm_set1_epi8(1), pairs = _mm_set1_epi16(1);
+    uint32_t *b = f->slivers + (size_t)slot * (size_t)nr * (size_t)(kq_max + 1);
+    size_t s;
+    int pc, p, x, t, m;
+    for (s = begin; s < end; s++) {
+        const int q = (int)s * nr;
+        for (pc = 0; pc < f->R; pc += f->kc) {
+            const int kk = f->R - pc < f->kc ? f->R - pc : f->kc, kq = (kk + 3) / 4;
+            __m128i colsum[MLC__I8_NR_MAX / 4];        /* Σ_r B[r, q], 4 columns each */
+            for (x = 0; x < nr / 4; x++) colsum[x] = _mm_setzero_si128();
+            for (p = 0; p < kq; p++) {
+                const int8_t *run[4];
+                for (t = 0; t < 4; t++)
+                    run[t] = pc + 4 * p + t < pc + kk ? f->planes + f->off[pc + 4 * p + t] + q : f->zeros;
+                for (x = 0; x < nr; x += 16) {        /* 16 columns: 4 runs of 16 bytes interleaved */
+                    const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(run[0] + x)),
+                                  r1 = _mm_loadu_si128((const __m128i *)(const void *)(run[1] + x)),
+                                  r2 = _mm_loadu_si128((const __m128i *)(const void *)(run[2] + x)),
+                                  r3 = _mm_loadu_si128((const __m128i *)(const void *)(run[3] + x));
+                    const __m128i lo01 = _mm_unpacklo_epi8(r0, r1), hi01 = _mm_unpackhi_epi8(r0, r1),
+                                  lo23 = _mm_unpacklo_epi8(r2, r3), hi23 = _mm_unpackhi_epi8(r2, r3);
+                    const __m128i w[4] = { _mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
+                                           _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23) };
+                    for (t = 0; t < 4; t++) {
+                        _mm_storeu_si128((__m128i *)(void *)(b + (size_t)p * nr + x + 4 * t), w[t]);
+                        colsum[x / 4 + t] = _mm_add_epi32(
+                            colsum[x / 4 + t], _mm_madd_epi16(_mm_maddubs_epi16(ones, w[t]), pairs));
+                    }
+                }
+            }
+            for (x = 0; x < nr / 4; x++)                /* the start values: -128 Σ_r B[r, q] */
+                _mm_storeu_si128((__m128i *)(void *)(b + (size_t)kq * nr + 4 * x),
+                                 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(colsum[x], 7)));
+            for (m = 0; m < f->Mr; m += f->g->mr)
+                f->g->kernel(kq, f->wp + (size_t)pc / 4 * f->Mr + (size_t)m * kq, b,
+                             f->cs + (size_t)m * f->Pn + q, f->Pn, pc > 0);
+        }
+    }
+}
+
+/* y (made, [N, O, OH, OW]) from x by the path above, with the products' constants; 0 when it
+   does not fit (the im2col path runs) or is out of memory (the error set) */
+static int mlc__conv2d_int8_direct(mlc_ctx *ctx, const char *op, const mlc__conv *cv, const mlc_tensor *x,
+                                   const mlc_tensor *w, const int64_t *offset, const mlc__requant *rq,
+                                   mlc_tensor *y) {
+    const mlc__i8_arch *g = &mlc__i8_archs[ctx->i8_kernel - 1];
+    const int Hp = cv->H + 2 * cv->ph, Wp = cv->W + 2 * cv->pw, R = cv->C * cv->KH * cv->KW;
+    mlc__i8_conv f;
+    mlc_frame scratch;
+    int8_t *planes;
+    int32_t *cs;
+    uint32_t *wp;
+    int *off, kblocks, slots, r, pc, m, n, c, h, o;
+    size_t plane, units, from;
+    if ((ctx->i8_kernel != MLC__I8_AVXVNNI && ctx->i8_kernel != MLC__I8_AVX512VNNI) || ctx->config.arena
+        || cv->groups != 1 || cv->sh != 1 || cv->sw != 1 || R > MLC__I8_K_MAX
+        || (long long)Hp * (Wp + 64) > 2147483647LL / (cv->C + 1))
+        return 0;
+    f.g = g; f.R = R;
+    f.Pn = mlc__i8_round_up(cv->OH * Wp, g->nr); f.Mr = mlc__i8_round_up(cv->O, g->mr);
+    kblocks = (R + g->kc - 1) / g->kc;
+    f.kc = mlc__i8_round_up((R + kblocks - 1) / kblocks, 4);
+    plane = ((size_t)Hp * Wp + (size_t)(f.Pn - cv->OH * Wp) + (size_t)cv->dw * (cv->KW - 1) + 15) / 16 * 16;
+    units = (size_t)(f.Pn / g->nr);
+    from = (long long)f.Mr * f.Pn < (MLC__I8_PARALLEL + R - 1) / R ? (size_t)-1 : 2;
+    slots = mlc__slots(ctx, units, from);
+    scratch = mlc_frame_begin(ctx);
+    planes = (int8_t *)mlc__arena_alloc(ctx, (size_t)cv->C * plane + MLC__I8_NR_MAX, op);
+    off = (int *)mlc__arena_alloc(ctx, (size_t)R * sizeof *off, op);
+    wp = (uint32_t *)mlc__arena_alloc(ctx, (size_t)kblocks * (size_t)(f.kc / 4) * (size_t)f.Mr * sizeof *wp,
+                                      op);
+    cs = (int32_t *)mlc__arena_alloc(ctx, (size_t)f.Mr * (size_t)f.Pn * sizeof *cs, op);
+    f.slivers = (uint32_t *)mlc__arena_alloc(
+        ctx, (size_t)slots * (size_t)g->nr * (size_t)(f.kc / 4 + 1) * sizeof(uint32_t), op);
+    if (planes && off && wp && cs && f.slivers) {
+        memset(planes + (size_t)cv->C * plane, 0, MLC__I8_NR_MAX);
+        f.planes = planes; f.zeros = planes + (size_t)cv->C * plane; f.off = off; f.wp = wp; f.cs = cs;
+        for (r = 0; r < R; r++) {
+            const int c_ = r / (cv->KH * cv->KW), i = r / cv->KW % cv->KH, j = r % cv->KW;
+            off[r] = (int)((size_t)c_ * plane) + i * cv->dh * Wp + j * cv->dw;
+        }
+        for (pc = 0; pc < R; pc += f.kc) {                  /* the weights: a + 128, per slice, per MR */
+            const int kk = R - pc < f.kc ? R - pc : f.kc, kq = (kk + 3) / 4;
+            for (m = 0; m < f.Mr; m += g->mr)
+                mlc__i8_pack(wp + (size_t)pc / 4 * f.Mr + (size_t)m * kq, w->int8 + (size_t)m * R + pc,
+                             (size_t)R, cv->O - m < g->mr ? cv->O - m : g->mr, kk, g->mr, 0x80);
+        }
+        memset(planes, x->qzero, (size_t)cv->C * plane);
+        for (n = 0; n < cv->N; n++) {
+            for (c = 0; c < cv->C; c++)
+                for (h = 0; h < cv->H; h++)
+                    memcpy(planes + (size_t)c * plane + (size_t)(h + cv->ph) * Wp + cv->pw,
+                           x->int8 + (((size_t)n * cv->C + c) * cv->H + h) * cv->W, (size_t)cv->W);
+            mlc__parallel(ctx, units, from, mlc__i8_conv_part, &f);
+            for (o = 0; o < cv->O; o++)
+                mlc__requantize_rows(y->int8 + ((size_t)n * cv->O + o) * cv->OH * cv->OW, (size_t)cv->OW,
+                                     cs + (size_t)o * f.Pn, (size_t)Wp, cv->OH, cv->OW, offset[o], &rq[o],
+                                     y->qzero, R);
+        }
+    }
+    mlc_frame_end(scratch);
+    return 1;
+}
+#endif
+
 MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, mlc_conv_opts opts,
                                    float scale, int zero_point) {
     static const char *const op = "mlc_conv2d_int8";
@@ -9108,7 +9348,7 @@ MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor
     int64_t *offset;
     int32_t *sums;
     int8_t *patches;
-    int shape[4], n, g, Cg, Og, P, block, p0, p, o, c, i, j;
+    int shape[4], n, g, Cg, Og, P, block, p0, p, o, c, i, j, weights_first;
     size_t Kg;
     mlc_frame scratch;
     if (!ctx || !MLC__ARGS_OK(ctx, op, weight, bias) || !mlc__same_device(ctx, op, x, weight)
@@ -9125,9 +9365,20 @@ MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor
     scratch = mlc_frame_begin(ctx);
     rq = (mlc__requant *)mlc__arena_alloc(ctx, (size_t)cv.O * sizeof *rq + 1, op);
     offset = (int64_t *)mlc__arena_alloc(ctx, (size_t)cv.O * sizeof *offset + 1, op);
+    if (!rq || !offset || !mlc__qproduct_plan(ctx, op, x, weight, bias, scale, offset, rq)
+#if MLC__I8_X86
+        || mlc__conv2d_int8_direct(ctx, op, &cv, x, weight, offset, rq, y)
+#endif
+    ) {
+        mlc_frame_end(scratch);
+        return ctx->error ? NULL : y;
+    }
+    /* mlc_gemm_i8's B takes the weights on its AVX2 kernel (no -128 there); elsewhere the
+       activations, so that the sums come out a channel at a time, contiguous */
+    weights_first = ctx->i8_kernel != MLC__I8_AVX2;
     patches = (int8_t *)mlc__arena_alloc(ctx, (size_t)block * Kg + 1, op);
     sums = (int32_t *)mlc__arena_alloc(ctx, (size_t)block * Og * sizeof *sums + 1, op);
-    if (rq && offset && patches && sums && mlc__qproduct_plan(ctx, op, x, weight, bias, scale, offset, rq))
+    if (patches && sums)
         for (n = 0; n < cv.N; n++)
             for (g = 0; g < cv.groups; g++)
                 for (p0 = 0; p0 < P; p0 += block) {
@@ -9159,6 +9410,15 @@ MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor
                                                    ? plane[(size_t)ih * cv.W + iw] : (int8_t)x->qzero;
                                 }
                         }
+                    }
+                    if (weights_first) {                  /* sums [o, p]: a channel's row at a time */
+                        mlc_gemm_i8(ctx, Og, count, (int)Kg, weight->int8 + (size_t)g * Og * Kg, patches,
+                                    sums);
+                        for (o = 0; o < Og; o++)
+                            mlc__requantize_rows(y->int8 + ((size_t)n * cv.O + g * Og + o) * P + p0, 0,
+                                                 sums + (size_t)o * count, 0, 1, count, offset[g * Og + o],
+                                                 &rq[g * Og + o], zero_point, (int)Kg);
+                        continue;
                     }
                     mlc_gemm_i8(ctx, count, Og, (int)Kg, patches, weight->int8 + (size_t)g * Og * Kg, sums);
                     for (o = 0; o < Og; o++) {
@@ -9242,41 +9502,102 @@ MLCDEF mlc_tensor *mlc_add_int8(mlc_tensor *a, mlc_tensor *b, float scale, int z
     return y;
 }
 
+/* The rows' part of int8 pooling: columns[i] = max(columns[i], row[i]), or += row[i] */
+static void mlc__pool_int8_row(int32_t *MLC__RESTRICT columns, const int8_t *MLC__RESTRICT row, int W,
+                               int is_max) {
+    int i;
+    if (is_max)
+        MLC__VECTOR_LOOP(i, 0, W, { columns[i] = row[i] > columns[i] ? row[i] : columns[i]; });
+    else
+        MLC__VECTOR_LOOP(i, 0, W, { columns[i] += row[i]; });
+}
+
+#if MLC__X86
+/* mlc__pool_int8_2x2 for n >= 8, 8 outputs a step (the last step ending at n, overlapping the
+   one before): the rows' larger bytes, then each pair's larger as 16-bit lanes, packed back */
+__attribute__((target("avx2")))
+static void mlc__pool_int8_2x2_avx2(int8_t *out, const int8_t *r0, const int8_t *r1, int n) {
+    int o = 0;
+    for (;;) {
+        const __m128i v = _mm_max_epi8(_mm_loadu_si128((const __m128i *)(const void *)(r0 + 2 * o)),
+                                       _mm_loadu_si128((const __m128i *)(const void *)(r1 + 2 * o)));
+        const __m128i pairs = _mm_max_epi16(_mm_srai_epi16(_mm_slli_epi16(v, 8), 8), _mm_srai_epi16(v, 8));
+        _mm_storel_epi64((__m128i *)(void *)(out + o), _mm_packs_epi16(pairs, pairs));
+        if (o == n - 8) return;
+        o = n - o >= 16 ? o + 8 : n - 8;
+    }
+}
+#endif
+
+/* 2 x 2, stride-2 max pooling of input rows r0 and r1 into out[0, n) (whole windows) */
+static void mlc__pool_int8_2x2(int8_t *MLC__RESTRICT out, const int8_t *MLC__RESTRICT r0,
+                               const int8_t *MLC__RESTRICT r1, int n) {
+    int o;
+#if MLC__X86
+    if (n >= 8 && mlc__cpu_avx2()) { mlc__pool_int8_2x2_avx2(out, r0, r1, n); return; }
+#endif
+    MLC__VECTOR_LOOP(o, 0, n, {
+        const int8_t a = r0[2 * o] > r0[2 * o + 1] ? r0[2 * o] : r0[2 * o + 1],
+                     b = r1[2 * o] > r1[2 * o + 1] ? r1[2 * o] : r1[2 * o + 1];
+        out[o] = a > b ? a : b;
+    });
+}
+
 /* Pooling an int8 tensor (mlc_max_pool2d / mlc_avg_pool2d and their _opts; node `call` holds the
    sizes and the output, made int8): the input's scale and zero point kept; padding counts as
-   the zero point (real 0) where average pooling counts it */
+   the zero point (real 0) where average pooling counts it. Each output row's window rows are
+   reduced column by column first (their max, or sum), then each window's columns: KH + KW
+   steps an output, not KH·KW. */
 static int mlc__pool_int8(mlc__node *call) {
     mlc_tensor *x = call->in[0], *y = call->out;
     mlc_ctx *ctx = mlc__int8_enter(call->name, 1, call->in);
     mlc__pool_job job;
     const int OH = y->shape[2], OW = y->shape[3], H = x->shape[2], W = x->shape[3];
+    const int is_max = call->args.pool.is_max, KW = call->args.pool.kw, SW = call->args.pool.sw,
+              PW = call->args.pool.pw, zero_point = x->qzero;
+    const int two_by_two = is_max && KW == 2 && SW == 2 && PW == 0 && call->args.pool.kh == 2;
+    mlc_frame scratch;
+    int32_t *columns;                   /* the current output row's window rows, reduced */
     size_t plane;
     int oh, ow, ih, iw, h0, h1, w0, w1;
     if (!ctx) return 0;
     mlc__pool_job_of(&job, call, NULL, NULL);
     y->qscale = x->qscale;
     y->qzero = x->qzero;
-    for (plane = 0; plane < (size_t)x->shape[0] * x->shape[1]; plane++) {
+    scratch = mlc_frame_begin(ctx);
+    columns = (int32_t *)mlc__arena_alloc(ctx, (size_t)W * sizeof *columns, call->name);
+    for (plane = 0; columns && plane < (size_t)x->shape[0] * x->shape[1]; plane++) {
         const int8_t *in = x->int8 + plane * H * W;
         int8_t *out = y->int8 + plane * OH * OW;
-        for (oh = 0; oh < OH; oh++)
-            for (ow = 0; ow < OW; ow++) {
-                int64_t sum = 0, best = -128;
-                mlc__pool_window(&job, oh, ow, &h0, &h1, &w0, &w1);
-                for (ih = h0; ih < h1; ih++)
-                    for (iw = w0; iw < w1; iw++) {
-                        sum += in[ih * W + iw];
-                        best = in[ih * W + iw] > best ? in[ih * W + iw] : best;
-                    }
-                if (!job.is_max) {
+        for (oh = 0; oh < OH; oh++) {
+            h0 = oh * job.SH - job.PH; h1 = h0 + job.KH;          /* (mlc__pool_window's rows) */
+            h0 = h0 < 0 ? 0 : h0; h1 = h1 > H ? H : h1;
+            if (two_by_two && h1 - h0 == 2) {             /* the common case: whole windows */
+                mlc__pool_int8_2x2(out + oh * OW, in + (size_t)h0 * W, in + (size_t)h0 * W + W, W / 2);
+                if (W / 2 == OW) continue;
+            }
+            MLC__VECTOR_LOOP(iw, 0, W, { columns[iw] = is_max ? -128 : 0; });
+            for (ih = h0; ih < h1; ih++) mlc__pool_int8_row(columns, in + (size_t)ih * W, W, is_max);
+            for (ow = two_by_two && h1 - h0 == 2 ? W / 2 : 0; ow < OW; ow++) {
+                int64_t sum = 0;
+                int32_t best = -128;
+                w0 = ow * SW - PW; w1 = w0 + KW;
+                w0 = w0 < 0 ? 0 : w0; w1 = w1 > W ? W : w1;
+                for (iw = w0; iw < w1; iw++) {
+                    sum += columns[iw];
+                    best = columns[iw] > best ? columns[iw] : best;
+                }
+                if (!is_max) {
                     const int count = mlc__pool_count(&job, oh, ow);
-                    best = mlc__divide_rounded(sum + (int64_t)(count - (h1 - h0) * (w1 - w0)) * x->qzero,
-                                               count);
+                    best = (int32_t)mlc__divide_rounded(
+                        sum + (int64_t)(count - (h1 - h0) * (w1 - w0)) * zero_point, count);
                 }
                 out[oh * OW + ow] = (int8_t)best;
             }
+        }
     }
-    return 1;
+    mlc_frame_end(scratch);
+    return columns != NULL;
 }
 
 /* A read-only int8 tensor over the caller's memory (weights in flash) */

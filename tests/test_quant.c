@@ -386,6 +386,81 @@ static int static_linear_and_conv_match_the_reference(void) {
     return 1;
 }
 
+/* The requantization as mlc documents it, in integers: M = s_x s_w / s_y (float steps) as
+   M0 · 2^-shift, M0 its 24-bit mantissa in [2^30, 2^31); z + ⌊(acc M0 + 2^(shift-1)) / 2^shift⌋,
+   clamped */
+static int fixed_point_requantize(long long acc, float s_x, float s_w, float s_y, int z) {
+    const float s = s_x * s_w, M = s / s_y;
+    int e, shift;
+    const double f = frexp((double)M, &e);                /* M = f 2^e, f in [0.5, 1) */
+    const long long m0 = (long long)ldexp(f, 31);
+    long long v, d, q;
+    shift = 31 - e;
+    d = 1LL << shift;
+    v = acc * m0 + d / 2;
+    q = v >= 0 ? v / d : -((-v + d - 1) / d);            /* ⌊v / d⌋ */
+    q += z;
+    return q < -128 ? -128 : q > 127 ? 127 : (int)q;
+}
+
+/* mlc_conv2d_int8 equals the documented integer scheme bit for bit on the shapes its paths
+   take (the direct one on a VNNI CPU: stride 1, groups 1; im2col otherwise): padding 0-2,
+   dilation, a non-square kernel, 1 to 70 input channels (patch rows past one slice of k),
+   output channels off the kernels' tile rows, -128 among the inputs and the zero point -128 (a
+   ReLU's output), 2 images, 1 and 2 threads, every int8 kernel the CPU has */
+static int conv_int8_matches_fixed_point(void) {
+    static const struct { int C, O, H, W, KH, KW, pad, dil, stride, zx; } cases[] = {
+        { 1, 16, 28, 28, 3, 3, 1, 1, 1, 0 }, { 16, 32, 14, 14, 3, 3, 1, 1, 1, -128 }, { 3, 5, 9, 13, 3, 5, 2, 1, 1, 7 },
+        { 70, 13, 6, 5, 3, 3, 1, 2, 1, -128 }, { 8, 40, 7, 7, 1, 1, 0, 1, 1, 3 }, { 4, 6, 11, 9, 3, 3, 1, 1, 2, -5 }
+    };
+    mlc_ctx *ctx = test_ctx(13);
+    size_t t;
+    int threads, kernel;
+    for (t = 0; t < sizeof cases / sizeof cases[0]; t++)
+        for (kernel = 0; kernel < 8; kernel++)
+        for (threads = 1; threads <= 2 && test_gemm_i8_kernel(ctx, kernel); threads++) {
+            const int C = cases[t].C, O = cases[t].O, H = cases[t].H, W = cases[t].W, KH = cases[t].KH,
+                      KW = cases[t].KW, zx = cases[t].zx;
+            const float sx = 0.02f, sy = 0.07f + 0.01f * (float)t;
+            mlc_tensor *x = mlc_quantize(mlc_randn(ctx, MLC_SHAPE(2, C, H, W)), sx, zx);
+            mlc_tensor *w = mlc_quantize_weight(mlc_randn(ctx, MLC_SHAPE(O, C, KH, KW)));
+            mlc_tensor *b = mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(O)), 0.3f), *y;
+            mlc_conv_opts opts = { 0 };
+            int n, o, oh, ow, c, i, j, OH, OW, wrong = 0;
+            mlc_set_threads(ctx, threads);
+            CHECK_MSG(x && w && b, "%s", mlc_error_message(ctx));
+            x->int8[0] = -128; x->int8[5] = -128; x->int8[x->size - 1] = 127;
+            opts.padding = cases[t].pad; opts.dilation = cases[t].dil; opts.stride = cases[t].stride;
+            y = mlc_conv2d_int8(x, w, b, opts, sy, -128 + (int)t);
+            CHECK_MSG(y != NULL, "case %zu: %s", t, mlc_error_message(ctx));
+            OH = y->shape[2]; OW = y->shape[3];
+            mlc_host_data(w->qscales);
+            for (n = 0; n < 2; n++)
+                for (o = 0; o < O; o++)
+                    for (oh = 0; oh < OH; oh++)
+                        for (ow = 0; ow < OW; ow++) {
+                            const float sw = mlc_get(w->qscales, (size_t)o), s = sx * sw, inverse = 1.0f / s,
+                                        r = mlc_get(b, (size_t)o) * inverse;
+                            long long acc = (long long)nearbyint((double)r);
+                            for (c = 0; c < C; c++)
+                                for (i = 0; i < KH; i++)
+                                    for (j = 0; j < KW; j++) {
+                                        const int ih = oh * opts.stride - opts.padding + i * opts.dilation,
+                                                  iw = ow * opts.stride - opts.padding + j * opts.dilation;
+                                        const int xv = ih >= 0 && ih < H && iw >= 0 && iw < W
+                                                           ? x->int8[((n * C + c) * H + ih) * W + iw] : zx;
+                                        acc += (long long)(xv - zx) * w->int8[((o * C + c) * KH + i) * KW + j];
+                                    }
+                            wrong += y->int8[((n * O + o) * OH + oh) * OW + ow]
+                                     != fixed_point_requantize(acc, sx, sw, sy, -128 + (int)t);
+                        }
+            CHECK_MSG(wrong == 0, "case %zu, kernel %s, %d threads: %d of %d outputs differ", t,
+                      test_gemm_i8_kernel(ctx, kernel), threads, wrong, 2 * O * OH * OW);
+        }
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
 /* A small int8 CNN against the float32 one it came from: conv - relu - max pool - avg pool -
    flatten - linear, each output's scale from the float activations' range */
 static int static_cnn_tracks_float32(void) {
@@ -468,6 +543,54 @@ static int int8_pooling_add_and_views(void) {
     mlc_clear_error(ctx);
     k = mlc_from_const_int8(ctx, MLC_SHAPE(2, 3), raw, 0.0f, 0, mlc_from_data(ctx, MLC_SHAPE(2), v + 1));
     CHECK(k && test_same_float(mlc_get(k, 4), 2.0f * 3.0f));                  /* row 1's scale 3 */
+    forgive_int8_fallbacks_named(ctx);
+    return 1;
+}
+
+/* int8 max and average pooling against the windows taken one by one: 2 x 2 stride 2 (its
+   fast path: rows of 1 to 16 outputs, odd widths), 3 x 3 stride 2 padded, ceil_mode, an
+   average with and without the padding counted; values at both extremes */
+static int int8_pooling_matches_windows(void) {
+    static const struct { int H, W, K, S, P, ceil, avg, exclude; } cases[] = {
+        { 4, 2, 2, 2, 0, 0, 0, 0 },   { 6, 16, 2, 2, 0, 0, 0, 0 }, { 5, 18, 2, 2, 0, 0, 0, 0 },
+        { 7, 29, 2, 2, 0, 0, 0, 0 },  { 3, 31, 2, 2, 0, 1, 0, 0 }, { 9, 33, 3, 2, 1, 0, 0, 0 },
+        { 8, 20, 3, 2, 1, 1, 1, 0 },  { 8, 20, 3, 2, 1, 0, 1, 1 }, { 6, 17, 2, 2, 0, 0, 1, 0 }
+    };
+    mlc_ctx *ctx = test_ctx(14);
+    size_t t;
+    for (t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const int H = cases[t].H, W = cases[t].W, K = cases[t].K, S = cases[t].S, P = cases[t].P;
+        mlc_tensor *x = mlc_quantize(mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(2, 3, H, W)), 3.0f), 0.02f, 11), *y;
+        mlc_pool_opts po;
+        int plane, oh, ow, i, j, wrong = 0;
+        CHECK(x != NULL);
+        x->int8[0] = -128; x->int8[1] = 127; x->int8[x->size - 1] = -128;
+        memset(&po, 0, sizeof po);
+        po.stride = S; po.padding = P; po.ceil_mode = cases[t].ceil; po.exclude_pad = cases[t].exclude;
+        y = cases[t].avg ? mlc_avg_pool2d_opts(x, K, po) : mlc_max_pool2d_opts(x, K, po);
+        CHECK_MSG(y && mlc_dtype(y) == MLC_I8 && y->qzero == 11, "case %zu: %s", t, mlc_error_message(ctx));
+        for (plane = 0; plane < 6; plane++)
+            for (oh = 0; oh < y->shape[2]; oh++)
+                for (ow = 0; ow < y->shape[3]; ow++) {
+                    long long sum = 0;
+                    int best = -128, inside = 0, counted = 0, want;
+                    for (i = 0; i < K; i++)
+                        for (j = 0; j < K; j++) {
+                            const int ih = oh * S - P + i, iw = ow * S - P + j;
+                            if (ih >= H + P || iw >= W + P) continue;          /* past the padded edge */
+                            counted++;
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) { sum += 11; continue; }
+                            inside++;
+                            sum += x->int8[(plane * H + ih) * W + iw];
+                            best = x->int8[(plane * H + ih) * W + iw] > best ? x->int8[(plane * H + ih) * W + iw] : best;
+                        }
+                    if (cases[t].exclude) { sum -= 11LL * (counted - inside); counted = inside; }
+                    want = !cases[t].avg ? best
+                         : sum >= 0 ? (int)((sum + counted / 2) / counted) : -(int)((counted / 2 - sum) / counted);
+                    wrong += y->int8[(plane * y->shape[2] + oh) * y->shape[3] + ow] != want;
+                }
+        CHECK_MSG(wrong == 0, "case %zu: %d outputs differ", t, wrong);
+    }
     forgive_int8_fallbacks_named(ctx);
     return 1;
 }
@@ -725,8 +848,10 @@ const test_case tests_quant[] = {
     TEST(quantize_dynamic_module)
     TEST(quantize_dynamic_recurrent)
     TEST(static_linear_and_conv_match_the_reference)
+    TEST(conv_int8_matches_fixed_point)
     TEST(static_cnn_tracks_float32)
     TEST(int8_pooling_add_and_views)
+    TEST(int8_pooling_matches_windows)
     TEST(quantize_static_sequential)
     TEST(quantize_static_mlp_blocks)
     TEST(percentile_observer_ignores_outliers)
