@@ -5412,20 +5412,32 @@ static void mlc__i8_kernel_avx512vnni(int kq, const uint32_t *a, const uint32_t 
 __attribute__((target(MLC__I8_AVX512_TARGET)))
 static void mlc__i8_dots_avx512vnni(const mlc__i8_job *p) {
     const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
-    const int K = p->K;
+    const int K = p->K, whole = K - K % 64;
+    const __mmask64 last = ((__mmask64)1 << (K % 64)) - 1;    /* the bytes of the last, partial step */
     int i, j, r, k;
     for (i = 0; i < p->M; i++)
         for (j = 0; j < p->N; j += 4) {
             const int rows = p->N - j < 4 ? p->N - j : 4;
-            const int8_t *a = p->A + (size_t)i * K, *b = p->B + (size_t)j * K;
+            const int8_t *a = p->A + (size_t)i * K, *b[4];
             __m512i acc[4], sum[4];
-            for (r = 0; r < 4; r++) { acc[r] = _mm512_setzero_si512(); sum[r] = _mm512_setzero_si512(); }
-            for (k = 0; k < K; k += 64) {
-                const __mmask64 live = K - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (K - k)) - 1;
+            _Pragma("GCC unroll 4") for (r = 0; r < 4; r++) {   /* (past N: row j again, not stored) */
+                b[r] = p->B + (size_t)(j + (r < rows ? r : 0)) * K;
+                acc[r] = _mm512_setzero_si512();
+                sum[r] = _mm512_setzero_si512();
+            }
+            for (k = 0; k < whole; k += 64) {
+                const __m512i ua = _mm512_xor_si512(_mm512_loadu_si512(a + k), flip);
+                _Pragma("GCC unroll 4") for (r = 0; r < 4; r++) {
+                    const __m512i br = _mm512_loadu_si512(b[r] + k);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], ua, br);
+                    sum[r] = _mm512_dpbusd_epi32(sum[r], ones, br);
+                }
+            }
+            if (last) {
                 const __m512i ua = _mm512_maskz_mov_epi8(
-                    live, _mm512_xor_si512(_mm512_maskz_loadu_epi8(live, a + k), flip));
-                for (r = 0; r < rows; r++) {
-                    const __m512i br = _mm512_maskz_loadu_epi8(live, b + (size_t)r * K + k);
+                    last, _mm512_xor_si512(_mm512_maskz_loadu_epi8(last, a + k), flip));
+                _Pragma("GCC unroll 4") for (r = 0; r < 4; r++) {
+                    const __m512i br = _mm512_maskz_loadu_epi8(last, b[r] + k);
                     acc[r] = _mm512_dpbusd_epi32(acc[r], ua, br);
                     sum[r] = _mm512_dpbusd_epi32(sum[r], ones, br);
                 }
@@ -9110,23 +9122,60 @@ static void mlc__requantize_avx2(int8_t *out, size_t out_stride, const int32_t *
         for (; p < n; p++) out[p] = mlc__requantize((int64_t)sums[p] + offset, r, zero_point);
     }
 }
+
+/* The same with AVX-512, 16 at a time (the last step of a row masked): an arithmetic shift of
+   the 64-bit products, and a saturating conversion to int8 for the clamp. (The masked forms of
+   the intrinsics: GCC 12 warns, as C++, of the unmasked ones' undefined sources.) */
+__attribute__((target(MLC__I8_AVX512_TARGET)))
+static void mlc__requantize_avx512(int8_t *out, size_t out_stride, const int32_t *sums, size_t sums_stride,
+                                   int rows, int n, int32_t offset, const mlc__requant *r, int zero_point) {
+    const __m512i m0 = _mm512_set1_epi64(r->m0), add = _mm512_set1_epi32(offset),
+                  half = _mm512_set1_epi64((int64_t)1 << (r->shift - 1)),
+                  zero = _mm512_set1_epi32(zero_point);
+    const __m128i shift = _mm_cvtsi32_si128(r->shift);
+    const __mmask8 all = 0xff;
+    int row, p;
+    for (row = 0; row < rows; row++, out += out_stride, sums += sums_stride)
+        for (p = 0; p < n; p += 16) {
+            const __mmask16 live = n - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - p)) - 1);
+            const __m512i acc = _mm512_add_epi32(_mm512_maskz_loadu_epi32(live, sums + p), add);
+            const __m512i even
+                = _mm512_maskz_sra_epi64(all, _mm512_add_epi64(_mm512_maskz_mul_epi32(all, acc, m0), half),
+                                         shift),
+                odd = _mm512_maskz_sra_epi64(
+                    all,
+                    _mm512_add_epi64(_mm512_maskz_mul_epi32(all, _mm512_maskz_srli_epi64(all, acc, 32), m0),
+                                     half),
+                    shift);
+            const __m512i q = _mm512_add_epi32(
+                _mm512_mask_blend_epi32(0xaaaa, even, _mm512_maskz_slli_epi64(all, odd, 32)), zero);
+            _mm512_mask_cvtsepi32_storeu_epi8(out + p, live, q);
+        }
+}
 #endif
 
 /* One output channel: rows of n outputs out[p] = mlc__requantize(sums[p] + offset) (strides
-   apart), the sums from a product over K bytes of k; 8 at a time where the CPU has AVX2 and
-   the bounds above hold (a product over K <= 2^14 has |sums| <= 16256 K <= 2^28) */
-static void mlc__requantize_rows(int8_t *out, size_t out_stride, const int32_t *sums, size_t sums_stride,
-                                 int rows, int n, int64_t offset, const mlc__requant *r, int zero_point,
-                                 int K) {
+   apart), the sums from a product over K bytes of k. Where the bounds above hold (a product
+   over K <= 2^14 has |sums| <= 16256 K <= 2^28), vectors as the context's int8 kernel (its
+   CPU's): AVX-512 beside AVX-512 VNNI, AVX2 beside AVX2 and AVX-VNNI; the same bits. */
+static void mlc__requantize_rows(const mlc_ctx *ctx, int8_t *out, size_t out_stride, const int32_t *sums,
+                                 size_t sums_stride, int rows, int n, int64_t offset, const mlc__requant *r,
+                                 int zero_point, int K) {
     int row, p;
 #if MLC__I8_X86
-    if (K <= 16384 && r->shift >= 31 && offset <= ((int64_t)1 << 30) && offset >= -((int64_t)1 << 30)
-        && mlc__cpu_avx2()) {
-        mlc__requantize_avx2(out, out_stride, sums, sums_stride, rows, n, (int32_t)offset, r, zero_point);
-        return;
+    if (K <= 16384 && r->shift >= 31 && offset <= ((int64_t)1 << 30) && offset >= -((int64_t)1 << 30)) {
+        if (ctx->i8_kernel == MLC__I8_AVX512VNNI) {
+            mlc__requantize_avx512(out, out_stride, sums, sums_stride, rows, n, (int32_t)offset, r,
+                                   zero_point);
+            return;
+        }
+        if (ctx->i8_kernel != MLC__I8_PORTABLE) {
+            mlc__requantize_avx2(out, out_stride, sums, sums_stride, rows, n, (int32_t)offset, r, zero_point);
+            return;
+        }
     }
 #endif
-    (void)K;
+    (void)ctx; (void)K;
     for (row = 0; row < rows; row++, out += out_stride, sums += sums_stride)
         for (p = 0; p < n; p++) out[p] = mlc__requantize(sums[p] + offset, r, zero_point);
 }
@@ -9241,31 +9290,33 @@ static void mlc__i8_conv_part(void *arg, int slot, size_t begin, size_t end) {
         const int q = (int)s * nr;
         for (pc = 0; pc < f->R; pc += f->kc) {
             const int kk = f->R - pc < f->kc ? f->R - pc : f->kc, kq = (kk + 3) / 4;
-            __m128i colsum[MLC__I8_NR_MAX / 4];        /* Σ_r B[r, q], 4 columns each */
-            for (x = 0; x < nr / 4; x++) colsum[x] = _mm_setzero_si128();
-            for (p = 0; p < kq; p++) {
-                const int8_t *run[4];
-                for (t = 0; t < 4; t++)
-                    run[t] = pc + 4 * p + t < pc + kk ? f->planes + f->off[pc + 4 * p + t] + q : f->zeros;
-                for (x = 0; x < nr; x += 16) {        /* 16 columns: 4 runs of 16 bytes interleaved */
-                    const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(run[0] + x)),
-                                  r1 = _mm_loadu_si128((const __m128i *)(const void *)(run[1] + x)),
-                                  r2 = _mm_loadu_si128((const __m128i *)(const void *)(run[2] + x)),
-                                  r3 = _mm_loadu_si128((const __m128i *)(const void *)(run[3] + x));
-                    const __m128i lo01 = _mm_unpacklo_epi8(r0, r1), hi01 = _mm_unpackhi_epi8(r0, r1),
-                                  lo23 = _mm_unpacklo_epi8(r2, r3), hi23 = _mm_unpackhi_epi8(r2, r3);
+            for (x = 0; x < nr; x += 16) {            /* 16 columns: 4 runs of 16 bytes interleaved */
+                __m128i colsum[4];                      /* Σ_r B[r, q], 4 columns each */
+                _Pragma("GCC unroll 4") for (t = 0; t < 4; t++) colsum[t] = _mm_setzero_si128();
+                for (p = 0; p < kq; p++) {
+                    const int row = pc + 4 * p;
+                    const int8_t *r0 = f->planes + f->off[row] + q + x,
+                                 *r1 = row + 1 < pc + kk ? f->planes + f->off[row + 1] + q + x : f->zeros,
+                                 *r2 = row + 2 < pc + kk ? f->planes + f->off[row + 2] + q + x : f->zeros,
+                                 *r3 = row + 3 < pc + kk ? f->planes + f->off[row + 3] + q + x : f->zeros;
+                    const __m128i b0 = _mm_loadu_si128((const __m128i *)(const void *)r0),
+                                  b1 = _mm_loadu_si128((const __m128i *)(const void *)r1),
+                                  b2 = _mm_loadu_si128((const __m128i *)(const void *)r2),
+                                  b3 = _mm_loadu_si128((const __m128i *)(const void *)r3);
+                    const __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1),
+                                  lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
                     const __m128i w[4] = { _mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
                                            _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23) };
-                    for (t = 0; t < 4; t++) {
+                    _Pragma("GCC unroll 4") for (t = 0; t < 4; t++) {
                         _mm_storeu_si128((__m128i *)(void *)(b + (size_t)p * nr + x + 4 * t), w[t]);
-                        colsum[x / 4 + t] = _mm_add_epi32(
-                            colsum[x / 4 + t], _mm_madd_epi16(_mm_maddubs_epi16(ones, w[t]), pairs));
+                        colsum[t]
+                            = _mm_add_epi32(colsum[t], _mm_madd_epi16(_mm_maddubs_epi16(ones, w[t]), pairs));
                     }
                 }
+                _Pragma("GCC unroll 4") for (t = 0; t < 4; t++)   /* the start values: -128 Σ_r B[r, q] */
+                    _mm_storeu_si128((__m128i *)(void *)(b + (size_t)kq * nr + x + 4 * t),
+                                     _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(colsum[t], 7)));
             }
-            for (x = 0; x < nr / 4; x++)                /* the start values: -128 Σ_r B[r, q] */
-                _mm_storeu_si128((__m128i *)(void *)(b + (size_t)kq * nr + 4 * x),
-                                 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(colsum[x], 7)));
             for (m = 0; m < f->Mr; m += f->g->mr)
                 f->g->kernel(kq, f->wp + (size_t)pc / 4 * f->Mr + (size_t)m * kq, b,
                              f->cs + (size_t)m * f->Pn + q, f->Pn, pc > 0);
@@ -9328,7 +9379,7 @@ static int mlc__conv2d_int8_direct(mlc_ctx *ctx, const char *op, const mlc__conv
                            x->int8 + (((size_t)n * cv->C + c) * cv->H + h) * cv->W, (size_t)cv->W);
             mlc__parallel(ctx, units, from, mlc__i8_conv_part, &f);
             for (o = 0; o < cv->O; o++)
-                mlc__requantize_rows(y->int8 + ((size_t)n * cv->O + o) * cv->OH * cv->OW, (size_t)cv->OW,
+                mlc__requantize_rows(ctx, y->int8 + ((size_t)n * cv->O + o) * cv->OH * cv->OW, (size_t)cv->OW,
                                      cs + (size_t)o * f.Pn, (size_t)Wp, cv->OH, cv->OW, offset[o], &rq[o],
                                      y->qzero, R);
         }
@@ -9415,7 +9466,7 @@ MLCDEF mlc_tensor *mlc_conv2d_int8(mlc_tensor *x, mlc_tensor *weight, mlc_tensor
                         mlc_gemm_i8(ctx, Og, count, (int)Kg, weight->int8 + (size_t)g * Og * Kg, patches,
                                     sums);
                         for (o = 0; o < Og; o++)
-                            mlc__requantize_rows(y->int8 + ((size_t)n * cv.O + g * Og + o) * P + p0, 0,
+                            mlc__requantize_rows(ctx, y->int8 + ((size_t)n * cv.O + g * Og + o) * P + p0, 0,
                                                  sums + (size_t)o * count, 0, 1, count, offset[g * Og + o],
                                                  &rq[g * Og + o], zero_point, (int)Kg);
                         continue;
