@@ -508,8 +508,9 @@ MLCDEF mlc_result mlc_quantize_dynamic(mlc_module *m);
    pooling and Flatten on int8, any other child in float32 between a dequantize and a quantize
    (PyTorch's stubs), and the output dequantized: mlc_forward still takes and returns float32.
    The ranges are buffers ("input_scale", "input_zero_point" on the Sequential; "scale",
-   "zero_point" on each child): a saved model loads into one quantized the same way. The
-   folded BatchNorms keep their tensors but run as the identity. */
+   "zero_point" on each child; a file holds the zero points as I32): a saved model loads
+   into one quantized the same way. The folded BatchNorms keep their tensors but run as the
+   identity. */
 MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibration, int count);
 /* The observer: percentile 0 (or 100) takes each range's min and max (MinMaxObserver);
    percentile p in [50, 100) clips it where (100 - p) % of the values lie outside, split between
@@ -5453,11 +5454,46 @@ static void mlc__i8_dots_avx512vnni(const mlc__i8_job *p) {
         }
 }
 
+/* The same with AVX2 (the AVX2 and AVX-VNNI kernels' CPUs), by the sign trick: 32 bytes of k a
+   step, |a| against b signed as a (B's values in [-127, 127]), the pairs' int16 sums widened
+   into int32 lanes; the last K % 32 bytes in plain C */
+__attribute__((target("avx2")))
+static void mlc__i8_dots_avx2(const mlc__i8_job *p) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int K = p->K, whole = K - K % 32;
+    int i, j, r, k;
+    for (i = 0; i < p->M; i++)
+        for (j = 0; j < p->N; j += 4) {
+            const int rows = p->N - j < 4 ? p->N - j : 4;
+            const int8_t *a = p->A + (size_t)i * K, *b[4];
+            __m256i acc[4];
+            _Pragma("GCC unroll 4") for (r = 0; r < 4; r++) {   /* (past N: row j again, not stored) */
+                b[r] = p->B + (size_t)(j + (r < rows ? r : 0)) * K;
+                acc[r] = _mm256_setzero_si256();
+            }
+            for (k = 0; k < whole; k += 32) {
+                const __m256i av = MLC__I8_LOAD256(a + k), magnitude = _mm256_abs_epi8(av);
+                _Pragma("GCC unroll 4") for (r = 0; r < 4; r++) acc[r] = _mm256_add_epi32(
+                    acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                  magnitude, _mm256_sign_epi8(MLC__I8_LOAD256(b[r] + k), av)),
+                                              ones));
+            }
+            for (r = 0; r < rows; r++) {
+                int32_t lanes[8], total = 0;
+                int l;
+                MLC__I8_STORE256(lanes, acc[r]);
+                for (l = 0; l < 8; l++) total += lanes[l];
+                for (l = whole; l < K; l++) total += (int32_t)a[l] * b[r][l];
+                p->C[(size_t)i * p->ldc + j + r] = total;
+            }
+        }
+}
+
 /* The kernels with their block sizes in bytes of k: a KC x NR sliver of B in L1, MC x KC of A
    in L2, KC x NC of B in L3 (indexed by MLC__I8_AVX2 on) */
 static const mlc__i8_arch mlc__i8_archs[MLC__I8_KERNELS - 1] = {
-    { mlc__i8_kernel_avx2, 4, 16, 192, 1024, 2048, 0, NULL },
-    { mlc__i8_kernel_avxvnni, 6, 16, 192, 1024, 2048, 128, NULL },
+    { mlc__i8_kernel_avx2, 4, 16, 192, 1024, 2048, 0, mlc__i8_dots_avx2 },
+    { mlc__i8_kernel_avxvnni, 6, 16, 192, 1024, 2048, 128, mlc__i8_dots_avx2 },
     { mlc__i8_kernel_avx512vnni, 12, 32, 192, 512, 2048, 128, mlc__i8_dots_avx512vnni }
 };
 
@@ -9329,7 +9365,7 @@ static void mlc__i8_conv_part(void *arg, int slot, size_t begin, size_t end) {
 static int mlc__conv2d_int8_direct(mlc_ctx *ctx, const char *op, const mlc__conv *cv, const mlc_tensor *x,
                                    const mlc_tensor *w, const int64_t *offset, const mlc__requant *rq,
                                    mlc_tensor *y) {
-    const mlc__i8_arch *g = &mlc__i8_archs[ctx->i8_kernel - 1];
+    const mlc__i8_arch *g;
     const int Hp = cv->H + 2 * cv->ph, Wp = cv->W + 2 * cv->pw, R = cv->C * cv->KH * cv->KW;
     mlc__i8_conv f;
     mlc_frame scratch;
@@ -9342,7 +9378,8 @@ static int mlc__conv2d_int8_direct(mlc_ctx *ctx, const char *op, const mlc__conv
         || cv->groups != 1 || cv->sh != 1 || cv->sw != 1 || R > MLC__I8_K_MAX
         || (long long)Hp * (Wp + 64) > 2147483647LL / (cv->C + 1))
         return 0;
-    f.g = g; f.R = R;
+    f.g = g = &mlc__i8_archs[ctx->i8_kernel - 1];
+    f.R = R;
     f.Pn = mlc__i8_round_up(cv->OH * Wp, g->nr); f.Mr = mlc__i8_round_up(cv->O, g->mr);
     kblocks = (R + g->kc - 1) / g->kc;
     f.kc = mlc__i8_round_up((R + kblocks - 1) / kblocks, 4);
@@ -13343,8 +13380,8 @@ static int mlc__st_item_bytes(mlc_ctx *ctx, const mlc__st_item *item, mlc__sink 
     for (j = 0; ok && j < item->t->size; j += n) {
         n = item->t->size - j < sizeof chunk / 4 ? item->t->size - j : sizeof chunk / 4;
         for (k = 0; k < n; k++) {
-            uint32_t bits;
-            memcpy(&bits, &data[j + k], 4);
+            uint32_t bits = item->dtype == MLC__I32 ? (uint32_t)(int32_t)data[j + k] : 0;   /* (whole) */
+            if (item->dtype != MLC__I32) memcpy(&bits, &data[j + k], 4);
             chunk[4 * k] = (unsigned char)bits; chunk[4 * k + 1] = (unsigned char)(bits >> 8);
             chunk[4 * k + 2] = (unsigned char)(bits >> 16);
             chunk[4 * k + 3] = (unsigned char)(bits >> 24);
@@ -13399,17 +13436,34 @@ static int mlc__sink_memory(void *user, const void *bytes, size_t len) {
     return 1;
 }
 
-/* Items for tensors (each in its dtype); NULL on error. */
+/* Whether t, named name, is a quantized module's zero points (float32, named *zero_point as
+   mlc__st_quant_params_ok finds them) holding whole numbers in [-128, 127]: written as I32, as
+   PyTorch keeps zero points in integers (read back by any float32 tensor) */
+static int mlc__st_whole_zero_points(mlc_tensor *t, const char *name) {
+    const size_t length = strlen(name);
+    const float *v;
+    size_t i;
+    if (!t || t->dtype != MLC_F32 || length < 10 || strcmp(name + length - 10, "zero_point") != 0
+        || !(v = mlc__host(t)))
+        return 0;
+    for (i = 0; i < t->size; i++)
+        if (!(v[i] >= -128.0f && v[i] <= 127.0f && v[i] == (float)(int)v[i])) return 0;
+    return 1;
+}
+
+/* Items for tensors (each in its dtype; a quantized module's zero points I32); NULL on error. */
 static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors, int count, int extra,
                                    const char *op) {
     mlc__st_item *items;
-    int i;
+    int i, quantized = 0;
     if (count < 0 || (count && !tensors))
         return (mlc__st_item *)mlc__fail(ctx, MLC_ERR_ARG, "%s: %d tensors at %s", op, count,
                                          tensors ? "an address" : "NULL");
     if (!(items = (mlc__st_item *)mlc__owned_alloc(ctx, ((size_t)count + (size_t)extra + 1) * sizeof *items,
                                                    op)))
         return NULL;
+    for (i = 0; i < count && !quantized; i++)
+        quantized = tensors[i].tensor && tensors[i].tensor->dtype == MLC_I8;
     for (i = 0; i < count; i++) {
         mlc_tensor *t = tensors[i].tensor;
         items[i].name = tensors[i].name;
@@ -13417,6 +13471,7 @@ static mlc__st_item *mlc__st_items(mlc_ctx *ctx, const mlc_named_tensor *tensors
                          : t->dtype == MLC_BF16   ? MLC__BF16
                          : t->dtype == MLC_F16    ? MLC__F16
                                                   : MLC__I8;
+        if (quantized && mlc__st_whole_zero_points(t, tensors[i].name)) items[i].dtype = MLC__I32;
         items[i].t = t;
         if (t) {
             items[i].ndim = t->ndim;

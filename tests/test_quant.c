@@ -646,6 +646,9 @@ static int quantize_static_sequential(void) {
     size = mlc_module_encode(m, NULL, NULL, 0);
     CHECK(size > 0 && (file = (unsigned char *)malloc(size)) != NULL && mlc_module_encode(m, NULL, file, size) == size);
     CHECK(holds(file, size, "\"input_scale\"") && holds(file, size, "\"0.zero_point\""));
+    CHECK(holds(file, size, "\"0.zero_point\":{\"dtype\":\"I32\"")                 /* zero points in integers */
+          && holds(file, size, "\"input_zero_point\":{\"dtype\":\"I32\"")
+          && holds(file, size, "\"0.scale\":{\"dtype\":\"F32\""));
     again = small_cnn(ctx);
     CHECK(mlc_quantize_static(again, calibration + 2, 1) == MLC_OK);        /* other ranges, then the file's */
     CHECK_MSG(mlc_module_load_from_memory(again, file, size, NULL) == MLC_OK, "%s", mlc_error_message(ctx));
