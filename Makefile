@@ -43,7 +43,7 @@ OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' 
               $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
 TEST_BLAS := $(if $(OPENBLAS),-DMLC_TEST_OPENBLAS -lopenblas)
 
-$(BUILD)/test: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
+$(BUILD)/test: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c examples/mobilenet_model.h | $(BUILD)
 	$(CC) $(CFLAGS) -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
 # OpenMP is optional: with -fopenmp, build/test-openmp runs the CPU suites again on 3 threads
@@ -52,7 +52,7 @@ OPENMP := $(shell printf '\043include <omp.h>\nint main(void){return omp_get_max
               $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
 TEST_OPENMP := $(if $(OPENMP),$(BUILD)/test-openmp)
 
-$(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
+$(BUILD)/test-openmp: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c examples/mobilenet_model.h | $(BUILD)
 	$(CC) $(CFLAGS) -fopenmp -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 # That suite runs without OpenMP's binding of threads to places (OMP_PROC_BIND, OMP_PLACES);
 # with it, mlc's workers are started from OpenMP's threads, so the threads suite runs once more
@@ -74,7 +74,7 @@ FASTMATH_LEFT_OUT := ops.maps_propagate_nan_and_pow_zero_has_zero_gradient \
     ops.nan_in_max_argmax_and_max_pool ops.softmax_axes optim.adam_l2_versus_adamw grad.grad_relu_family_at_nan \
     quant.quantize_rounds_to_nearest_even
 
-$(BUILD)/test-fastmath: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c | $(BUILD)
+$(BUILD)/test-fastmath: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c examples/mobilenet_model.h | $(BUILD)
 	$(CC) $(CFLAGS) -ffast-math -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)
 
 # OpenCL is optional too: with CL/cl.h and mlc_opencl.h, build/test-opencl runs every suite on
@@ -91,7 +91,7 @@ compile-check:
 	sh tools/check_names.sh
 
 # (with conv scratch for a few images only, so the convolution tests run several chunks)
-$(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c $(wildcard mlc_opencl.h) | $(BUILD)
+$(BUILD)/test-opencl: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c examples/mobilenet_model.h $(wildcard mlc_opencl.h) | $(BUILD)
 	$(CC) $(CFLAGS) $(NO_PSABI) -g -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS) $(LDL)
 
 # examples/backend_skeleton.c training on its fake device as on the CPU, then five runs, each

@@ -6,6 +6,7 @@
    kernel cache once held 32 kernels and stopped the 33rd with an assertion). */
 #include <stdlib.h>
 #include "test.h"
+#include "../examples/mobilenet_model.h"
 
 /* The values a run produced, in order, with a name for each piece. */
 typedef struct record {
@@ -222,7 +223,7 @@ static int run_optimisers(mlc_ctx *ctx, record *r) {
             : k == 5 ? mlc_adam(ctx, NULL, (mlc_adam_opts){ 0.01f, 0.8f, 0.5f, 1e-6f, 0.01f, 1 })
                      : mlc_adamw(ctx, NULL, (mlc_adam_opts){ 0.01f, 0, 0.5f, 0, 0.1f, 1 });
         CHECK(mlc_optim_add_param(opt, wt) == MLC_OK && mlc_optim_add_param(opt, bt) == MLC_OK);
-        for (step = 0; step < 3; step++) {
+        for (step = 0; step < 2; step++) {
             mlc_frame f = mlc_frame_begin(ctx);
             mlc_tensor *x = DATA(ctx, 50u + (unsigned)step, -1, 1, 0, 8, 5), *y = DATA(ctx, 60u + (unsigned)step, -1, 1, 0, 8, 3);
             mlc_tensor *loss = mlc_mse_loss(mlc_linear(x, wt, bt), y, MLC_REDUCE_MEAN);
@@ -267,6 +268,24 @@ static int same_records(const record *dev, const record *cpu, const mlc_ctx *ctx
             CHECK_MSG(fabs(d - e) <= 2e-4 + 2e-4 * fabs(e), "%s[%zu] on %s = %.9g, on the CPU %.9g",
                       dev->names[k], i - dev->starts[k], mlc_device_name(ctx), d, e);
         }
+    return 1;
+}
+
+/* The same, for a deep network's records, each on its own scale: within tol max(1, max |cpu|)
+   (a gradient's small entries carry the rounding of its large ones) */
+static int same_records_scaled(const record *dev, const record *cpu, const mlc_ctx *ctx, double tol) {
+    int k;
+    size_t i;
+    CHECK_MSG(dev->count == cpu->count && dev->used == cpu->used, "the runs recorded %d and %d pieces",
+              dev->count, cpu->count);
+    for (k = 0; k < dev->count; k++) {
+        double top = 1;
+        for (i = cpu->starts[k]; i < cpu->starts[k + 1]; i++) top = fabs(cpu->values[i]) > top ? fabs(cpu->values[i]) : top;
+        for (i = dev->starts[k]; i < dev->starts[k + 1]; i++)
+            CHECK_MSG(fabs((double)dev->values[i] - cpu->values[i]) <= tol * top,
+                      "%s[%zu] on %s = %.9g, on the CPU %.9g (largest %g)", dev->names[k], i - dev->starts[k],
+                      mlc_device_name(ctx), dev->values[i], cpu->values[i], top);
+    }
     return 1;
 }
 
@@ -401,9 +420,115 @@ static int onectx_quantized_mlp_many_steps(void) {
     return ok;
 }
 
+/* t filled with fixed values (the same in every context) uniform in [lo, hi] */
+static int fill_fixed(mlc_tensor *t, unsigned salt, float lo, float hi) {
+    float *v = (float *)malloc(t->size * sizeof(float));
+    size_t i;
+    int ok;
+    if (!v) return 0;
+    for (i = 0; i < t->size; i++) {
+        unsigned h = (unsigned)(i * 2654435761u) ^ (salt * 40503u + 12345u);
+        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+        v[i] = lo + (hi - lo) * (float)(h % 10007u) / 10007.0f;
+    }
+    ok = mlc_write(t, v, t->size) == MLC_OK;
+    free(v);
+    return ok;
+}
+
+/* MobileNetV2 0.35 (examples/mobilenet_model.h: 52 convolutions, depthwise ones among them, 52
+   BatchNorms, ReLU6, residual adds, global pooling) trained on 64x64 images (batch 4;
+   BatchNorm on batch statistics, its running statistics updated; SGD with momentum), then in
+   eval mode, then with every BatchNorm folded into its conv (which must give the eval outputs):
+   the losses, two gradients, a running mean and both eval outputs recorded. Weights fixed
+   (scaled by fan-in) and dropout left out, whose masks come from each context's own generator.
+   Two forward and backward passes with one update between them, the gradients of the first:
+   from then on this small batch makes training chaotic (channels of near-zero variance
+   magnify rounding through each BatchNorm's backward: the CPU with its own products and with
+   products summed in double differ by 7 % in a third loss), so more would compare rounding. */
+static int run_mobilenet(mlc_ctx *ctx, record *r) {
+    mobilenet_opts o = { 0.35f, 10, 0.2f };
+    mlc_module *net = mobilenet_create(ctx, o);
+    mlc_named_tensor *p = (mlc_named_tensor *)calloc(512, sizeof *p);
+    mlc_optim *opt;
+    mlc_tensor *x, *y, *eval, *folded;
+    int n, k, step, ok = 1;
+    CHECK_MSG(net && p, "%s", mlc_error_message(ctx));
+    net->children[1]->children[0]->forward = mobilenet_identity_forward;    /* the dropout */
+    n = mlc_module_parameters(net, p, 512);
+    CHECK_MSG(n > 100 && n < 512, "%d parameters", n);
+    for (k = 0; k < n && ok; k++) {
+        const mlc_tensor *t = p[k].tensor;
+        const size_t length = strlen(p[k].name);
+        const int is_bias = length >= 4 && !strcmp(p[k].name + length - 4, "bias");
+        const float bound = t->ndim > 1 ? sqrtf(3.0f / (float)(t->size / (size_t)t->shape[0])) : 0.1f;
+        ok = t->ndim > 1 || is_bias ? fill_fixed(p[k].tensor, 100u + (unsigned)k, -bound, bound)
+                                    : fill_fixed(p[k].tensor, 100u + (unsigned)k, 0.5f, 1.5f);   /* gammas */
+    }
+    CHECK_MSG(ok, "%s", mlc_error_message(ctx));
+    opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
+    for (k = 0; k < n; k++) CHECK(mlc_optim_add_param(opt, p[k].tensor) == MLC_OK);
+    x = mlc_keep(mlc_empty(ctx, 4, (int[]){ 4, 3, 64, 64 }));
+    CHECK(x && fill_fixed(x, 110, -1.0f, 1.0f));
+    y = mlc_keep(indices(ctx, 4, 10, 5));
+    mlc_module_train(net, 1);
+    for (step = 0; step < 2; step++) {
+        mlc_frame f = mlc_frame_begin(ctx);
+        mlc_tensor *loss = mlc_cross_entropy(mlc_forward(net, x), y, MLC_REDUCE_MEAN, MLC_NO_IGNORE);
+        mlc_zero_grad(opt);
+        CHECK_MSG(mlc_backward(loss) == MLC_OK, "step %d: %s", step, mlc_error_message(ctx));
+        CHECK(keep(r, "mobilenet loss", mlc_reshape(loss, 1, (int[]){ 1 })));
+        if (step == 0) {
+            CHECK(keep(r, "mobilenet grad features.0.0.weight",
+                       mlc_from_data(ctx, p[0].tensor->ndim, p[0].tensor->shape, mlc_host_grad(p[0].tensor))));
+            CHECK(keep(r, "mobilenet grad classifier.1.weight",
+                       mlc_from_data(ctx, p[n - 2].tensor->ndim, p[n - 2].tensor->shape,
+                                     mlc_host_grad(p[n - 2].tensor))));
+            mlc_step(opt);
+        }
+        mlc_frame_end(f);
+        CHECK_MSG(mlc_error(ctx) == MLC_OK, "step %d: %s", step, mlc_error_message(ctx));
+    }
+    CHECK(keep(r, "mobilenet features.0.1.running_mean", net->children[0]->children[0]->children[1]->buffers[0]));
+    mlc_module_train(net, 0);
+    eval = mlc_keep(mlc_forward(net, x));
+    CHECK_MSG(eval && keep(r, "mobilenet eval output", eval), "%s", mlc_error_message(ctx));
+    CHECK_MSG(mobilenet_fold_batch_norm(net) == 52, "%s", mlc_error_message(ctx));
+    folded = mlc_forward(net, x);
+    CHECK_MSG(folded && keep(r, "mobilenet folded output", folded), "%s", mlc_error_message(ctx));
+    {                                                   /* folding keeps what eval mode computes */
+        const float *a = mlc_host_data(eval), *b = mlc_host_data(folded);
+        size_t i;
+        for (i = 0; i < eval->size; i++)
+            CHECK_MSG(fabs((double)a[i] - b[i]) <= 1e-4 + 1e-4 * fabs((double)a[i]), "folded[%zu] %g, eval %g", i,
+                      (double)b[i], (double)a[i]);
+    }
+    free(p);
+    return 1;
+}
+
+static int onectx_mobilenet_train_eval_fold(void) {
+    record dev, cpu;
+    mlc_ctx *ctx = test_ctx(7), *ref = cpu_reference();
+    int ok;
+    memset(&dev, 0, sizeof dev);
+    memset(&cpu, 0, sizeof cpu);
+    ok = run_mobilenet(ctx, &dev) && run_mobilenet(ref, &cpu) && same_records_scaled(&dev, &cpu, ctx, 2e-4);
+    if (ok) CHECK_MSG(dev.values[dev.starts[3]] < dev.values[0], "the loss went from %g to %g", dev.values[0],
+                      dev.values[dev.starts[3]]);
+    if (ok && getenv("MLC_TEST_VERBOSE"))
+        printf("  mobilenet: loss %.5f, then %.5f\n", dev.values[0], dev.values[dev.starts[3]]);
+    free(dev.values);
+    free(cpu.values);
+    test_destroy(ctx);
+    mlc_destroy(ref);
+    return ok;
+}
+
 const test_case tests_onectx[] = {
     TEST(onectx_every_op_family_and_optimiser)
     TEST(onectx_every_op_family_under_autocast)
     TEST(onectx_quantized_mlp_many_steps)
+    TEST(onectx_mobilenet_train_eval_fold)
     { NULL, NULL }
 };
