@@ -22,7 +22,7 @@ skipped() {
     if [ "${CI:-}" = "true" ]; then fail=$((fail + 1)); else skip=$((skip + 1)); fi
 }
 
-examples="mlp digits devices fashion_mnist gpt minilm backend_skeleton"
+examples="mlp digits devices fashion_mnist gpt minilm backend_skeleton mobilenet"
 targets=""
 for e in $examples; do targets="$targets $build/$e"; done
 # shellcheck disable=SC2086
@@ -46,7 +46,7 @@ for e in $examples; do
     if [ $rc -eq 2 ] && grep -qi usage "$tmp/err"; then ok; else bad "$e.unknown_option (exit $rc, want 2)"; fi
 done
 for cmd in "gpt --steps" "fashion_mnist --epochs" "devices --device" "minilm --max-len" \
-           "fashion_mnist --calibration" "digits --calibration"; do  # no value
+           "fashion_mnist --calibration" "digits --calibration" "mobilenet --width"; do  # no value
     # shellcheck disable=SC2086
     set -- $cmd
     "$bin/$1" "$2" >"$tmp/out" 2>"$tmp/err"
@@ -77,6 +77,14 @@ for cmd in "fashion_mnist --calibration 8" "fashion_mnist --int8 --calibration 0
     refused int8_misuse "--int8|--calibration" "$@"
 done
 
+# mobilenet's sizes out of range: exit 2 naming the option, before anything is built
+for cmd in "mobilenet --width 0" "mobilenet --width abc" "mobilenet --size 8" "mobilenet --batch 0" \
+           "mobilenet --runs 0"; do
+    # shellcheck disable=SC2086
+    set -- $cmd
+    refused out_of_range "$2" "$@"
+done
+
 # The data-reading examples from /tmp, each in its quickest mode: they find data/ beside build/.
 run() {  # name, grep pattern for its output, command...
     name=$1 pattern=$2; shift 2
@@ -89,6 +97,7 @@ run digits "^test accuracy" "$bin/digits"
 run digits.int8 "^int8 test accuracy" "$bin/digits" --int8 --calibration 2
 run devices "^  cpu: " "$bin/devices" --device cpu
 run gpt "^step *20 " "$bin/gpt" --steps 20 --every 20
+run mobilenet "^first run" "$bin/mobilenet" --width 0.35 --size 96 --runs 1
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     run fashion_mnist "^done in" "$bin/fashion_mnist" --epochs 1 --batch 256
 else skipped "fashion_mnist run (no /usr/share/datasets/fashion-mnist: apt install dataset-fashion-mnist)"; fi
