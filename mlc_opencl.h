@@ -246,7 +246,8 @@ static int mlc__cl_devices(mlc_device_info *out, int max) {
 #define MLC__CL_KERNELS(X) \
     X(gemm_64x64) X(gemm_128x64) X(fill) X(copy) X(cast) X(accumulate) X(unary) X(unary_grad) X(binary) \
     X(binary_grad) X(sgd) X(adam) X(rmsprop) X(gemm_vector) X(column_sums) X(im2col) X(col2im) \
-    X(conv_layout) X(conv_bias_grad) X(pool) X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
+    X(conv_layout) X(conv_bias_grad) X(depthwise) X(depthwise_grad_x) X(depthwise_grad_w) X(pool) \
+    X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
     X(softmax_grad) X(cumsum) X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) \
     X(loss_total) X(layer_norm) X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) \
     X(batch_norm_grad) X(dropout) X(dropout_grad) X(copy_rows) X(permute) X(index_select) \
@@ -700,6 +701,11 @@ static const char *const mlc__cl_source[] = {
 "    col[at] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[ih * W + iw] : 0.0f;\n"
 "}\n"
 "\n"
+"/* the output index o that reads input index t at tap k (t + pad - k dil = o stride), or -1 */\n"
+"int mlc_conv_tap(int t, int pad, int k, int dil, int stride, int O) {\n"
+"    int s = t + pad - k * dil;\n"
+"    return s < 0 || s % stride || s / stride >= O ? -1 : s / stride;\n"
+"}\n"
 "/* dx[n, c, ih, iw] = Σ over kernel taps (i, j) that read it: col[(c KH + i) KW + j, n P + oh OW + ow]\n"
 "   + beta dx[n, c, ih, iw]  (each element of dx in one chunk's launch only) */\n"
 "__kernel void mlc_col2im(int8 q, int8 r, __global const float *col, __global float *dx, ulong dx_off,\n"
@@ -711,16 +717,10 @@ static const char *const mlc__cl_source[] = {
 "    if (at >= nb * Cg * H * W) return;\n"
 "    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % Cg; n = at / (W * H * Cg);\n"
 "    for (i = 0; i < KH; i++) {\n"
-"        int th = ih + ph - i * dh, oh;\n"
-"        if (th < 0 || th % sh) continue;\n"
-"        oh = th / sh;\n"
-"        if (oh >= OH) continue;\n"
-"        for (j = 0; j < KW; j++) {\n"
-"            int tw = iw + pw - j * dw, ow;\n"
-"            if (tw < 0 || tw % sw) continue;\n"
-"            ow = tw / sw;\n"
-"            if (ow >= OW) continue;\n"
-"            sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
+"        int oh = mlc_conv_tap(ih, ph, i, dh, sh, OH);\n"
+"        for (j = 0; j < KW && oh >= 0; j++) {\n"
+"            int ow = mlc_conv_tap(iw, pw, j, dw, sw, OW);\n"
+"            if (ow >= 0) sum += col[((c * KH + i) * KW + j) * nb * P + n * P + oh * OW + ow];\n"
 "        }\n"
 "    }\n"
 "    dx += dx_off + (n * C + c) * H * W + ih * W + iw;\n"
@@ -746,8 +746,71 @@ static const char *const mlc__cl_source[] = {
 "    if (o >= O) return;\n"
 "    for (n = 0; n < N; n++) for (q = 0; q < P; q++) s += dy[(n * O + o) * P + q];\n"
 "    db[o] = mlc_plus(beta, db + o, s);\n"
+"}\n",
+"/* ---- depthwise convolution (groups = C = O), direct: one work-item an output, an input or a\n"
+"   weight, no im2col and no GEMM per channel. q and r as mlc_im2col's, r.s7 the images N. ---- */\n"
+"/* y[n, c, oh, ow] = Σ_{i, j} x[n, c, oh sh - ph + i dh, ow sw - pw + j dw] w[c, i, j] (+ b[c]) */\n"
+"__kernel void mlc_depthwise(int8 q, int8 r, __global const float *x, __global const float *w,\n"
+"                            __global const float *b, int has_bias, __global float *y) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, N = r.s7;\n"
+"    int at = get_global_id(0), ow, oh, c, n, i, j;\n"
+"    float sum;\n"
+"    if (at >= N * C * OH * OW) return;\n"
+"    ow = at % OW; oh = (at / OW) % OH; c = (at / (OW * OH)) % C; n = at / (OW * OH * C);\n"
+"    x += (n * C + c) * H * W; w += c * KH * KW;\n"
+"    sum = has_bias ? b[c] : 0.0f;\n"
+"    for (i = 0; i < KH; i++) {\n"
+"        int ih = oh * sh - ph + i * dh;\n"
+"        if (ih < 0 || ih >= H) continue;\n"
+"        for (j = 0; j < KW; j++) {\n"
+"            int iw = ow * sw - pw + j * dw;\n"
+"            if (iw >= 0 && iw < W) sum += x[ih * W + iw] * w[i * KW + j];\n"
+"        }\n"
+"    }\n"
+"    y[at] = sum;\n"
 "}\n"
-"\n"
+"/* dx[n, c, ih, iw] = Σ over the taps (i, j) that read it: dy[n, c, oh, ow] w[c, i, j] + beta dx */\n"
+"__kernel void mlc_depthwise_grad_x(int8 q, int8 r, __global const float *dy, __global const float *w,\n"
+"                                   __global float *dx, float beta) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, N = r.s7;\n"
+"    int at = get_global_id(0), iw, ih, c, n, i, j;\n"
+"    float sum = 0.0f;\n"
+"    if (at >= N * C * H * W) return;\n"
+"    iw = at % W; ih = (at / W) % H; c = (at / (W * H)) % C; n = at / (W * H * C);\n"
+"    dy += (n * C + c) * OH * OW; w += c * KH * KW;\n"
+"    for (i = 0; i < KH; i++) {\n"
+"        int oh = mlc_conv_tap(ih, ph, i, dh, sh, OH);\n"
+"        for (j = 0; j < KW && oh >= 0; j++) {\n"
+"            int ow = mlc_conv_tap(iw, pw, j, dw, sw, OW);\n"
+"            if (ow >= 0) sum += dy[oh * OW + ow] * w[i * KW + j];\n"
+"        }\n"
+"    }\n"
+"    dx[at] = mlc_plus(beta, dx + at, sum);\n"
+"}\n"
+"/* dw[c, i, j] = Σ_{n, oh, ow} dy[n, c, oh, ow] x[n, c, ih, iw] + beta dw (one work-item a weight) */\n"
+"__kernel void mlc_depthwise_grad_w(int8 q, int8 r, __global const float *x, __global const float *dy,\n"
+"                                   __global float *dw_, float beta) {\n"
+"    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
+"    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, N = r.s7;\n"
+"    int at = get_global_id(0), c, i, j, n, oh, ow;\n"
+"    float sum = 0.0f;\n"
+"    if (at >= C * KH * KW) return;\n"
+"    j = at % KW; i = (at / KW) % KH; c = at / (KW * KH);\n"
+"    for (n = 0; n < N; n++) {\n"
+"        __global const float *xp = x + (n * C + c) * H * W, *dyp = dy + (n * C + c) * OH * OW;\n"
+"        for (oh = 0; oh < OH; oh++) {\n"
+"            int ih = oh * sh - ph + i * dh;\n"
+"            if (ih < 0 || ih >= H) continue;\n"
+"            for (ow = 0; ow < OW; ow++) {\n"
+"                int iw = ow * sw - pw + j * dw;\n"
+"                if (iw >= 0 && iw < W) sum += dyp[oh * OW + ow] * xp[ih * W + iw];\n"
+"            }\n"
+"        }\n"
+"    }\n"
+"    dw_[at] = mlc_plus(beta, dw_ + at, sum);\n"
+"}\n",
 "/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
 "/* v: kernel KH KW, stride SH SW, padding PH PW, is_max, exclude_pad (mlc__pool_job's fields) */\n"
 "int mlc_pool_argmax(__global const float *x, int H, int W, int8 v, int oh, int ow) {\n"
@@ -1838,8 +1901,17 @@ static int mlc__cl_im2col(mlc_ctx *ctx, const mlc__conv *cv, int nb, const cl_in
                        (size_t)cv->C / cv->groups * cv->KH * cv->KW * nb * cv->OH * cv->OW, args, 5);
 }
 
+/* Whether the convolution is depthwise (groups = C = O, MobileNet's 3x3s), for the direct
+   kernels: one launch each way instead of an im2col and a GEMM per channel; every index of the
+   input, the output and the weight within an int */
+static int mlc__cl_depthwise(const mlc__conv *cv) {
+    const size_t most = (size_t)2147483647;
+    return cv->groups > 1 && cv->groups == cv->C && cv->C == cv->O
+           && (size_t)cv->N * cv->C * cv->H * cv->W < most && (size_t)cv->N * cv->O * cv->OH * cv->OW < most;
+}
+
 /* per chunk of nb images: for each group g, col = im2col(x), Y_g = W_g col ([Og, nb P]); then
-   y = Y in [N, O, P] order, plus b */
+   y = Y in [N, O, P] order, plus b. Depthwise: y directly. */
 static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
     const mlc__conv *cv = (const mlc__conv *)call->saved;
     mlc_tensor *bias = call->in[2];
@@ -1847,11 +1919,22 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
     int chunk = mlc__cl_conv_chunk(cv), first, g;
     cl_mem xm = mlc__cl_in(ctx, call->in[0]), wm = xm ? mlc__cl_in(ctx, call->in[1]) : NULL;
     cl_mem bm = wm && bias ? mlc__cl_in(ctx, bias) : NULL, ym = wm ? mlc__cl_out(ctx, call->out) : NULL;
-    cl_mem col = ym ? mlc__cl_scratch(ctx, (size_t)rows * chunk * P) : NULL;
-    cl_mem yg = col ? mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P) : NULL;
+    cl_mem col, yg;
     cl_int8 q;
     cl_int8 r;
-    if (!yg || (bias && !bm)) return 1;                   /* the error is set */
+    if (!ym || (bias && !bm)) return 1;                   /* the error is set */
+    if (mlc__cl_depthwise(cv)) {
+        cl_int has_bias = bias != NULL;
+        cl_mem b = bm ? bm : wm;
+        mlc__cl_arg args[] = { MLC__CL_ARG(q),  MLC__CL_ARG(r),        MLC__CL_ARG(xm), MLC__CL_ARG(wm),
+                               MLC__CL_ARG(b),  MLC__CL_ARG(has_bias), MLC__CL_ARG(ym) };
+        mlc__cl_conv_args(cv, cv->N, &q, &r);
+        mlc__cl_run(ctx, MLC__CL_K_depthwise, call->out->size, args, 7);
+        return 1;
+    }
+    col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P);
+    yg = col ? mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P) : NULL;
+    if (!yg) return 1;
     for (first = 0; first < cv->N; first += chunk) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
         mlc__cl_conv_args(cv, nb, &q, &r);
@@ -1867,8 +1950,9 @@ static int mlc__cl_conv2d(mlc_ctx *ctx, mlc__node *call) {
 }
 
 /* per chunk: dY = dy in the GEMM's layout; per group dW_g += dY_g colᵀ, dcol = W_gᵀ dY_g and
-   col2im into dx; db = Σ dy. The first chunk writes over a gradient that counts as zeros (dW's
-   product, beta 0), col2im writes each element of dx in one chunk only, so with beta 0 too. */
+   col2im into dx; db = Σ dy. Depthwise: dW and dx by the direct kernels. The first chunk writes over a
+   gradient that counts as zeros (dW's product, beta 0), col2im writes each element of dx in one chunk only,
+   so with beta 0 too. */
 static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     const mlc__conv *cv = (const mlc__conv *)nd->saved;
     mlc_tensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
@@ -1876,7 +1960,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     int chunk = mlc__cl_conv_chunk(cv), first, g;
     cl_mem xm = mlc__cl_in(ctx, x), wm = xm ? mlc__cl_in(ctx, w) : NULL,
            dy = wm ? mlc__cl_grad_in(ctx, nd->out) : NULL;
-    cl_mem gx = NULL, gw = NULL, gb, col, dyg;
+    cl_mem gx = NULL, gw = NULL, gb, col = NULL, dyg = NULL;
     cl_float bx = 1.0f, bw = 1.0f, bb;
     cl_int8 q;
     cl_int8 r;
@@ -1884,10 +1968,18 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
     if (x->requires_grad && !(gx = mlc__cl_grad_over(ctx, x, &bx))) return 0;
     if (w->requires_grad && !(gw = cv->N ? mlc__cl_grad_over(ctx, w, &bw) : mlc__cl_grad(ctx, w)))
         return 0;                                       /* no images: no product writes dW */
-    if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
-        || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
+    if (mlc__cl_depthwise(cv)) {
+        mlc__cl_arg wargs[] = { MLC__CL_ARG(q),  MLC__CL_ARG(r),  MLC__CL_ARG(xm),
+                                MLC__CL_ARG(dy), MLC__CL_ARG(gw), MLC__CL_ARG(bw) };
+        mlc__cl_arg xargs[] = { MLC__CL_ARG(q),  MLC__CL_ARG(r),  MLC__CL_ARG(dy),
+                                MLC__CL_ARG(wm), MLC__CL_ARG(gx), MLC__CL_ARG(bx) };
+        mlc__cl_conv_args(cv, cv->N, &q, &r);
+        if (gw && cv->N && !mlc__cl_run(ctx, MLC__CL_K_depthwise_grad_w, w->size, wargs, 6)) return 0;
+        if (gx && !mlc__cl_run(ctx, MLC__CL_K_depthwise_grad_x, x->size, xargs, 6)) return 0;
+    } else if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
+               || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
         return 0;
-    for (first = 0; first < cv->N && (gx || gw); first += chunk) {
+    for (first = 0; first < cv->N && (gx || gw) && !mlc__cl_depthwise(cv); first += chunk) {
         int nb = cv->N - first < chunk ? cv->N - first : chunk;
         mlc__cl_conv_args(cv, nb, &q, &r);
         if (!mlc__cl_conv_layout(ctx, cv, first, nb, dy, dyg, 0, NULL)) return 0;
