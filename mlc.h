@@ -5221,7 +5221,9 @@ MLCDEF void mlc_gemm_bf16(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, con
      B sliver (NR columns): word [p*NR + j] = B[j, 4p .. 4p+3], then NR int32 the columns start
                             from: -128 Σ B[j, k] over the sliver's k for VNNI, 0 for AVX2
    The micro-kernel keeps an MR x NR tile of C in registers over a slice of K, broadcasting a
-   word of A against vectors of B: each 32-bit lane sums its column's four products of a word. */
+   word of A against vectors of B: each 32-bit lane sums its column's four products of a word.
+   A product of at most MLC__I8_DOT_ROWS rows of A (a batch-1 Linear) packs nothing: dot
+   products of A's rows against four of B's at a time, as they lie (mlc__i8_dots_*). */
 enum {
     MLC__I8_K_MAX = 1 << 16,            /* the longest K */
     MLC__I8_PARALLEL = 64 * 64 * 32     /* the multiply-adds from which threads share a product */
