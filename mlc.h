@@ -326,6 +326,9 @@ MLCDEF const char *mlc_version(void);
 MLCDEF mlc_result mlc_error(const mlc_ctx *ctx);
 MLCDEF const char *mlc_error_message(const mlc_ctx *ctx);
 MLCDEF void mlc_clear_error(mlc_ctx *ctx);
+/* Set ctx's error as mlc's own functions do, for code built on mlc (mlc_mpi.h, your own ops):
+   the first error stays, the message is logged; MLC_OK sets nothing. Returns ctx's error. */
+MLCDEF mlc_result mlc_set_error(mlc_ctx *ctx, mlc_result code, const char *message);
 MLCDEF mlc_stats mlc_get_stats(const mlc_ctx *ctx);
 /* Threads the ops share their work with (the caller's and workers mlc starts on first use):
    n >= 1, or 0 for the default: $OMP_NUM_THREADS when set (under -fopenmp, OpenMP's own
@@ -522,6 +525,10 @@ MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *cal
                                            mlc_quant_opts opts);
 MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
+/* t's gradient becomes count = t->size floats from src (which may be mlc_host_grad(t) itself,
+   written in place), made when t has none; t must require a gradient. The device copy follows,
+   as mlc_write's does (data-parallel training writes averaged gradients so). */
+MLCDEF mlc_result mlc_write_grad(mlc_tensor *t, const float *src, size_t count);
 
 /* ============================================================================================
    @section api-ops  Public API: ops. Each returns a new tensor (NULL on error) and records itself on the tape
@@ -1988,6 +1995,11 @@ MLCDEF const char *mlc_error_message(const mlc_ctx *ctx) {
     return !ctx ? "no context" : ctx->error ? ctx->message : "no error";
 }
 MLCDEF void mlc_clear_error(mlc_ctx *ctx) { if (ctx) { ctx->error = MLC_OK; ctx->message[0] = '\0'; } }
+MLCDEF mlc_result mlc_set_error(mlc_ctx *ctx, mlc_result code, const char *message) {
+    if (!ctx) return MLC_ERR_NULL;
+    if (code != MLC_OK) mlc__fail(ctx, code, "%s", message ? message : "(no message)");
+    return ctx->error;
+}
 MLCDEF int mlc_set_grad_enabled(mlc_ctx *ctx, int enabled) {
     int previous;
     if (!ctx) return 0;
@@ -3228,6 +3240,21 @@ static int mlc__grad_fresh(mlc_tensor *t) {
 static float *mlc__grad(mlc_tensor *t) {
     if (!t || !t->requires_grad || !mlc__grad_fresh(t)) return NULL;
     return mlc__host_grad(t);
+}
+
+MLCDEF mlc_result mlc_write_grad(mlc_tensor *t, const float *src, size_t count) {
+    float *grad;
+    if (!mlc__usable(t, "mlc_write_grad")) return t ? t->ctx->error : MLC_ERR_NULL;
+    if (!src || count != t->size || !t->requires_grad) {
+        mlc__fail(t->ctx, MLC_ERR_ARG,
+                  "mlc_write_grad: %zu floats given for tensor %T (%zu elements; it must require a gradient)",
+                  count, t, t->size);
+        return t->ctx->error;
+    }
+    if (!(grad = mlc__grad(t))) return t->ctx->error;    /* (made, or brought up to date) */
+    if (grad != src) memmove(grad, src, count * sizeof(float));
+    mlc__host_wrote_grad(t);
+    return MLC_OK;
 }
 
 /* Whether t's gradient exists (made when missing): one that counts as zeros stays so, for the

@@ -458,7 +458,7 @@ static void mlc_mpi__first_difference(const char *a, const char *b, char *out, s
 }
 
 static void mlc_mpi__fail_ctx(mlc_ctx *ctx, mlc_result code, const char *message) {
-    mlc__fail(ctx, code, "%s", message);
+    mlc_set_error(ctx, code, message);
 }
 
 /* The fingerprints of every rank against rank 0's; 1 when they all agree. A rank that differs
@@ -795,7 +795,7 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
         size_t j;
         if (!g) mlc_mpi_check(mpi, ddp->ctx, "mlc_ddp_backward (writing the averaged gradients)");
         for (j = 0; j < p->size; j++) g[j] = src[j] / (float)mpi->size;
-        mlc__host_wrote_grad(p);                           /* a device copy is now out of date */
+        mlc_write_grad(p, g, p->size);                     /* in place: the device copy follows */
     }
     ddp->stats.steps++;
     ddp->stats.wait_s += mlc_mpi__now() - after;
@@ -852,7 +852,7 @@ static int mlc_mpi__sync_bn_ready(mlc_ddp *ddp, mlc_tensor *leaf) {
             mlc_mpi__bn_sum(ddp, all, (int)sum->size);
             if (g) {
                 for (j = 0; j < sum->size; j++) g[j] = (float)all[j];
-                mlc__host_wrote_grad(sum);
+                mlc_write_grad(sum, g, sum->size);
             }
             free(all);
             ddp->pending[k].tap = NULL;

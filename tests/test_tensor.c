@@ -556,6 +556,50 @@ static int scalar_tensor_broadcasts(void) {
     return 1;
 }
 
+/* mlc_write_grad: a parameter's gradient written from the host (made when it had none), read
+   back, added to by a backward, used by the optimiser on the suite's device (the device copy
+   follows), written in place from mlc_host_grad; refused with a wrong count, NULL or a tensor
+   that wants no gradient, the gradient left as it was. mlc_set_error: the first error stays,
+   MLC_OK sets nothing, no context is MLC_ERR_NULL. */
+static int write_grad_and_set_error(void) {
+    static const float v[4] = { 0.5f, -1.0f, 2.0f, 0.25f }, start[4] = { 1.0f, 2.0f, 3.0f, 4.0f };
+    mlc_ctx *ctx = test_ctx(4);
+    mlc_tensor *p = mlc_parameter(ctx, MLC_SHAPE(4)), *plain = mlc_zeros(ctx, MLC_SHAPE(4));
+    mlc_optim *opt = mlc_sgd(ctx, NULL, (mlc_sgd_opts){ .lr = 1.0f });
+    float got[4];
+    int i;
+    CHECK(p && plain && opt && mlc_write(p, start, 4) == MLC_OK && mlc_optim_add_param(opt, p) == MLC_OK);
+    CHECK_MSG(mlc_write_grad(p, v, 4) == MLC_OK, "%s", mlc_error_message(ctx));
+    for (i = 0; i < 4; i++) CHECK(mlc_host_grad(p)[i] == v[i]);
+    CHECK(mlc_backward(mlc_sum_all(p)) == MLC_OK);             /* adds 1 to each */
+    for (i = 0; i < 4; i++) CHECK(mlc_host_grad(p)[i] == v[i] + 1.0f);
+    CHECK(mlc_write_grad(p, v, 4) == MLC_OK);
+    mlc_step(opt);                                             /* p - 1 · grad, where the device runs it */
+    CHECK(mlc_read(p, got, 4) == MLC_OK);
+    for (i = 0; i < 4; i++) CHECK_MSG(got[i] == start[i] - v[i], "p[%d] = %g", i, (double)got[i]);
+    for (i = 0; i < 4; i++) mlc_host_grad(p)[i] *= 2.0f;      /* in place: the same buffer given back */
+    CHECK(mlc_write_grad(p, mlc_host_grad(p), 4) == MLC_OK);
+    mlc_step(opt);
+    CHECK(mlc_read(p, got, 4) == MLC_OK);
+    for (i = 0; i < 4; i++) CHECK_MSG(got[i] == start[i] - 3.0f * v[i], "p[%d] = %g", i, (double)got[i]);
+    CHECK(mlc_write_grad(p, v, 3) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "mlc_write_grad"));
+    mlc_clear_error(ctx);
+    CHECK(mlc_write_grad(p, NULL, 4) == MLC_ERR_ARG);
+    mlc_clear_error(ctx);
+    CHECK(mlc_write_grad(plain, v, 4) == MLC_ERR_ARG && strstr(mlc_error_message(ctx), "require a gradient"));
+    mlc_clear_error(ctx);
+    for (i = 0; i < 4; i++) CHECK(mlc_host_grad(p)[i] == 2.0f * v[i]);    /* untouched by the refusals */
+    CHECK(mlc_write_grad(NULL, v, 4) == MLC_ERR_NULL);
+    CHECK(mlc_set_error(ctx, MLC_OK, "nothing") == MLC_OK && mlc_error(ctx) == MLC_OK);
+    CHECK(mlc_set_error(ctx, MLC_ERR_IO, "mine: the file went away") == MLC_ERR_IO);
+    CHECK(mlc_set_error(ctx, MLC_ERR_ARG, "a second one") == MLC_ERR_IO);  /* the first stays */
+    CHECK(strcmp(mlc_error_message(ctx), "mine: the file went away") == 0);
+    CHECK(mlc_set_error(NULL, MLC_ERR_ARG, "x") == MLC_ERR_NULL);
+    mlc_clear_error(ctx);
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_tensor[] = {
     TEST(creation_fill)
     TEST(arange_values)
@@ -574,5 +618,6 @@ const test_case tests_tensor[] = {
     TEST(parameter_and_free)
     TEST(error_message_format)
     TEST(scalar_tensor_broadcasts)
+    TEST(write_grad_and_set_error)
     { NULL, NULL }
 };
