@@ -8257,7 +8257,8 @@ static void mlc__pool_job_of(mlc__pool_job *job, const mlc__node *n, float *gx, 
 }
 
 /* The window of output (oh, ow) clipped to the input: rows [*h0, *h1), columns [*w0, *w1). */
-static void mlc__pool_window(const mlc__pool_job *job, int oh, int ow, int *h0, int *h1, int *w0, int *w1) {
+static inline void mlc__pool_window(const mlc__pool_job *job, int oh, int ow, int *h0, int *h1, int *w0,
+                                    int *w1) {
     const int H = job->x->shape[2], W = job->x->shape[3];
     *h0 = oh * job->SH - job->PH; *h1 = *h0 + job->KH; *w0 = ow * job->SW - job->PW; *w1 = *w0 + job->KW;
     if (*h0 < 0) *h0 = 0;
@@ -9670,15 +9671,13 @@ static int mlc__pool_int8(mlc__node *call) {
     mlc_ctx *ctx = mlc__int8_enter(call->name, 1, call->in);
     mlc__pool_job job;
     const int OH = y->shape[2], OW = y->shape[3], H = x->shape[2], W = x->shape[3];
-    const int is_max = call->args.pool.is_max, KW = call->args.pool.kw, SW = call->args.pool.sw,
-              PW = call->args.pool.pw, zero_point = x->qzero;
-    const int two_by_two = is_max && KW == 2 && SW == 2 && PW == 0 && call->args.pool.kh == 2;
     mlc_frame scratch;
     int32_t *columns;                   /* the current output row's window rows, reduced */
     size_t plane;
-    int oh, ow, ih, iw, h0, h1, w0, w1;
+    int oh, ow, ih, iw, h0, h1, w0, w1, two_by_two, paired;
     if (!ctx) return 0;
     mlc__pool_job_of(&job, call, NULL, NULL);
+    two_by_two = job.is_max && job.KH == 2 && job.KW == 2 && job.SW == 2 && job.PW == 0;
     y->qscale = x->qscale;
     y->qzero = x->qzero;
     scratch = mlc_frame_begin(ctx);
@@ -9687,27 +9686,25 @@ static int mlc__pool_int8(mlc__node *call) {
         const int8_t *in = x->int8 + plane * H * W;
         int8_t *out = y->int8 + plane * OH * OW;
         for (oh = 0; oh < OH; oh++) {
-            h0 = oh * job.SH - job.PH; h1 = h0 + job.KH;          /* (mlc__pool_window's rows) */
-            h0 = h0 < 0 ? 0 : h0; h1 = h1 > H ? H : h1;
-            if (two_by_two && h1 - h0 == 2) {             /* the common case: whole windows */
-                mlc__pool_int8_2x2(out + oh * OW, in + (size_t)h0 * W, in + (size_t)h0 * W + W, W / 2);
-                if (W / 2 == OW) continue;
-            }
-            MLC__VECTOR_LOOP(iw, 0, W, { columns[iw] = is_max ? -128 : 0; });
-            for (ih = h0; ih < h1; ih++) mlc__pool_int8_row(columns, in + (size_t)ih * W, W, is_max);
-            for (ow = two_by_two && h1 - h0 == 2 ? W / 2 : 0; ow < OW; ow++) {
+            mlc__pool_window(&job, oh, 0, &h0, &h1, &w0, &w1);
+            paired = two_by_two && h1 - h0 == 2 ? W / 2 : 0;     /* the common case: whole windows */
+            if (paired)
+                mlc__pool_int8_2x2(out + oh * OW, in + (size_t)h0 * W, in + (size_t)h0 * W + W, paired);
+            if (paired == OW) continue;
+            MLC__VECTOR_LOOP(iw, 0, W, { columns[iw] = job.is_max ? -128 : 0; });
+            for (ih = h0; ih < h1; ih++) mlc__pool_int8_row(columns, in + (size_t)ih * W, W, job.is_max);
+            for (ow = paired; ow < OW; ow++) {
                 int64_t sum = 0;
                 int32_t best = -128;
-                w0 = ow * SW - PW; w1 = w0 + KW;
-                w0 = w0 < 0 ? 0 : w0; w1 = w1 > W ? W : w1;
+                mlc__pool_window(&job, oh, ow, &h0, &h1, &w0, &w1);
                 for (iw = w0; iw < w1; iw++) {
                     sum += columns[iw];
                     best = columns[iw] > best ? columns[iw] : best;
                 }
-                if (!is_max) {
+                if (!job.is_max) {
                     const int count = mlc__pool_count(&job, oh, ow);
                     best = (int32_t)mlc__divide_rounded(
-                        sum + (int64_t)(count - (h1 - h0) * (w1 - w0)) * zero_point, count);
+                        sum + (int64_t)(count - (h1 - h0) * (w1 - w0)) * x->qzero, count);
                 }
                 out[oh * OW + ow] = (int8_t)best;
             }

@@ -38,18 +38,21 @@ static int keep(record *r, const char *name, mlc_tensor *t) {
     return 1;
 }
 
-/* A tensor of fixed pseudo-random values (the same in both contexts, whatever their RNG). */
+/* Value i of a fixed pseudo-random sequence in [lo, hi] (the same in every context, whatever its RNG) */
+static float fixed_value(size_t i, unsigned salt, float lo, float hi) {
+    unsigned h = (unsigned)(i * 2654435761u) ^ (salt * 40503u + 12345u);
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    return lo + (hi - lo) * (float)(h % 10007u) / 10007.0f;
+}
+
+/* A tensor of those values (at most 4096). */
 static mlc_tensor *data(mlc_ctx *ctx, int ndim, const int *shape, unsigned salt, float lo, float hi, int grad) {
     float v[4096];
     size_t i, n = 1;
     int d;
     for (d = 0; d < ndim; d++) n *= (size_t)shape[d];
     if (n > sizeof v / sizeof v[0]) return NULL;
-    for (i = 0; i < n; i++) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ (salt * 40503u + 12345u);
-        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-        v[i] = lo + (hi - lo) * (float)(h % 10007u) / 10007.0f;
-    }
+    for (i = 0; i < n; i++) v[i] = fixed_value(i, salt, lo, hi);
     return mlc_requires_grad(mlc_from_data(ctx, ndim, shape, v), grad);
 }
 #define DATA(ctx, salt, lo, hi, grad, ...) \
@@ -420,17 +423,13 @@ static int onectx_quantized_mlp_many_steps(void) {
     return ok;
 }
 
-/* t filled with fixed values (the same in every context) uniform in [lo, hi] */
+/* t filled with those values, of any size */
 static int fill_fixed(mlc_tensor *t, unsigned salt, float lo, float hi) {
     float *v = (float *)malloc(t->size * sizeof(float));
     size_t i;
     int ok;
     if (!v) return 0;
-    for (i = 0; i < t->size; i++) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ (salt * 40503u + 12345u);
-        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-        v[i] = lo + (hi - lo) * (float)(h % 10007u) / 10007.0f;
-    }
+    for (i = 0; i < t->size; i++) v[i] = fixed_value(i, salt, lo, hi);
     ok = mlc_write(t, v, t->size) == MLC_OK;
     free(v);
     return ok;
