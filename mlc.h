@@ -2869,6 +2869,9 @@ MLCDEF void mlc_print(mlc_tensor *t, const char *label) {
    buffers, threads
    ============================================================================================ */
 
+static void mlc__convert_shared(mlc_ctx *ctx, mlc_scalar_type dtype, int narrow, const void *src, void *dst,
+                                size_t n);   /* (below, with the threads) */
+
 /* A float32 stand-in for half tensor t in the frame's arena: its header, with data a widened
    copy of its values (and t's float32 gradient, shared); NULL when out of memory. */
 static mlc_tensor *mlc__widened(mlc_tensor *t, int with_values) {
@@ -2879,19 +2882,24 @@ static mlc_tensor *mlc__widened(mlc_tensor *t, int with_values) {
     w->half = NULL;
     w->data = mlc__floats(t->ctx, t->size + 1, "mlc_to_dtype");
     if (!w->data) return NULL;
-    if (with_values) mlc__widen(t->dtype, t->half, w->data, t->size);
+    if (with_values) mlc__convert_shared(t->ctx, t->dtype, 0, t->half, w->data, t->size);
     return w;
 }
 
+static int mlc__backward_reads(const mlc__node *n, int k);   /* (@section backward) */
+
 /* Float32 stand-ins for the node's half tensors: w[k] for in[k] (in[k] itself when float32) and
-   *w_out for out (with its values when out_values). 0 when out of memory. */
-static int mlc__stand_ins(const mlc__node *n, mlc_tensor **w, mlc_tensor **w_out, int out_values) {
+   *w_out for out. Forward: the inputs with their values; backward: the tensors whose values
+   its backward reads (mlc__backward_reads). 0 when out of memory. */
+static int mlc__stand_ins(const mlc__node *n, mlc_tensor **w, mlc_tensor **w_out, int backward) {
     int k;
     for (k = 0; k < n->n_in; k++) {
-        w[k] = n->in[k] && mlc__is_half(n->in[k]->dtype) ? mlc__widened(n->in[k], 1) : n->in[k];
+        w[k] = n->in[k] && mlc__is_half(n->in[k]->dtype)
+                 ? mlc__widened(n->in[k], !backward || mlc__backward_reads(n, k)) : n->in[k];
         if (n->in[k] && !w[k]) return 0;
     }
-    *w_out = mlc__is_half(n->out->dtype) ? mlc__widened(n->out, out_values) : n->out;
+    *w_out = mlc__is_half(n->out->dtype) ? mlc__widened(n->out, backward && mlc__backward_reads(n, -1))
+                                         : n->out;
     return *w_out != NULL;
 }
 
@@ -2909,7 +2917,7 @@ static int mlc__cpu_widened(mlc__node *call) {
     if (!recording) scratch = mlc_frame_begin(ctx);     /* nothing is kept: the stand-ins go at once */
     ok = mlc__stand_ins(call, w.in, &w.out, 0) && mlc__cpu_of[call->op](&w);
     if (ok && w.out != call->out)
-        mlc__narrow(call->out->dtype, w.out->data, call->out->half, call->out->size);
+        mlc__convert_shared(ctx, call->out->dtype, 1, w.out->data, call->out->half, call->out->size);
     for (k = 3; ok && call->op == MLC__OP_BATCH_NORM && k < 5; k++)
         if (w.in[k] != call->in[k])
             mlc__narrow(call->in[k]->dtype, w.in[k]->data, call->in[k]->half, w.in[k]->size);
@@ -2937,11 +2945,14 @@ static int mlc__has_half(const mlc__node *n) {
 static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
 
 /* Whether the node's CPU forward and backward take its half tensors as they are, without float32
-   stand-ins: a product of bf16 matrices (bias bf16 or none) where mlc's bf16 kernel runs.
+   stand-ins: a copy that converts to or from float32 (mlc__copy_cpu), or a product of bf16
+   matrices (bias bf16 or none) where mlc's bf16 kernel runs.
    mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
    stand-ins would; only the order of the float32 sums differs (and subnormals, see
    mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products. */
 static int mlc__cpu_takes_half(const mlc__node *n) {
+    if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
+        return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
     return n->op == MLC__OP_MATMUL && n->in[0]->dtype == MLC_BF16 && n->in[1]->dtype == MLC_BF16
            && (!n->in[2] || n->in[2]->dtype == MLC_BF16) && n->out->dtype == MLC_BF16
            && mlc__bf16_kernel_usable(n->out->ctx);
@@ -3707,6 +3718,30 @@ static void mlc__parallel(mlc_ctx *ctx, size_t n, size_t parallel_from, mlc__ran
     MLC__OMP(omp parallel for num_threads(slots) schedule(dynamic, 1))   /* no pool: OpenMP, or in turn */
     for (p = 0; p < pieces; p++)
         fn(arg, MLC__OMP_THREAD, mlc__piece_begin(n, p, pieces), mlc__piece_begin(n, p + 1, pieces));
+}
+
+/* mlc__narrow (narrow) or mlc__widen of n values of dtype, the threads sharing out blocks of 16
+   from MLC__CONVERT_PARALLEL values */
+#define MLC__CONVERT_PARALLEL 65536
+typedef struct mlc__convert_job {
+    mlc_scalar_type dtype;
+    int narrow;
+    const void *src;
+    void *dst;
+    size_t n;
+} mlc__convert_job;
+static void mlc__convert_blocks(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__convert_job *job = (const mlc__convert_job *)arg;
+    const size_t at = 16 * begin, count = (16 * end < job->n ? 16 * end : job->n) - at;
+    (void)slot;
+    if (job->narrow) mlc__narrow(job->dtype, (const float *)job->src + at, (uint16_t *)job->dst + at, count);
+    else mlc__widen(job->dtype, (const uint16_t *)job->src + at, (float *)job->dst + at, count);
+}
+static void mlc__convert_shared(mlc_ctx *ctx, mlc_scalar_type dtype, int narrow, const void *src, void *dst,
+                                size_t n) {
+    mlc__convert_job job;
+    job.dtype = dtype; job.narrow = narrow; job.src = src; job.dst = dst; job.n = n;
+    mlc__parallel(ctx, (n + 15) / 16, MLC__CONVERT_PARALLEL / 16, mlc__convert_blocks, &job);
 }
 
 /* for (i = from; i < to; i++) body, as blocks of 4 and then the rest: a loop of a count the
@@ -6561,8 +6596,15 @@ MLCDEF mlc_tensor *mlc_detach(mlc_tensor *x) {
     return out;
 }
 
+/* copy and to_dtype: the values as they are, widened or rounded (mlc__cpu_takes_half) */
 static int mlc__copy_cpu(mlc__node *n) {
-    if (n->out->size) memcpy(n->out->data, n->in[0]->data, n->out->size * sizeof(float));
+    const mlc_tensor *x = n->in[0];
+    mlc_tensor *y = n->out;
+    if (!y->size) return 1;
+    if (x->dtype == MLC_F32 && y->dtype == MLC_F32) memcpy(y->data, x->data, y->size * sizeof(float));
+    else if (x->dtype == y->dtype) memcpy(y->half, x->half, y->size * sizeof(uint16_t));
+    else if (x->dtype == MLC_F32) mlc__convert_shared(y->ctx, y->dtype, 1, x->data, y->half, y->size);
+    else mlc__convert_shared(y->ctx, x->dtype, 0, x->half, y->data, y->size);
     return 1;
 }
 
@@ -7061,80 +7103,156 @@ static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_
     return out;
 }
 
-static void mlc__batch_norm_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
-    const float *stats = (const float *)n->saved, *g = n->out->grad;
-    int N = x->shape[0], C = x->shape[1], c, i, training = n->args.batch_norm.training;
-    size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), k, M = (size_t)N * inner;
-    for (c = 0; c < C; c++) {
-        float mu = stats[2 * c], rs = stats[2 * c + 1], wc = w ? w->data[c] : 1.0f;
-        mlc__sum_t sum_g = 0, sum_gx = 0;
-        for (i = 0; i < N; i++)
-            for (k = 0; k < inner; k++) {
-                size_t at = ((size_t)i * C + c) * inner + k;
-                float xh = (x->data[at] - mu) * rs;
-                sum_g += (mlc__sum_t)g[at]; sum_gx += (mlc__sum_t)(g[at] * xh);
-            }
-        if (gw) gw[c] += (float)sum_gx;
-        if (gb) gb[c] += (float)sum_g;
-        if (!gx) continue;
-        for (i = 0; i < N; i++)
-            for (k = 0; k < inner; k++) {
-                size_t at = ((size_t)i * C + c) * inner + k;
-                float xh = (x->data[at] - mu) * rs;
-                gx[at] += training ? wc * rs * (g[at] - (float)(sum_g / M) - xh * (float)(sum_gx / M))
-                                   : wc * rs * g[at];
-            }
+/* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
+   are N runs of `inner` floats, one per image). Its sums go through mlc__bn_sums and
+   mlc__bn_grad_sums: blocks of MLC__BN_BLOCK floats summed in 8 float lanes (so they vectorise),
+   the blocks added in mlc__sum_t (so a long channel keeps its digits). */
+#define MLC__BN_BLOCK 256
+#define MLC__BN_PARALLEL 16384          /* values from which threads share out the channels */
+
+/* s1 += Σ (x - mu), s2 += Σ (x - mu)² over n floats */
+static void mlc__bn_sums(const float *x, size_t n, float mu, mlc__sum_t *s1, mlc__sum_t *s2) {
+    size_t at, q;
+    int k;
+    for (at = 0; at < n; at += MLC__BN_BLOCK) {
+        const size_t end = n - at < MLC__BN_BLOCK ? n : at + MLC__BN_BLOCK;
+        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, ta = 0.0f, tb = 0.0f;
+        for (q = at; q + 8 <= end; q += 8)
+            for (k = 0; k < 8; k++) { const float d = x[q + k] - mu; a[k] += d; b[k] += d * d; }
+        for (; q < end; q++) { const float d = x[q] - mu; ta += d; tb += d * d; }
+        for (k = 0; k < 8; k++) { ta += a[k]; tb += b[k]; }
+        *s1 += (mlc__sum_t)ta; *s2 += (mlc__sum_t)tb;
     }
 }
 
-/* Per channel c: the batch's mean and variance in training (the running statistics move
-   towards them, in place), else the running ones; mean and 1/σ are kept for backward. */
-static int mlc__batch_norm_cpu(mlc__node *n) {
+/* s1 += Σ g, s2 += Σ g x̂ over n floats, x̂ = (x - mu) rs */
+static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *s1,
+                              mlc__sum_t *s2) {
+    size_t at, q;
+    int k;
+    for (at = 0; at < n; at += MLC__BN_BLOCK) {
+        const size_t end = n - at < MLC__BN_BLOCK ? n : at + MLC__BN_BLOCK;
+        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, ta = 0.0f, tb = 0.0f;
+        for (q = at; q + 8 <= end; q += 8)
+            for (k = 0; k < 8; k++) { a[k] += g[q + k]; b[k] += g[q + k] * ((x[q + k] - mu) * rs); }
+        for (; q < end; q++) { ta += g[q]; tb += g[q] * ((x[q] - mu) * rs); }
+        for (k = 0; k < 8; k++) { ta += a[k]; tb += b[k]; }
+        *s1 += (mlc__sum_t)ta; *s2 += (mlc__sum_t)tb;
+    }
+}
+
+/* y = (x - mu) rs w + b over n floats */
+static void mlc__bn_normalise(size_t n, const float *MLC__RESTRICT x, float *MLC__RESTRICT y, float mu,
+                              float rs, float w, float b) {
+    size_t k;
+    MLC__VECTOR_LOOP(k, 0, n, { y[k] = (x[k] - mu) * rs * w + b; });
+}
+
+/* dx += scale (g - mean_g - x̂ mean_gx) over n floats, x̂ = (x - mu) rs */
+static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *MLC__RESTRICT g,
+                           float *MLC__RESTRICT dx, float mu, float rs, float scale, float mean_g,
+                           float mean_gx) {
+    size_t k;
+    MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
+}
+
+/* backward over channels [begin, end):
+     dW = Σ g x̂    db = Σ g    dx += w rs (g - mean(g) - x̂ mean(g x̂))   (eval: dx += w rs g) */
+typedef struct mlc__bn_grad_job { const mlc__node *n; float *gx, *gw, *gb; } mlc__bn_grad_job;
+static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__bn_grad_job *job = (const mlc__bn_grad_job *)arg;
+    const mlc__node *n = job->n;
+    const mlc_tensor *x = n->in[0], *w = n->in[1];
+    float *gx = job->gx, *gw = job->gw, *gb = job->gb;
+    const float *stats = (const float *)n->saved, *g = n->out->grad;
+    const int N = x->shape[0], C = x->shape[1], training = n->args.batch_norm.training;
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
+    size_t c;
+    int i;
+    (void)slot;
+    for (c = begin; c < end; c++) {
+        const float mu = stats[2 * c], rs = stats[2 * c + 1], scale = (w ? w->data[c] : 1.0f) * rs;
+        mlc__sum_t sum_g = 0, sum_gx = 0;
+        float mean_g, mean_gx;
+        for (i = 0; i < N; i++) {
+            const size_t at = ((size_t)i * C + c) * inner;
+            mlc__bn_grad_sums(x->data + at, g + at, inner, mu, rs, &sum_g, &sum_gx);
+        }
+        if (gw) gw[c] += (float)sum_gx;
+        if (gb) gb[c] += (float)sum_g;
+        if (!gx) continue;
+        mean_g = training ? (float)(sum_g / (mlc__sum_t)M) : 0.0f;
+        mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
+        for (i = 0; i < N; i++) {
+            const size_t at = ((size_t)i * C + c) * inner;
+            mlc__bn_grad_x(inner, x->data + at, g + at, gx + at, mu, rs, scale, mean_g, mean_gx);
+        }
+    }
+}
+
+static void mlc__batch_norm_backward(mlc__node *n) {
+    const mlc_tensor *x = n->in[0];
+    const size_t values = x->shape[1] ? x->size / (size_t)x->shape[1] : 0;
+    mlc__bn_grad_job job;                 /* (the gradients made here: the threads make nothing) */
+    job.n = n; job.gx = mlc__grad(n->in[0]); job.gw = mlc__grad(n->in[1]); job.gb = mlc__grad(n->in[2]);
+    mlc__parallel(x->ctx, (size_t)x->shape[1], MLC__BN_PARALLEL / (values + 1) + 1,
+                  mlc__batch_norm_backward_channels, &job);
+}
+
+/* forward over channels [begin, end): the batch's mean and variance in training (the running
+   statistics move towards them, in place), else the running ones; mean and 1/σ are kept for
+   backward.  y = (x - mean) / σ · w + b */
+static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)arg;
     const mlc_tensor *x = n->in[0], *weight = n->in[1], *bias = n->in[2];
     mlc_tensor *running_mean = n->in[3], *running_var = n->in[4];
     const int N = x->shape[0], C = x->shape[1], training = n->args.batch_norm.training;
     const float momentum = n->args.batch_norm.momentum, eps = n->args.batch_norm.eps;
     const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
-    float *stats = mlc__floats(n->out->ctx, 2 * (size_t)C, n->name);
-    size_t k;
-    int c, i;
-    if (!stats) return 0;
-    if (training && running_mean) mlc__host_wrote(running_mean);
-    if (training && running_var) mlc__host_wrote(running_var);
-    for (c = 0; c < C; c++) {
-        if (training) {
-            mlc__sum_t s = 0, v = 0, d, mu, var;
+    float *stats = (float *)n->saved;
+    size_t c;
+    int i;
+    (void)slot;
+    for (c = begin; c < end; c++) {
+        float mu, rs, wc = weight ? weight->data[c] : 1.0f, bc = bias ? bias->data[c] : 0.0f;
+        if (training) {          /* two passes: the mean, then the squares about it (less the
+                                    square of what is left of their sum, the mean's rounding) */
+            mlc__sum_t s = 0, d = 0, v = 0, mean, var;
+            for (i = 0; i < N; i++) mlc__bn_sums(x->data + ((size_t)i * C + c) * inner, inner, 0.0f, &s, &v);
+            mean = s / (mlc__sum_t)M;
+            v = 0;
             for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) s += (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k];
-            mu = s / (mlc__sum_t)M;
-            for (i = 0; i < N; i++)
-                for (k = 0; k < inner; k++) {
-                    d = (mlc__sum_t)x->data[((size_t)i * C + c) * inner + k] - mu;
-                    v += d * d;
-                }
+                mlc__bn_sums(x->data + ((size_t)i * C + c) * inner, inner, (float)mean, &d, &v);
+            v -= d * d / (mlc__sum_t)M;
+            mean += d / (mlc__sum_t)M;
             var = v / (mlc__sum_t)M;
             if (running_mean)
-                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mu;
+                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mean;
             if (running_var)
                 running_var->data[c] = (1.0f - momentum) * running_var->data[c]
-                                       + momentum * (float)(v / (M - 1));
-            stats[2 * c] = (float)mu;
+                                       + momentum * (float)(v / (mlc__sum_t)(M - 1));
+            stats[2 * c] = (float)mean;
             stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
         } else {                                /* in float: no double on a float-only FPU */
             stats[2 * c] = running_mean->data[c];
             stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
         }
-        for (i = 0; i < N; i++)
-            for (k = 0; k < inner; k++) {
-                size_t at = ((size_t)i * C + c) * inner + k;
-                n->out->data[at] = (x->data[at] - stats[2 * c]) * stats[2 * c + 1]
-                                       * (weight ? weight->data[c] : 1.0f)
-                                   + (bias ? bias->data[c] : 0.0f);
-            }
+        mu = stats[2 * c]; rs = stats[2 * c + 1];
+        for (i = 0; i < N; i++) {
+            const size_t at = ((size_t)i * C + c) * inner;
+            mlc__bn_normalise(inner, x->data + at, n->out->data + at, mu, rs, wc, bc);
+        }
     }
-    n->saved = stats;
+}
+
+static int mlc__batch_norm_cpu(mlc__node *n) {
+    const mlc_tensor *x = n->in[0];
+    const size_t C = (size_t)x->shape[1], values = C ? x->size / C : 0;
+    n->saved = mlc__floats(n->out->ctx, 2 * C + 1, n->name);
+    if (!n->saved) return 0;
+    if (n->args.batch_norm.training && n->in[3]) mlc__host_wrote(n->in[3]);
+    if (n->args.batch_norm.training && n->in[4]) mlc__host_wrote(n->in[4]);
+    mlc__parallel(x->ctx, C, MLC__BN_PARALLEL / (values + 1) + 1, mlc__batch_norm_channels, n);
     return 1;
 }
 
@@ -9745,6 +9863,14 @@ MLCDEF mlc_tensor *mlc_from_const_int8(mlc_ctx *ctx, int ndim, const int *shape,
    gradient; it adds into its inputs' gradients (so a tensor used twice gets both parts).
    Leaves keep their gradients; intermediate gradients are dropped at the end.
    ============================================================================================ */
+
+/* Whether the CPU backward of node n reads the values of its input k (k = -1: its output): all
+   but pooling's (its argmax and sizes), copy's and reshape's (the gradient passes) and a
+   convolution's output without a fused activation. */
+static int mlc__backward_reads(const mlc__node *n, int k) {
+    if (n->op == MLC__OP_POOL || n->op == MLC__OP_COPY || n->op == MLC__OP_RESHAPE) return 0;
+    return n->op != MLC__OP_CONV2D || k >= 0 || ((const mlc__conv *)n->saved)->relu;
+}
 
 /* The CPU backward of a node with bf16 or f16 tensors: on float32 stand-ins for them, which
    share their (float32) gradients; what the backward did to a gradient's buffer and books goes
