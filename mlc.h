@@ -7103,41 +7103,114 @@ static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_
     return out;
 }
 
-/* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
-   are N runs of `inner` floats, one per image). Its sums go through mlc__bn_sums and
-   mlc__bn_grad_sums: blocks of MLC__BN_BLOCK floats summed in 8 float lanes (so they vectorise),
-   the blocks added in mlc__sum_t (so a long channel keeps its digits). */
-#define MLC__BN_BLOCK 256
-#define MLC__BN_PARALLEL 16384          /* values from which threads share out the channels */
-
-/* s1 += Σ (x - mu), s2 += Σ (x - mu)² over n floats */
-static void mlc__bn_sums(const float *x, size_t n, float mu, mlc__sum_t *s1, mlc__sum_t *s2) {
-    size_t at, q;
-    int k;
-    for (at = 0; at < n; at += MLC__BN_BLOCK) {
-        const size_t end = n - at < MLC__BN_BLOCK ? n : at + MLC__BN_BLOCK;
-        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, ta = 0.0f, tb = 0.0f;
-        for (q = at; q + 8 <= end; q += 8)
-            for (k = 0; k < 8; k++) { const float d = x[q + k] - mu; a[k] += d; b[k] += d * d; }
-        for (; q < end; q++) { const float d = x[q] - mu; ta += d; tb += d * d; }
-        for (k = 0; k < 8; k++) { ta += a[k]; tb += b[k]; }
-        *s1 += (mlc__sum_t)ta; *s2 += (mlc__sum_t)tb;
+/* Eight running sums over n floats, for mlc__sum8 and batch norm's sums: lanes a[k] += u and
+   b[k] += u·v for values k, k + 8, ..., where (u, v) are
+     MLC__LANES_SUM       (x, -)                 mlc__sum8 (b untouched)
+     MLC__LANES_SQUARES   (x - mu, x - mu)       batch norm's mean and variance
+     MLC__LANES_GRAD      (g, (x - mu) rs)       batch norm's backward
+   The last n % 8 values go in padded to 8 with values that add nothing (x = mu, g = 0). On AVX2
+   each lane array is one register; the portable loop's arrays, which GCC keeps in memory (a store
+   and a load every step), take the same operations in the same order, so both give the same
+   bits. */
+enum { MLC__LANES_SUM, MLC__LANES_SQUARES, MLC__LANES_GRAD };
+#if MLC__X86
+__attribute__((target("avx2")))
+static size_t mlc__lanes8_avx2(int kind, const float *x, const float *g, size_t n, float mu, float rs,
+                               float *a, float *b) {
+    const __m256 m = _mm256_set1_ps(mu), r = _mm256_set1_ps(rs);
+    __m256 va = _mm256_loadu_ps(a), vb = _mm256_loadu_ps(b);
+    size_t q = 0;
+    if (kind == MLC__LANES_SUM)
+        for (; q + 8 <= n; q += 8) va = _mm256_add_ps(va, _mm256_loadu_ps(x + q));
+    else if (kind == MLC__LANES_SQUARES)
+        for (; q + 8 <= n; q += 8) {
+            const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + q), m);
+            va = _mm256_add_ps(va, d);
+            vb = _mm256_add_ps(vb, _mm256_mul_ps(d, d));
+        }
+    else
+        for (; q + 8 <= n; q += 8) {
+            const __m256 gq = _mm256_loadu_ps(g + q), d = _mm256_sub_ps(_mm256_loadu_ps(x + q), m);
+            va = _mm256_add_ps(va, gq);
+            vb = _mm256_add_ps(vb, _mm256_mul_ps(gq, _mm256_mul_ps(d, r)));
+        }
+    _mm256_storeu_ps(a, va);
+    _mm256_storeu_ps(b, vb);
+    return q;
+}
+#endif
+static void mlc__lanes8(int kind, const float *x, const float *g, size_t n, float mu, float rs, float *a,
+                        float *b) {
+    float xt[8], gt[8];
+    size_t q = 0, k;
+#if MLC__X86
+    if (n >= 32 && __builtin_cpu_supports("avx2")) q = mlc__lanes8_avx2(kind, x, g, n, mu, rs, a, b);
+#endif
+    for (; q < n; q += 8) {
+        const float *xs = x + q, *gs = g ? g + q : NULL;
+        if (n - q < 8) {                                 /* the last values, padded */
+            for (k = 0; k < 8; k++) {
+                xt[k] = k < n - q ? xs[k] : kind == MLC__LANES_SUM ? 0.0f : mu;
+                gt[k] = k < n - q && gs ? gs[k] : 0.0f;
+            }
+            xs = xt; gs = gt;
+        }
+        for (k = 0; k < 8; k++) {
+            const float d = xs[k] - mu;
+            if (kind == MLC__LANES_SUM) a[k] += xs[k];
+            else if (kind == MLC__LANES_SQUARES) { a[k] += d; b[k] += d * d; }
+            else { a[k] += gs[k]; b[k] += gs[k] * (d * rs); }
+        }
     }
 }
 
-/* s1 += Σ g, s2 += Σ g x̂ over n floats, x̂ = (x - mu) rs */
-static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *s1,
-                              mlc__sum_t *s2) {
-    size_t at, q;
-    int k;
+/* The sum of the eight lanes, in a fixed order */
+static float mlc__lanes_total(const float *a) {
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+/* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
+   are N runs of `inner` floats, one per image), and reads a channel once for its statistics:
+   each run is cut into blocks of at most MLC__BN_BLOCK floats (still in L1 for a second look),
+   a block's mean and its squares about that mean taken in two passes of eight float lanes
+   (mlc__lanes8), and the blocks combined in mlc__sum_t (Chan, Golub and LeVeque's update:
+   merging counts n_a, n_b with means m_a, m_b adds n_a n_b / (n_a + n_b) (m_b - m_a)² to the
+   sum of squares). */
+#define MLC__BN_BLOCK 1024
+#define MLC__BN_PARALLEL 16384          /* values from which threads share out the channels */
+
+typedef struct mlc__bn_stats { mlc__sum_t count, mean, squares; } mlc__bn_stats;
+
+/* st takes in the n floats at x */
+static void mlc__bn_stats_add(mlc__bn_stats *st, const float *x, size_t n) {
+    size_t at;
     for (at = 0; at < n; at += MLC__BN_BLOCK) {
-        const size_t end = n - at < MLC__BN_BLOCK ? n : at + MLC__BN_BLOCK;
-        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, ta = 0.0f, tb = 0.0f;
-        for (q = at; q + 8 <= end; q += 8)
-            for (k = 0; k < 8; k++) { a[k] += g[q + k]; b[k] += g[q + k] * ((x[q + k] - mu) * rs); }
-        for (; q < end; q++) { ta += g[q]; tb += g[q] * ((x[q] - mu) * rs); }
-        for (k = 0; k < 8; k++) { ta += a[k]; tb += b[k]; }
-        *s1 += (mlc__sum_t)ta; *s2 += (mlc__sum_t)tb;
+        const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
+        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, mean;
+        mlc__sum_t d, squares, block_mean, delta, total = st->count + (mlc__sum_t)count;
+        mlc__lanes8(MLC__LANES_SUM, x + at, NULL, count, 0.0f, 0.0f, a, b);
+        mean = mlc__lanes_total(a) / (float)count;
+        memset(a, 0, sizeof a);
+        mlc__lanes8(MLC__LANES_SQUARES, x + at, NULL, count, mean, 1.0f, a, b);
+        d = (mlc__sum_t)mlc__lanes_total(a);              /* what is left of the mean's rounding */
+        squares = (mlc__sum_t)mlc__lanes_total(b) - d * d / (mlc__sum_t)count;
+        block_mean = (mlc__sum_t)mean + d / (mlc__sum_t)count;
+        delta = block_mean - st->mean;
+        st->mean += delta * (mlc__sum_t)count / total;
+        st->squares += squares + delta * delta * st->count * (mlc__sum_t)count / total;
+        st->count = total;
+    }
+}
+
+/* sum_g += Σ g, sum_gx += Σ g x̂ over n floats, x̂ = (x - mu) rs */
+static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *sum_g,
+                              mlc__sum_t *sum_gx) {
+    size_t at;
+    for (at = 0; at < n; at += MLC__BN_BLOCK) {
+        const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
+        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+        mlc__lanes8(MLC__LANES_GRAD, x + at, g + at, count, mu, rs, a, b);
+        *sum_g += (mlc__sum_t)mlc__lanes_total(a); *sum_gx += (mlc__sum_t)mlc__lanes_total(b);
     }
 }
 
@@ -7148,17 +7221,23 @@ static void mlc__bn_normalise(size_t n, const float *MLC__RESTRICT x, float *MLC
     MLC__VECTOR_LOOP(k, 0, n, { y[k] = (x[k] - mu) * rs * w + b; });
 }
 
-/* dx += scale (g - mean_g - x̂ mean_gx) over n floats, x̂ = (x - mu) rs */
+/* dx = (overwrite ? 0 : dx) + scale (g - mean_g - x̂ mean_gx) over n floats, x̂ = (x - mu) rs */
 static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *MLC__RESTRICT g,
-                           float *MLC__RESTRICT dx, float mu, float rs, float scale, float mean_g,
-                           float mean_gx) {
+                           float *MLC__RESTRICT dx, int overwrite, float mu, float rs, float scale,
+                           float mean_g, float mean_gx) {
     size_t k;
-    MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
+    if (overwrite)
+        MLC__VECTOR_LOOP(k, 0, n, { dx[k] = scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
+    else MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
 }
 
 /* backward over channels [begin, end):
      dW = Σ g x̂    db = Σ g    dx += w rs (g - mean(g) - x̂ mean(g x̂))   (eval: dx += w rs g) */
-typedef struct mlc__bn_grad_job { const mlc__node *n; float *gx, *gw, *gb; } mlc__bn_grad_job;
+typedef struct mlc__bn_grad_job {
+    const mlc__node *n;
+    float *gx, *gw, *gb;
+    int gx_overwrite;                   /* gx is fresh: written, not added to */
+} mlc__bn_grad_job;
 static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin, size_t end) {
     const mlc__bn_grad_job *job = (const mlc__bn_grad_job *)arg;
     const mlc__node *n = job->n;
@@ -7185,7 +7264,8 @@ static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin,
         mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
         for (i = 0; i < N; i++) {
             const size_t at = ((size_t)i * C + c) * inner;
-            mlc__bn_grad_x(inner, x->data + at, g + at, gx + at, mu, rs, scale, mean_g, mean_gx);
+            mlc__bn_grad_x(inner, x->data + at, g + at, gx + at, job->gx_overwrite, mu, rs, scale, mean_g,
+                           mean_gx);
         }
     }
 }
@@ -7194,7 +7274,9 @@ static void mlc__batch_norm_backward(mlc__node *n) {
     const mlc_tensor *x = n->in[0];
     const size_t values = x->shape[1] ? x->size / (size_t)x->shape[1] : 0;
     mlc__bn_grad_job job;                 /* (the gradients made here: the threads make nothing) */
-    job.n = n; job.gx = mlc__grad(n->in[0]); job.gw = mlc__grad(n->in[1]); job.gb = mlc__grad(n->in[2]);
+    float beta;
+    job.n = n; job.gx = mlc__grad_to_overwrite(n->in[0], &beta); job.gw = mlc__grad(n->in[1]);
+    job.gb = mlc__grad(n->in[2]); job.gx_overwrite = beta == 0.0f;
     mlc__parallel(x->ctx, (size_t)x->shape[1], MLC__BN_PARALLEL / (values + 1) + 1,
                   mlc__batch_norm_backward_channels, &job);
 }
@@ -7215,24 +7297,16 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
     (void)slot;
     for (c = begin; c < end; c++) {
         float mu, rs, wc = weight ? weight->data[c] : 1.0f, bc = bias ? bias->data[c] : 0.0f;
-        if (training) {          /* two passes: the mean, then the squares about it (less the
-                                    square of what is left of their sum, the mean's rounding) */
-            mlc__sum_t s = 0, d = 0, v = 0, mean, var;
-            for (i = 0; i < N; i++) mlc__bn_sums(x->data + ((size_t)i * C + c) * inner, inner, 0.0f, &s, &v);
-            mean = s / (mlc__sum_t)M;
-            v = 0;
-            for (i = 0; i < N; i++)
-                mlc__bn_sums(x->data + ((size_t)i * C + c) * inner, inner, (float)mean, &d, &v);
-            v -= d * d / (mlc__sum_t)M;
-            mean += d / (mlc__sum_t)M;
-            var = v / (mlc__sum_t)M;
+        if (training) {
+            mlc__bn_stats st = { 0, 0, 0 };
+            for (i = 0; i < N; i++) mlc__bn_stats_add(&st, x->data + ((size_t)i * C + c) * inner, inner);
             if (running_mean)
-                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)mean;
+                running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)st.mean;
             if (running_var)
                 running_var->data[c] = (1.0f - momentum) * running_var->data[c]
-                                       + momentum * (float)(v / (mlc__sum_t)(M - 1));
-            stats[2 * c] = (float)mean;
-            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(var + (mlc__sum_t)eps));
+                                       + momentum * (float)(st.squares / (mlc__sum_t)(M - 1));
+            stats[2 * c] = (float)st.mean;
+            stats[2 * c + 1] = (float)(1 / MLC__SUM_SQRT(st.squares / (mlc__sum_t)M + (mlc__sum_t)eps));
         } else {                                /* in float: no double on a float-only FPU */
             stats[2 * c] = running_mean->data[c];
             stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
@@ -7390,12 +7464,9 @@ static void mlc__im2col_threads(mlc_ctx *ctx, const mlc__conv *cv, int channels,
 /* The sum of n floats in eight running sums (bias gradients): no chain of dependent adds, and
    the eight are one vector add even where loops are not vectorised (plain -O2). */
 static float mlc__sum8(const float *v, int n) {
-    float s[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, sum = 0.0f;
-    int q, k;
-    for (q = 0; q + 8 <= n; q += 8)
-        for (k = 0; k < 8; k++) s[k] += v[q + k];
-    for (; q < n; q++) sum += v[q];
-    return sum + (((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])));
+    float s[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, unused[8];
+    mlc__lanes8(MLC__LANES_SUM, v, NULL, (size_t)n, 0.0f, 0.0f, s, unused);
+    return mlc__lanes_total(s);
 }
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */

@@ -934,6 +934,51 @@ static int batch_norm_training(void) {
     return 1;
 }
 
+/* Batch statistics keep their digits where a float sum would not: channels far from 0 (mean
+   1e4 + c, standard deviation 0.5 + c), runs longer than one block of the statistics (2500
+   values a run) and shorter ones (7), against sums in long double here. With momentum 1 the
+   running statistics are the batch's mean and unbiased variance. */
+static int batch_norm_statistics_keep_their_digits(void) {
+    static const int shapes[2][3] = { { 3, 2, 2500 }, { 40, 3, 7 } };
+    mlc_ctx *ctx = test_ctx(2);
+    int k;
+    for (k = 0; k < 2; k++) {
+        const int N = shapes[k][0], C = shapes[k][1], inner = shapes[k][2];
+        mlc_tensor *x = mlc_randn(ctx, MLC_SHAPE(N, C, inner));
+        mlc_tensor *rm = mlc_zeros(ctx, MLC_SHAPE(C)), *rv = mlc_zeros(ctx, MLC_SHAPE(C));
+        float *v;
+        int c, i, j;
+        CHECK(x && rm && rv);
+        v = mlc_host_data(x);
+        for (i = 0; i < N; i++)
+            for (c = 0; c < C; c++)
+                for (j = 0; j < inner; j++) {
+                    float *at = v + ((size_t)i * C + c) * inner + j;
+                    *at = 1e4f + (float)c + (0.5f + (float)c) * *at;
+                }
+        CHECK(mlc_batch_norm(x, rm, rv, NULL, NULL, 1, 1.0f, 1e-5f) != NULL);
+        for (c = 0; c < C; c++) {
+            long double s = 0, d = 0, mean;
+            for (i = 0; i < N; i++)
+                for (j = 0; j < inner; j++) s += v[((size_t)i * C + c) * inner + j];
+            mean = s / (N * inner);
+            for (i = 0; i < N; i++)
+                for (j = 0; j < inner; j++) {
+                    long double e = v[((size_t)i * C + c) * inner + j] - mean;
+                    d += e * e;
+                }
+            CHECK_MSG(fabs((double)(mlc_host_data(rm)[c] - mean)) <= 1e-7 * 1e4,
+                      "shape %d channel %d: mean %.9g, want %.9g", k, c, (double)mlc_host_data(rm)[c], (double)mean);
+            CHECK_MSG(fabs((double)(mlc_host_data(rv)[c] - d / (N * inner - 1))) <= 2e-6 * (double)(d / (N * inner - 1)),
+                      "shape %d channel %d: variance %.9g, want %.9g", k, c, (double)mlc_host_data(rv)[c],
+                      (double)(d / (N * inner - 1)));
+        }
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    test_destroy(ctx);
+    return 1;
+}
+
 static int batch_norm_eval(void) {
     mlc_ctx *ctx = test_ctx(1);
     const float x[8] = { 1, 2, 3, 6, 5, 10, 7, 14 };
@@ -1667,6 +1712,7 @@ const test_case tests_ops[] = {
     TEST(layer_norm_values)
     TEST(layer_norm_over_two_axes)
     TEST(batch_norm_training)
+    TEST(batch_norm_statistics_keep_their_digits)
     TEST(batch_norm_eval)
     TEST(embedding_values)
     TEST(conv2d_hand_values)
