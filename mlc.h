@@ -7233,73 +7233,119 @@ static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *
 
 /* backward over channels [begin, end):
      dW = Σ g x̂    db = Σ g    dx += w rs (g - mean(g) - x̂ mean(g x̂))   (eval: dx += w rs g) */
-typedef struct mlc__bn_grad_job {
+/* A channel's values as runs: in place, N runs of `inner` floats C·inner apart; or, where runs
+   are shorter than MLC__BN_GATHER floats (a [N, C] batch has runs of one), first copied into one
+   run of N·inner floats in the thread's scratch, so the sums and maps below work on long runs. */
+#define MLC__BN_GATHER 64
+typedef struct mlc__bn_job {
     const mlc__node *n;
-    float *gx, *gw, *gb;
+    float *gx, *gw, *gb;                /* backward's gradients (made before the threads start) */
     int gx_overwrite;                   /* gx is fresh: written, not added to */
-} mlc__bn_grad_job;
+    float *scratch;                     /* gathering: 3 N·inner floats per thread */
+} mlc__bn_job;
+
+/* channel c of t ([N, C, inner]) into dst, or (back) dst into it, added where add */
+static void mlc__bn_gather(float *t, float *dst, const mlc_tensor *x, size_t c, int back, int add) {
+    const int N = x->shape[0], C = x->shape[1];
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2);
+    int i;
+    if (inner == 1 && !add) {                            /* a [N, C] batch: a column */
+        for (i = 0; i < N; i++) {
+            if (back) t[(size_t)i * C + c] = dst[i];
+            else dst[i] = t[(size_t)i * C + c];
+        }
+        return;
+    }
+    for (i = 0; i < N; i++) {
+        float *run = t + ((size_t)i * C + c) * inner, *part = dst + (size_t)i * inner;
+        if (!back) memcpy(part, run, inner * sizeof(float));
+        else if (add) mlc__axpy(inner, 1.0f, part, run);
+        else memcpy(run, part, inner * sizeof(float));
+    }
+}
+
+/* The job over C channels, its scratch from the arena (the threads take none); 0: out of memory */
+static int mlc__bn_run(mlc__bn_job *job, mlc__range_fn fn) {
+    const mlc_tensor *x = job->n->in[0];
+    const size_t C = (size_t)x->shape[1], values = C ? x->size / C : 0,
+                 from = MLC__BN_PARALLEL / (values + 1) + 1;
+    job->scratch = NULL;
+    if (mlc__numel(x->ndim - 2, x->shape + 2) < MLC__BN_GATHER
+        && !(job->scratch = mlc__floats(x->ctx, 3 * values * (size_t)mlc__slots(x->ctx, C, from) + 1,
+                                        job->n->name)))
+        return 0;
+    mlc__parallel(x->ctx, C, from, fn, job);
+    return 1;
+}
+
+/* backward over channels [begin, end):
+     dW = Σ g x̂    db = Σ g    dx += w rs (g - mean(g) - x̂ mean(g x̂))   (eval: dx += w rs g) */
 static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin, size_t end) {
-    const mlc__bn_grad_job *job = (const mlc__bn_grad_job *)arg;
+    const mlc__bn_job *job = (const mlc__bn_job *)arg;
     const mlc__node *n = job->n;
     const mlc_tensor *x = n->in[0], *w = n->in[1];
-    float *gx = job->gx, *gw = job->gw, *gb = job->gb;
-    const float *stats = (const float *)n->saved, *g = n->out->grad;
-    const int N = x->shape[0], C = x->shape[1], training = n->args.batch_norm.training;
-    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
-    size_t c;
-    int i;
-    (void)slot;
+    const float *stats = (const float *)n->saved;
+    const int C = x->shape[1], training = n->args.batch_norm.training;
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)x->shape[0] * inner;
+    const size_t runs = job->scratch ? 1 : (size_t)x->shape[0], len = job->scratch ? M : inner,
+                 step = (size_t)C * inner;
+    float *buf = job->scratch ? job->scratch + (size_t)slot * 3 * M : NULL;
+    size_t c, i;
     for (c = begin; c < end; c++) {
         const float mu = stats[2 * c], rs = stats[2 * c + 1], scale = (w ? w->data[c] : 1.0f) * rs;
+        const float *xc = buf ? buf : x->data + c * inner, *gc = buf ? buf + M : n->out->grad + c * inner;
+        float *dx = buf ? buf + 2 * M : job->gx ? job->gx + c * inner : NULL;
         mlc__sum_t sum_g = 0, sum_gx = 0;
         float mean_g, mean_gx;
-        for (i = 0; i < N; i++) {
-            const size_t at = ((size_t)i * C + c) * inner;
-            mlc__bn_grad_sums(x->data + at, g + at, inner, mu, rs, &sum_g, &sum_gx);
+        if (buf) {
+            mlc__bn_gather(x->data, buf, x, c, 0, 0);
+            mlc__bn_gather(n->out->grad, buf + M, x, c, 0, 0);
         }
-        if (gw) gw[c] += (float)sum_gx;
-        if (gb) gb[c] += (float)sum_g;
-        if (!gx) continue;
+        for (i = 0; i < runs; i++)
+            mlc__bn_grad_sums(xc + i * step, gc + i * step, len, mu, rs, &sum_g, &sum_gx);
+        if (job->gw) job->gw[c] += (float)sum_gx;
+        if (job->gb) job->gb[c] += (float)sum_g;
+        if (!job->gx) continue;
         mean_g = training ? (float)(sum_g / (mlc__sum_t)M) : 0.0f;
         mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
-        for (i = 0; i < N; i++) {
-            const size_t at = ((size_t)i * C + c) * inner;
-            mlc__bn_grad_x(inner, x->data + at, g + at, gx + at, job->gx_overwrite, mu, rs, scale, mean_g,
-                           mean_gx);
-        }
+        for (i = 0; i < runs; i++)
+            mlc__bn_grad_x(len, xc + i * step, gc + i * step, dx + i * step, buf || job->gx_overwrite, mu, rs,
+                           scale, mean_g, mean_gx);
+        if (buf) mlc__bn_gather(job->gx, dx, x, c, 1, !job->gx_overwrite);
     }
 }
 
 static void mlc__batch_norm_backward(mlc__node *n) {
-    const mlc_tensor *x = n->in[0];
-    const size_t values = x->shape[1] ? x->size / (size_t)x->shape[1] : 0;
-    mlc__bn_grad_job job;                 /* (the gradients made here: the threads make nothing) */
+    mlc__bn_job job;                      /* (the gradients made here: the threads make nothing) */
     float beta;
     job.n = n; job.gx = mlc__grad_to_overwrite(n->in[0], &beta); job.gw = mlc__grad(n->in[1]);
     job.gb = mlc__grad(n->in[2]); job.gx_overwrite = beta == 0.0f;
-    mlc__parallel(x->ctx, (size_t)x->shape[1], MLC__BN_PARALLEL / (values + 1) + 1,
-                  mlc__batch_norm_backward_channels, &job);
+    mlc__bn_run(&job, mlc__batch_norm_backward_channels);
 }
 
 /* forward over channels [begin, end): the batch's mean and variance in training (the running
    statistics move towards them, in place), else the running ones; mean and 1/σ are kept for
    backward.  y = (x - mean) / σ · w + b */
 static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t end) {
-    const mlc__node *n = (const mlc__node *)arg;
+    const mlc__bn_job *job = (const mlc__bn_job *)arg;
+    const mlc__node *n = job->n;
     const mlc_tensor *x = n->in[0], *weight = n->in[1], *bias = n->in[2];
     mlc_tensor *running_mean = n->in[3], *running_var = n->in[4];
-    const int N = x->shape[0], C = x->shape[1], training = n->args.batch_norm.training;
+    const int C = x->shape[1], training = n->args.batch_norm.training;
     const float momentum = n->args.batch_norm.momentum, eps = n->args.batch_norm.eps;
-    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
-    float *stats = (float *)n->saved;
-    size_t c;
-    int i;
-    (void)slot;
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)x->shape[0] * inner;
+    const size_t runs = job->scratch ? 1 : (size_t)x->shape[0], len = job->scratch ? M : inner,
+                 step = (size_t)C * inner;
+    float *stats = (float *)n->saved, *buf = job->scratch ? job->scratch + (size_t)slot * 3 * M : NULL;
+    size_t c, i;
     for (c = begin; c < end; c++) {
+        const float *xc = buf ? buf : x->data + c * inner;
+        float *y = buf ? buf + M : n->out->data + c * inner;
         float mu, rs, wc = weight ? weight->data[c] : 1.0f, bc = bias ? bias->data[c] : 0.0f;
+        if (buf) mlc__bn_gather(x->data, buf, x, c, 0, 0);
         if (training) {
             mlc__bn_stats st = { 0, 0, 0 };
-            for (i = 0; i < N; i++) mlc__bn_stats_add(&st, x->data + ((size_t)i * C + c) * inner, inner);
+            for (i = 0; i < runs; i++) mlc__bn_stats_add(&st, xc + i * step, len);
             if (running_mean)
                 running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)st.mean;
             if (running_var)
@@ -7312,22 +7358,20 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
             stats[2 * c + 1] = 1.0f / MLC_SQRTF(running_var->data[c] + eps);
         }
         mu = stats[2 * c]; rs = stats[2 * c + 1];
-        for (i = 0; i < N; i++) {
-            const size_t at = ((size_t)i * C + c) * inner;
-            mlc__bn_normalise(inner, x->data + at, n->out->data + at, mu, rs, wc, bc);
-        }
+        for (i = 0; i < runs; i++) mlc__bn_normalise(len, xc + i * step, y + i * step, mu, rs, wc, bc);
+        if (buf) mlc__bn_gather(n->out->data, y, x, c, 1, 0);
     }
 }
 
 static int mlc__batch_norm_cpu(mlc__node *n) {
-    const mlc_tensor *x = n->in[0];
-    const size_t C = (size_t)x->shape[1], values = C ? x->size / C : 0;
-    n->saved = mlc__floats(n->out->ctx, 2 * C + 1, n->name);
+    mlc__bn_job job;
+    memset(&job, 0, sizeof job);
+    job.n = n;
+    n->saved = mlc__floats(n->out->ctx, 2 * (size_t)n->in[0]->shape[1] + 1, n->name);
     if (!n->saved) return 0;
     if (n->args.batch_norm.training && n->in[3]) mlc__host_wrote(n->in[3]);
     if (n->args.batch_norm.training && n->in[4]) mlc__host_wrote(n->in[4]);
-    mlc__parallel(x->ctx, C, MLC__BN_PARALLEL / (values + 1) + 1, mlc__batch_norm_channels, n);
-    return 1;
+    return mlc__bn_run(&job, mlc__batch_norm_channels);
 }
 
 MLCDEF mlc_tensor *mlc_batch_norm(mlc_tensor *x, mlc_tensor *running_mean, mlc_tensor *running_var,

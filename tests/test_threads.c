@@ -105,15 +105,16 @@ static int default_threads_follow_the_affinity(void) {
 }
 
 /* Three Adam steps of a net big enough that its products and the update of its first weight
-   are shared out (96-384-10 MLP, batch 32; a conv 3 -> 8 on 4 images of 12 x 12; a batch norm
-   of 32 channels of 4 x 12 x 12, whose channels are shared out), on `threads` threads; small
-   enough for the x87 and s390x runs under qemu. conv_out: the conv's weight, then the batch
-   norm's weight, bias and running variance. */
+   are shared out (96-384-10 MLP, batch 32; a conv 3 -> 8 on 4 images of 12 x 12; batch norms
+   of 32 channels of 4 x 12 x 12 and of a [512, 32] batch (its columns copied out), whose
+   channels are shared out), on `threads` threads; small enough for the x87 and s390x runs under
+   qemu. conv_out: the conv's weight, the first batch norm's weight, bias and running variance,
+   the second's weight and bias. */
 static int train(int threads, float *mlp_out, float *conv_out) {
     mlc_ctx *ctx = test_ctx(7);
-    mlc_module *l1, *l2, *conv, *net, *bn;
-    mlc_optim *opt, *conv_opt, *bn_opt;
-    mlc_tensor *x, *y, *images, *w, *planes, *mix;
+    mlc_module *l1, *l2, *conv, *net, *bn, *bn_flat;
+    mlc_optim *opt, *conv_opt, *bn_opt, *flat_opt;
+    mlc_tensor *x, *y, *images, *w, *planes, *mix, *rows, *rows_mix;
     int s;
     CHECK(ctx);
     mlc_set_threads(ctx, threads);
@@ -130,16 +131,22 @@ static int train(int threads, float *mlp_out, float *conv_out) {
     bn_opt = mlc_sgd(ctx, bn, (mlc_sgd_opts){ .lr = 1e-2f });   /* (Adam would hide a scaled gradient) */
     planes = mlc_add_scalar(mlc_mul_scalar(mlc_randn(ctx, MLC_SHAPE(4, 32, 12, 12)), 3.0f), 5.0f);
     mix = mlc_randn(ctx, MLC_SHAPE(4, 32, 12, 12));
-    CHECK(net && conv && opt && conv_opt && x && y && images && bn && bn_opt && planes && mix);
+    bn_flat = mlc_nn_batch_norm(ctx, 32);
+    flat_opt = mlc_sgd(ctx, bn_flat, (mlc_sgd_opts){ .lr = 1e-2f });
+    rows = mlc_add_scalar(mlc_randn(ctx, MLC_SHAPE(512, 32)), -2.0f);
+    rows_mix = mlc_randn(ctx, MLC_SHAPE(512, 32));
+    CHECK(net && conv && opt && conv_opt && x && y && images && bn && bn_opt && planes && mix && bn_flat
+          && flat_opt && rows && rows_mix);
     for (s = 0; s < 3; s++) {
         mlc_frame f = mlc_frame_begin(ctx);
         mlc_tensor *loss = mlc_mse_loss(mlc_forward(net, x), y, MLC_REDUCE_MEAN);
         mlc_tensor *conv_loss = mlc_sum_all(mlc_mul(mlc_forward(conv, images), mlc_forward(conv, images)));
         mlc_tensor *bn_loss = mlc_sum_all(mlc_mul(mlc_forward(bn, planes), mix));
-        mlc_zero_grad(opt); mlc_zero_grad(conv_opt); mlc_zero_grad(bn_opt);
+        mlc_tensor *flat_loss = mlc_sum_all(mlc_mul(mlc_forward(bn_flat, rows), rows_mix));
+        mlc_zero_grad(opt); mlc_zero_grad(conv_opt); mlc_zero_grad(bn_opt); mlc_zero_grad(flat_opt);
         CHECK(mlc_backward(loss) == MLC_OK && mlc_backward(conv_loss) == MLC_OK
-              && mlc_backward(bn_loss) == MLC_OK);
-        mlc_step(opt); mlc_step(conv_opt); mlc_step(bn_opt);
+              && mlc_backward(bn_loss) == MLC_OK && mlc_backward(flat_loss) == MLC_OK);
+        mlc_step(opt); mlc_step(conv_opt); mlc_step(bn_opt); mlc_step(flat_opt);
         mlc_frame_end(f);
     }
     {
@@ -151,6 +158,9 @@ static int train(int threads, float *mlp_out, float *conv_out) {
         CHECK(mlc_module_parameters(bn, p, 2) == 2);
         memcpy(conv_out + 8 * 27, mlc_host_data(p[0].tensor), 32 * sizeof(float));
         memcpy(conv_out + 8 * 27 + 32, mlc_host_data(p[1].tensor), 32 * sizeof(float));
+        CHECK(mlc_module_parameters(bn_flat, p, 2) == 2);
+        memcpy(conv_out + 8 * 27 + 96, mlc_host_data(p[0].tensor), 32 * sizeof(float));
+        memcpy(conv_out + 8 * 27 + 128, mlc_host_data(p[1].tensor), 32 * sizeof(float));
     }
     {
         mlc_named_tensor st[8];
@@ -172,7 +182,7 @@ static int train(int threads, float *mlp_out, float *conv_out) {
    of images fixed by the batch. 3 and 8 threads are more than most test machines have cores:
    the pieces of a worker that does not get a core go to the caller. */
 static int threads_give_the_same_training(void) {
-    static float mlp1[384 * 96], mlpn[384 * 96], conv1[8 * 27 + 96], convn[8 * 27 + 96];
+    static float mlp1[384 * 96], mlpn[384 * 96], conv1[8 * 27 + 160], convn[8 * 27 + 160];
     static const int counts[] = { 2, 3, 8 };
     int c, i;
     if (!train(1, mlp1, conv1)) return 0;
@@ -181,7 +191,7 @@ static int threads_give_the_same_training(void) {
         for (i = 0; i < 384 * 96; i++)
             CHECK_MSG(test_bits(mlp1[i]) == test_bits(mlpn[i]), "%d threads, weight %d: %.9g, 1 thread %.9g",
                       counts[c], i, (double)mlpn[i], (double)mlp1[i]);
-        for (i = 0; i < 8 * 27 + 96; i++)
+        for (i = 0; i < 8 * 27 + 160; i++)
             CHECK_MSG(test_bits(conv1[i]) == test_bits(convn[i]),
                       "%d threads, conv weight / batch norm value %d: %.9g, 1 thread %.9g", counts[c], i,
                       (double)convn[i], (double)conv1[i]);
