@@ -7559,6 +7559,8 @@ typedef struct mlc__depthwise_job {
     size_t padded_floats;               /* forward: a padded plane (Hp x Wp) and 64 + 2·dw floats beside */
     int gx_overwrite;                   /* backward: gx is fresh, each plane written over */
     int avx512;                         /* forward: 3-wide kernels through mlc__depthwise_3_avx512 */
+    size_t small_floats;                /* backward on small planes (mlc__depthwise_small_backward):
+                                           per thread, its padded planes and a masked dy */
     int first[MLC__DEPTHWISE_MAX_K], last[MLC__DEPTHWISE_MAX_K];   /* column j's span */
     int lo, hi;                         /* the output columns every column of the kernel reaches */
 } mlc__depthwise_job;
@@ -7886,6 +7888,66 @@ static void mlc__depthwise_plane_backward_avx512(const mlc__depthwise_job *job, 
         }
     }
 }
+
+/* Channel c's backward over every image, for 3x3 kernels at stride 1 on planes at most 16 wide
+   (MobileNet's 7x7 to 3x3 planes, where the path above is mostly edge columns): one vector a
+   row, no edges. With xp, x zero-padded (Hp x Wp), and dyp, dy zero-padded by q = d·2 - p
+   ((OH + 2qh) x (OW + 2qw)):
+     dW[i, j] += Σ_oh dy[oh, :] · xp[oh + i·dh, j·dw :]               (nine running vectors)
+     dx[h, :] = Σ_ij w[i, j] dyp[h + dh (2 - i), dw (2 - j) :]         (one store a row)
+   every load masked to the row's width, so nothing past it (an infinity) reaches a sum. */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_small_backward(const mlc__depthwise_job *job, float *scratch, size_t c) {
+    const mlc__conv *cv = job->cv;
+    const int H = cv->H, W = cv->W, OH = cv->OH, OW = cv->OW, P = OH * OW, dh = cv->dh, dw = cv->dw;
+    const int Wp = W + 2 * cv->pw, qh = 2 * dh - cv->ph, qw = 2 * dw - cv->pw, Wq = OW + 2 * qw;
+    const size_t xp_floats = (size_t)(H + 2 * cv->ph) * Wp + 16, dyp_floats = (size_t)(OH + 2 * qh) * Wq + 16;
+    const __mmask16 out_mask = (__mmask16)((1u << OW) - 1), in_mask = (__mmask16)((1u << W) - 1);
+    float *xp = scratch, *dyp = xp + xp_floats, *masked = dyp + dyp_floats;
+    const float *w = job->w + c * 9;
+    __m512 acc[9], wv[9];
+    float lanes[16];
+    int n, h, oh, k;
+    for (k = 0; k < 9; k++) { acc[k] = _mm512_setzero_ps(); wv[k] = _mm512_set1_ps(w[k]); }
+    for (n = 0; n < cv->N; n++) {
+        const size_t pl = (size_t)n * cv->C + c;
+        const float *dy = job->dy + pl * P, *x = job->x + pl * H * W;
+        float *gx = job->gx ? job->gx + pl * H * W : NULL;
+        if (cv->relu) {
+            mlc__conv_activate_grad(cv, (size_t)P, job->y + pl * P, dy, masked);
+            dy = masked;
+        }
+        if (job->gb) job->gb[c] += mlc__sum8(dy, P);
+        if (job->gw) {
+            memset(xp, 0, xp_floats * sizeof(float));
+            for (h = 0; h < H; h++)
+                memcpy(xp + (size_t)(h + cv->ph) * Wp + cv->pw, x + h * W, (size_t)W * sizeof(float));
+            for (oh = 0; oh < OH; oh++) {
+                const __m512 g = _mm512_maskz_loadu_ps(out_mask, dy + oh * OW);
+                for (k = 0; k < 9; k++) {
+                    const float *row = xp + (size_t)(oh + k / 3 * dh) * Wp + k % 3 * dw;
+                    acc[k] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(out_mask, row), acc[k]);
+                }
+            }
+        }
+        if (!gx) continue;
+        memset(dyp, 0, dyp_floats * sizeof(float));
+        for (oh = 0; oh < OH; oh++)
+            memcpy(dyp + (size_t)(oh + qh) * Wq + qw, dy + oh * OW, (size_t)OW * sizeof(float));
+        for (h = 0; h < H; h++) {
+            __m512 v = job->gx_overwrite ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(in_mask, gx + h * W);
+            for (k = 0; k < 9; k++) {
+                const float *row = dyp + (size_t)(h + dh * (2 - k / 3)) * Wq + dw * (2 - k % 3);
+                v = _mm512_fmadd_ps(wv[k], _mm512_maskz_loadu_ps(in_mask, row), v);
+            }
+            _mm512_mask_storeu_ps(gx + h * W, in_mask, v);
+        }
+    }
+    for (k = 0; job->gw && k < 9; k++) {                 /* the lanes in mlc__sum8's order */
+        _mm512_storeu_ps(lanes, acc[k]);
+        job->gw[c * 9 + k] += mlc__sum8(lanes, 16);
+    }
+}
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -7899,6 +7961,12 @@ static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, 
     size_t c;
     for (c = begin; c < end; c++) {
         const float *w = job->w + c * T;
+#if MLC__X86
+        if (job->small_floats) {
+            mlc__depthwise_small_backward(job, job->scratch + (size_t)slot * job->small_floats, c);
+            continue;
+        }
+#endif
         for (n = 0; n < cv->N; n++) {
             const size_t pl = (size_t)n * cv->C + c;
             const float *dy = job->dy + pl * P, *x = job->x + pl * cv->H * cv->W;
@@ -7956,9 +8024,15 @@ static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backwa
 #if MLC__X86
     job->avx512 = cv->KW == 3 && (cv->sw == 1 || cv->sw == 2) && __builtin_cpu_supports("avx512f");
 #endif
-    if (backward && cv->relu
-        && !(job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->C, channels_from) * plane
-                                                 + 1, "mlc_conv2d backward")))
+    if (backward && job->avx512 && cv->KH == 3 && cv->sh == 1 && cv->sw == 1 && cv->OW <= 16
+        && cv->W <= 16 && cv->ph <= 2 * cv->dh && cv->pw <= 2 * cv->dw)   /* xp, dyp, a masked dy */
+        job->small_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 16
+                            + (size_t)(cv->OH + 4 * cv->dh - 2 * cv->ph) * (cv->OW + 4 * cv->dw - 2 * cv->pw)
+                            + 16 + plane;
+    if (backward && (cv->relu || job->small_floats)
+        && !(job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->C, channels_from)
+                                                 * (job->small_floats ? job->small_floats : plane) + 1,
+                                        "mlc_conv2d backward")))
         return 0;
     if (!backward && job->avx512 && cv->KH == 3 && cv->OW < MLC__DEPTHWISE_PAD_BELOW && (cv->ph || cv->pw)) {
         job->padded_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 64 + 2 * (size_t)cv->dw;

@@ -44,9 +44,15 @@ static int depthwise_case(int N, int C, int H, int W, int K, int stride, int pad
     y = mlc_conv2d(x, w, b, opts);
     CHECK_MSG(y != NULL, "conv2d: %s", mlc_error_message(ctx));
     r = mlc_rand(ctx, y->ndim, y->shape);                       /* loss = Σ y r */
-    for (c = 0; c < C; c++)
-        parts[c] = mlc_conv2d(mlc_slice(xr, 1, c, c + 1), mlc_slice(wr, 0, c, c + 1),
-                              b ? mlc_slice(br, 0, c, c + 1) : NULL, one);
+    for (c = 0; c < C; c++) {     /* (with a second, zero filter: one channel in and one out
+                                     would take the depthwise path too) */
+        mlc_tensor *two[2], *wc, *bc;
+        two[0] = mlc_slice(wr, 0, c, c + 1); two[1] = mlc_zeros(ctx, MLC_SHAPE(1, 1, K, K));
+        wc = mlc_concat(ctx, two, 2, 0);
+        two[0] = b ? mlc_slice(br, 0, c, c + 1) : NULL; two[1] = mlc_zeros(ctx, MLC_SHAPE(1));
+        bc = b ? mlc_concat(ctx, two, 2, 0) : NULL;
+        parts[c] = mlc_slice(mlc_conv2d(mlc_slice(xr, 1, c, c + 1), wc, bc, one), 1, 0, 1);
+    }
     ref = mlc_concat(ctx, parts, C, 1);
     CHECK_MSG(ref && mlc_same_shape(ref, y), "reference: %s", mlc_error_message(ctx));
     CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
@@ -69,7 +75,12 @@ static int depthwise_matches_per_channel_convs(void) {
         && depthwise_case(1, 16, 40, 37, 3, 1, 1, 1, 1)       /* enough planes for threads */
         && depthwise_case(2, 3, 9, 70, 3, 2, 1, 1, 1)         /* whole blocks of 16 at stride 2 */
         && depthwise_case(1, 3, 6, 69, 3, 2, 1, 1, 0)
-        && depthwise_case(1, 2, 5, 67, 3, 2, 0, 1, 1);
+        && depthwise_case(1, 2, 5, 67, 3, 2, 0, 1, 1)
+        && depthwise_case(4, 5, 6, 6, 3, 1, 1, 1, 1)          /* small planes, backward a row a vector */
+        && depthwise_case(3, 4, 3, 3, 3, 1, 1, 1, 0)
+        && depthwise_case(2, 3, 7, 16, 3, 1, 1, 1, 1)         /* 16 wide: whole vectors */
+        && depthwise_case(2, 3, 8, 10, 3, 1, 2, 2, 1)         /* dilation 2 */
+        && depthwise_case(2, 3, 5, 9, 3, 1, 0, 1, 1);         /* no padding: dx wider than dy */
 }
 
 static mlc_tensor *f_depthwise(mlc_tensor **in, void *user) {
