@@ -7103,47 +7103,58 @@ static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_
     return out;
 }
 
-/* Eight running sums over n floats, for mlc__sum8 and batch norm's sums: lanes a[k] += u and
-   b[k] += u·v for values k, k + 8, ..., where (u, v) are
-     MLC__LANES_SUM       (x, -)                 mlc__sum8 (b untouched)
-     MLC__LANES_SQUARES   (x - mu, x - mu)       batch norm's mean and variance
-     MLC__LANES_GRAD      (g, (x - mu) rs)       batch norm's backward
-   The last n % 8 values go in padded to 8 with values that add nothing (x = mu, g = 0). On AVX2
-   each lane array is one register; the portable loop's arrays, which GCC keeps in memory (a store
-   and a load every step), take the same operations in the same order, so both give the same
-   bits. */
+/* Batch norm's sums over n floats, in eight running sums of mlc__sum_t (double unless
+   MLC_FLOAT_ONLY, as every long sum in mlc): lanes a[k] += u and b[k] += u·v for values k, k + 8,
+   ..., where (u, v) are
+     MLC__LANES_SUM       (x, -)                 a block's mean (b untouched)
+     MLC__LANES_SQUARES   (x - mu, x - mu)       its squares about that mean
+     MLC__LANES_GRAD      (g, g (x - mu) rs)     backward: Σ g and Σ g x̂ (v the product, in float)
+   with x - mu and g (x - mu) rs in float, then widened. The last n % 8 values go in padded to 8
+   with values that add nothing (x = mu, or 0 for a plain sum; g = 0). On AVX2 the lanes are
+   four registers; the portable loop's arrays, which GCC keeps in memory (a store and a load every
+   step), take the same operations in the same order, so both give the same bits. */
 enum { MLC__LANES_SUM, MLC__LANES_SQUARES, MLC__LANES_GRAD };
-#if MLC__X86
+#if MLC__X86 && !defined(MLC_FLOAT_ONLY)
+/* (a += the 8 floats of v, widened: 4 to a pair of registers each) */
+#define MLC__LANES_ADD(lo, hi, v)                                                  \
+    do {                                                                           \
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));        \
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));      \
+    } while (0)
 __attribute__((target("avx2")))
 static size_t mlc__lanes8_avx2(int kind, const float *x, const float *g, size_t n, float mu, float rs,
-                               float *a, float *b) {
+                               double *a, double *b) {
     const __m256 m = _mm256_set1_ps(mu), r = _mm256_set1_ps(rs);
-    __m256 va = _mm256_loadu_ps(a), vb = _mm256_loadu_ps(b);
+    __m256d a0 = _mm256_loadu_pd(a), a1 = _mm256_loadu_pd(a + 4), b0 = _mm256_loadu_pd(b),
+            b1 = _mm256_loadu_pd(b + 4);
     size_t q = 0;
     if (kind == MLC__LANES_SUM)
-        for (; q + 8 <= n; q += 8) va = _mm256_add_ps(va, _mm256_loadu_ps(x + q));
+        for (; q + 8 <= n; q += 8) MLC__LANES_ADD(a0, a1, _mm256_loadu_ps(x + q));
     else if (kind == MLC__LANES_SQUARES)
         for (; q + 8 <= n; q += 8) {
             const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + q), m);
-            va = _mm256_add_ps(va, d);
-            vb = _mm256_add_ps(vb, _mm256_mul_ps(d, d));
+            const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(d)),
+                          d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1));
+            a0 = _mm256_add_pd(a0, d0); a1 = _mm256_add_pd(a1, d1);
+            b0 = _mm256_add_pd(b0, _mm256_mul_pd(d0, d0)); b1 = _mm256_add_pd(b1, _mm256_mul_pd(d1, d1));
         }
     else
         for (; q + 8 <= n; q += 8) {
             const __m256 gq = _mm256_loadu_ps(g + q), d = _mm256_sub_ps(_mm256_loadu_ps(x + q), m);
-            va = _mm256_add_ps(va, gq);
-            vb = _mm256_add_ps(vb, _mm256_mul_ps(gq, _mm256_mul_ps(d, r)));
+            MLC__LANES_ADD(a0, a1, gq);
+            MLC__LANES_ADD(b0, b1, _mm256_mul_ps(gq, _mm256_mul_ps(d, r)));
         }
-    _mm256_storeu_ps(a, va);
-    _mm256_storeu_ps(b, vb);
+    _mm256_storeu_pd(a, a0); _mm256_storeu_pd(a + 4, a1);
+    _mm256_storeu_pd(b, b0); _mm256_storeu_pd(b + 4, b1);
     return q;
 }
+#undef MLC__LANES_ADD
 #endif
-static void mlc__lanes8(int kind, const float *x, const float *g, size_t n, float mu, float rs, float *a,
-                        float *b) {
+static void mlc__lanes8(int kind, const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *a,
+                        mlc__sum_t *b) {
     float xt[8], gt[8];
     size_t q = 0, k;
-#if MLC__X86
+#if MLC__X86 && !defined(MLC_FLOAT_ONLY)
     if (n >= 32 && __builtin_cpu_supports("avx2")) q = mlc__lanes8_avx2(kind, x, g, n, mu, rs, a, b);
 #endif
     for (; q < n; q += 8) {
@@ -7157,23 +7168,26 @@ static void mlc__lanes8(int kind, const float *x, const float *g, size_t n, floa
         }
         for (k = 0; k < 8; k++) {
             const float d = xs[k] - mu;
-            if (kind == MLC__LANES_SUM) a[k] += xs[k];
-            else if (kind == MLC__LANES_SQUARES) { a[k] += d; b[k] += d * d; }
-            else { a[k] += gs[k]; b[k] += gs[k] * (d * rs); }
+            if (kind == MLC__LANES_SUM) a[k] += (mlc__sum_t)xs[k];
+            else if (kind == MLC__LANES_SQUARES) {
+                a[k] += (mlc__sum_t)d;
+                b[k] += (mlc__sum_t)d * (mlc__sum_t)d;
+            }
+            else { a[k] += (mlc__sum_t)gs[k]; b[k] += (mlc__sum_t)(gs[k] * (d * rs)); }
         }
     }
 }
 
 /* The sum of the eight lanes, in a fixed order */
-static float mlc__lanes_total(const float *a) {
+static mlc__sum_t mlc__lanes_total(const mlc__sum_t *a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
 /* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
    are N runs of `inner` floats, one per image), and reads a channel once for its statistics:
    each run is cut into blocks of at most MLC__BN_BLOCK floats (still in L1 for a second look),
-   a block's mean and its squares about that mean taken in two passes of eight float lanes
-   (mlc__lanes8), and the blocks combined in mlc__sum_t (Chan, Golub and LeVeque's update:
+   a block's mean and its squares about that mean taken in two passes (mlc__lanes8), and the
+   blocks combined in mlc__sum_t (Chan, Golub and LeVeque's update:
    merging counts n_a, n_b with means m_a, m_b adds n_a n_b / (n_a + n_b) (m_b - m_a)² to the
    sum of squares). */
 #define MLC__BN_BLOCK 1024
@@ -7186,14 +7200,15 @@ static void mlc__bn_stats_add(mlc__bn_stats *st, const float *x, size_t n) {
     size_t at;
     for (at = 0; at < n; at += MLC__BN_BLOCK) {
         const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
-        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, mean;
+        mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
         mlc__sum_t d, squares, block_mean, delta, total = st->count + (mlc__sum_t)count;
+        float mean;
         mlc__lanes8(MLC__LANES_SUM, x + at, NULL, count, 0.0f, 0.0f, a, b);
-        mean = mlc__lanes_total(a) / (float)count;
+        mean = (float)(mlc__lanes_total(a) / (mlc__sum_t)count);
         memset(a, 0, sizeof a);
         mlc__lanes8(MLC__LANES_SQUARES, x + at, NULL, count, mean, 1.0f, a, b);
-        d = (mlc__sum_t)mlc__lanes_total(a);              /* what is left of the mean's rounding */
-        squares = (mlc__sum_t)mlc__lanes_total(b) - d * d / (mlc__sum_t)count;
+        d = mlc__lanes_total(a);                          /* what is left of the mean's rounding */
+        squares = mlc__lanes_total(b) - d * d / (mlc__sum_t)count;
         block_mean = (mlc__sum_t)mean + d / (mlc__sum_t)count;
         delta = block_mean - st->mean;
         st->mean += delta * (mlc__sum_t)count / total;
@@ -7208,9 +7223,9 @@ static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu
     size_t at;
     for (at = 0; at < n; at += MLC__BN_BLOCK) {
         const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
-        float a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+        mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
         mlc__lanes8(MLC__LANES_GRAD, x + at, g + at, count, mu, rs, a, b);
-        *sum_g += (mlc__sum_t)mlc__lanes_total(a); *sum_gx += (mlc__sum_t)mlc__lanes_total(b);
+        *sum_g += mlc__lanes_total(a); *sum_gx += mlc__lanes_total(b);
     }
 }
 
@@ -7231,8 +7246,6 @@ static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *
     else MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
 }
 
-/* backward over channels [begin, end):
-     dW = Σ g x̂    db = Σ g    dx += w rs (g - mean(g) - x̂ mean(g x̂))   (eval: dx += w rs g) */
 /* A channel's values as runs: in place, N runs of `inner` floats C·inner apart; or, where runs
    are shorter than MLC__BN_GATHER floats (a [N, C] batch has runs of one), first copied into one
    run of N·inner floats in the thread's scratch, so the sums and maps below work on long runs. */
@@ -7508,9 +7521,12 @@ static void mlc__im2col_threads(mlc_ctx *ctx, const mlc__conv *cv, int channels,
 /* The sum of n floats in eight running sums (bias gradients): no chain of dependent adds, and
    the eight are one vector add even where loops are not vectorised (plain -O2). */
 static float mlc__sum8(const float *v, int n) {
-    float s[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, unused[8];
-    mlc__lanes8(MLC__LANES_SUM, v, NULL, (size_t)n, 0.0f, 0.0f, s, unused);
-    return mlc__lanes_total(s);
+    float s[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f }, sum = 0.0f;
+    int q, k;
+    for (q = 0; q + 8 <= n; q += 8)
+        for (k = 0; k < 8; k++) s[k] += v[q + k];
+    for (; q < n; q++) sum += v[q];
+    return sum + (((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])));
 }
 
 /* dx[c, ih, iw] += every value of col that im2col took from there */

@@ -148,6 +148,32 @@ if [ -f "$MINILM/model.safetensors" ]; then
         printf "| sentences/s (median of passes)           | %12s | %13s | %16s | %17s | %11s |\n",
                m1, m2, t1, t2, (t1 == "-" || t <= 0) ? "-" : sprintf("%.2fx", m / t) }'
     echo "(other processes used $others% of the CPUs during the PyTorch part)"
+    # issue 25's MiniLM rows: the model in bf16 (--dtype bf16: every linear and attention product
+    # on bf16 weights) beside PyTorch float32 and PyTorch under bf16 autocast, 1 thread; the
+    # second target needs AMX or AVX-512 BF16 (mlc's bf16 kernel), else it is skipped
+    b1=$(OMP_NUM_THREADS=1 "$BUILD/minilm-bench" --model "$MINILM" --dtype bf16 --file bench/minilm_sentences.txt \
+             --bench $RUNS | sps)
+    tb1=-
+    if [ -n "$TORCH_PY" ] && "$TORCH_PY" bench/torch_bench.py --minilm "$MINILM" "$BUILD/minilm_ids.txt" $RUNS \
+           --amp bf16 > "$BUILD/bench_minilm_torch_bf16.txt"; then
+        tb1=$(awk '$1 == "minilm_torch_bf16_sps_1" { print $2 }' "$BUILD/bench_minilm_torch_bf16.txt")
+    fi
+    bf16_cpu=no
+    grep -qE '\b(avx512_bf16|amx_bf16)\b' /proc/cpuinfo 2>/dev/null && bf16_cpu=yes
+    echo
+    echo "| all-MiniLM-L6-v2, 1 thread (issue 25) | sentences/s | mlc bf16 / it | target  | result |"
+    echo "|---------------------------------------|------------:|--------------:|---------|--------|"
+    awk -v b="$b1" -v m="$m1" -v t="$t1" -v tb="$tb1" -v cpu="$bf16_cpu" 'BEGIN {
+        printf "| mlc, the model in bf16 (--dtype bf16) | %11s | %13s | %-7s | %s |\n", b, "-", "", ""
+        printf "| mlc float32                           | %11s | %13s | %-7s | %s |\n", m,
+               (m > 0 && b > 0) ? sprintf("%.2fx", b / m) : "-", "", ""
+        r = (t > 0 && b > 0) ? b / t : 0
+        printf "| PyTorch float32                       | %11s | %13s | %-7s | %s |\n", t,
+               r ? sprintf("%.2fx", r) : "-", ">= 2x", r ? (r >= 2 ? "met" : "not met") : "-"
+        r = (tb > 0 && b > 0) ? b / tb : 0
+        printf "| PyTorch under bf16 autocast           | %11s | %13s | %-7s | %s |\n", tb,
+               r ? sprintf("%.2fx", r) : "-", ">= 1.5x",
+               cpu != "yes" ? "skipped: no AMX or AVX-512 BF16" : r ? (r >= 1.5 ? "met" : "not met") : "-" }'
 else
     echo "bench: no model in $MINILM (sh tools/fetch_minilm.sh): the all-MiniLM-L6-v2 row is skipped"
 fi

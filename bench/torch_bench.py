@@ -50,7 +50,8 @@ sentence-embedding row): the token ids of `build/minilm --ids` (IDS_FILE), embed
 examples/minilm.c does (sorted longest first, batches of 32 padded to their longest, BERT's
 forward as tests/models/test_minilm.py writes it, mean pooling, L2 norm), one warm-up pass then
 RUNS passes, on 1 thread and on 2; prints "minilm_torch_sps_1 X", "minilm_torch_sps_2 Y"
-(the median pass) and others_percent.
+(the median pass) and others_percent; with --amp bf16 the passes run under
+torch.autocast("cpu", torch.bfloat16) and print "minilm_torch_bf16_sps_1 X" and "..._2 Y".
 """
 import argparse
 import ctypes
@@ -430,7 +431,7 @@ def micro(images, labels):
     int8_rows(images)
 
 
-def minilm_main(model, ids_file, runs):
+def minilm_main(model, ids_file, runs, amp):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
     from test_minilm import bert_embed, load_safetensors
     w = load_safetensors(os.path.join(model, "model.safetensors"))
@@ -447,14 +448,15 @@ def minilm_main(model, ids_file, runs):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         took = []
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
             for r in range(runs + 1):                 # the first pass warms up
                 t = time.perf_counter()
                 for x, m in batches:
                     bert_embed(w, x, m)
                 took.append(time.perf_counter() - t)
         took = sorted(took[1:])
-        print("minilm_torch_sps_%d %.1f" % (threads, len(ids) / took[len(took) // 2]))
+        print("minilm_torch%s_sps_%d %.1f" % ("_bf16" if amp == "bf16" else "", threads,
+                                               len(ids) / took[len(took) // 2]))
     print("others_percent %.1f" % others_percent(start))
 
 
@@ -477,6 +479,6 @@ if __name__ == "__main__":
         parser.error("--samples: 0 (one epoch) or at least %d; --runs, --threads: 0 (the default) or more"
                      % BATCH)
     if options.minilm:
-        minilm_main(options.minilm[0], options.minilm[1], int(options.minilm[2]))
+        minilm_main(options.minilm[0], options.minilm[1], int(options.minilm[2]), options.amp)
     else:
         main(options)

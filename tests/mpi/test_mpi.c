@@ -171,7 +171,10 @@ static mlc_optim *make_optim(mlc_ctx *ctx, mlc_module *m, int kind) {
 #define STEPS 5
 
 /* sync_bn: the model's BatchNorm made SyncBatchNorm (the reference keeps BatchNorm on batch G);
-   then the running statistics must match too */
+   then the running statistics must match too, within 3e-5: SyncBatchNorm takes its statistics
+   from float32 sums per rank and the reference from its own sums, so the two round differently
+   (only changing the order of the reference's double sums moved the worst difference over 5
+   steps from 7.2e-6 to 1.07e-5). */
 static int equivalence_of(maker make, int features, int kind, int sync_bn) {
     float x[G * STEPS * 36], y[G * STEPS];
     int b = G / mpi.size, s, n;
@@ -200,7 +203,7 @@ static int equivalence_of(maker make, int features, int kind, int sync_bn) {
     }
     n = sync_bn ? state_of(rm, want) : params_of(rm, want);
     CHECK(n > 0 && n <= 4096 && (sync_bn ? state_of(m, got) : params_of(m, got)) == n);
-    CHECK_MSG(worst_relative(got, want, n) <= tolerance(ctx),
+    CHECK_MSG(worst_relative(got, want, n) <= (sync_bn ? 3 : 1) * tolerance(ctx),
               "%d ranks: worst relative difference %g from one process",
               mpi.size, worst_relative(got, want, n));
     mlc_ddp_free(ddp);
