@@ -7217,16 +7217,12 @@ static void mlc__bn_stats_add(mlc__bn_stats *st, const float *x, size_t n) {
     }
 }
 
-/* sum_g += Σ g, sum_gx += Σ g x̂ over n floats, x̂ = (x - mu) rs */
+/* sum_g += Σ g, sum_gx += Σ g x̂ over n floats, x̂ = (x - mu) rs (one pass: no blocks needed) */
 static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *sum_g,
                               mlc__sum_t *sum_gx) {
-    size_t at;
-    for (at = 0; at < n; at += MLC__BN_BLOCK) {
-        const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
-        mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-        mlc__lanes8(MLC__LANES_GRAD, x + at, g + at, count, mu, rs, a, b);
-        *sum_g += mlc__lanes_total(a); *sum_gx += mlc__lanes_total(b);
-    }
+    mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+    mlc__lanes8(MLC__LANES_GRAD, x, g, n, mu, rs, a, b);
+    *sum_g += mlc__lanes_total(a); *sum_gx += mlc__lanes_total(b);
 }
 
 /* y = (x - mu) rs w + b over n floats */

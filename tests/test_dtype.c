@@ -47,7 +47,8 @@ static int casts_match_pytorch_bit_for_bit(void) {
 }
 
 /* The array conversions (vectorised, F16C where the CPU has it) give the table's bits too, and
-   widen every one of the 65536 patterns as the single conversions do. */
+   widen every one of the 65536 patterns as the single conversions do; so does mlc_to_dtype both
+   ways on 70001 values (more than one thread's share, not a multiple of 16) on 2 CPU threads. */
 static int array_conversions_match_single_ones(void) {
     mlc_ctx *ctx = test_ctx(2);
     float *values = (float *)malloc(MLC_TEST_F32_TO_HALF_COUNT * sizeof(float)), *wide;
@@ -80,6 +81,28 @@ static int array_conversions_match_single_ones(void) {
         free(wide);
     }
     test_destroy(ctx);
+    ctx = mlc_create(&(mlc_config){ .device = "cpu", .threads = 2, .seed = 2 });
+    CHECK(ctx != NULL);
+    for (d = 0; d < 2; d++) {
+        mlc_tensor *wide_t, *back;
+        patterns = mlc_full_dtype(ctx, MLC_SHAPE(70001), 0.0f, d ? MLC_F16 : MLC_BF16);
+        CHECK(patterns != NULL);
+        for (i = 0; i < 70001; i++) patterns->half[i] = (uint16_t)(i * 40503u);
+        wide_t = mlc_to_dtype(patterns, MLC_F32);
+        back = mlc_to_dtype(wide_t, d ? MLC_F16 : MLC_BF16);
+        CHECK_MSG(wide_t && back, "%s", mlc_error_message(ctx));
+        for (i = 0; i < 70001; i++) {
+            const uint16_t h16 = patterns->half[i];
+            const float one = d ? mlc_f16_to_float(h16) : mlc_bf16_to_float(h16);
+            const float w = mlc_host_data(wide_t)[i];
+            CHECK_MSG(same_bits(test_bits(w), test_bits(one)), "%s element %zu widened by mlc_to_dtype",
+                      d ? "f16" : "bf16", i);
+            CHECK_MSG(back->half[i] == (d ? mlc_float_to_f16(w) : mlc_float_to_bf16(w)),
+                      "%s element %zu rounded by mlc_to_dtype", d ? "f16" : "bf16", i);
+        }
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
     return 1;
 }
 
