@@ -88,8 +88,9 @@ CONFIGURATION MACROS (define before including)
    MLC_USE_CBLAS         matrix products through cblas_sgemm (OpenBLAS, MKL; Accelerate on
                          Apple); link the BLAS. mlc_config.gemm plugs in any other routine.
    MLC_EXPF MLC_LOGF MLC_LOG1PF MLC_SQRTF MLC_TANHF MLC_ERFF MLC_POWF MLC_COSF
-                         maths functions (default: the <math.h> float versions, but tanh is
-                         mlc's own polynomial: within 4 ulp, and loops of it vectorise)
+                         maths functions (default: the <math.h> float versions, but exp, tanh
+                         and erf are mlc's own polynomials: within 4 ulp, and loops of them
+                         vectorise)
    MLC_FLOAT_ONLY        long sums (reductions, softmax, norms, losses) in float instead of
                          double, for FPUs without double (Cortex-M4F: no soft-float calls)
    MLC_NO_THREADS        every op on the caller's thread (default: a pool of POSIX threads
@@ -1166,7 +1167,7 @@ static inline mlc_result mlc_checkpoint_load_memory(const void *data, size_t siz
 #define MLC_ASSERT(x) assert(x)
 #endif
 #ifndef MLC_EXPF
-#define MLC_EXPF expf
+#define MLC_EXPF mlc__expf                 /* polynomials, within 1.6 ulp, that vectorise */
 #endif
 #ifndef MLC_LOGF
 #define MLC_LOGF logf
@@ -1181,7 +1182,7 @@ static inline mlc_result mlc_checkpoint_load_memory(const void *data, size_t siz
 #define MLC_TANHF mlc__tanhf               /* a polynomial; within 4 ulp, and it vectorises */
 #endif
 #ifndef MLC_ERFF
-#define MLC_ERFF erff
+#define MLC_ERFF mlc__erff
 #endif
 #ifndef MLC_POWF
 #define MLC_POWF powf
@@ -3744,17 +3745,18 @@ static void mlc__convert_shared(mlc_ctx *ctx, mlc_scalar_type dtype, int narrow,
     mlc__parallel(ctx, (n + 15) / 16, MLC__CONVERT_PARALLEL / 16, mlc__convert_blocks, &job);
 }
 
-/* for (i = from; i < to; i++) body, as blocks of 4 and then the rest: a loop of a count the
-   compiler knows vectorises at plain -O2 (GCC 12 vectorises no loop of unknown count there),
-   with or without -fopenmp; i is any integer type, to >= from */
-#define MLC__VECTOR_LOOP(i, from, to, ...) do { \
+/* for (i = from; i < to; i++) body, as blocks of 4 (or `lanes`, a constant) and then the rest:
+   a loop of a count the compiler knows vectorises at plain -O2 (GCC 12 vectorises no loop of
+   unknown count there), with or without -fopenmp; i is any integer type, to >= from */
+#define MLC__VECTOR_LOOP_OF(lanes, i, from, to, ...) do { \
         i = (from); \
-        while ((to) - i >= 4) { \
+        while ((to) - i >= (lanes)) { \
             int mlc__lane_; \
-            for (mlc__lane_ = 0; mlc__lane_ < 4; mlc__lane_++, i++) __VA_ARGS__ \
+            for (mlc__lane_ = 0; mlc__lane_ < (int)(lanes); mlc__lane_++, i++) __VA_ARGS__ \
         } \
         for (; i < (to); i++) __VA_ARGS__ \
     } while (0)
+#define MLC__VECTOR_LOOP(i, from, to, ...) MLC__VECTOR_LOOP_OF(4, i, from, to, __VA_ARGS__)
 
 /* c += v b over n floats (a row of a product, a bias): c and b apart, so it vectorises */
 static void mlc__axpy(size_t n, float v, const float *MLC__RESTRICT b, float *MLC__RESTRICT c) {
@@ -4024,10 +4026,28 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
 #define MLC__INV_SQRT_2 0.7071067811865476f
 #define MLC__INV_SQRT_2PI 0.3989422804014327f
 
+/* MLC__INLINE: inlined into every loop that calls it (GCC weighs a big loop's callees, and a
+   call in a loop stops its vectorisation) */
+#if defined(__GNUC__)
+#define MLC__INLINE inline __attribute__((always_inline))
+#else
+#define MLC__INLINE inline
+#endif
+
 static inline uint32_t mlc__float_bits(float x) { uint32_t b; memcpy(&b, &x, sizeof b); return b; }
 static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof x); return x; }
 
-/* sigmoid: the exponential of a negative number only, so it never overflows.
+/* pick: pick_a ? a : b, as bits: GCC's vectoriser takes a choice between two computed values
+   written this way, but not as ?: (which it leaves a branch).
+   exp: e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2, e^r = 1 + r + r^2 P(r) (P fitted to
+   e^r on that interval, degree 4); x is clamped to [-104, 89] (e^x is 0 and inf beyond), and 2^n
+   is applied as two powers of two so that results between FLT_MIN and 0 come out subnormal, and
+   those above FLT_MAX inf. Within 1.05 ulp of the true value for every float.
+   erf: odd, so computed for a = |x| and the sign put back. Below 1, erf a = a + a Q(a^2)
+   (Q fitted to erf(a)/a - 1, degree 6); from 1, erf a = 1 - e^(-a^2) B(1/a) / a (B fitted to
+   erfc(a) e^(a^2) a, degree 8); from 3.921875 it is 1 in float. Both are computed and one is
+   chosen, so there is no branch. Within 1.6 ulp for every float (checked against double erf).
+   sigmoid: the exponential of a negative number only, so it never overflows.
    tanh: tanh|x| = m / (m + 2) with m = e^(2|x|) - 1, computed whole so that small x loses
    nothing: e^y - 1 = 2^n (e^r - 1) + 2^n - 1, n = round(y / ln 2), |r| <= ln 2 / 2 (degree-7
    Taylor). |x| is capped at 10 (tanh is 1 there in any precision); the sign is put back. No
@@ -4040,11 +4060,43 @@ static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof
    two, so backward and every device draw the mask the forward used without storing it.
    flush: optimiser state below FLT_MIN is stored as 0 (see Optimisers). */
 #define MLC__FORMULA_HELPERS(X) \
-    X(float, mlc__sigmoidf, (float x), { \
-        if (x >= 0) return 1.0f / (1.0f + MLC_EXPF(-x)); \
-        { float e = MLC_EXPF(x); return e / (1.0f + e); } \
+    X(MLC__INLINE float, mlc__pick, (int pick_a, float a, float b), { \
+        uint32_t mask = 0u - (uint32_t)(pick_a != 0); \
+        return mlc__bits_float((mlc__float_bits(a) & mask) | (mlc__float_bits(b) & ~mask)); \
     }) \
-    X(inline float, mlc__tanhf, (float x), {   /* inline: one call in every loop */ \
+    X(MLC__INLINE float, mlc__expf, (float x), { \
+        uint32_t nan_mask = 0u - (uint32_t)((mlc__float_bits(x) & 0x7fffffffu) > 0x7f800000u); \
+        float a = mlc__pick(x > 89.0f, 89.0f, mlc__pick(x < -104.0f, -104.0f, x)), r, e; \
+        int32_t n, k; \
+        a = mlc__bits_float(mlc__float_bits(a) & ~nan_mask);                 /* 0 for a NaN */ \
+        n = (int32_t)(a * 1.44269504f + 256.5f) - 256;               /* positive: truncation floors */ \
+        r = (a - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;  /* ln 2, two parts */ \
+        e = 1.0f + (r + r * r * (0.5f + r * (0.166665778f + r * (0.0416665561f + r * (0.00836317334f \
+            + r * 0.00139261759f))))); \
+        k = n / 2;                                             /* 2^n as 2^k 2^(n - k) */ \
+        e = e * mlc__bits_float((uint32_t)(k + 127) << 23) * mlc__bits_float((uint32_t)(n - k + 127) << 23); \
+        return mlc__bits_float((mlc__float_bits(e) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
+    }) \
+    X(MLC__INLINE float, mlc__erff, (float x), { \
+        uint32_t bits = mlc__float_bits(x) & 0x7fffffffu, sign = mlc__float_bits(x) & 0x80000000u; \
+        uint32_t nan_mask = 0u - (uint32_t)(bits > 0x7f800000u); \
+        float a = mlc__bits_float(bits < 0x407b0000u ? bits : 0x407b0000u);   /* at most 3.921875 */ \
+        float t = a * a, below, above, y; \
+        float u = 1.0f / mlc__bits_float(bits > 0x3f800000u ? bits : 0x3f800000u);   /* 1 / max(a, 1) */ \
+        below = a + a * (0.128379166f + t * (-0.37612626f + t * (0.112835944f + t * (-0.0268542115f \
+                + t * (0.00518908724f + t * (-0.00080168643f + t * 7.87587487e-05f)))))); \
+        above = 0.563951731f + u * (0.00356379827f + u * (-0.301237553f + u * (0.0256657694f \
+                + u * (0.602145433f + u * (-0.956277668f + u * (0.740977168f + u * (-0.30413121f \
+                + u * 0.0529261045f))))))); \
+        above = 1.0f - mlc__expf(-t) * above * u; \
+        y = mlc__pick(a < 1.0f, below, mlc__pick(a < 3.921875f, above, 1.0f)); \
+        return mlc__bits_float(((mlc__float_bits(y) | sign) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
+    }) \
+    X(MLC__INLINE float, mlc__sigmoidf, (float x), { \
+        float e = MLC_EXPF(x < 0 ? x : -x); \
+        return mlc__pick(x < 0, e, 1.0f) / (1.0f + e); \
+    }) \
+    X(MLC__INLINE float, mlc__tanhf, (float x), { \
         uint32_t bits = mlc__float_bits(x) & 0x7fffffffu, sign = mlc__float_bits(x) & 0x80000000u; \
         uint32_t nan_mask = 0u - (uint32_t)(bits > 0x7f800000u);   /* all ones for a NaN */ \
         int32_t n; \
@@ -4059,7 +4111,7 @@ static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof
         y = m / (m + 2.0f); \
         return mlc__bits_float(((mlc__float_bits(y) | sign) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
     }) \
-    X(float, mlc__gelu_tanh_slope, (float x), { \
+    X(MLC__INLINE float, mlc__gelu_tanh_slope, (float x), { \
         float u = MLC__SQRT_2_OVER_PI * (x + 0.044715f * x * x * x), t = MLC_TANHF(u); \
         return 0.5f * (1.0f + t) \
                + 0.5f * x * (1.0f - t * t) * MLC__SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x); \
@@ -4109,8 +4161,8 @@ static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY
    the same bits, without zeros written first and read back). Threads share the elements from
    64k on. f'(x) goes through a variable: GCC 12 keeps g·(x > 0 ? 1 : 0) written inline as a
    branch (a scalar loop that mispredicts at every sign change), and vectorises it this way. */
-#define MLC__MAP(expr) MLC__VECTOR_LOOP(i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
-#define MLC__MAP_GRAD_LOOP(expr, start) MLC__VECTOR_LOOP(i, 0, n, { \
+#define MLC__MAP(expr) MLC__VECTOR_LOOP_OF(lanes, i, 0, n, { const float x = xs[i]; ys[i] = (expr); }); break
+#define MLC__MAP_GRAD_LOOP(expr, start) MLC__VECTOR_LOOP_OF(lanes, i, 0, n, { \
         const float x = xs[i], y = ys[i], slope = (expr); \
         gx[i] = (start) + g[i] * slope; (void)x; (void)y; \
     })
@@ -4119,24 +4171,11 @@ static const char *const mlc__unary_kind_names[] = { MLC__UNARY_KINDS(MLC__UNARY
     break
 #define MLC__MAP_PARALLEL 65536
 
-#if MLC__X86
-static int mlc__cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
-/* the tanh map again, compiled for AVX2 and FMA: 8 floats at a time where the CPU has them */
-__attribute__((target("avx2,fma")))
-static void mlc__tanh_avx2(size_t n, const float *MLC__RESTRICT xs, float *MLC__RESTRICT ys) {
+/* The maps are written once, for `lanes` floats a step, and compiled twice: 4 lanes for any
+   CPU, and 8 with AVX2 and FMA, picked at run time where the CPU has them. */
+static MLC__INLINE void mlc__unary_map_lanes(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                                             float *MLC__RESTRICT ys, float p, float q, const size_t lanes) {
     size_t i;
-    MLC__OMP(omp simd)
-    for (i = 0; i < n; i++) ys[i] = MLC_TANHF(xs[i]);
-}
-#endif
-
-static void mlc__unary_map(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
-                               float *MLC__RESTRICT ys, float p, float q) {
-    size_t i;
-#if MLC__X86
-    if (kind == MLC__UNARY_TANH && mlc__cpu_avx2()) { mlc__tanh_avx2(n, xs, ys); return; }
-#endif
 #define MLC__UNARY_FORWARD_CASE(NAME, name, f, df) case MLC__UNARY_##NAME: MLC__MAP(f);
     switch (kind) {
     MLC__UNARY_KINDS(MLC__UNARY_FORWARD_CASE)
@@ -4145,9 +4184,10 @@ static void mlc__unary_map(mlc__unary_kind kind, size_t n, const float *MLC__RES
 #undef MLC__UNARY_FORWARD_CASE
 }
 
-static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
-                            const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
-                            float *MLC__RESTRICT gx, int overwrite, float p, float q) {
+static MLC__INLINE void mlc__unary_grad_lanes(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                                              const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
+                                              float *MLC__RESTRICT gx, int overwrite, float p, float q,
+                                              const size_t lanes) {
     size_t i;
 #define MLC__UNARY_GRAD_CASE(NAME, name, f, df) case MLC__UNARY_##NAME: MLC__MAP_GRAD(df);
     switch (kind) {
@@ -4159,6 +4199,38 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
 #undef MLC__MAP
 #undef MLC__MAP_GRAD
 #undef MLC__MAP_GRAD_LOOP
+
+#if MLC__X86
+static int mlc__cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+__attribute__((target("avx2,fma")))
+static void mlc__unary_map_avx2(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                                float *MLC__RESTRICT ys, float p, float q) {
+    mlc__unary_map_lanes(kind, n, xs, ys, p, q, 8);
+}
+__attribute__((target("avx2,fma")))
+static void mlc__unary_grad_avx2(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                                 const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
+                                 float *MLC__RESTRICT gx, int overwrite, float p, float q) {
+    mlc__unary_grad_lanes(kind, n, xs, ys, g, gx, overwrite, p, q, 8);
+}
+#endif
+
+static void mlc__unary_map(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                           float *MLC__RESTRICT ys, float p, float q) {
+#if MLC__X86
+    if (mlc__cpu_avx2()) { mlc__unary_map_avx2(kind, n, xs, ys, p, q); return; }
+#endif
+    mlc__unary_map_lanes(kind, n, xs, ys, p, q, 4);
+}
+static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
+                            const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
+                            float *MLC__RESTRICT gx, int overwrite, float p, float q) {
+#if MLC__X86
+    if (mlc__cpu_avx2()) { mlc__unary_grad_avx2(kind, n, xs, ys, g, gx, overwrite, p, q); return; }
+#endif
+    mlc__unary_grad_lanes(kind, n, xs, ys, g, gx, overwrite, p, q, 4);
+}
 
 /* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel (backward:
    onto x's gradient, or over it when beta is 0). */
@@ -6260,22 +6332,62 @@ static void mlc__softmax_backward(mlc__node *n) {
         }
 }
 
-static int mlc__softmax_cpu(mlc__node *n) {
-    const int len = n->args.softmax.len, is_log = n->args.softmax.is_log;
-    const size_t inner = (size_t)n->args.softmax.inner, outer = n->out->size / ((size_t)len * inner);
-    size_t o, k;
+/* e_i = e^(e_i - m) over n floats `stride` apart, and Σ e_i: written once for `lanes` floats a
+   step and compiled for any CPU and for AVX2 (as the maps are); the sum in double after the
+   exponentials, as a sum in double does not vectorise */
+static MLC__INLINE void mlc__exp_shifted_lanes(int n, float *e, float m, const int lanes) {
     int i;
-    for (o = 0; o < outer; o++)
-        for (k = 0; k < inner; k++) {
-            const float *p = n->in[0]->data + o * len * inner + k;
-            float *q = n->out->data + o * len * inner + k, m = p[0];
-            mlc__sum_t s = 0;
-            for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
-            for (i = 0; i < len; i++) s += (mlc__sum_t)MLC_EXPF(p[(size_t)i * inner] - m);
-            for (i = 0; i < len; i++)
-                q[(size_t)i * inner] = is_log ? p[(size_t)i * inner] - m - (float)MLC__SUM_LOG(s)
-                                              : MLC_EXPF(p[(size_t)i * inner] - m) / (float)s;
+    MLC__VECTOR_LOOP_OF(lanes, i, 0, n, { e[i] = MLC_EXPF(e[i] - m); });
+}
+#if MLC__X86
+__attribute__((target("avx2,fma")))
+static void mlc__exp_shifted_avx2(int n, float *e, float m) { mlc__exp_shifted_lanes(n, e, m, 8); }
+#endif
+static mlc__sum_t mlc__exp_shifted(int n, size_t stride, float *e, float m) {
+    mlc__sum_t s = 0;
+    int i;
+    if (stride == 1) {
+#if MLC__X86
+        if (mlc__cpu_avx2()) mlc__exp_shifted_avx2(n, e, m); else
+#endif
+        mlc__exp_shifted_lanes(n, e, m, 4);
+        for (i = 0; i < n; i++) s += (mlc__sum_t)e[i];
+    } else
+        for (i = 0; i < n; i++) {
+            e[(size_t)i * stride] = MLC_EXPF(e[(size_t)i * stride] - m);
+            s += (mlc__sum_t)e[(size_t)i * stride];
         }
+    return s;
+}
+
+/* rows [begin, end) of the op: row r is (o, k) = (r / inner, r % inner), len floats inner apart */
+static void mlc__softmax_rows(void *node, int slot, size_t begin, size_t end) {
+    const mlc__node *n = (const mlc__node *)node;
+    const int len = n->args.softmax.len, is_log = n->args.softmax.is_log;
+    const size_t inner = (size_t)n->args.softmax.inner;
+    size_t r;
+    int i;
+    (void)slot;
+    for (r = begin; r < end; r++) {
+        const size_t at = r / inner * (size_t)len * inner + r % inner;
+        const float *p = n->in[0]->data + at;
+        float *q = n->out->data + at, m = p[0], log_s, inverse_s;
+        mlc__sum_t s;
+        for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
+        for (i = 0; i < len; i++) q[(size_t)i * inner] = p[(size_t)i * inner];
+        s = mlc__exp_shifted(len, inner, q, m);
+        log_s = (float)MLC__SUM_LOG(s);
+        inverse_s = (float)(1 / s);
+        for (i = 0; i < len; i++) {
+            const size_t j = (size_t)i * inner;
+            q[j] = is_log ? p[j] - m - log_s : q[j] * inverse_s;
+        }
+    }
+}
+
+static int mlc__softmax_cpu(mlc__node *n) {
+    const size_t len = (size_t)n->args.softmax.len;
+    mlc__parallel(n->out->ctx, n->out->size / len, MLC__MAP_PARALLEL / len + 1, mlc__softmax_rows, n);
     return 1;
 }
 
@@ -6371,11 +6483,13 @@ static int mlc__class_loss_cpu(mlc__node *n) {
         if (tgt[i] == ignore) continue;
         counted++;
         if (softmax_first) {
-            float m = row[0];
-            mlc__sum_t s = 0, sx = 0;                    /* sx: Σ_c (x_c - m), for smoothing */
+            float m = row[0], *p = probs + (size_t)i * C, inverse_s;
+            mlc__sum_t s, sx = 0;                        /* sx: Σ_c (x_c - m), for smoothing */
             for (c = 1; c < C; c++) if (row[c] > m) m = row[c];
-            for (c = 0; c < C; c++) s += (mlc__sum_t)MLC_EXPF(row[c] - m);
-            for (c = 0; c < C; c++) probs[(size_t)i * C + c] = MLC_EXPF(row[c] - m) / (float)s;
+            memcpy(p, row, (size_t)C * sizeof *p);
+            s = mlc__exp_shifted(C, 1, p, m);
+            inverse_s = (float)(1 / s);
+            for (c = 0; c < C; c++) p[c] *= inverse_s;
             if (eps > 0.0f) for (c = 0; c < C; c++) sx += (mlc__sum_t)(row[c] - m);
             l[i] = (float)(MLC__SUM_LOG(s) - (mlc__sum_t)(1.0f - eps) * (mlc__sum_t)(row[tc] - m)
                            - (mlc__sum_t)eps / C * sx);
@@ -8950,18 +9064,6 @@ static void mlc__attention_scores(const mlc__attention_job *job, size_t bh, floa
         }
 }
 
-/* Row i of head bh's scores becomes its weights in place: P_ij = e^(s_ij - ℓ_i), times m_ij
-   when `drop` (and dropout is on). */
-static void mlc__attention_weights(const mlc__attention_args *a, size_t bh, int i, float *row, float lse,
-                                   int drop) {
-    const uint32_t first = (uint32_t)((bh * (size_t)a->T + (size_t)i) * (size_t)a->S);
-    int j;
-    for (j = 0; j < a->S; j++) {
-        row[j] = MLC_EXPF(row[j] - lse);
-        if (drop && a->dropout > 0.0f) row[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, a->dropout);
-    }
-}
-
 static void mlc__attention_heads(void *arg, int slot, size_t begin, size_t end) {
     const mlc__attention_job *job = (const mlc__attention_job *)arg;
     const int T = job->a->T, S = job->a->S, Dv = job->a->Dv;
@@ -8971,14 +9073,18 @@ static void mlc__attention_heads(void *arg, int slot, size_t begin, size_t end) 
     int i, j;
     for (bh = begin; bh < end; bh++) {
         mlc__attention_scores(job, bh, s, work);
-        for (i = 0; i < T; i++) {                        /* ℓ_i = m + log Σ e^(s - m), m the row's max */
-            float *row = s + (size_t)i * S, m = -INFINITY, lse;
-            mlc__sum_t sum = 0;
+        for (i = 0; i < T; i++) {       /* row i becomes P_i = e^(s - m) / Σ e^(s - m), m its max */
+            const uint32_t first = (uint32_t)((bh * (size_t)T + (size_t)i) * (size_t)S);
+            const float p = job->a->dropout;
+            float *row = s + (size_t)i * S, m = -INFINITY, inverse_sum;
+            mlc__sum_t sum;
             for (j = 0; j < S; j++) if (row[j] > m) m = row[j];
-            for (j = 0; j < S; j++) sum += (mlc__sum_t)MLC_EXPF(row[j] - m);
-            lse = m + (float)MLC__SUM_LOG(sum);
-            job->save_lse[bh * T + (size_t)i] = lse;
-            mlc__attention_weights(job->a, bh, i, row, lse, 1);
+            sum = mlc__exp_shifted(S, 1, row, m);
+            job->save_lse[bh * T + (size_t)i] = m + (float)MLC__SUM_LOG(sum);   /* ℓ_i: P = e^(s - ℓ) */
+            inverse_sum = (float)(1 / sum);
+            for (j = 0; j < S; j++) row[j] *= inverse_sum;
+            if (p > 0.0f)                                /* times the dropout mask */
+                for (j = 0; j < S; j++) row[j] *= mlc__dropout_scale(job->a->seed, first + (uint32_t)j, p);
         }
         mlc__gemm(job->ctx, 0, 0, T, Dv, S, s, job->v + bh * S * Dv, 0.0f, job->y + bh * T * Dv, work);
     }
@@ -9001,7 +9107,7 @@ static void mlc__attention_backward_heads(void *arg, int slot, size_t begin, siz
             const uint32_t first = (uint32_t)((bh * (size_t)T + (size_t)i) * (size_t)S);
             const float p = a->dropout;
             mlc__sum_t delta = 0;
-            mlc__attention_weights(a, bh, i, prow, job->lse[bh * T + (size_t)i], 0);
+            (void)mlc__exp_shifted(S, 1, prow, job->lse[bh * T + (size_t)i]);   /* P = e^(s - ℓ) */
             for (j = 0; j < S; j++) {
                 if (p > 0.0f) drow[j] *= mlc__dropout_scale(a->seed, first + (uint32_t)j, p);
                 delta += (mlc__sum_t)prow[j] * (mlc__sum_t)drow[j];

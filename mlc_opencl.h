@@ -363,9 +363,10 @@ static const char *const mlc__cl_formulas[] = {
 "#define MLC__INV_SQRT_2PI " MLC__CL_STR(MLC__INV_SQRT_2PI) "\n"
 "#define MLC_EXPF exp\n#define MLC_LOGF log\n#define MLC_LOG1PF log1p\n#define MLC_SQRTF sqrt\n"
 "#define MLC_ERFF erf\n#define MLC_POWF pow\n#define MLC_TANHF mlc__tanhf\n"
-"#define uint32_t uint\n#define int32_t int\n"
+"#define uint32_t uint\n#define int32_t int\n#define MLC__INLINE inline\n"
 "#define mlc__float_bits as_uint\n#define mlc__bits_float as_float\n"
-#define MLC__CL_HELPER(type, name, params, ...) #type " " #name #params " " #__VA_ARGS__ "\n"
+/* each helper a piece of its own */
+#define MLC__CL_HELPER(type, name, params, ...) #type " " #name #params " " #__VA_ARGS__ "\n",
 MLC__FORMULA_HELPERS(MLC__CL_HELPER)
 #undef MLC__CL_HELPER
 "/* a gradient's element written as v + beta g (beta 1: v added to g; beta 0: g counts as zeros\n"

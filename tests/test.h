@@ -75,6 +75,7 @@ int test_device_max_args(mlc_ctx *ctx, size_t bytes);
    fast-math build in the Makefile), which folds isnan and isfinite to constants. */
 int test_isnan(double v);
 int test_isfinite(double v);
+float test_erf(float x);
 extern size_t test_fallbacks;                      /* summed by test_destroy */
 extern char test_fallback_op[96];                  /* the first op that fell back */
 void test_destroy_expecting_fallbacks(mlc_ctx *ctx, const char *ops);  /* (tests/test_device.c) */

@@ -95,6 +95,7 @@ int test_device_max_args(mlc_ctx *ctx, size_t bytes) {
 
 int test_isnan(double v) { return mlc__is_nan((float)v); }
 int test_isfinite(double v) { return mlc__is_finite((float)v); }
+float test_erf(float x) { return MLC_ERFF(x); }   /* the CPU's erf (GELU's), for its accuracy test */
 
 size_t test_fallbacks;
 char test_fallback_op[96];

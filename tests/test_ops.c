@@ -283,33 +283,73 @@ static int cumsum_values_and_gradient(void) {
     return 1;
 }
 
-/* mlc's own tanh (a polynomial, no libm) within 4 ulp of tanh in double, on the CPU: every
-   2^-7 from -12 to 12, tiny values (where tanh x = x), and NaN, infinities and -0 */
-static int tanh_within_4_ulp(void) {
-    enum { COUNT = 2 * 12 * 128 + 1 + 40 };
-    static float xs[COUNT];
+/* mlc's own exp, tanh and erf (polynomials, no libm) and the sigmoid built on exp, on the CPU,
+   within their stated ulp of the function in double: a sweep through each one's range (every
+   2^-7 or 2^-9, so the vector loops and their tails both run), tiny values, the edges where
+   exp overflows and underflows, and NaN, infinities and -0. erf has no op of its own: GELU's
+   is read through the tests' build (test_erf). */
+static float test_erf_ulps(float x) { return test_erf(x); }
+static double sigmoid_double(double x) { return 1.0 / (1.0 + exp(-x)); }
+static int maths_within_their_ulp(void) {
+    enum { MAX = 60000 };
+    static float xs[MAX];
+    static const struct {
+        const char *name;
+        mlc_tensor *(*op)(mlc_tensor *);
+        float (*scalar)(float);
+        double (*want)(double);
+        float from, to, step, ulps;
+    } fns[] = {
+        { "exp", mlc_exp, NULL, exp, -110.0f, 95.0f, 1.0f / 128, 1.05f },
+        { "tanh", mlc_tanh, NULL, tanh, -12.0f, 12.0f, 1.0f / 128, 3.3f },
+        { "sigmoid", mlc_sigmoid, NULL, sigmoid_double, -110.0f, 110.0f, 1.0f / 128, 2.5f },
+        { "erf", NULL, test_erf_ulps, erf, -5.0f, 5.0f, 1.0f / 512, 1.6f },
+    };
+    const float special[] = { NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 88.72283f, 88.72284f, -87.33654f,
+                              -103.27893f, -103.97208f, -104.0f, 3.921875f, 3.9218748f, 1.0f, 0.99999994f };
     mlc_config c;
     mlc_ctx *ctx;
-    mlc_tensor *y;
-    const float *v;
-    const float special[4] = { NAN, INFINITY, -INFINITY, -0.0f };
-    int i;
+    size_t f;
     memset(&c, 0, sizeof c);
-    c.quiet = 1; c.device = "cpu";           /* the claim is about the CPU's tanh */
+    c.quiet = 1; c.device = "cpu";           /* the claim is about the CPU's functions */
     ctx = mlc_create(&c);
-    for (i = 0; i < 2 * 12 * 128 + 1; i++) xs[i] = (float)(i - 12 * 128) / 128.0f;
-    for (i = 0; i < 40; i++) xs[2 * 12 * 128 + 1 + i] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -2 * i);
-    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(COUNT), xs));
-    CHECK(y != NULL);
-    v = mlc_host_data(y);
-    for (i = 0; i < COUNT; i++) {
-        double want = tanh((double)xs[i]), ulp = nextafterf(fabsf((float)want), INFINITY) - fabsf((float)want);
-        CHECK_MSG(fabs(v[i] - want) <= 4 * ulp, "tanh(%.9g) = %.9g, want %.9g (%.1f ulp)", (double)xs[i], (double)v[i], want, fabs(v[i] - want) / ulp);
+    for (f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+        const float *v;
+        mlc_tensor *y = NULL;
+        int count = 0, i;
+        double worst = 0;
+        for (i = 0; fns[f].from + (float)i * fns[f].step <= fns[f].to && count < MAX; i++)
+            xs[count++] = fns[f].from + (float)i * fns[f].step;
+        for (i = 0; i < 40; i++) xs[count++] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -3 * i);   /* to 1e-36 */
+        for (i = 0; i < (int)(sizeof special / sizeof special[0]); i++) xs[count++] = special[i];
+        if (fns[f].op) {
+            y = fns[f].op(mlc_from_data(ctx, MLC_SHAPE(count), xs));
+            CHECK_MSG(y != NULL, "%s", fns[f].name);
+            v = mlc_host_data(y);
+        } else {
+            static float got[MAX];
+            for (i = 0; i < count; i++) got[i] = fns[f].scalar(xs[i]);
+            v = got;
+        }
+        for (i = 0; i < count; i++) {
+            const double want = fns[f].want((double)xs[i]);
+            const float rounded = (float)want;
+            double ulp, off;
+            if (test_isnan(want)) { CHECK_MSG(test_is_nan(v[i]), "%s(NaN) = %.9g", fns[f].name, (double)v[i]); continue; }
+            if (!test_isfinite(rounded)) {                   /* beyond FLT_MAX: inf */
+                CHECK_MSG(v[i] == rounded, "%s(%.9g) = %.9g, want %.9g", fns[f].name, (double)xs[i], (double)v[i], (double)rounded);
+                continue;
+            }
+            ulp = nextafterf(fabsf(rounded), INFINITY) - fabsf(rounded);
+            off = fabs(v[i] - want) / ulp;
+            if (off > worst) worst = off;
+            CHECK_MSG(off <= fns[f].ulps, "%s(%.9g) = %.9g, want %.9g (%.2f ulp, at most %.2f)", fns[f].name,
+                      (double)xs[i], (double)v[i], want, off, (double)fns[f].ulps);
+            if (xs[i] == 0.0f && fns[f].want != exp && fns[f].want != sigmoid_double)   /* odd: -0 stays -0 */
+                CHECK_MSG(test_bits(v[i]) == test_bits(xs[i]), "%s(%g) keeps its sign", fns[f].name, (double)xs[i]);
+        }
+        CHECK_MSG(worst > 0.0, "%s: the sweep compared nothing", fns[f].name);
     }
-    y = mlc_tanh(mlc_from_data(ctx, MLC_SHAPE(4), special));
-    CHECK(y != NULL);
-    v = mlc_host_data(y);
-    CHECK(test_is_nan(v[0]) && v[1] == 1.0f && v[2] == -1.0f && test_bits(v[3]) == 0x80000000u);   /* -0 */
     mlc_destroy(ctx);
     return 1;
 }
@@ -1694,7 +1734,7 @@ const test_case tests_ops[] = {
     TEST(pooling_exclude_pad)
     TEST(pooling_height_width)
     TEST(cumsum_values_and_gradient)
-    TEST(tanh_within_4_ulp)
+    TEST(maths_within_their_ulp)
     TEST(softmax_axes)
     TEST(matmul_2d_and_transposes)
     TEST(matmul_batched_and_broadcast)
