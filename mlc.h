@@ -2946,7 +2946,8 @@ static int mlc__has_half(const mlc__node *n) {
 static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
 
 /* Whether the node's CPU forward and backward take its half tensors as they are, without float32
-   stand-ins: a copy that converts to or from float32 (mlc__copy_cpu), or a product of bf16
+   stand-ins: a permute (the values moved as they are; gradients are float32 in any case), a copy
+   that converts to or from float32 (mlc__copy_cpu), or a product of bf16
    matrices (bias bf16 or none) where mlc's bf16 kernel runs.
    mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
    stand-ins would; only the order of the float32 sums differs (and subnormals, see
@@ -2954,6 +2955,7 @@ static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) *
 static int mlc__cpu_takes_half(const mlc__node *n) {
     if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
         return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
+    if (n->op == MLC__OP_PERMUTE) return n->in[0]->dtype == n->out->dtype;
     return n->op == MLC__OP_MATMUL && n->in[0]->dtype == MLC_BF16 && n->in[1]->dtype == MLC_BF16
            && (!n->in[2] || n->in[2]->dtype == MLC_BF16) && n->out->dtype == MLC_BF16
            && mlc__bf16_kernel_usable(n->out->ctx);
@@ -6815,8 +6817,10 @@ MLCDEF mlc_tensor *mlc_to_dtype(mlc_tensor *x, mlc_scalar_type dtype) {
 }
 
 /* permute: y[i_0..i_n] = x[i_order^-1...]; walks the output in order, the input by strides. */
+/* dst = src permuted (forward: floats, or with src16 and dst16 the 16-bit values of a half tensor,
+   moved as they are), or backward src (the output's gradient) added into dst where it came from */
 static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float *src, float *dst,
-                              int backward) {
+                              const uint16_t *src16, uint16_t *dst16, int backward) {
     size_t xstride[MLC_MAX_DIMS], ostride[MLC_MAX_DIMS], s = 1, i, j, step;
     int idx[MLC_MAX_DIMS] = {0}, d, nd = x->ndim;
     const size_t inner = nd ? (size_t)x->shape[order[nd - 1]] : 1;   /* the output's last axis */
@@ -6827,17 +6831,20 @@ static void mlc__permute_walk(const mlc_tensor *x, const int *order, const float
         size_t off = 0;
         for (d = 0; d < nd - 1; d++) off += (size_t)idx[d] * ostride[d];
         if (backward) for (j = 0; j < inner; j++) dst[off + j * step] += src[i + j];
+        else if (dst16) for (j = 0; j < inner; j++) dst16[i + j] = src16[off + j * step];
         else for (j = 0; j < inner; j++) dst[i + j] = src[off + j * step];
         for (d = nd - 2; d >= 0; d--) { if (++idx[d] < x->shape[order[d]]) break; idx[d] = 0; }
     }
 }
 
 static void mlc__permute_backward(mlc__node *n) {
-    mlc__permute_walk(n->in[0], n->args.permute.order, n->out->grad, mlc__grad(n->in[0]), 1);
+    mlc__permute_walk(n->in[0], n->args.permute.order, n->out->grad, mlc__grad(n->in[0]), NULL, NULL, 1);
 }
 
 static int mlc__permute_cpu(mlc__node *n) {
-    mlc__permute_walk(n->in[0], n->args.permute.order, n->in[0]->data, n->out->data, 0);
+    const int half = mlc__is_half(n->out->dtype);         /* (mlc__cpu_takes_half) */
+    mlc__permute_walk(n->in[0], n->args.permute.order, n->in[0]->data, n->out->data,
+                      half ? n->in[0]->half : NULL, half ? n->out->half : NULL, 0);
     return 1;
 }
 

@@ -178,6 +178,9 @@ static mlc_tensor *op_slice_concat(mlc_tensor **in) {
     return mlc_concat(in[0]->ctx, parts, 2, 1);
 }
 static mlc_tensor *op_mse(mlc_tensor **in) { return mlc_mse_loss(in[0], in[1], MLC_REDUCE_MEAN); }
+static mlc_tensor *op_permute(mlc_tensor **in) {
+    return mlc_permute(mlc_reshape(in[0], MLC_SHAPE(2, 3, 4)), (const int[]){ 2, 0, 1 });
+}
 
 static int ops_on_half_are_float32_rounded_once(void) {
     static const struct { const char *name; op_fn fn; int product; } ops[] = {
@@ -185,7 +188,7 @@ static int ops_on_half_are_float32_rounded_once(void) {
         { "matmul", op_matmul, 1 }, { "linear", op_linear, 1 }, { "sum", op_sum, 0 }, { "var", op_var, 0 },
         { "log_softmax", op_softmax, 0 }, { "layer_norm", op_layer_norm, 0 }, { "conv2d", op_conv, 0 },
         { "max_pool2d", op_pool, 0 }, { "attention", op_attention, 0 },
-        { "slice+concat", op_slice_concat, 0 }, { "mse_loss", op_mse, 0 } };
+        { "slice+concat", op_slice_concat, 0 }, { "mse_loss", op_mse, 0 }, { "permute", op_permute, 0 } };
     static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
     mlc_ctx *ctx = test_ctx(3);
     size_t o, i;
@@ -221,6 +224,37 @@ static int ops_on_half_are_float32_rounded_once(void) {
         }
     CHECK(mlc_get_stats(ctx).widened > 0);
     test_destroy(ctx);
+    return 1;
+}
+
+/* A permute of a half tensor on the CPU moves its 16-bit values as they are (no float32 stand-in:
+   nothing widened), and its gradient (float32) comes back to where each value came from */
+static int permute_moves_half_values(void) {
+    mlc_config cfg;
+    mlc_ctx *ctx;
+    mlc_tensor *x32, *c, *x, *xr, *y, *yr;
+    float got[30], want[30];
+    size_t widened;
+    int i;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.quiet = 1; cfg.device = "cpu";
+    ctx = mlc_create(&cfg);
+    x32 = mlc_randn(ctx, MLC_SHAPE(2, 3, 5)); c = mlc_randn(ctx, MLC_SHAPE(5, 2, 3));
+    x = mlc_requires_grad(mlc_to_dtype(x32, MLC_BF16), 1);
+    xr = mlc_requires_grad(mlc_detach(mlc_to_dtype(x, MLC_F32)), 1);   /* the same values, float32 */
+    CHECK(x && xr && c);
+    widened = mlc_get_stats(ctx).widened;
+    y = mlc_permute(x, (const int[]){ 2, 0, 1 });
+    CHECK(y && mlc_dtype(y) == MLC_BF16 && mlc_get_stats(ctx).widened == widened);
+    yr = mlc_permute(xr, (const int[]){ 2, 0, 1 });
+    CHECK(mlc_read(y, got, 30) == MLC_OK && mlc_read(yr, want, 30) == MLC_OK);
+    for (i = 0; i < 30; i++) CHECK_MSG(test_bits(got[i]) == test_bits(want[i]), "element %d", i);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, c))) == MLC_OK && mlc_backward(mlc_sum_all(mlc_mul(yr, c))) == MLC_OK);
+    CHECK(mlc_host_grad(x) && mlc_host_grad(xr));
+    for (i = 0; i < 30; i++)
+        CHECK_MSG(mlc_host_grad(x)[i] == mlc_host_grad(xr)[i], "gradient %d: %g, float32's %g", i,
+                  (double)mlc_host_grad(x)[i], (double)mlc_host_grad(xr)[i]);
+    mlc_destroy(ctx);
     return 1;
 }
 
@@ -794,6 +828,7 @@ const test_case tests_dtype[] = {
     TEST(array_conversions_match_single_ones)
     TEST(create_read_write_round)
     TEST(ops_on_half_are_float32_rounded_once)
+    TEST(permute_moves_half_values)
     TEST(bf16_gemm_matches_double_sums)
     TEST(bf16_products_on_the_kernel)
     TEST(promotion_as_pytorch)
