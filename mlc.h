@@ -4085,7 +4085,9 @@ static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof
         tiny = e * mlc__bits_float((uint32_t)(k + 127) << 23) \
                * mlc__bits_float((uint32_t)(n - k + 127) << 23); \
         e = mlc__bits_float(mlc__float_bits(e) + ((uint32_t)n << 23));            /* exact: 2^n e */ \
-        e = mlc__pick(n < -125, tiny, mlc__pick(a > 88.7228317f, mlc__bits_float(0x7f800000u), e)); \
+        e = mlc__pick(a > 88.72283172607421875f, mlc__bits_float(0x7f800000u), e); /* (a float's exact \
+            digits: x87 and s390x evaluate a constant to their wider precision) */ \
+        e = mlc__pick(n < -125, tiny, e); \
         return mlc__bits_float((mlc__float_bits(e) & ~nan_mask) | (0x7fc00000u & nan_mask)); \
     }) \
     X(MLC__INLINE float, mlc__erff, (float x), { \
