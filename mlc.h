@@ -1167,7 +1167,7 @@ static inline mlc_result mlc_checkpoint_load_memory(const void *data, size_t siz
 #define MLC_ASSERT(x) assert(x)
 #endif
 #ifndef MLC_EXPF
-#define MLC_EXPF mlc__expf                 /* polynomials, within 1.6 ulp, that vectorise */
+#define MLC_EXPF mlc__expf                 /* mlc's own (formula helpers): within 1.05 ulp, vectorises */
 #endif
 #ifndef MLC_LOGF
 #define MLC_LOGF logf
@@ -1182,7 +1182,7 @@ static inline mlc_result mlc_checkpoint_load_memory(const void *data, size_t siz
 #define MLC_TANHF mlc__tanhf               /* a polynomial; within 4 ulp, and it vectorises */
 #endif
 #ifndef MLC_ERFF
-#define MLC_ERFF mlc__erff
+#define MLC_ERFF mlc__erff                 /* the same: within 1.6 ulp */
 #endif
 #ifndef MLC_POWF
 #define MLC_POWF powf

@@ -113,15 +113,21 @@ static int depthwise_and_pointwise_gradcheck(void) {
     return 1;
 }
 
-/* 1x1 convolution = W [O, C] @ x[n] [C, H·W] + b, for a batch of 1 and of several images */
+/* 1x1 convolution = W [O, C] @ x[n] [C, H·W] + b, for a batch of 1 and of several images; and one
+   image large enough that two threads share the rows of its product (each part adds the bias of
+   its own channels) */
 static int pointwise_matches_matmul(void) {
+    static const int cases[3][3] = { { 1, 9, 10 }, { 3, 9, 10 }, { 1, 18, 20 } };   /* N, H, W */
     mlc_ctx *ctx = test_ctx(13);
     mlc_conv_opts opts = { 0, 0, 0, 0, 0, 0, 0 };
-    int N;
-    for (N = 1; N <= 3; N += 2) {
-        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, 24, 9, 10)), *w = conv_rand(ctx, MLC_SHAPE(40, 24, 1, 1));
+    int k;
+    mlc_set_threads(ctx, 2);
+    for (k = 0; k < 3; k++) {
+        const int N = cases[k][0], P = cases[k][1] * cases[k][2];
+        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, 24, cases[k][1], cases[k][2]));
+        mlc_tensor *w = conv_rand(ctx, MLC_SHAPE(40, 24, 1, 1));
         mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(40)), *y = mlc_conv2d(x, w, b, opts), *ref;
-        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(40, 24)), mlc_reshape(x, MLC_SHAPE(N, 24, 90))),
+        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(40, 24)), mlc_reshape(x, MLC_SHAPE(N, 24, P))),
                       mlc_reshape(b, MLC_SHAPE(40, 1)));
         CHECK_MSG(y && ref, "%s", mlc_error_message(ctx));
         CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
