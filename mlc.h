@@ -394,6 +394,9 @@ struct mlc_tensor {                     /* read the fields; change them only thr
     int qzero;                          /*   qscales is set, qscales[r] · q in row r (axis 0)   */
     struct mlc_tensor *qscales;
     int32_t *qsums;                     /* a long-lived int8 weight's row sums, kept between uses */
+    float *packed;                      /* a long-lived convolution weight packed for mlc's products, */
+                                        /* kept between calls in inference (dropped when written) */
+    const struct mlc_tensor *stands_for;/* a float32 stand-in for a half tensor: that one (else NULL) */
     const char *owner, *owner_name;     /* who holds it ("Linear", "an Adam optimiser"; NULL: you), */
                                         /* and its name there ("weight", "exp_avg", "params")  */
     int freed;                          /* 1: mlc_tensor_free released it (a second free is refused) */
@@ -2129,6 +2132,7 @@ static void mlc__view(mlc_tensor *out, const mlc_tensor *x) {
     out->frame_id = ctx->level ? ctx->frame_ids[ctx->level - 1] : 0;
     out->graph_used = 0;
     out->qsums = NULL;                  /* (x keeps its own) */
+    out->packed = NULL;
 }
 
 /* t may be read or used by `op`: not NULL, and not from an ended frame (else an error). */
@@ -2339,10 +2343,15 @@ MLCDEF void mlc_sync(mlc_ctx *ctx) { if (ctx && ctx->backend) ctx->backend->wait
 /* The CPU wrote t's host data (or gradient): the device copy is out of date. */
 static void mlc__int8_sum_rows(const mlc_tensor *w, int32_t *sums);   /* (@section int8) */
 static int mlc__int8_keep_sums(mlc_tensor *w);
+static void mlc__drop_packed(mlc_tensor *t) {
+    mlc__owned_free(t->ctx, t->packed);
+    t->packed = NULL;
+}
 static void mlc__host_wrote(mlc_tensor *t) {
     t->stale &= ~(unsigned)MLC__HOST_STALE;
     if (t->on_device) t->stale |= MLC__DEVICE_STALE;
     if (t->qsums) mlc__int8_sum_rows(t, t->qsums);      /* (int8: its row sums follow) */
+    mlc__drop_packed(t);                                /* (and a packed copy is out of date) */
 }
 static void mlc__host_wrote_grad(mlc_tensor *t) {
     t->stale &= ~(unsigned)MLC__GRAD_HOST_STALE;
@@ -2483,6 +2492,7 @@ MLCDEF mlc_tensor *mlc_to(mlc_tensor *t, int on_device) {
         t->on_device = 0;
     } else {
         mlc__settle_grad(t);
+        mlc__drop_packed(t);                    /* (the device may change the values) */
         t->on_device = 1;
         t->stale = MLC__DEVICE_STALE | MLC__GRAD_DEVICE_STALE;
         if (!mlc__buffer_of(t, 0, "mlc_to") || (t->grad && !mlc__buffer_of(t, 1, "mlc_to"))) return NULL;
@@ -2767,6 +2777,7 @@ MLCDEF void mlc_tensor_free(mlc_tensor *t) {
     if (t->on_device) mlc__device_release(t);
     if (t->grad) mlc__owned_free(ctx, t->grad);
     if (t->qsums) mlc__owned_free(ctx, t->qsums);
+    mlc__drop_packed(t);
     if (!t->read_only) mlc__owned_free(ctx, mlc__storage(t));
     if (MLC_FREED_KEPT < 1) {                /* no records kept */
         mlc__owned_free(ctx, t);
@@ -2879,6 +2890,7 @@ static mlc_tensor *mlc__widened(mlc_tensor *t, int with_values) {
     mlc_tensor *w = (mlc_tensor *)mlc__arena_alloc(t->ctx, sizeof(mlc_tensor), "mlc_to_dtype");
     if (!w) return NULL;
     *w = *t;
+    w->stands_for = t;
     w->dtype = MLC_F32;
     w->half = NULL;
     w->data = mlc__floats(t->ctx, t->size + 1, "mlc_to_dtype");
@@ -4671,6 +4683,9 @@ typedef struct mlc__gemm_job {          /* one packed product (or a block of col
     size_t shared_padded, shared_units, shared_floats;  /* its extent (N or M) rounded up to whole
                                                            slivers; its slivers; a copy's floats */
     unsigned char *shared_packed;       /* per slot: its copy is packed (by its first piece) */
+    const float *a_packed;              /* op(A) packed whole beforehand (mlc__gemm_pack_a), or NULL */
+    size_t a_padded;                    /*   its rows rounded up to whole slivers */
+    int a_first;                        /*   the row of it this part's row 0 is */
     const float *bias, *row_bias;       /* the epilogue on each tile as it is done (NULL, NULL, 0: none) */
     int relu;
 } mlc__gemm_job;
@@ -4688,7 +4703,9 @@ static void mlc__gemm_edge(float *c, size_t ldc, const float *tile, int nr, int 
 static void mlc__gemm_blocks(const mlc__gemm_job *p) {
     const mlc__gemm_arch *g = p->g;
     const int mr = g->mr, nr = g->nr, M = p->M, N = p->N, K = p->K;
-    const float *shared_b = p->split_rows ? p->shared : NULL, *shared_a = p->split_rows ? NULL : p->shared;
+    const float *shared_b = p->split_rows ? p->shared : NULL,
+                *shared_a = p->a_packed ? p->a_packed : p->split_rows ? NULL : p->shared;
+    const size_t a_padded = p->a_packed ? p->a_padded : p->shared_padded;
     int jc, pc, kc, mc;
     float *bp = p->work, *ap;
     mlc__gemm_tail tail;
@@ -4707,7 +4724,7 @@ static void mlc__gemm_blocks(const mlc__gemm_job *p) {
                                nc - jr < nr ? nc - jr : nr, kk, nr);
             for (ic = 0; ic < M; ic += mc) {
                 int m = M - ic < mc ? M - ic : mc, ir;
-                if (shared_a) ap = (float *)shared_a + (size_t)pc * p->shared_padded + (size_t)ic * kk;
+                if (shared_a) ap = (float *)shared_a + (size_t)pc * a_padded + (size_t)(p->a_first + ic) * kk;
                 for (ir = 0; ir < m && !shared_a; ir += mr)
                     mlc__gemm_pack(ap + (size_t)ir * kk,
                                    p->A + (size_t)(ic + ir) * p->a_sx + (size_t)pc * p->a_sk, p->a_sx,
@@ -4743,6 +4760,7 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     p->a_sx = ta ? 1 : lda; p->a_sk = ta ? lda : 1; p->b_sx = tb ? ldb : 1; p->b_sk = tb ? 1 : ldb;
     p->split_rows = 0; p->work = NULL; p->work_floats = 0;
     p->shared = NULL; p->shared_padded = p->shared_units = p->shared_floats = 0; p->shared_packed = NULL;
+    p->a_packed = NULL; p->a_padded = 0; p->a_first = 0;
     p->bias = p->row_bias = NULL; p->relu = 0;
 }
 
@@ -4788,6 +4806,7 @@ static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
     if (part.split_rows) {
         if (to > part.M) to = part.M;
         part.A += (size_t)from * part.a_sx; part.C += (size_t)from * part.ldc; part.M = to - from;
+        part.a_first += from;
         if (part.row_bias) part.row_bias += from;
     } else {
         if (to > part.N) to = part.N;
@@ -4795,6 +4814,25 @@ static void mlc__gemm_part(void *arg, int slot, size_t begin, size_t end) {
         if (part.bias) part.bias += from;
     }
     mlc__gemm_blocks(&part);                           /* (the epilogue tile by tile) */
+}
+
+/* op(A) of a product of M rows, K deep (ta: A transposed), packed whole beforehand for the
+   kernel mlc__gemm_pick(M) gives, laid out as a shared A (mlc__gemm_share): products that
+   multiply by the same A again (a convolution's weight, over its images and, in inference,
+   between calls) take it through mlc__gemm_then instead of packing it every time.
+   mlc__gemm_a_floats(M, K) floats; the threads pack it together. */
+static size_t mlc__gemm_a_floats(int M, int K) {
+    return (size_t)mlc__gemm_round_up(M, mlc__gemm_pick(M)->mr) * (size_t)K;
+}
+static void mlc__gemm_pack_a(mlc_ctx *ctx, int ta, int M, int K, const float *A, float *packed) {
+    mlc__gemm_job job;
+    int kc, mc;
+    mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, 0, M, 1, K, A, NULL, 0.0f, NULL);
+    mlc__gemm_cut(job.g, M, K, &kc, &mc);
+    job.shared = packed;
+    job.shared_padded = (size_t)mlc__gemm_round_up(M, job.g->mr);
+    job.shared_units = job.shared_padded / (size_t)job.g->mr * (size_t)((K + kc - 1) / kc);
+    mlc__parallel(ctx, job.shared_units, 2, mlc__gemm_share, &job);
 }
 
 /* Products with few rows of C, without packing. With M <= 4 each value of op(B) serves at most
@@ -5258,30 +5296,42 @@ static void mlc__bf16_gemm_kernel(mlc_ctx *ctx, int ta, int tb, int M, int N, in
 
 #endif /* !MLC_USE_CBLAS */
 
+#ifndef MLC_USE_CBLAS
+/* Whether mlc__gemm_then multiplies on mlc's packed kernels, which take a packed op(A)
+   (with_work: on one thread of a caller's, with packing space of its own) */
+static int mlc__gemm_packs(const mlc_ctx *ctx, int tb, int M, int N, int K, int with_work) {
+    return !ctx->config.gemm && !mlc__product_below(M, N, K, MLC__GEMM_SMALL) && M > MLC__GEMM_DIRECT_ROWS
+           && (tb ? N : K) > MLC__GEMM_DIRECT_ROWS && (with_work || !ctx->config.arena);
+}
+#endif
+
 /* mlc_gemm, and with `work` the product of one thread of a caller that runs several at once
    (conv2d over images): on this thread only, packing into work (mlc__gemm_work floats), as
    the arena is not for threads. Then the epilogue (mlc__gemm_epilogue: bias, row_bias, relu),
-   tile by tile as the packed product finishes each, else after the product. */
+   tile by tile as the packed product finishes each, else after the product. a_packed: op(A)
+   as mlc__gemm_pack_a packs it, taken when the product runs on the packed kernels (else NULL). */
 static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
                            float beta, float *C, float *work, const float *bias, const float *row_bias,
-                           int relu) {
+                           int relu, const float *a_packed) {
     if (M <= 0 || N <= 0) return;
     if (ctx->config.gemm) ctx->config.gemm(ta, tb, M, N, K, A, B, beta, C, ctx->config.gemm_user);
 #ifdef MLC_USE_CBLAS
     else
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                     1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
-    (void)work;
+    (void)work; (void)a_packed;
 #else
     else if (mlc__product_below(M, N, K, MLC__GEMM_SMALL))   /* too small to repay any setting up */
         mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
-    else if (M <= MLC__GEMM_DIRECT_ROWS || (tb ? N : K) <= MLC__GEMM_DIRECT_ROWS
-             || (!work && ctx->config.arena))   /* (a fixed arena: no packing workspace) */
+    else if (!mlc__gemm_packs(ctx, tb, M, N, K, work != NULL))   /* (few rows; a fixed arena: no
+                                                                    packing workspace) */
         mlc__gemm_direct(ctx, ta, tb, M, N, K, A, B, beta, C);
     else {
         mlc__gemm_job job;
         mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, tb, M, N, K, A, B, beta, C);
         job.bias = bias; job.row_bias = row_bias; job.relu = relu;
+        job.a_packed = a_packed;
+        job.a_padded = (size_t)mlc__gemm_round_up(M, job.g->mr);
         if (work) { job.work = work; mlc__gemm_blocks(&job); return; }
         else {  /* the threads share the rows of C, or its columns when op(B) is the largest matrix,
                    so that each thread keeps to one part of the largest (and of a weight: the rows of
@@ -5302,9 +5352,11 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
             job.work_floats = mlc__gemm_work_floats(job.g, job.split_rows ? per * mr : M,
                                                     job.split_rows ? N : per * nr, K);
             job.work = mlc__floats(ctx, job.work_floats * (size_t)slots, "mlc_gemm");
-            if (slots > 1) {    /* the operand every thread reads whole: a copy for each thread when
-                                   it is small, else one that all threads pack together first
-                                   (copies of a large one gain no speed and cost memory) */
+            if (slots > 1 && (job.split_rows || !a_packed)) {
+                                /* the operand every thread reads whole (unless packed already): a
+                                   copy for each thread when it is small, else one that all threads
+                                   pack together first (copies of a large one gain no speed and cost
+                                   memory) */
                 int kc, mc, w = job.split_rows ? nr : mr;
                 size_t copy;
                 mlc__gemm_cut(job.g, M, K, &kc, &mc);
@@ -5330,7 +5382,7 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
 
 static void mlc__gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
                       float beta, float *C, float *work) {
-    mlc__gemm_then(ctx, ta, tb, M, N, K, A, B, beta, C, work, NULL, NULL, 0);
+    mlc__gemm_then(ctx, ta, tb, M, N, K, A, B, beta, C, work, NULL, NULL, 0, NULL);
 }
 
 MLCDEF void mlc_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const float *A, const float *B,
@@ -5376,7 +5428,7 @@ static void mlc__gemm_bf16_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int 
     if (a && b) {
         mlc__widen(MLC_BF16, A, a, (size_t)M * K);
         mlc__widen(MLC_BF16, B, b, (size_t)K * N);
-        mlc__gemm_then(ctx, ta, tb, M, N, K, a, b, beta, C, NULL, bias, NULL, relu);
+        mlc__gemm_then(ctx, ta, tb, M, N, K, a, b, beta, C, NULL, bias, NULL, relu, NULL);
         if (half) mlc__narrow(MLC_BF16, C, half, (size_t)M * N);
     }
     mlc_frame_end(scratch);
@@ -6106,7 +6158,7 @@ static int mlc__matmul_cpu(mlc__node *n) {
     }
     if (mm->batches == 1)                /* (linear's always: its 2-D weight makes one product) */
         mlc__gemm_then(n->out->ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, b->data, 0.0f, n->out->data,
-                       NULL, bias ? bias->data : NULL, NULL, mm->relu);
+                       NULL, bias ? bias->data : NULL, NULL, mm->relu, NULL);
     else                                 /* (mlc_matmul's: no bias, no relu) */
         mlc__gemm_batched(n->out->ctx, mm, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->data, mm->step_a, b->data,
                           mm->step_b, 0.0f, n->out->data, mm->step_c);
@@ -8264,6 +8316,7 @@ typedef struct mlc__conv_job {
     size_t parallel_from;               /* mlc__parallel's: 2 images (groups), or never */
     int slots, sums;                    /* threads (scratch slots); backward: groups of images */
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
+    const float *w_packed;              /* forward, groups 1: w packed for the products, or NULL */
     float *y, *gx, *gw, *gb;
     float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
     size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, sums_at;
@@ -8439,6 +8492,29 @@ static int mlc__conv_grad_w_dots(mlc_ctx *ctx, int Og, int rows, int P, const fl
 static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
     return !ctx->config.gemm && !ctx->config.arena && cv->groups == 1 && rows > MLC__CONV_DOT_ROWS;
 }
+
+/* The weight W (O x C·KH·KW) of a forward with groups 1 on the general path, packed once for the
+   products of all its images (NULL: they pack their own, or multiply without packing). Without
+   a tape (inference) a long-lived weight keeps it between calls in w->packed, which writing its
+   values drops (mlc__host_wrote); else it is the call's scratch. */
+static const float *mlc__conv_packed_weight(const mlc__node *n, const mlc__conv_job *job) {
+    mlc_tensor *w = n->in[1];
+    const mlc__conv *cv = job->cv;
+    const int rows = cv->C * cv->KH * cv->KW;
+    const int keep = w->persistent && !w->on_device && !w->stands_for && !mlc__recording(n);
+    float *packed;
+    if (cv->groups != 1 || job->fast || !mlc__gemm_packs(job->ctx, 0, cv->O, cv->OH * cv->OW, rows,
+                                                         job->work_floats != 0))
+        return NULL;
+    if (keep && w->packed) return w->packed;
+    packed = keep ? (float *)mlc__owned_alloc(job->ctx, mlc__gemm_a_floats(cv->O, rows) * sizeof(float),
+                                              n->name)
+                  : mlc__floats(job->ctx, mlc__gemm_a_floats(cv->O, rows), n->name);
+    if (!packed) return NULL;
+    mlc__gemm_pack_a(job->ctx, 0, cv->O, rows, w->data, packed);
+    if (keep) w->packed = packed;
+    return packed;
+}
 #else
 struct mlc__conv_fast { size_t piece_floats; };
 static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__conv_fast *f) {
@@ -8460,6 +8536,10 @@ static int mlc__conv_grad_w_dots(mlc_ctx *ctx, int Og, int rows, int P, const fl
 static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
     (void)ctx; (void)cv; (void)rows;
     return 0;
+}
+static const float *mlc__conv_packed_weight(const mlc__node *n, const mlc__conv_job *job) {
+    (void)n; (void)job;
+    return NULL;
 }
 #endif /* !MLC_USE_CBLAS */
 
@@ -8484,7 +8564,7 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
             if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
             mlc__gemm_then(job->ctx, 0, 0, Og, P, rows, job->w + (size_t)g * Og * rows,
                            mlc__conv_pointwise(cv) ? x : col, 0.0f, y, work, NULL,
-                           job->bias ? job->bias + g * Og : NULL, cv->relu);
+                           job->bias ? job->bias + g * Og : NULL, cv->relu, job->w_packed);
         }
     }
 }
@@ -8664,6 +8744,8 @@ static int mlc__conv2d_cpu(mlc__node *n) {
     job.fast = fast_floats ? &fast : NULL;
     job.x = n->in[0]->data; job.w = n->in[1]->data; job.bias = n->in[2] ? n->in[2]->data : NULL;
     job.y = n->out->data;
+    job.w_packed = mlc__conv_packed_weight(n, &job);
+    if (ctx->error) return 0;
     mlc__parallel(ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_images, &job);
     return 1;
 }
@@ -11226,6 +11308,7 @@ static int mlc__convert_storage(mlc_tensor *t, mlc_scalar_type dtype) {
                                                           : mlc_float_to_f16(mlc__value(t, i));
     }
     mlc__owned_free(ctx, mlc__storage(t));
+    mlc__drop_packed(t);
     t->dtype = dtype;
     t->data = dtype == MLC_F32 ? (float *)values : NULL;
     t->half = dtype == MLC_F32 ? NULL : (uint16_t *)values;
@@ -11287,6 +11370,7 @@ static int mlc__quantize_param(mlc_module *m, int index) {
     }
     if (!w->read_only) mlc__owned_free(ctx, mlc__storage(w));
     if (w->grad) mlc__owned_free(ctx, w->grad);
+    mlc__drop_packed(w);
     w->data = w->grad = NULL;
     w->half = NULL;
     w->int8 = q;

@@ -115,22 +115,24 @@ static int depthwise_and_pointwise_gradcheck(void) {
 
 /* 1x1 convolution = W [O, C] @ x[n] [C, H·W] + b, for a batch of 1 and of several images; and one
    image large enough that two threads share the rows of its product (each part adds the bias of
-   its own channels) */
+   its own channels), or its columns (with more input channels than output ones) */
 static int pointwise_matches_matmul(void) {
-    static const int cases[3][3] = { { 1, 9, 10 }, { 3, 9, 10 }, { 1, 18, 20 } };   /* N, H, W */
+    static const int cases[4][5] = { { 1, 9, 10, 24, 40 }, { 3, 9, 10, 24, 40 }, { 1, 18, 20, 24, 40 },
+                                     { 1, 18, 20, 64, 16 } };   /* N, H, W, C, O */
     mlc_ctx *ctx = test_ctx(13);
     mlc_conv_opts opts = { 0, 0, 0, 0, 0, 0, 0 };
     int k;
     mlc_set_threads(ctx, 2);
-    for (k = 0; k < 3; k++) {
-        const int N = cases[k][0], P = cases[k][1] * cases[k][2];
-        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, 24, cases[k][1], cases[k][2]));
-        mlc_tensor *w = conv_rand(ctx, MLC_SHAPE(40, 24, 1, 1));
-        mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(40)), *y = mlc_conv2d(x, w, b, opts), *ref;
-        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(40, 24)), mlc_reshape(x, MLC_SHAPE(N, 24, P))),
-                      mlc_reshape(b, MLC_SHAPE(40, 1)));
+    for (k = 0; k < 4; k++) {
+        const int N = cases[k][0], P = cases[k][1] * cases[k][2], C = cases[k][3], O = cases[k][4];
+        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, cases[k][1], cases[k][2]));
+        mlc_tensor *w = conv_rand(ctx, MLC_SHAPE(O, C, 1, 1));
+        mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(O)), *y = mlc_conv2d(x, w, b, opts), *ref;
+        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(O, C)), mlc_reshape(x, MLC_SHAPE(N, C, P))),
+                      mlc_reshape(b, MLC_SHAPE(O, 1)));
         CHECK_MSG(y && ref, "%s", mlc_error_message(ctx));
-        CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
+        CHECK_MSG(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5, "case %d: %g", k,
+                  conv_max_diff(y, mlc_host_data(ref), ref->size));
     }
     test_destroy(ctx);
     return 1;
@@ -167,10 +169,90 @@ static int conv2d_relu6_matches_conv_then_relu6(void) {
         && relu6_case(3, 4, 5, 3, 1, 1) && relu6_case(2, 4, 5, 3, 2, 1);
 }
 
+/* The network's output with gradients off (in inference a long-lived weight keeps its packed
+   copy between calls) and on (the tape: packed afresh from the values) into y_off / y_on */
+static int packed_forward(mlc_module *net, mlc_tensor *x, float *y_off, float *y_on) {
+    mlc_ctx *ctx = net->ctx;
+    mlc_tensor *y;
+    int was = mlc_set_grad_enabled(ctx, 0);
+    y = mlc_forward(net, x);
+    if (!y || y->size > 4096) return 0;
+    memcpy(y_off, mlc_host_data(y), y->size * sizeof(float));
+    mlc_set_grad_enabled(ctx, 1);
+    y = mlc_forward(net, x);
+    if (!y) return 0;
+    memcpy(y_on, mlc_host_data(y), y->size * sizeof(float));
+    mlc_set_grad_enabled(ctx, was);
+    return (int)y->size;
+}
+
+/* A weight's packed copy follows every way its values change: after mlc_write, an optimiser
+   step, loading a file, initialising, and a round trip through bf16, the output with gradients
+   off (packed copies kept, on the CPU) is the output on the tape bit for bit, and moved from the
+   one before. A bf16 model's float32 stand-ins keep none (nothing piles up call after call). */
+static int packed_weight_follows_writes(void) {
+    mlc_ctx *ctx = test_ctx(15);
+    mlc_conv_opts one = { 0, 0, 0, 0, 0, 0, 0 }, strided = { 2, 1, 0, 0, 0, 0, 0 };
+    mlc_module *net = mlc_nn_sequential(ctx, mlc_nn_conv2d(ctx, 16, 24, 1, one),
+                                        mlc_nn_conv2d(ctx, 24, 20, 3, strided), NULL);
+    mlc_tensor *x = mlc_keep(conv_rand(ctx, MLC_SHAPE(2, 16, 8, 8))), *w, *y;
+    mlc_optim *opt = mlc_sgd(ctx, net, (mlc_sgd_opts){ 0.5f, 0, 0, 0, 0 });
+    static float off[4096], on[4096], before[4096], saved[4096], values[24 * 16];
+    static unsigned char file[1 << 16];
+    const int cpu = !mlc_has_device(ctx);
+    size_t bytes = 0, i, n, step;
+    mlc_stats s1 = { 0 }, s2;
+    CHECK_MSG(net && x && opt, "%s", mlc_error_message(ctx));
+    w = net->children[0]->params[0];
+    for (step = 0; step < 6; step++) {
+        n = (size_t)packed_forward(net, x, off, on);
+        CHECK_MSG(n > 0, "step %zu: %s", step, mlc_error_message(ctx));
+        CHECK_MSG(!memcmp(off, on, n * sizeof(float)), "step %zu: kept and fresh packing differ", step);
+        CHECK_MSG(step == 0 || memcmp(off, before, n * sizeof(float)), "step %zu: the output did not move",
+                  step);
+        CHECK(!cpu || w->packed);                                /* kept after a forward in inference */
+        memcpy(before, off, n * sizeof(float));
+        if (step == 0)                                           /* mlc_write */
+            for (i = 0; i < 24 * 16; i++) values[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+        if (step == 0) CHECK(mlc_write(w, values, 24 * 16) == MLC_OK);
+        if (step == 1) {                                         /* an optimiser step */
+            mlc_zero_grad(opt);
+            CHECK(mlc_backward(mlc_sum_all(mlc_forward(net, x))) == MLC_OK);
+            mlc_step(opt);
+        }
+        if (step == 2) {                                         /* a file saved, then initialising */
+            memcpy(saved, off, n * sizeof(float));
+            CHECK((bytes = mlc_module_encode(net, NULL, file, sizeof file)) > 0 && bytes <= sizeof file);
+            mlc_init_normal(w, 0.0f, 1.0f);
+        }
+        if (step == 3) CHECK(mlc_module_load_from_memory(net, file, bytes, NULL) == MLC_OK);
+        if (step == 4) {                                         /* the file's output again */
+            CHECK(!memcmp(off, saved, n * sizeof(float)));
+            CHECK(mlc_module_to_dtype(net, MLC_BF16) == MLC_OK);
+            mlc_set_grad_enabled(ctx, 0);
+            for (i = 0; i < 5; i++) {
+                mlc_frame f = mlc_frame_begin(ctx);
+                CHECK_MSG((y = mlc_forward(net, x)) != NULL, "bf16: %s", mlc_error_message(ctx));
+                mlc_frame_end(f);
+                if (i == 1) s1 = mlc_get_stats(ctx);
+            }
+            s2 = mlc_get_stats(ctx);
+            CHECK_MSG(s2.bytes_current == s1.bytes_current, "bf16 inference held %zu more bytes",
+                      s2.bytes_current - s1.bytes_current);
+            CHECK(!w->packed);
+            mlc_set_grad_enabled(ctx, 1);
+            CHECK(mlc_module_to_dtype(net, MLC_F32) == MLC_OK);
+        }
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_conv[] = {
     TEST(conv2d_relu6_matches_conv_then_relu6)
     TEST(depthwise_matches_per_channel_convs)
     TEST(depthwise_and_pointwise_gradcheck)
     TEST(pointwise_matches_matmul)
+    TEST(packed_weight_follows_writes)
     { NULL, NULL }
 };
