@@ -130,7 +130,9 @@ MEMORY
    initialisers, requires_grad, optimisers, loading, batch norm's running statistics in
    training refuse it with MLC_ERR_STATE naming the call). With gradients off
    (mlc_set_grad_enabled(ctx, 0)) or no input needing one, an op records nothing: its output
-   (and a little scratch for convolutions) is all it takes from the arena.
+   (and a little scratch for convolutions) is all it takes from the arena. A long-lived
+   convolution weight used so keeps a copy packed for mlc's products (as many bytes again, on the
+   heap, in mlc_stats' bytes) until its values are written, moved or freed.
 
 ERRORS
    Errors are values. A bad shape, an out-of-range index, a NULL input or a failed allocation
