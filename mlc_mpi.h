@@ -215,14 +215,22 @@ MLCDEF int mlc_dist_sampler_batch(mlc_dist_sampler *s, mlc_tensor *x, mlc_tensor
 #include <string.h>
 #include <time.h>
 /* Waiting for another rank: MPI polls, and a rank that polls keeps its core while the rank it
-   waits for may be waiting for one (more ranks or other programs than cores): after 200 µs a
-   waiting rank naps 20 µs between polls, where nanosleep is declared (POSIX; glibc says so in
-   __USE_POSIX199309, fixed when its first header came in), else it polls on. */
+   waits for may be waiting for one (more ranks or other programs than cores). A waiting rank
+   yields its core between polls (sched_yield: at once back when nothing else wants it) for
+   MLC_MPI__SPIN_S, then naps 20 µs between polls, where nanosleep and sched_yield are declared
+   (POSIX; glibc says so in __USE_POSIX199309, fixed when its first header came in), else it
+   polls on. Napping sooner costs the step: a nap lasts some 60 µs (the timer's slack) and an
+   all-reduce of a few hundred thousand floats needs both ranks' polls for each of its rounds
+   (bench/RESULTS.md: napping after 200 µs cost the CNN's epoch on 2 ranks about 7 %). */
+#define MLC_MPI__SPIN_S 0.01
 #if defined(__GLIBC__) ? defined(__USE_POSIX199309) : defined(__APPLE__) || (defined(__unix__) && \
     (defined(_POSIX_C_SOURCE) || defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE)))
+#include <sched.h>
 #define MLC_MPI__NAP() do { struct timespec nap_ = { 0, 20000 }; nanosleep(&nap_, NULL); } while (0)
+#define MLC_MPI__YIELD() ((void)sched_yield())
 #else
 #define MLC_MPI__NAP() ((void)0)
+#define MLC_MPI__YIELD() ((void)0)
 #endif
 
 /* ---- The job: start, failure, metrics ------------------------------------------------------ */
@@ -498,7 +506,7 @@ static int mlc_mpi__same_model(const mlc_mpi *mpi, mlc_ctx *ctx, mlc_named_tenso
     return bad_ranks == 0;
 }
 
-/* Wait for requests req[0..n) (polling, napping after 200 µs); after timeout_s, end the job
+/* Wait for requests req[0..n) (polling: yielding, then napping, as above); after timeout_s, end the job
    saying what waited */
 static void mlc_mpi__wait_all(const mlc_mpi *mpi, int n, MPI_Request *req, MPI_Status *status,
                               double timeout_s, const char *what) {
@@ -511,7 +519,8 @@ static void mlc_mpi__wait_all(const mlc_mpi *mpi, int n, MPI_Request *req, MPI_S
         if (now - start > timeout_s)
             mlc_mpi_fail(mpi, "%s waited %.0f s (timeout_s) for another rank (it hangs, died, or left the "
                          "training loop early)", what, timeout_s);
-        if (now - start > 2e-4) MLC_MPI__NAP();
+        if (now - start > MLC_MPI__SPIN_S) MLC_MPI__NAP();
+        else MLC_MPI__YIELD();
     }
 }
 
