@@ -408,6 +408,15 @@ struct mlc_ddp {
 
 static double mlc_mpi__now(void) { return MPI_Wtime(); }
 
+/* dst = src / ranks over n floats (summed gradients averaged), apart: in runs of a count the
+   compiler knows, so that it vectorises at plain -O2 (a scalar division a float took 7 % of an
+   MLP's training on 2 ranks) */
+static void mlc_mpi__average(float *MLC__RESTRICT dst, const float *MLC__RESTRICT src, size_t n,
+                             float ranks) {
+    size_t j;
+    MLC__VECTOR_LOOP_OF(8, j, 0, n, { dst[j] = src[j] / ranks; });
+}
+
 /* A parameter's gradient buffer on the host, made where the parameter has none yet (a zero
    backward through it), current. NULL on error. */
 static float *mlc_mpi__grad_buffer(mlc_tensor *p) {
@@ -801,9 +810,8 @@ MLCDEF mlc_result mlc_ddp_backward(mlc_ddp *ddp, mlc_tensor *loss) {
         mlc_tensor *p = ddp->params[i];
         const float *src = ddp->buf[ddp->bucket_of[i]] + ddp->offset[i];
         float *g = mlc_mpi__grad_buffer(p);
-        size_t j;
         if (!g) mlc_mpi_check(mpi, ddp->ctx, "mlc_ddp_backward (writing the averaged gradients)");
-        for (j = 0; j < p->size; j++) g[j] = src[j] / (float)mpi->size;
+        mlc_mpi__average(g, src, p->size, (float)mpi->size);
         mlc_write_grad(p, g, p->size);                     /* in place: the device copy follows */
     }
     ddp->stats.steps++;
