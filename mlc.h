@@ -8496,17 +8496,18 @@ static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
 }
 
 /* The weight W (O x C·KH·KW) of a forward with groups 1 on the general path, packed once for the
-   products of all its images (NULL: they pack their own, or multiply without packing). Without
-   a tape (inference) a long-lived weight keeps it between calls in w->packed, which writing its
-   values drops (mlc__host_wrote); else it is the call's scratch. */
+   products of all its images (NULL: they pack their own, or multiply without packing; always
+   with a fixed arena, which keeps to what it needed before). Without a tape (inference) a
+   long-lived weight keeps it between calls in w->packed, which writing its values drops
+   (mlc__host_wrote); else it is the call's scratch. */
 static const float *mlc__conv_packed_weight(const mlc__node *n, const mlc__conv_job *job) {
     mlc_tensor *w = n->in[1];
     const mlc__conv *cv = job->cv;
     const int rows = cv->C * cv->KH * cv->KW;
     const int keep = w->persistent && !w->on_device && !w->stands_for && !mlc__recording(n);
     float *packed;
-    if (cv->groups != 1 || job->fast || !mlc__gemm_packs(job->ctx, 0, cv->O, cv->OH * cv->OW, rows,
-                                                         job->work_floats != 0))
+    if (cv->groups != 1 || job->fast || job->ctx->config.arena    /* (a fixed arena: what it took before) */
+        || !mlc__gemm_packs(job->ctx, 0, cv->O, cv->OH * cv->OW, rows, job->work_floats != 0))
         return NULL;
     if (keep && w->packed) return w->packed;
     packed = keep ? (float *)mlc__owned_alloc(job->ctx, mlc__gemm_a_floats(cv->O, rows) * sizeof(float),
