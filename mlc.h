@@ -529,7 +529,10 @@ MLCDEF mlc_result mlc_quantize_static(mlc_module *m, mlc_tensor *const *calibrat
 typedef struct mlc_quant_opts { float percentile; } mlc_quant_opts;
 MLCDEF mlc_result mlc_quantize_static_opts(mlc_module *m, mlc_tensor *const *calibration, int count,
                                            mlc_quant_opts opts);
-MLCDEF float *mlc_host_data(mlc_tensor *t);   /* t->data, brought up to date (write: mlc_write); float32 */
+/* t->data, brought up to date; float32. Write t through mlc_write: a write through this pointer
+   is seen neither by t's device copy nor by the packed copy a convolution weight keeps in
+   inference. */
+MLCDEF float *mlc_host_data(mlc_tensor *t);
 MLCDEF float *mlc_host_grad(mlc_tensor *t);             /* t->grad, brought up to date */
 /* t's gradient becomes count = t->size floats from src (which may be mlc_host_grad(t) itself,
    written in place), made when t has none; t must require a gradient. The device copy follows,
