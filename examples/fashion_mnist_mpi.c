@@ -22,6 +22,7 @@
 #define MLC_IMPLEMENTATION
 #include "mlc.h"
 #include "mlc_mpi.h"
+#include "fashion_models.h"
 #include "parse_arg.h"
 
 typedef struct options {
@@ -83,41 +84,6 @@ static int parse_options(int argc, char **argv, options *o) {
     if (!o->batch) o->batch = cnn ? 64 : 128;
     if (o->lr <= 0.0f) o->lr = 2e-3f;
     return RUN;
-}
-
-/* The models of examples/fashion_mnist.c, layer by layer in the same order (the same weights
-   from the same seed) */
-static mlc_tensor *to_image(mlc_module *m, mlc_tensor *x) {
-    (void)m;
-    return mlc_reshape(x, MLC_SHAPE(-1, 1, 28, 28));
-}
-static mlc_module *make_mlp(mlc_ctx *ctx) {
-    mlc_module *flatten = mlc_nn_flatten(ctx);
-    mlc_module *fc1 = mlc_nn_linear(ctx, 784, 256);
-    mlc_module *bn1 = mlc_nn_batch_norm(ctx, 256);
-    mlc_module *relu1 = mlc_nn_relu(ctx);
-    mlc_module *fc2 = mlc_nn_linear(ctx, 256, 128);
-    mlc_module *bn2 = mlc_nn_batch_norm(ctx, 128);
-    mlc_module *relu2 = mlc_nn_relu(ctx);
-    mlc_module *fc3 = mlc_nn_linear(ctx, 128, 10);
-    return mlc_nn_sequential(ctx, flatten, fc1, bn1, relu1, fc2, bn2, relu2, fc3, NULL);
-}
-static mlc_module *make_cnn(mlc_ctx *ctx) {
-    mlc_module *image = mlc_nn_custom(ctx, "Reshape", to_image, NULL);
-    mlc_module *conv1 = mlc_nn_conv2d(ctx, 1, 16, 3, (mlc_conv_opts){ .padding = 1 });
-    mlc_module *bn1 = mlc_nn_batch_norm(ctx, 16);
-    mlc_module *relu1 = mlc_nn_relu(ctx);
-    mlc_module *pool1 = mlc_nn_max_pool2d(ctx, 2, 2);
-    mlc_module *conv2 = mlc_nn_conv2d(ctx, 16, 32, 3, (mlc_conv_opts){ .padding = 1 });
-    mlc_module *bn2 = mlc_nn_batch_norm(ctx, 32);
-    mlc_module *relu2 = mlc_nn_relu(ctx);
-    mlc_module *pool2 = mlc_nn_max_pool2d(ctx, 2, 2);
-    mlc_module *flatten = mlc_nn_flatten(ctx);
-    mlc_module *fc1 = mlc_nn_linear(ctx, 32 * 7 * 7, 128);
-    mlc_module *relu3 = mlc_nn_relu(ctx);
-    mlc_module *fc2 = mlc_nn_linear(ctx, 128, 10);
-    return mlc_nn_sequential(ctx, image, conv1, bn1, relu1, pool1, conv2, bn2, relu2, pool2, flatten, fc1,
-                             relu3, fc2, NULL);
 }
 
 /* Test loss and accuracy: each rank its share of the test set (rows rank, rank + W, ...), in
