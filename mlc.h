@@ -7487,33 +7487,44 @@ static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *
 
 /* A channel's values as runs: in place, N runs of `inner` floats C·inner apart; or, where runs
    are shorter than MLC__BN_GATHER floats (a [N, C] batch has runs of one), first copied into one
-   run of N·inner floats in the thread's scratch, so the sums and maps below work on long runs. */
+   run of N·inner floats in the thread's scratch, so the sums and maps below work on long runs.
+   A [N, C] batch is copied MLC__BN_COLUMNS channels at a time, a row's part at a time (a column
+   alone would read a cache line for every value). */
 #define MLC__BN_GATHER 64
+#define MLC__BN_COLUMNS 16
 typedef struct mlc__bn_job {
     const mlc__node *n;
     float *gx, *gw, *gb;                /* backward's gradients (made before the threads start) */
     int gx_overwrite;                   /* gx is fresh: written, not added to */
-    float *scratch;                     /* gathering: 3 N·inner floats per thread */
+    float *scratch;                     /* gathering: 3 group·N·inner floats per thread */
+    int group;                          /* channels gathered at a time (1 in place) */
 } mlc__bn_job;
 
-/* channel c of t ([N, C, inner]) into dst, or (back) dst into it, added where add */
-static void mlc__bn_gather(float *t, float *dst, const mlc_tensor *x, size_t c, int back, int add) {
+/* channels [c, c + count) of t ([N, C, inner]) into dst (channel c + k at k·N·inner), or (back)
+   dst into them, added where add */
+static void mlc__bn_gather(float *t, float *dst, const mlc_tensor *x, size_t c, int count, int back,
+                           int add) {
     const int N = x->shape[0], C = x->shape[1];
-    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2);
-    int i;
-    if (inner == 1 && !add) {                            /* a [N, C] batch: a column */
+    const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)N * inner;
+    int i, k;
+    if (inner == 1) {                                    /* a [N, C] batch: columns */
         for (i = 0; i < N; i++) {
-            if (back) t[(size_t)i * C + c] = dst[i];
-            else dst[i] = t[(size_t)i * C + c];
+            float *row = t + (size_t)i * C + c;
+            for (k = 0; k < count; k++) {
+                if (!back) dst[k * M + (size_t)i] = row[k];
+                else if (add) row[k] += dst[k * M + (size_t)i];
+                else row[k] = dst[k * M + (size_t)i];
+            }
         }
         return;
     }
-    for (i = 0; i < N; i++) {
-        float *run = t + ((size_t)i * C + c) * inner, *part = dst + (size_t)i * inner;
-        if (!back) memcpy(part, run, inner * sizeof(float));
-        else if (add) mlc__axpy(inner, 1.0f, part, run);
-        else memcpy(run, part, inner * sizeof(float));
-    }
+    for (k = 0; k < count; k++)
+        for (i = 0; i < N; i++) {
+            float *run = t + ((size_t)i * C + c + (size_t)k) * inner, *part = dst + k * M + (size_t)i * inner;
+            if (!back) memcpy(part, run, inner * sizeof(float));
+            else if (add) mlc__axpy(inner, 1.0f, part, run);
+            else memcpy(run, part, inner * sizeof(float));
+        }
 }
 
 /* The job over C channels, its scratch from the arena (the threads take none); 0: out of memory */
@@ -7522,8 +7533,10 @@ static int mlc__bn_run(mlc__bn_job *job, mlc__range_fn fn) {
     const size_t C = (size_t)x->shape[1], values = C ? x->size / C : 0,
                  from = MLC__BN_PARALLEL / (values + 1) + 1;
     job->scratch = NULL;
+    job->group = mlc__numel(x->ndim - 2, x->shape + 2) == 1 ? MLC__BN_COLUMNS : 1;
     if (mlc__numel(x->ndim - 2, x->shape + 2) < MLC__BN_GATHER
-        && !(job->scratch = mlc__floats(x->ctx, 3 * values * (size_t)mlc__slots(x->ctx, C, from) + 1,
+        && !(job->scratch = mlc__floats(x->ctx, 3 * (size_t)job->group * values
+                                                    * (size_t)mlc__slots(x->ctx, C, from) + 1,
                                         job->n->name)))
         return 0;
     mlc__parallel(x->ctx, C, from, fn, job);
@@ -7540,30 +7553,38 @@ static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin,
     const int C = x->shape[1], training = n->args.batch_norm.training;
     const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)x->shape[0] * inner;
     const size_t runs = job->scratch ? 1 : (size_t)x->shape[0], len = job->scratch ? M : inner,
-                 step = (size_t)C * inner;
-    float *buf = job->scratch ? job->scratch + (size_t)slot * 3 * M : NULL;
-    size_t c, i;
+                 step = (size_t)C * inner, G = (size_t)(job->scratch ? job->group : 1) * M;
+    float *buf = job->scratch ? job->scratch + (size_t)slot * 3 * G : NULL;
+    size_t c, i, first = begin;
     for (c = begin; c < end; c++) {
+        const size_t k = buf ? c - first : 0;           /* (gathered: channel c's place in the group) */
         const float mu = stats[2 * c], rs = stats[2 * c + 1], scale = (w ? w->data[c] : 1.0f) * rs;
-        const float *xc = buf ? buf : x->data + c * inner, *gc = buf ? buf + M : n->out->grad + c * inner;
-        float *dx = buf ? buf + 2 * M : job->gx ? job->gx + c * inner : NULL;
+        const float *xc = buf ? buf + k * M : x->data + c * inner,
+                    *gc = buf ? buf + G + k * M : n->out->grad + c * inner;
+        float *dx = buf ? buf + 2 * G + k * M : job->gx ? job->gx + c * inner : NULL;
         mlc__sum_t sum_g = 0, sum_gx = 0;
         float mean_g, mean_gx;
-        if (buf) {
-            mlc__bn_gather(x->data, buf, x, c, 0, 0);
-            mlc__bn_gather(n->out->grad, buf + M, x, c, 0, 0);
+        if (buf && c == first) {                         /* the next group in */
+            const int count = (int)(end - c < (size_t)job->group ? end - c : (size_t)job->group);
+            mlc__bn_gather(x->data, buf, x, c, count, 0, 0);
+            mlc__bn_gather(n->out->grad, buf + G, x, c, count, 0, 0);
         }
         for (i = 0; i < runs; i++)
             mlc__bn_grad_sums(xc + i * step, gc + i * step, len, mu, rs, &sum_g, &sum_gx);
         if (job->gw) job->gw[c] += (float)sum_gx;
         if (job->gb) job->gb[c] += (float)sum_g;
-        if (!job->gx) continue;
-        mean_g = training ? (float)(sum_g / (mlc__sum_t)M) : 0.0f;
-        mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
-        for (i = 0; i < runs; i++)
-            mlc__bn_grad_x(len, xc + i * step, gc + i * step, dx + i * step, buf || job->gx_overwrite, mu, rs,
-                           scale, mean_g, mean_gx);
-        if (buf) mlc__bn_gather(job->gx, dx, x, c, 1, !job->gx_overwrite);
+        if (job->gx) {
+            mean_g = training ? (float)(sum_g / (mlc__sum_t)M) : 0.0f;
+            mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
+            for (i = 0; i < runs; i++)
+                mlc__bn_grad_x(len, xc + i * step, gc + i * step, dx + i * step, buf || job->gx_overwrite, mu,
+                               rs, scale, mean_g, mean_gx);
+        }
+        if (buf && (c + 1 == end || k + 1 == (size_t)job->group)) {   /* the group out */
+            if (job->gx)
+                mlc__bn_gather(job->gx, buf + 2 * G, x, first, (int)(c + 1 - first), 1, !job->gx_overwrite);
+            first = c + 1;
+        }
     }
 }
 
@@ -7587,14 +7608,17 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
     const float momentum = n->args.batch_norm.momentum, eps = n->args.batch_norm.eps;
     const size_t inner = mlc__numel(x->ndim - 2, x->shape + 2), M = (size_t)x->shape[0] * inner;
     const size_t runs = job->scratch ? 1 : (size_t)x->shape[0], len = job->scratch ? M : inner,
-                 step = (size_t)C * inner;
-    float *stats = (float *)n->saved, *buf = job->scratch ? job->scratch + (size_t)slot * 3 * M : NULL;
-    size_t c, i;
+                 step = (size_t)C * inner, G = (size_t)(job->scratch ? job->group : 1) * M;
+    float *stats = (float *)n->saved, *buf = job->scratch ? job->scratch + (size_t)slot * 3 * G : NULL;
+    size_t c, i, first = begin;
     for (c = begin; c < end; c++) {
-        const float *xc = buf ? buf : x->data + c * inner;
-        float *y = buf ? buf + M : n->out->data + c * inner;
+        const size_t k = buf ? c - first : 0;           /* (gathered: channel c's place in the group) */
+        const float *xc = buf ? buf + k * M : x->data + c * inner;
+        float *y = buf ? buf + G + k * M : n->out->data + c * inner;
         float mu, rs, wc = weight ? weight->data[c] : 1.0f, bc = bias ? bias->data[c] : 0.0f;
-        if (buf) mlc__bn_gather(x->data, buf, x, c, 0, 0);
+        if (buf && c == first)                           /* the next group in */
+            mlc__bn_gather(x->data, buf, x, c,
+                           (int)(end - c < (size_t)job->group ? end - c : (size_t)job->group), 0, 0);
         if (training) {
             mlc__bn_stats st = { 0, 0, 0 };
             for (i = 0; i < runs; i++) mlc__bn_stats_add(&st, xc + i * step, len);
@@ -7611,7 +7635,10 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
         }
         mu = stats[2 * c]; rs = stats[2 * c + 1];
         for (i = 0; i < runs; i++) mlc__bn_normalise(len, xc + i * step, y + i * step, mu, rs, wc, bc);
-        if (buf) mlc__bn_gather(n->out->data, y, x, c, 1, 0);
+        if (buf && (c + 1 == end || k + 1 == (size_t)job->group)) {   /* the group out */
+            mlc__bn_gather(n->out->data, buf + G, x, first, (int)(c + 1 - first), 1, 0);
+            first = c + 1;
+        }
     }
 }
 

@@ -1726,7 +1726,47 @@ static int nan_in_max_argmax_and_max_pool(void) {
     return 1;
 }
 
+/* Batch norm of a [N, C] batch (its columns gathered 16 channels at a time, channels shared
+   between 2 threads) against the same values as [1, C, N] (each channel one run, gathered alone):
+   the same sums in the same order, so output, running statistics and gradients agree bit for
+   bit; training and eval, C not a multiple of 16 and split between the threads mid-group */
+static int batch_norm_columns_match_runs(void) {
+    enum { N = 37, C = 601 };
+    mlc_ctx *ctx = test_ctx(21);
+    int training;
+    mlc_set_threads(ctx, 2);
+    for (training = 1; training >= 0; training--) {
+        mlc_tensor *x = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(N, C)), 1);
+        mlc_tensor *xt = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(1, C, N),
+                                                         mlc_host_data(mlc_transpose(x, 0, 1))), 1);
+        mlc_tensor *w = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(C)), 1);
+        mlc_tensor *b = mlc_requires_grad(mlc_randn(ctx, MLC_SHAPE(C)), 1);
+        mlc_tensor *w2 = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(C), mlc_host_data(w)), 1);
+        mlc_tensor *b2 = mlc_requires_grad(mlc_from_data(ctx, MLC_SHAPE(C), mlc_host_data(b)), 1);
+        mlc_tensor *stats[4], *y, *yt, *r, *rt, *gx;
+        int k;
+        for (k = 0; k < 4; k++) stats[k] = k % 2 ? mlc_ones(ctx, MLC_SHAPE(C)) : mlc_rand(ctx, MLC_SHAPE(C));
+        CHECK(mlc_write(stats[2], mlc_host_data(stats[0]), C) == MLC_OK);
+        y = mlc_batch_norm(x, stats[0], stats[1], w, b, training, 0.1f, 1e-5f);
+        r = mlc_randn(ctx, MLC_SHAPE(N, C));
+        CHECK_MSG(y && r && mlc_backward(mlc_sum_all(mlc_mul(y, r))) == MLC_OK, "%s", mlc_error_message(ctx));
+        rt = mlc_reshape(mlc_transpose(r, 0, 1), MLC_SHAPE(1, C, N));
+        yt = mlc_batch_norm(xt, stats[2], stats[3], w2, b2, training, 0.1f, 1e-5f);
+        CHECK_MSG(yt && mlc_backward(mlc_sum_all(mlc_mul(yt, rt))) == MLC_OK, "%s", mlc_error_message(ctx));
+        gx = mlc_transpose(mlc_from_data(ctx, MLC_SHAPE(N, C), mlc_host_grad(x)), 0, 1);
+        CHECK(!memcmp(mlc_host_data(mlc_transpose(y, 0, 1)), mlc_host_data(yt), sizeof(float) * N * C));
+        CHECK(!memcmp(mlc_host_data(stats[0]), mlc_host_data(stats[2]), sizeof(float) * C));
+        CHECK(!memcmp(mlc_host_data(stats[1]), mlc_host_data(stats[3]), sizeof(float) * C));
+        CHECK(!memcmp(mlc_host_data(gx), mlc_host_grad(xt), sizeof(float) * N * C));
+        CHECK(!memcmp(mlc_host_grad(w), mlc_host_grad(w2), sizeof(float) * C));
+        CHECK(!memcmp(mlc_host_grad(b), mlc_host_grad(b2), sizeof(float) * C));
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_ops[] = {
+    TEST(batch_norm_columns_match_runs)
     TEST(binary_broadcast)
     TEST(scalar_ops)
     TEST(unary_math)
