@@ -4769,6 +4769,17 @@ static void mlc__gemm_layout(mlc__gemm_job *p, const mlc__gemm_arch *g, int ta, 
     p->bias = p->row_bias = NULL; p->relu = 0;
 }
 
+/* The extent of the operand the threads share (op(B) when they split rows, else op(A)) in p:
+   rounded up to whole slivers (shared_padded) and its slivers over the slices of K
+   (shared_units), as mlc__gemm_share packs it */
+static void mlc__gemm_shared_extent(mlc__gemm_job *p) {
+    const int w = p->split_rows ? p->g->nr : p->g->mr;
+    int kc, mc;
+    mlc__gemm_cut(p->g, p->M, p->K, &kc, &mc);
+    p->shared_padded = (size_t)mlc__gemm_round_up(p->split_rows ? p->N : p->M, w);
+    p->shared_units = p->shared_padded / (size_t)w * (size_t)((p->K + kc - 1) / kc);
+}
+
 /* Packs slivers [begin, end) of shared_units of the operand the threads share into p->shared,
    for mlc__parallel: slice pc of it (kk deep) at pc * shared_padded, sliver x (w wide) at x * kk
    within, the layout mlc__gemm_blocks packs one block in. Unit u: slice u / slivers, sliver
@@ -4831,12 +4842,9 @@ static size_t mlc__gemm_a_floats(int M, int K) {
 }
 static void mlc__gemm_pack_a(mlc_ctx *ctx, int ta, int M, int K, const float *A, float *packed) {
     mlc__gemm_job job;
-    int kc, mc;
-    mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, 0, M, 1, K, A, NULL, 0.0f, NULL);
-    mlc__gemm_cut(job.g, M, K, &kc, &mc);
+    mlc__gemm_layout(&job, mlc__gemm_pick(M), ta, 0, M, 1, K, A, NULL, 0.0f, NULL);   /* (split_rows 0) */
+    mlc__gemm_shared_extent(&job);
     job.shared = packed;
-    job.shared_padded = (size_t)mlc__gemm_round_up(M, job.g->mr);
-    job.shared_units = job.shared_padded / (size_t)job.g->mr * (size_t)((K + kc - 1) / kc);
     mlc__parallel(ctx, job.shared_units, 2, mlc__gemm_share, &job);
 }
 
@@ -5362,11 +5370,8 @@ static void mlc__gemm_then(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, co
                                    copy for each thread when it is small, else one that all threads
                                    pack together first (copies of a large one gain no speed and cost
                                    memory) */
-                int kc, mc, w = job.split_rows ? nr : mr;
                 size_t copy;
-                mlc__gemm_cut(job.g, M, K, &kc, &mc);
-                job.shared_padded = (size_t)(job.split_rows ? cols * nr : rows * mr);
-                job.shared_units = job.shared_padded / (size_t)w * (size_t)((K + kc - 1) / kc);
+                mlc__gemm_shared_extent(&job);
                 copy = (job.shared_padded * (size_t)K + 15) / 16 * 16;     /* whole 64-byte lines */
                 if (copy <= MLC__GEMM_COPY_MAX) {
                     job.shared = mlc__floats(ctx, copy * (size_t)slots, "mlc_gemm");
@@ -7527,6 +7532,11 @@ static void mlc__bn_gather(float *t, float *dst, const mlc_tensor *x, size_t c, 
         }
 }
 
+/* Channels gathered together from channel c on (of [c, end)) */
+static int mlc__bn_group(const mlc__bn_job *job, size_t c, size_t end) {
+    return (int)(end - c < (size_t)job->group ? end - c : (size_t)job->group);
+}
+
 /* The job over C channels, its scratch from the arena (the threads take none); 0: out of memory */
 static int mlc__bn_run(mlc__bn_job *job, mlc__range_fn fn) {
     const mlc_tensor *x = job->n->in[0];
@@ -7565,9 +7575,8 @@ static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin,
         mlc__sum_t sum_g = 0, sum_gx = 0;
         float mean_g, mean_gx;
         if (buf && c == first) {                         /* the next group in */
-            const int count = (int)(end - c < (size_t)job->group ? end - c : (size_t)job->group);
-            mlc__bn_gather(x->data, buf, x, c, count, 0, 0);
-            mlc__bn_gather(n->out->grad, buf + G, x, c, count, 0, 0);
+            mlc__bn_gather(x->data, buf, x, c, mlc__bn_group(job, c, end), 0, 0);
+            mlc__bn_gather(n->out->grad, buf + G, x, c, mlc__bn_group(job, c, end), 0, 0);
         }
         for (i = 0; i < runs; i++)
             mlc__bn_grad_sums(xc + i * step, gc + i * step, len, mu, rs, &sum_g, &sum_gx);
@@ -7617,8 +7626,7 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
         float *y = buf ? buf + G + k * M : n->out->data + c * inner;
         float mu, rs, wc = weight ? weight->data[c] : 1.0f, bc = bias ? bias->data[c] : 0.0f;
         if (buf && c == first)                           /* the next group in */
-            mlc__bn_gather(x->data, buf, x, c,
-                           (int)(end - c < (size_t)job->group ? end - c : (size_t)job->group), 0, 0);
+            mlc__bn_gather(x->data, buf, x, c, mlc__bn_group(job, c, end), 0, 0);
         if (training) {
             mlc__bn_stats st = { 0, 0, 0 };
             for (i = 0; i < runs; i++) mlc__bn_stats_add(&st, xc + i * step, len);
@@ -8529,7 +8537,8 @@ static int mlc__conv_im2row_fits(mlc_ctx *ctx, const mlc__conv *cv, int rows) {
    products of all its images (NULL: they pack their own, or multiply without packing; always
    with a fixed arena, which keeps to what it needed before). Without a tape (inference) a
    long-lived weight keeps it between calls in w->packed, which writing its values drops
-   (mlc__host_wrote); else it is the call's scratch. */
+   (mlc__host_wrote); else it is the call's scratch, for two images or more (one image would
+   pack it once either way). */
 static const float *mlc__conv_packed_weight(const mlc__node *n, const mlc__conv_job *job) {
     mlc_tensor *w = n->in[1];
     const mlc__conv *cv = job->cv;
@@ -8537,6 +8546,7 @@ static const float *mlc__conv_packed_weight(const mlc__node *n, const mlc__conv_
     const int keep = w->persistent && !w->on_device && !w->stands_for && !mlc__recording(n);
     float *packed;
     if (cv->groups != 1 || job->fast || job->ctx->config.arena    /* (a fixed arena: what it took before) */
+        || (!keep && cv->N < 2)
         || !mlc__gemm_packs(job->ctx, 0, cv->O, cv->OH * cv->OW, rows, job->work_floats != 0))
         return NULL;
     if (keep && w->packed) return w->packed;

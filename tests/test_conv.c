@@ -248,11 +248,44 @@ static int packed_weight_follows_writes(void) {
     return 1;
 }
 
+/* One image in inference on 2 threads that share the rows of its product (24 channels in, 40
+   out), or its columns (300 in, more than one slice of K, 16 out): each reads its part of the
+   weight's kept packed copy (twice: the call that packs it and one that finds it kept), against
+   matmul */
+static int packed_weight_split_between_threads(void) {
+    static const int cases[2][2] = { { 24, 40 }, { 300, 16 } };   /* C, O */
+    mlc_ctx *ctx = test_ctx(16);
+    mlc_conv_opts opts = { 0, 0, 0, 0, 0, 0, 0 };
+    int c, k;
+    mlc_set_threads(ctx, 2);
+    for (c = 0; c < 2; c++) {
+        const int C = cases[c][0], O = cases[c][1];
+        mlc_tensor *x = mlc_keep(mlc_detach(conv_rand(ctx, MLC_SHAPE(1, C, 18, 20))));
+        mlc_tensor *w = mlc_keep(mlc_detach(conv_rand(ctx, MLC_SHAPE(O, C, 1, 1))));
+        mlc_tensor *b = mlc_keep(mlc_detach(conv_rand(ctx, MLC_SHAPE(O)))), *ref;
+        int was = mlc_set_grad_enabled(ctx, 0);
+        ref = mlc_add(mlc_matmul(mlc_reshape(w, MLC_SHAPE(O, C)), mlc_reshape(x, MLC_SHAPE(1, C, 360))),
+                      mlc_reshape(b, MLC_SHAPE(O, 1)));
+        CHECK_MSG(x && w && b && ref, "%s", mlc_error_message(ctx));
+        for (k = 0; k < 2; k++) {
+            mlc_tensor *y = mlc_conv2d(x, w, b, opts);
+            CHECK_MSG(y, "%s", mlc_error_message(ctx));
+            CHECK_MSG(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-4, "case %d call %d: %g", c, k,
+                      conv_max_diff(y, mlc_host_data(ref), ref->size));
+            CHECK(mlc_has_device(ctx) || w->packed);
+        }
+        mlc_set_grad_enabled(ctx, was);
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 const test_case tests_conv[] = {
     TEST(conv2d_relu6_matches_conv_then_relu6)
     TEST(depthwise_matches_per_channel_convs)
     TEST(depthwise_and_pointwise_gradcheck)
     TEST(pointwise_matches_matmul)
     TEST(packed_weight_follows_writes)
+    TEST(packed_weight_split_between_threads)
     { NULL, NULL }
 };
