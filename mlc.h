@@ -1270,6 +1270,14 @@ typedef double mlc__sum_t;
 #define MLC__RESTRICT restrict
 #endif
 
+/* MLC__INLINE: inlined into every loop that calls it (GCC weighs a big loop's callees, and a
+   call in a loop stops its vectorisation) */
+#if defined(__GNUC__)
+#define MLC__INLINE inline __attribute__((always_inline))
+#else
+#define MLC__INLINE inline
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -2245,14 +2253,41 @@ static size_t mlc__f16_narrow_f16c(const float *src, uint16_t *dst, size_t n) {
                                                               : (b_ + 0x7fffu + (b_ >> 16 & 1u)) >> 16); \
     } while (0)
 
-/* n values of dtype at src, widened to float32 at dst; and rounded back. bf16 goes in blocks of
-   16 (a count GCC's -O2 vectorises); float16 takes F16C where the CPU has it. */
+/* bf16 in blocks of 16 (a count GCC's -O2 vectorises), for any CPU and for AVX2 (2.4 times as
+   fast to round), picked at run time; the rest of n one by one */
+static MLC__INLINE void mlc__bf16_widen_blocks(const uint16_t *MLC__RESTRICT src, float *MLC__RESTRICT dst,
+                                               size_t n) {
+    size_t i, k;
+    for (i = 0; i + 16 <= n; i += 16) for (k = i; k < i + 16; k++) MLC__BF16_WIDEN(k);
+    for (; i < n; i++) MLC__BF16_WIDEN(i);
+}
+static MLC__INLINE void mlc__bf16_narrow_blocks(const float *MLC__RESTRICT src, uint16_t *MLC__RESTRICT dst,
+                                                size_t n) {
+    size_t i, k;
+    for (i = 0; i + 16 <= n; i += 16) for (k = i; k < i + 16; k++) MLC__BF16_NARROW(k);
+    for (; i < n; i++) MLC__BF16_NARROW(i);
+}
+#if MLC__X86
+__attribute__((target("avx2")))
+static void mlc__bf16_widen_avx2(const uint16_t *MLC__RESTRICT src, float *MLC__RESTRICT dst, size_t n) {
+    mlc__bf16_widen_blocks(src, dst, n);
+}
+__attribute__((target("avx2")))
+static void mlc__bf16_narrow_avx2(const float *MLC__RESTRICT src, uint16_t *MLC__RESTRICT dst, size_t n) {
+    mlc__bf16_narrow_blocks(src, dst, n);
+}
+#endif
+
+/* n values of dtype at src, widened to float32 at dst; and rounded back (bf16: mlc_float_to_bf16,
+   as a select). float16 takes F16C where the CPU has it. */
 static void mlc__widen(mlc_scalar_type dtype, const uint16_t *MLC__RESTRICT src, float *MLC__RESTRICT dst,
                        size_t n) {
-    size_t i = 0, k;
+    size_t i = 0;
     if (dtype == MLC_BF16) {
-        for (; i + 16 <= n; i += 16) for (k = i; k < i + 16; k++) MLC__BF16_WIDEN(k);
-        for (; i < n; i++) MLC__BF16_WIDEN(i);
+#if MLC__X86
+        if (__builtin_cpu_supports("avx2")) { mlc__bf16_widen_avx2(src, dst, n); return; }
+#endif
+        mlc__bf16_widen_blocks(src, dst, n);
         return;
     }
 #if MLC__X86
@@ -2262,10 +2297,12 @@ static void mlc__widen(mlc_scalar_type dtype, const uint16_t *MLC__RESTRICT src,
 }
 static void mlc__narrow(mlc_scalar_type dtype, const float *MLC__RESTRICT src, uint16_t *MLC__RESTRICT dst,
                         size_t n) {
-    size_t i = 0, k;
-    if (dtype == MLC_BF16) {                             /* mlc_float_to_bf16, as a select */
-        for (; i + 16 <= n; i += 16) for (k = i; k < i + 16; k++) MLC__BF16_NARROW(k);
-        for (; i < n; i++) MLC__BF16_NARROW(i);
+    size_t i = 0;
+    if (dtype == MLC_BF16) {
+#if MLC__X86
+        if (__builtin_cpu_supports("avx2")) { mlc__bf16_narrow_avx2(src, dst, n); return; }
+#endif
+        mlc__bf16_narrow_blocks(src, dst, n);
         return;
     }
 #if MLC__X86
@@ -2964,18 +3001,20 @@ static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) *
 
 /* Whether the node's CPU forward and backward take its half tensors as they are, without float32
    stand-ins: a permute (the values moved as they are; gradients are float32 in any case), a copy
-   that converts to or from float32 (mlc__copy_cpu), or a product of bf16
-   matrices (bias bf16 or none) where mlc's bf16 kernel runs.
+   that converts to or from float32 (mlc__copy_cpu), or a product or convolution of bf16 tensors
+   (bias bf16 or none) where mlc's bf16 kernel runs (a convolution off its fast path makes the
+   stand-ins itself, mlc__conv2d_cpu).
    mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
    stand-ins would; only the order of the float32 sums differs (and subnormals, see
-   mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products. */
+   mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products (a
+   convolution's for dx; its dW sums float32 products of the widened values). */
 static int mlc__cpu_takes_half(const mlc__node *n) {
     if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
         return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
     if (n->op == MLC__OP_PERMUTE) return n->in[0]->dtype == n->out->dtype;
-    return n->op == MLC__OP_MATMUL && n->in[0]->dtype == MLC_BF16 && n->in[1]->dtype == MLC_BF16
-           && (!n->in[2] || n->in[2]->dtype == MLC_BF16) && n->out->dtype == MLC_BF16
-           && mlc__bf16_kernel_usable(n->out->ctx);
+    return (n->op == MLC__OP_MATMUL || n->op == MLC__OP_CONV2D) && n->in[0]->dtype == MLC_BF16
+           && n->in[1]->dtype == MLC_BF16 && (!n->in[2] || n->in[2]->dtype == MLC_BF16)
+           && n->out->dtype == MLC_BF16 && mlc__bf16_kernel_usable(n->out->ctx);
 }
 
 /* Describe `out = op(inputs)`: the node the backend runs (mlc__dispatch) and the tape keeps. */
@@ -4050,14 +4089,6 @@ MLCDEF mlc_tensor *mlc_masked_fill(mlc_tensor *x, mlc_tensor *mask, float value)
 #define MLC__INV_SQRT_2 0.7071067811865476f
 #define MLC__INV_SQRT_2PI 0.3989422804014327f
 
-/* MLC__INLINE: inlined into every loop that calls it (GCC weighs a big loop's callees, and a
-   call in a loop stops its vectorisation) */
-#if defined(__GNUC__)
-#define MLC__INLINE inline __attribute__((always_inline))
-#else
-#define MLC__INLINE inline
-#endif
-
 static inline uint32_t mlc__float_bits(float x) { uint32_t b; memcpy(&b, &x, sizeof b); return b; }
 static inline float mlc__bits_float(uint32_t b) { float x; memcpy(&x, &b, sizeof x); return x; }
 
@@ -5061,6 +5092,9 @@ static void mlc__bf16_kernel_8(int kp, const uint32_t *a, const uint32_t *b, flo
 /* block sizes in bf16 values of k (kc even): a KC x NR sliver of B in L1, MC x KC of A in L2 */
 static const mlc__bf16_arch mlc__bf16_12 = { mlc__bf16_kernel_12, 12, 32, 192, 512, 2048 };
 static const mlc__bf16_arch mlc__bf16_8 = { mlc__bf16_kernel_8, 8, 32, 192, 512, 2048 };
+static const mlc__bf16_arch *mlc__bf16_pick(int M) {
+    return mlc__gemm_round_up(M, 8) < mlc__gemm_round_up(M, 12) ? &mlc__bf16_8 : &mlc__bf16_12;
+}
 
 /* GCC 12 as C++ at -O2 reads its own AVX-512 unpack intrinsics' placeholder operand as "may be used
    uninitialized"; the transposes below are where it says so (popped after mlc__bf16_pack). */
@@ -5096,6 +5130,16 @@ static inline void mlc__bf16_transpose16(__m512i v[16]) {
     }
 }
 
+/* Two rows of 32 bf16 values r0, r1 as the 32 words r0[x] | r1[x] << 16: x < 16 in lo, the rest
+   in hi (two vpermt2w) */
+__attribute__((target(MLC__BF16_TARGET), always_inline))
+static inline void mlc__bf16_pairs(__m512i r0, __m512i r1, __m512i *lo, __m512i *hi) {
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                           39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    *lo = _mm512_permutex2var_epi16(r0, first, r1);
+    *hi = _mm512_permutex2var_epi16(r0, _mm512_add_epi16(first, _mm512_set1_epi16(16)), r1);
+}
+
 /* Packs one sliver: dst[p*w + x] = the pair (src[x*sx + 2p*sk], src[x*sx + (2p+1)*sk]) for
    x < m and p < (kc+1)/2; zero for m <= x < w and for the missing half of an odd kc's last
    pair. One of sx, sk is 1. Where x runs along contiguous values (sx = 1: B as stored, or Aᵀ),
@@ -5107,10 +5151,7 @@ __attribute__((target(MLC__BF16_TARGET)))
 static void mlc__bf16_pack(uint32_t *dst, const uint16_t *src, size_t sx, size_t sk, int m, int kc, int w) {
     const int pairs = kc / 2, kp = (kc + 1) / 2;
     int p, x;
-    if (sx == 1) {   /* lo, hi: the words of values 0..15 and 16..31 of the two rows */
-        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                            39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
-                      hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    if (sx == 1) {
         for (x = 0; x < w; x += 32) {
             const __mmask32 in = m - x >= 32 ? 0xffffffffu
                                  : m - x <= 0 ? 0u : (__mmask32)((1u << (m - x)) - 1);
@@ -5122,8 +5163,10 @@ static void mlc__bf16_pack(uint32_t *dst, const uint16_t *src, size_t sx, size_t
                 uint32_t *d = dst + (size_t)p * w + x;
                 const __m512i r0 = _mm512_maskz_loadu_epi16(in, s0),
                               r1 = p < pairs ? _mm512_maskz_loadu_epi16(in, s0 + sk) : _mm512_setzero_si512();
-                _mm512_mask_storeu_epi32(d, out0, _mm512_permutex2var_epi16(r0, lo, r1));
-                _mm512_mask_storeu_epi32(d + 16, out1, _mm512_permutex2var_epi16(r0, hi, r1));
+                __m512i lo, hi;
+                mlc__bf16_pairs(r0, r1, &lo, &hi);
+                _mm512_mask_storeu_epi32(d, out0, lo);
+                _mm512_mask_storeu_epi32(d + 16, out1, hi);
             }
         }
         return;
@@ -5271,8 +5314,7 @@ static void mlc__bf16_part(void *arg, int slot, size_t begin, size_t end) {
 static void mlc__bf16_gemm_kernel(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, const uint16_t *A,
                                   const uint16_t *B, float beta, float *C, const float *bias, int relu,
                                   uint16_t *half) {
-    const mlc__bf16_arch *g = mlc__gemm_round_up(M, 8) < mlc__gemm_round_up(M, 12) ? &mlc__bf16_8
-                                                                                   : &mlc__bf16_12;
+    const mlc__bf16_arch *g = mlc__bf16_pick(M);
     const int rows = (M + g->mr - 1) / g->mr, cols = (N + g->nr - 1) / g->nr,
               kblocks = (K + g->kc - 1) / g->kc;
     const size_t lda = ta ? (size_t)M : (size_t)K, ldb = tb ? (size_t)K : (size_t)N,
@@ -8358,8 +8400,10 @@ typedef struct mlc__conv_job {
     const float *x, *w, *bias, *dy;     /* forward: y from x, w, bias; backward: gx, gw, gb from dy */
     const float *w_packed;              /* forward, groups 1: w packed for the products, or NULL */
     float *y, *gx, *gw, *gb;
+    const uint16_t *x16;                /* bf16 (the fast path's, else NULL): x, and y (written forward, */
+    uint16_t *y16;                      /* read backward with an activation), in place of x and y */
     float *scratch;                     /* per thread: col, packing space, fast's; then each group's dW, db */
-    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, sums_at;
+    size_t col_floats, work_floats, slot_floats, fast_at, rows_at, relu_at, wide_at, sums_at;
     const mlc__conv_fast *fast;         /* forward: y, backward: dx without im2col (or NULL) */
     int by_rows;                        /* backward: dW through mlc__im2row */
     int gx_overwrite;                   /* backward: gx is fresh, each image written over */
@@ -8407,51 +8451,137 @@ struct mlc__conv_fast {
     const mlc__gemm_arch *g;
     int C, H, W, M, KH, KW, ph, pw, dh, dw;   /* input planes C x H x W, M output planes */
     int Hp, Wp, OH, Pn, R, kc, Mr;            /* padded plane, output rows, columns, col rows, slice, M */
-    size_t plane, piece_floats;               /* floats per padded plane, and per image in flight */
+    size_t plane, planes_floats, piece_floats;   /* values per padded plane; floats the planes take,
+                                                    and all of an image in flight */
     float *wp;                                /* packed weights: per k slice, per MR rows */
     int *off;                                 /* per row of col: its offset in the planes */
+#if MLC__BF16_X86
+    const mlc__bf16_arch *g16;                /* bf16 (NULL: float32): planes of bf16 values, the
+                                                 weights packed in pairs of k (wp16, as mlc__bf16_pack
+                                                 packs A) and the products on g16's kernel */
+    uint32_t *wp16;
+#endif
 };
 
-/* Plan it and pack the weights: w [M, C, KH, KW] as stored, or (flip) w [C, M, KH, KW] read
-   as dx needs it: A[m, (c, i, j)] = w[c, m, KH-1-i, KW-1-j]. 0 when out of memory. */
-static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, int flip, const char *op) {
+/* The weight at row r of the product, column k (row r of col): its index in w [M, C, KH, KW] as
+   stored, or (flip) in w [C, M, KH, KW] read as dx needs it: A[m, (c, i, j)] = w[c, m, KH-1-i,
+   KW-1-j] */
+static size_t mlc__conv_fast_weight(const mlc__conv_fast *f, int flip, int r, int k) {
+    const int T = f->KH * f->KW;
+    return flip ? ((size_t)(k / T) * f->M + r) * T + T - 1 - k % T : (size_t)r * f->R + k;
+}
+
+/* Plan it and pack the weights, float32 w or bf16 w16 (the bf16 path), as mlc__conv_fast_weight
+   reads them. 0 when out of memory. */
+static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, const uint16_t *w16, int flip,
+                               const char *op) {
     const mlc__gemm_arch *g = mlc__gemm_pick(f->M);
-    int kblocks, r, m, k, pc, T = f->KH * f->KW;
+    int mr = g->mr, nr = g->nr, kc = g->kc, kblocks, r, m, k, pc, T = f->KH * f->KW;
+    size_t value_bytes = sizeof(float), weight_floats;
     float *dst;
     f->g = g;
+#if MLC__BF16_X86
+    f->g16 = w16 ? mlc__bf16_pick(f->M) : NULL;
+    if (w16) { mr = f->g16->mr; nr = f->g16->nr; kc = f->g16->kc; value_bytes = sizeof(uint16_t); }
+#endif
     f->Hp = f->H + 2 * f->ph; f->Wp = f->W + 2 * f->pw;
     f->OH = f->Hp - f->dh * (f->KH - 1);
-    f->Pn = mlc__gemm_round_up(f->OH * f->Wp, g->nr);
-    f->R = f->C * T; f->Mr = mlc__gemm_round_up(f->M, g->mr);
-    kblocks = (f->R + g->kc - 1) / g->kc;
+    f->Pn = mlc__gemm_round_up(f->OH * f->Wp, nr);
+    f->R = f->C * T; f->Mr = mlc__gemm_round_up(f->M, mr);
+    kblocks = (f->R + kc - 1) / kc;
     f->kc = (f->R + kblocks - 1) / kblocks;
+    if (w16) f->kc = mlc__gemm_round_up(f->kc, 2);        /* (pairs of k) */
     f->plane = (size_t)f->Hp * f->Wp + (size_t)(f->Pn - f->OH * f->Wp) + (size_t)f->dw * (f->KW - 1);
-    f->plane = (f->plane + 15) / 16 * 16;
-    f->piece_floats = (size_t)f->C * f->plane + (size_t)f->kc * g->nr + (size_t)f->Mr * f->Pn;
-    f->wp = mlc__floats(ctx, (size_t)f->Mr * f->R + ((size_t)f->R * sizeof(int) + 3) / 4, op);
+    f->plane = (f->plane + 31) / 32 * 32;
+    f->planes_floats = ((size_t)f->C * f->plane * value_bytes + 63) / 64 * 16;   /* (whole lines) */
+    f->piece_floats = f->planes_floats + (size_t)f->kc * nr * value_bytes / sizeof(float)
+                      + (size_t)f->Mr * f->Pn;
+    weight_floats = (size_t)f->Mr * (w16 ? (size_t)(f->R + 1) / 2 : (size_t)f->R);   /* (an odd R pads) */
+    f->wp = mlc__floats(ctx, weight_floats + ((size_t)f->R * sizeof(int) + 3) / 4, op);
     if (!f->wp) return 0;
-    f->off = (int *)(f->wp + (size_t)f->Mr * f->R);
+    f->off = (int *)(f->wp + weight_floats);
     for (r = 0; r < f->R; r++)
         f->off[r] = (int)((size_t)(r / T) * f->plane) + (r % T / f->KW) * f->dh * f->Wp + r % f->KW * f->dw;
+#if MLC__BF16_X86
+    if (w16) {     /* word [p·MR + i] of slice pc's sliver: the pair (A[i, pc + 2p], A[i, pc + 2p + 1]) */
+        uint32_t *word = f->wp16 = (uint32_t *)(void *)f->wp;
+        for (pc = 0; pc < f->R; pc += f->kc) {
+            int kk = f->R - pc < f->kc ? f->R - pc : f->kc, p;
+            for (m = 0; m < f->Mr; m += mr)
+                for (p = 0; p < (kk + 1) / 2; p++)
+                    for (r = m, k = pc + 2 * p; r < m + mr; r++, word++) {
+                        const uint32_t second = r < f->M && 2 * p + 1 < kk
+                                                ? w16[mlc__conv_fast_weight(f, flip, r, k + 1)] : 0u;
+                        *word = r >= f->M ? 0u : w16[mlc__conv_fast_weight(f, flip, r, k)] | second << 16;
+                    }
+        }
+        return 1;
+    }
+#endif
     for (pc = 0, dst = f->wp; pc < f->R; pc += f->kc) {
         int kk = f->R - pc < f->kc ? f->R - pc : f->kc;
-        for (m = 0; m < f->Mr; m += g->mr)
+        for (m = 0; m < f->Mr; m += mr)
             for (k = pc; k < pc + kk; k++)
-                for (r = m; r < m + g->mr; r++, dst++)
-                    *dst = r >= f->M ? 0.0f
-                         : flip      ? w[((size_t)(k / T) * f->M + r) * T + T - 1 - k % T]
-                                     : w[(size_t)r * f->R + k];
+                for (r = m; r < m + mr; r++, dst++)
+                    *dst = r >= f->M ? 0.0f : w[mlc__conv_fast_weight(f, flip, r, k)];
     }
     return 1;
 }
 
-/* One image: x [C, H, W] -> the scratch C of plan f, [Mr, Pn] at the returned address (row
-   stride Pn; output (m, oh, ow) at m·Pn + oh·Wp + ow); scratch holds f->piece_floats. */
-static const float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x, float *scratch) {
+#if MLC__BF16_X86
+/* The bf16 path's image: the planes hold bf16 values (x16 as it is, or float32 x rounded: dy for
+   dx, rounded as PyTorch's gradient of a bf16 output is), and each sliver of col pairs rows
+   2p, 2p+1 of a slice for vdpbf16ps */
+__attribute__((target(MLC__BF16_TARGET)))
+static float *mlc__conv_fast_image_bf16(const mlc__conv_fast *f, const float *x, const uint16_t *x16,
+                                        float *scratch) {
+    const mlc__bf16_arch *g = f->g16;
+    uint16_t *planes = (uint16_t *)(void *)scratch;
+    uint32_t *bs = (uint32_t *)(void *)(scratch + f->planes_floats);
+    float *cs = scratch + f->planes_floats + (size_t)f->kc / 2 * 32;
+    int c, h, q, pc, p, m;
+    memset(planes, 0, (size_t)f->C * f->plane * sizeof(uint16_t));
+    for (c = 0; c < f->C; c++)
+        for (h = 0; h < f->H; h++) {
+            uint16_t *row = planes + c * f->plane + (size_t)(h + f->ph) * f->Wp + f->pw;
+            const size_t at = ((size_t)c * f->H + h) * f->W;
+            if (x16) memcpy(row, x16 + at, (size_t)f->W * sizeof(uint16_t));
+            else mlc__narrow(MLC_BF16, x + at, row, (size_t)f->W);
+        }
+    for (q = 0; q < f->Pn; q += 32)
+        for (pc = 0; pc < f->R; pc += f->kc) {
+            const int kk = f->R - pc < f->kc ? f->R - pc : f->kc, kp = (kk + 1) / 2;
+            for (p = 0; p < kp; p++) {
+                const uint16_t *r0 = planes + f->off[pc + 2 * p] + q;
+                const __m512i v0 = _mm512_loadu_si512(r0),
+                              v1 = 2 * p + 1 < kk ? _mm512_loadu_si512(planes + f->off[pc + 2 * p + 1] + q)
+                                                  : _mm512_setzero_si512();
+                __m512i lo, hi;
+                mlc__bf16_pairs(v0, v1, &lo, &hi);
+                _mm512_storeu_si512(bs + p * 32, lo);
+                _mm512_storeu_si512(bs + p * 32 + 16, hi);
+            }
+            for (m = 0; m < f->Mr; m += g->mr)
+                g->kernel(kp, f->wp16 + (size_t)(pc / 2) * f->Mr + (size_t)m * kp, bs,
+                          cs + (size_t)m * f->Pn + q, f->Pn, pc > 0);
+        }
+    return cs;
+}
+#endif
+
+/* One image: x [C, H, W] (float32 x, or the bf16 path's x16 or x) -> the scratch C of plan f,
+   [Mr, Pn] at the returned address (row stride Pn; output (m, oh, ow) at m·Pn + oh·Wp + ow);
+   scratch holds f->piece_floats. */
+static float *mlc__conv_fast_image(const mlc__conv_fast *f, const float *x, const uint16_t *x16,
+                                   float *scratch) {
     const mlc__gemm_arch *g = f->g;
     const int nr = g->nr;
-    float *planes = scratch, *bs = planes + (size_t)f->C * f->plane, *cs = bs + (size_t)f->kc * nr;
+    float *planes = scratch, *bs = planes + f->planes_floats, *cs = bs + (size_t)f->kc * nr;
     int c, h, q, pc, r, m;
+#if MLC__BF16_X86
+    if (f->g16) return mlc__conv_fast_image_bf16(f, x, x16, scratch);
+#endif
+    (void)x16;
     memset(planes, 0, (size_t)f->C * f->plane * sizeof(float));
     for (c = 0; c < f->C; c++)
         for (h = 0; h < f->H; h++)
@@ -8493,27 +8623,38 @@ static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__c
                   <= 2147483647LL / f->C;
 }
 
-/* image i (its input `in`: x, or dy) through the fast path: forward y = its output + b (then
-   relu), backward dx += its output */
-static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in, size_t i, int dx) {
+/* image i (its input: x or x16, or dy) through the fast path: forward y = its output + b (then
+   the activation; y16: rounded to bf16), backward dx += its output. The bias and the activation
+   go over a whole plane of the scratch output, its thrown-away columns too (and so does the
+   rounding to bf16, into the image's input planes, read no more). */
+static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in,
+                               const uint16_t *in16, size_t i, int dx) {
     const mlc__conv_fast *f = job->fast;
-    const float *cs = mlc__conv_fast_image(f, in, scratch);
+    float *cs = mlc__conv_fast_image(f, in, in16, scratch);
+    uint16_t *staged = (uint16_t *)(void *)scratch;      /* (y16) a plane rounded, where the planes were */
     const int OW = dx ? job->cv->W : job->cv->OW;
-    int m, oh, ow;
-    for (m = 0; m < f->M; m++)
-        for (oh = 0; oh < f->OH; oh++) {
-            const float *src = cs + (size_t)m * f->Pn + (size_t)oh * f->Wp;
-            float *dst = (dx ? job->gx : job->y) + ((i * f->M + m) * f->OH + oh) * OW;
-            if (dx && job->gx_overwrite) memcpy(dst, src, (size_t)OW * sizeof(float));
-            else if (dx) mlc__axpy((size_t)OW, 1.0f, src, dst);
-            else if (!job->bias) memcpy(dst, src, (size_t)OW * sizeof(float));
-            else {
-                const float b = job->bias[m];
-                MLC__OMP(omp simd)
-                for (ow = 0; ow < OW; ow++) dst[ow] = src[ow] + b;
-            }
-            if (!dx) mlc__conv_activate(job->cv, (size_t)OW, dst);
+    const size_t extent = (size_t)f->OH * f->Wp;
+    size_t q;
+    int m, oh;
+    for (m = 0; m < f->M; m++) {
+        float *plane = cs + (size_t)m * f->Pn;
+        const size_t at = (i * f->M + m) * f->OH * OW;
+        if (!dx && job->bias) {
+            const float b = job->bias[m];
+            MLC__VECTOR_LOOP(q, 0, extent, { plane[q] += b; });
         }
+        if (!dx) mlc__conv_activate(job->cv, extent, plane);
+        if (job->y16) mlc__narrow(MLC_BF16, plane, staged, extent);   /* (rows too short to round alone) */
+        for (oh = 0; oh < f->OH; oh++) {
+            const float *src = plane + (size_t)oh * f->Wp;
+            const size_t to = at + (size_t)oh * OW;
+            if (dx && job->gx_overwrite) memcpy(job->gx + to, src, (size_t)OW * sizeof(float));
+            else if (dx) mlc__axpy((size_t)OW, 1.0f, src, job->gx + to);
+            else if (job->y16)
+                memcpy(job->y16 + to, staged + (size_t)oh * f->Wp, (size_t)OW * sizeof(uint16_t));
+            else memcpy(job->y + to, src, (size_t)OW * sizeof(float));
+        }
+    }
 }
 
 /* dW_g += dY_g colᵀ (Og x rows, over P pixels) by dot products, with few rows of col (a first
@@ -8564,12 +8705,14 @@ static int mlc__conv_fast_fits(mlc_ctx *ctx, const mlc__conv *cv, int dx, mlc__c
     (void)ctx; (void)cv; (void)dx; (void)f;
     return 0;
 }
-static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, int flip, const char *op) {
-    (void)f; (void)ctx; (void)w; (void)flip; (void)op;
+static int mlc__conv_fast_plan(mlc__conv_fast *f, mlc_ctx *ctx, const float *w, const uint16_t *w16, int flip,
+                               const char *op) {
+    (void)f; (void)ctx; (void)w; (void)w16; (void)flip; (void)op;
     return 0;
 }
-static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in, size_t i, int dx) {
-    (void)job; (void)scratch; (void)in; (void)i; (void)dx;
+static void mlc__conv_fast_out(const mlc__conv_job *job, float *scratch, const float *in,
+                               const uint16_t *in16, size_t i, int dx) {
+    (void)job; (void)scratch; (void)in; (void)in16; (void)i; (void)dx;
 }
 static int mlc__conv_grad_w_dots(mlc_ctx *ctx, int Og, int rows, int P, const float *dy, const float *col,
                                  float *gw) {
@@ -8598,7 +8741,9 @@ static void mlc__conv2d_images(void *arg, int slot, size_t begin, size_t end) {
     size_t i;
     for (i = begin; i < end; i++) {
         if (job->fast) {
-            mlc__conv_fast_out(job, col + job->fast_at, job->x + i * cv->C * cv->H * cv->W, i, 0);
+            const size_t at = i * cv->C * cv->H * cv->W;
+            mlc__conv_fast_out(job, col + job->fast_at, job->x16 ? NULL : job->x + at,
+                               job->x16 ? job->x16 + at : NULL, i, 0);
             continue;
         }
         for (g = 0; g < cv->groups; g++) {
@@ -8656,6 +8801,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
           *work = job->work_floats ? col + job->col_floats : NULL;
     float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
     float *dy_relu = col + job->relu_at;                 /* (relu) the image's g·(y > 0) */
+    float *x_wide = col + job->wide_at, *y_wide = x_wide + (size_t)cv->C * cv->H * cv->W;   /* (bf16) */
     const size_t sum_floats = (size_t)cv->O * rows + cv->O;
     size_t i, s;
     int c, t, T = cv->KH * cv->KW;
@@ -8667,23 +8813,28 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
         if (job->sums > 1) memset(gw, 0, sum_floats * sizeof(float));
         if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
         for (i = first; i < last; i++) {
-            const float *dy_image = job->dy + i * cv->O * P;
+            const size_t x_at = i * cv->C * cv->H * cv->W, y_at = i * cv->O * P;
+            const float *dy_image = job->dy + y_at, *x_image = job->x16 ? x_wide : job->x + x_at;
+            if (job->x16 && job->gw)
+                mlc__widen(MLC_BF16, job->x16 + x_at, x_wide, (size_t)cv->C * cv->H * cv->W);
             if (cv->relu) {
-                mlc__conv_activate_grad(cv, (size_t)cv->O * P, job->y + i * cv->O * P, dy_image, dy_relu);
+                const float *y = job->y16 ? y_wide : job->y + y_at;
+                if (job->y16) mlc__widen(MLC_BF16, job->y16 + y_at, y_wide, (size_t)cv->O * P);
+                mlc__conv_activate_grad(cv, (size_t)cv->O * P, y, dy_image, dy_relu);
                 dy_image = dy_relu;
             }
             for (g = 0; g < cv->groups; g++) {
                 const float *dy = dy_image + (size_t)g * Og * P;
                 if (job->by_rows) {
-                    mlc__im2row(cv, job->x + i * cv->C * cv->H * cv->W, xt, col);
+                    mlc__im2row(cv, x_image, xt, col);
                     mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
                 } else if (job->gw) {
-                    const float *x = job->x + (i * cv->C + (size_t)g * Cg) * cv->H * cv->W;
+                    const float *x = x_image + (size_t)g * Cg * cv->H * cv->W;
                     if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
                     mlc__conv_grad_w(job->ctx, Og, rows, P, dy, mlc__conv_pointwise(cv) ? x : col,
                                      gw + (size_t)g * Og * rows, work);
                 }
-                if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, dy_image, i, 1);
+                if (job->gx && job->fast) mlc__conv_fast_out(job, col + job->fast_at, dy_image, NULL, i, 1);
                 else if (job->gx && mlc__conv_pointwise(cv))
                     mlc__gemm(job->ctx, 1, 0, rows, P, Og, job->w + (size_t)g * Og * rows, dy,
                               job->gx_overwrite ? 0.0f : 1.0f,
@@ -8705,15 +8856,32 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
     }
 }
 
+static void mlc__backward_widened(mlc__node *n);   /* (@section backward) */
+
+/* A bf16 convolution (mlc__cpu_takes_half) whose backward runs on the stand-ins: depthwise, or
+   its dx not on the fast path. Else dx runs on the bf16 path, and dW, db on float32: each image's
+   x (and y, for the activation) widened in the thread's scratch. */
+static int mlc__conv_backward_widens(mlc__node *n, mlc__conv_fast *f) {
+    const mlc__conv *cv = (const mlc__conv *)n->saved;
+    return mlc__conv_depthwise_fits(cv)
+           || (n->in[0]->requires_grad && !mlc__conv_fast_fits(n->out->ctx, cv, 1, f));
+}
+
 static void mlc__conv2d_backward(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
     mlc_tensor *x = n->in[0], *w = n->in[1];
+    const int half = n->out->dtype != MLC_F32;          /* (mlc__cpu_takes_half: x, w and y bf16) */
     int rows = cv->C / cv->groups * cv->KH * cv->KW, s;
     mlc__conv_job job;
-    size_t fast_floats = 0, rows_floats, relu_floats = cv->relu ? (size_t)cv->O * cv->OH * cv->OW : 0;
+    size_t fast_floats = 0, rows_floats, relu_floats = cv->relu ? (size_t)cv->O * cv->OH * cv->OW : 0,
+           wide_floats = half ? (size_t)cv->C * cv->H * cv->W + relu_floats : 0;
     int by_rows = mlc__grad(w) && !mlc__conv_pointwise(cv) && mlc__conv_im2row_fits(x->ctx, cv, rows);
     float gx_beta;
     mlc__conv_fast fast;
+    if (half && mlc__conv_backward_widens(n, &fast)) {
+        mlc__backward_widened(n);
+        return;
+    }
     if (mlc__conv_depthwise_fits(cv)) {
         mlc__depthwise_job dw;
         memset(&dw, 0, sizeof dw);
@@ -8724,15 +8892,21 @@ static void mlc__conv2d_backward(mlc__node *n) {
         return;
     }
     if (x->requires_grad && mlc__conv_fast_fits(x->ctx, cv, 1, &fast)) {
-        if (!mlc__conv_fast_plan(&fast, x->ctx, w->data, 1, "mlc_conv2d backward")) return;
+        if (!mlc__conv_fast_plan(&fast, x->ctx, half ? NULL : w->data, half ? w->half : NULL, 1,
+                                 "mlc_conv2d backward"))
+            return;
         fast_floats = (fast.piece_floats + 15) / 16 * 16;
     }
     rows_floats = by_rows ? (size_t)cv->C * cv->H * cv->W + (size_t)cv->O * rows : 0;
-    if (!mlc__conv_plan(&job, x->ctx, cv, 1, fast_floats + rows_floats + relu_floats, "mlc_conv2d backward"))
+    if (!mlc__conv_plan(&job, x->ctx, cv, 1, fast_floats + rows_floats + relu_floats + wide_floats,
+                        "mlc_conv2d backward"))
         return;
     job.fast = fast_floats ? &fast : NULL;
     job.by_rows = by_rows; job.rows_at = job.fast_at + fast_floats; job.relu_at = job.rows_at + rows_floats;
-    job.x = x->data; job.w = w->data; job.y = n->out->data; job.dy = n->out->grad;
+    job.wide_at = job.relu_at + relu_floats;
+    if (half) { job.x16 = x->half; job.y16 = n->out->half; }
+    else { job.x = x->data; job.w = w->data; job.y = n->out->data; }
+    job.dy = n->out->grad;
     job.gx = mlc__grad_to_overwrite(x, &gx_beta); job.gx_overwrite = gx_beta == 0.0f;
     job.gw = mlc__grad(w); job.gb = mlc__grad(n->in[2]);
     mlc__parallel(x->ctx, (size_t)job.sums, job.parallel_from, mlc__conv2d_backward_images, &job);
@@ -8766,12 +8940,18 @@ static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, 
 /* An option where 0 takes def (the height's value for a width's field) and MLC_ZERO_INT is 0 */
 static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
+/* float32, or bf16 (mlc__cpu_takes_half: x, w, the bias and y) on the fast path's bf16 kernel;
+   a bf16 convolution the fast path does not take runs on float32 stand-ins */
 static int mlc__conv2d_cpu(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
     mlc_ctx *ctx = n->out->ctx;
+    mlc_tensor *bias = n->in[2];
+    const int half = n->out->dtype != MLC_F32;
     mlc__conv_job job;
     size_t fast_floats = 0;
     mlc__conv_fast fast;
+    if (half && (mlc__conv_depthwise_fits(cv) || !mlc__conv_fast_fits(ctx, cv, 0, &fast)))
+        return mlc__cpu_widened(n);
     if (mlc__conv_depthwise_fits(cv)) {
         mlc__depthwise_job dw;
         memset(&dw, 0, sizeof dw);
@@ -8780,13 +8960,22 @@ static int mlc__conv2d_cpu(mlc__node *n) {
         return mlc__conv_depthwise(ctx, &dw, 0);
     }
     if (mlc__conv_fast_fits(ctx, cv, 0, &fast)) {
-        if (!mlc__conv_fast_plan(&fast, ctx, n->in[1]->data, 0, n->name)) return 0;
+        if (!mlc__conv_fast_plan(&fast, ctx, half ? NULL : n->in[1]->data, half ? n->in[1]->half : NULL, 0,
+                                 n->name))
+            return 0;
         fast_floats = fast.piece_floats;
     }
     if (!mlc__conv_plan(&job, ctx, cv, 0, fast_floats, n->name)) return 0;
     job.fast = fast_floats ? &fast : NULL;
-    job.x = n->in[0]->data; job.w = n->in[1]->data; job.bias = n->in[2] ? n->in[2]->data : NULL;
-    job.y = n->out->data;
+    if (half) {
+        float *bias_wide = bias ? mlc__floats(ctx, bias->size, n->name) : NULL;
+        if (bias && !bias_wide) return 0;
+        if (bias) mlc__widen(MLC_BF16, bias->half, bias_wide, bias->size);
+        job.x16 = n->in[0]->half; job.bias = bias_wide; job.y16 = n->out->half;
+    } else {
+        job.x = n->in[0]->data; job.w = n->in[1]->data; job.bias = bias ? bias->data : NULL;
+        job.y = n->out->data;
+    }
     job.w_packed = mlc__conv_packed_weight(n, &job);
     if (ctx->error) return 0;
     mlc__parallel(ctx, (size_t)cv->N, job.parallel_from, mlc__conv2d_images, &job);

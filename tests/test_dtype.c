@@ -409,6 +409,101 @@ static int bf16_products_on_the_kernel(void) {
     return 1;
 }
 
+/* A bf16 convolution on the fast path (stride 1, groups 1) runs on the bf16 kernel where the CPU
+   has one: nothing widened, forward or backward; y within one bf16 value of float32's rounded,
+   dx within float32 sums' reach of float32's (dy is rounded to bf16 for it: here dy already is
+   bf16's), dW and db bit for bit (float32 products of the same values); 1 and 2 threads give
+   the same bits. With a gemm hook (no kernel) the stand-ins run, as on a CPU without AVX-512
+   BF16, and every value is float32's. */
+static int bf16_convolutions_on_the_kernel(void) {
+    static const struct { int N, C, H, W, O, K, pad, dil, kind; } cases[] = {
+        { 3, 3, 7, 9, 10, 3, 1, 1, 0 },       /* kind 0: conv2d with a bias; 10 rows: 12-row tiles */
+        { 2, 7, 6, 5, 16, 5, 2, 1, 1 },       /* 1: no bias; 175 rows of col, the last pair padded */
+        { 2, 64, 5, 6, 8, 3, 1, 1, 2 },       /* 2: Sequential's Conv2d + ReLU fused; two slices of k */
+        { 2, 2, 9, 9, 5, 3, 2, 2, 3 },        /* 3: mlc_conv2d_relu6; dilation 2 */
+        { 4, 1, 28, 28, 16, 3, 1, 1, 2 } };   /* the Fashion CNN's first layer: 27 slivers of columns */
+    int hooked, calls = 0, threads, k;
+    size_t c, i;
+    for (hooked = 0; hooked < 2; hooked++)
+        for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            float *first[4] = { NULL, NULL, NULL, NULL };
+            for (threads = 1; threads <= 2; threads++) {
+                mlc_ctx *ctx = cpu_ctx_hooked(30 + c, hooked ? &calls : NULL);
+                mlc_conv_opts o;
+                mlc_module *conv, *net;
+                mlc_tensor *x, *w, *b, *x32, *w32, *b32, *y, *want, *dy, *got[4], *ref[4];
+                const size_t expect = hooked || !bf16_kernel_here() ? 1u : 0u;
+                size_t widened;
+                memset(&o, 0, sizeof o);
+                o.padding = cases[c].pad; o.dilation = cases[c].dil;
+                conv = mlc_nn_conv2d(ctx, cases[c].C, cases[c].O, cases[c].K, o);
+                net = mlc_nn_sequential(ctx, conv, mlc_nn_relu(ctx), NULL);
+                mlc_set_threads(ctx, threads);
+                CHECK(net && mlc_module_to_dtype(net, MLC_BF16) == MLC_OK);
+                w = conv->params[0]; b = cases[c].kind == 1 ? NULL : conv->params[1];
+                x = mlc_requires_grad(mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(cases[c].N, cases[c].C, cases[c].H,
+                                                                            cases[c].W)), MLC_BF16), 1);
+                x32 = mlc_requires_grad(mlc_to_dtype(mlc_detach(x), MLC_F32), 1);
+                w32 = mlc_requires_grad(mlc_to_dtype(mlc_detach(w), MLC_F32), 1);
+                b32 = b ? mlc_requires_grad(mlc_to_dtype(mlc_detach(b), MLC_F32), 1) : NULL;
+                widened = mlc_get_stats(ctx).widened;
+                y = cases[c].kind == 2 ? mlc_forward(net, x)
+                  : cases[c].kind == 3 ? mlc_conv2d_relu6(x, w, b, o) : mlc_conv2d(x, w, b, o);
+                CHECK_MSG(y && mlc_dtype(y) == MLC_BF16, "case %zu: %s", c, mlc_error_message(ctx));
+                CHECK_MSG(mlc_get_stats(ctx).widened - widened == expect, "case %zu: %zu widened forward", c,
+                          mlc_get_stats(ctx).widened - widened);
+                want = cases[c].kind == 2 ? mlc_relu(mlc_conv2d(x32, w32, b32, o))
+                     : cases[c].kind == 3 ? mlc_conv2d_relu6(x32, w32, b32, o) : mlc_conv2d(x32, w32, b32, o);
+                dy = mlc_to_dtype(mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(cases[c].N, cases[c].O, y->shape[2],
+                                                                       y->shape[3])), MLC_BF16), MLC_F32);
+                CHECK(want && dy && mlc_same_shape(y, want));
+                for (i = 0; i < y->size; i++) {
+                    const float g = mlc_get(y, i), r = mlc_bf16_to_float(mlc_float_to_bf16(mlc_get(want, i)));
+                    CHECK_MSG(half_ulps(g, r, MLC_BF16) <= (hooked ? 0 : 1), "case %zu: y[%zu] %g, want %g", c, i,
+                              (double)g, (double)r);
+                }
+                widened = mlc_get_stats(ctx).widened;
+                CHECK(mlc_backward(mlc_sum_all(mlc_mul(mlc_to_dtype(y, MLC_F32), dy))) == MLC_OK);
+                CHECK_MSG(mlc_get_stats(ctx).widened - widened == expect, "case %zu: %zu widened backward", c,
+                          mlc_get_stats(ctx).widened - widened);
+                CHECK(mlc_backward(mlc_sum_all(mlc_mul(want, dy))) == MLC_OK);
+                got[0] = y; got[1] = x; got[2] = w; got[3] = b;
+                ref[0] = NULL; ref[1] = x32; ref[2] = w32; ref[3] = b32;
+                for (k = 0; k < 4; k++) {
+                    const size_t n = got[k] ? got[k]->size : 0;
+                    const float *g = k ? mlc_host_grad(got[k]) : NULL, *r = k ? mlc_host_grad(ref[k]) : NULL;
+                    float scale = 0.0f;
+                    if (!got[k]) continue;
+                    CHECK(!k || (g && r));
+                    for (i = 0; k && i < n; i++) scale = fabsf(r[i]) > scale ? fabsf(r[i]) : scale;
+                    for (i = 0; k && i < n; i++)   /* dx summed in another order; dW, db the same sums */
+                        CHECK_MSG(k == 1 && !hooked ? fabsf(g[i] - r[i]) <= 1e-5f * (scale + 1.0f)
+                                                    : test_bits(g[i]) == test_bits(r[i]),
+                                  "case %zu: gradient %d [%zu] %g, float32's %g", c, k, i, (double)g[i],
+                                  (double)r[i]);
+                    if (threads == 1) {        /* kept, for 2 threads to give the same bits */
+                        first[k] = (float *)malloc(n * sizeof(float) + 1);
+                        CHECK(first[k]);
+                        if (k) memcpy(first[k], g, n * sizeof(float));
+                        else CHECK(mlc_read(y, first[k], n) == MLC_OK);
+                    } else {
+                        float v;
+                        for (i = 0; i < n; i++) {
+                            v = k ? g[i] : mlc_get(y, i);
+                            CHECK_MSG(test_bits(v) == test_bits(first[k][i]), "case %zu: %d of 2 threads [%zu]",
+                                      c, k, i);
+                        }
+                        free(first[k]);
+                    }
+                }
+                CHECK(mlc_error(ctx) == MLC_OK);
+                test_destroy(ctx);
+            }
+        }
+    CHECK(calls > 0);
+    return 1;
+}
+
 /* PyTorch's promotion: one dtype stays; with float32, or bf16 with f16, float32. Indices and
    conditions do not take part; argmax gives float32 indices. */
 static int promotion_as_pytorch(void) {
@@ -831,6 +926,7 @@ const test_case tests_dtype[] = {
     TEST(permute_moves_half_values)
     TEST(bf16_gemm_matches_double_sums)
     TEST(bf16_products_on_the_kernel)
+    TEST(bf16_convolutions_on_the_kernel)
     TEST(promotion_as_pytorch)
     TEST(gradients_through_half)
     TEST(backward_through_bf16_products)
