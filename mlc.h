@@ -7972,14 +7972,11 @@ static inline __m512 mlc__load16_whole(const float *p, int s) {
 
 /* row[ow] = b + Σ_{r < rows} Σ_{j < 3} w[r][j] in[r][ow·s + off + j·d] for ow in [lo, hi) (s 1 or
    2; input rows of W), then relu (1) or relu6 (6): whole blocks of 16 with plain loads (two at a
-   time), the rest with masked ones, or plain ones too where the rows may be read past their end
-   (overread: a padded copy with room after it; lanes past hi are not stored). (max(0, v) and
-   min(6, v) keep a NaN v, as the maps do.) */
+   time), the rest with masked ones. (max(0, v) and min(6, v) keep a NaN v, as the maps do.) */
 __attribute__((target("avx512f,avx2,fma")))
 static void mlc__depthwise_3_avx512(float *row, int lo, int hi, float b, const float *const *in,
-                                    const float *const *w, int rows, int s, int off, int d, int W, int relu,
-                                    int overread) {
-    const int whole = overread ? hi : mlc__depthwise_whole_end(lo, hi, s, off + 2 * d, W);
+                                    const float *const *w, int rows, int s, int off, int d, int W, int relu) {
+    const int whole = mlc__depthwise_whole_end(lo, hi, s, off + 2 * d, W);
     int ow, r, j;
     for (ow = lo; ow + 32 <= whole; ow += 32) {            /* two whole blocks: two chains of FMAs */
         __m512 acc0 = _mm512_set1_ps(b), acc1 = acc0;
@@ -8016,6 +8013,44 @@ static void mlc__depthwise_3_avx512(float *row, int lo, int hi, float b, const f
         else _mm512_mask_storeu_ps(row + ow, (__mmask16)((1u << n) - 1), acc);
     }
 }
+
+/* A small plane's 3x3 outputs y [OH, OW] (OW < 32) from its zero-padded copy (rows Wp apart, read
+   past their ends: mlc__depthwise_job's padded_floats; lanes past OW are not stored), as the row
+   kernel above computes them (the same sums in the same order), its pieces (a row's block of 16
+   outputs) four at a time: four chains of FMAs side by side, where one piece alone (a whole row
+   of 14) waits on the latency of its nine */
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_3_small(const mlc__conv *cv, const float *padded, int Wp, const float *w, float b,
+                                   float *y) {
+    const int blocks = (cv->OW + 15) / 16, pieces = cv->OH * blocks;
+    int u, k, i, j;
+    for (u = 0; u < pieces; u += 4) {
+        const int m = pieces - u < 4 ? pieces - u : 4;
+        const float *at[4];
+        int to[4], n[4];
+        __m512 acc[4];
+        _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {   /* (past the last piece: the first again,
+                                                               not stored) */
+            const int v = u + (k < m ? k : 0), oh = v / blocks, ow = v % blocks * 16;
+            at[k] = padded + (size_t)oh * cv->sh * Wp + (size_t)ow * cv->sw;
+            to[k] = oh * cv->OW + ow;
+            n[k] = cv->OW - ow < 16 ? cv->OW - ow : 16;
+            acc[k] = _mm512_set1_ps(b);
+        }
+        _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
+            _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
+                const __m512 wv = _mm512_set1_ps(w[i * 3 + j]);
+                const size_t tap = (size_t)i * cv->dh * Wp + (size_t)j * cv->dw;
+                _Pragma("GCC unroll 4") for (k = 0; k < 4; k++)
+                    acc[k] = _mm512_fmadd_ps(wv, mlc__load16_whole(at[k] + tap, cv->sw), acc[k]);
+            }
+        for (k = 0; k < m; k++) {
+            if (cv->relu) acc[k] = _mm512_max_ps(_mm512_setzero_ps(), acc[k]);
+            if (cv->relu == 6) acc[k] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[k]);
+            _mm512_mask_storeu_ps(y + to[k], (__mmask16)((1u << n[k]) - 1), acc[k]);
+        }
+    }
+}
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -8043,7 +8078,7 @@ static void mlc__depthwise_row(const mlc__depthwise_job *job, const float *const
     int r, j, ow;
 #if MLC__X86
     if (job->avx512)
-        mlc__depthwise_3_avx512(row, lo, hi, b, in, w, rows, s, -cv->pw, cv->dw, cv->W, cv->relu, 0);
+        mlc__depthwise_3_avx512(row, lo, hi, b, in, w, rows, s, -cv->pw, cv->dw, cv->W, cv->relu);
     else
 #endif
     {
@@ -8094,14 +8129,7 @@ static void mlc__depthwise_planes(void *arg, int slot, size_t begin, size_t end)
             for (i = 0; i < cv->H; i++)
                 memcpy(padded + (size_t)(i + cv->ph) * Wp + cv->pw, x + (size_t)i * cv->W,
                        (size_t)cv->W * sizeof(float));
-            for (oh = 0; oh < cv->OH; oh++) {
-                for (i = 0; i < 3; i++) {
-                    in[i] = padded + (size_t)(oh * cv->sh + i * cv->dh) * Wp;
-                    w_rows[i] = w + i * 3;
-                }
-                mlc__depthwise_3_avx512(job->y + (pl * cv->OH + oh) * cv->OW, 0, cv->OW, b, in, w_rows, 3,
-                                        cv->sw, 0, cv->dw, Wp, cv->relu, 1);
-            }
+            mlc__depthwise_3_small(cv, padded, Wp, w, b, job->y + pl * cv->OH * cv->OW);
             continue;
         }
 #endif
