@@ -1270,13 +1270,6 @@ typedef double mlc__sum_t;
 #define MLC__RESTRICT restrict
 #endif
 
-/* MLC__FOR_ROWS(i, rows): for (i = 0; i < rows; i++) over a product tile's accumulators, rows a
-   constant (at most 12) once the tile is inlined, as a loop of 12 that unrolls whole and a test
-   that folds away, so that the accumulators stay in registers. (Clang unrolled a loop of `rows`
-   by 2 before the constant reached it: its product kernels kept their sums in memory, at 40 %
-   of GCC's speed.) */
-#define MLC__FOR_ROWS(i, rows) _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) if (i < (rows))
-
 /* MLC__INLINE: inlined into every loop that calls it (GCC weighs a big loop's callees, and a
    call in a loop stops its vectorisation) */
 #if defined(__GNUC__)
@@ -4555,6 +4548,13 @@ static void mlc__gemm_kernel_avx2(int kc, const float *a, const float *b, float 
     }
     if (tail) mlc__gemm_epilogue(c0, (size_t)ldc, 6, 16, tail->bias, tail->row_bias, tail->relu);
 }
+
+/* MLC__FOR_ROWS(i, rows): for (i = 0; i < rows; i++) over a product tile's accumulators, rows a
+   constant (at most 12) once the tile is inlined, as a loop of 12 that unrolls whole and a test
+   that folds away, so that the accumulators stay in registers. (Clang unrolled a loop of `rows`
+   by 2 before the constant reached it: its product kernels kept their sums in memory, at 40 %
+   of GCC's speed.) */
+#define MLC__FOR_ROWS(i, rows) _Pragma("GCC unroll 12") for (i = 0; i < 12; i++) if (i < (rows))
 
 /* GCC 12 as C++ reads the placeholder operand of its own AVX-512 max/min intrinsics as "may be
    used uninitialized" (see the depthwise kernels): silenced for the tile */
