@@ -65,6 +65,16 @@ static int array_conversions_match_single_ones(void) {
         CHECK_MSG(h->half[i] == mlc_test_f32_to_half[i].f16_bits, "f16 array element %zu: 0x%04x, PyTorch 0x%04x",
                   i, h->half[i], mlc_test_f32_to_half[i].f16_bits);
     }
+    for (d = 1; d <= 40 && d <= (int)MLC_TEST_F32_TO_HALF_COUNT; d++) {   /* short arrays: the tails */
+        float back[40];
+        mlc_tensor *t = mlc_from_data_dtype(ctx, MLC_SHAPE(d), values + MLC_TEST_F32_TO_HALF_COUNT - d, MLC_BF16);
+        CHECK(t && mlc_read(t, back, (size_t)d) == MLC_OK);
+        for (i = 0; i < (size_t)d; i++) {
+            const uint16_t want = mlc_float_to_bf16(values[MLC_TEST_F32_TO_HALF_COUNT - d + i]);
+            CHECK_MSG(t->half[i] == want && same_bits(test_bits(back[i]), test_bits(mlc_bf16_to_float(want))),
+                      "bf16 array of %d, element %zu", d, i);
+        }
+    }
     free(values);
     for (d = 0; d < 2; d++) {
         patterns = mlc_full_dtype(ctx, MLC_SHAPE(65536), 0.0f, d ? MLC_F16 : MLC_BF16);
