@@ -3043,10 +3043,10 @@ static int mlc__has_half(const mlc__node *n) {
 static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
 
 /* Whether the node's CPU forward and backward take its half tensors as they are, without float32
-   stand-ins: a permute (the values moved as they are; gradients are float32 in any case), a copy
-   that converts to or from float32 (mlc__copy_cpu), or a product or convolution of bf16 tensors
-   (bias bf16 or none) where mlc's bf16 kernel runs (a convolution off its fast path makes the
-   stand-ins itself, mlc__conv2d_cpu).
+   stand-ins: a permute or an index_select (the values moved as they are; gradients are float32 in
+   any case), a copy that converts to or from float32 (mlc__copy_cpu), or a product or
+   convolution of bf16 tensors (bias bf16 or none) where mlc's bf16 kernel runs (a convolution
+   off its fast path makes the stand-ins itself, mlc__conv2d_cpu).
    mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
    stand-ins would; only the order of the float32 sums differs (and subnormals, see
    mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products (a
@@ -3055,6 +3055,7 @@ static int mlc__cpu_takes_half(const mlc__node *n) {
     if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
         return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
     if (n->op == MLC__OP_PERMUTE) return n->in[0]->dtype == n->out->dtype;
+    if (n->op == MLC__OP_INDEX_SELECT) return n->in[0]->dtype == n->out->dtype && n->in[1]->dtype == MLC_F32;
     return (n->op == MLC__OP_MATMUL || n->op == MLC__OP_CONV2D) && n->in[0]->dtype == MLC_BF16
            && n->in[1]->dtype == MLC_BF16 && (!n->in[2] || n->in[2]->dtype == MLC_BF16)
            && n->out->dtype == MLC_BF16 && mlc__bf16_kernel_usable(n->out->ctx);
@@ -7210,16 +7211,21 @@ static void mlc__index_select_backward(mlc__node *n) {
         }
 }
 
+/* (half x: its 16-bit values moved as they are, mlc__cpu_takes_half; an embedding table in bf16
+   is not widened whole to gather a few rows) */
 static int mlc__index_select_cpu(mlc__node *n) {
     const float *idx = n->in[1]->data;
-    const int L = n->in[1]->shape[0];
+    const int L = n->in[1]->shape[0], half = mlc__is_half(n->out->dtype);
+    const size_t size = half ? sizeof(uint16_t) : sizeof(float);
+    const char *x = half ? (const char *)n->in[0]->half : (const char *)n->in[0]->data;
+    char *y = half ? (char *)n->out->half : (char *)n->out->data;
     size_t outer, inner, o;
     int len, l;
     mlc__split(n->in[0], n->args.index_select.axis, &outer, &len, &inner);
     for (o = 0; o < outer; o++)
         for (l = 0; l < L; l++)
-            memcpy(n->out->data + (o * L + l) * inner, n->in[0]->data + (o * len + (size_t)idx[l]) * inner,
-                   inner * sizeof(float));
+            memcpy(y + (o * L + l) * inner * size, x + (o * len + (size_t)idx[l]) * inner * size,
+                   inner * size);
     return 1;
 }
 

@@ -268,6 +268,46 @@ static int permute_moves_half_values(void) {
     return 1;
 }
 
+/* index_select of a half tensor (an embedding table in bf16) moves its 16-bit values as they
+   are: nothing widened (a table is not widened whole to gather a few rows), the float32 op's
+   values bit for bit, along either axis, and the gradient (float32) added back at each index,
+   twice where an index repeats */
+static int index_select_moves_half_values(void) {
+    mlc_config cfg;
+    mlc_ctx *ctx;
+    mlc_tensor *x, *xr, *idx, *y, *yr, *c;
+    float got[28], want[28];
+    size_t widened;
+    int axis, i;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.quiet = 1; cfg.device = "cpu";
+    ctx = mlc_create(&cfg);
+    idx = mlc_from_data(ctx, MLC_SHAPE(4), ((const float[]){ 3, 0, 3, 4 }));
+    for (axis = 0; axis < 2; axis++) {
+        const int n = axis ? 20 : 28;
+        x = mlc_requires_grad(mlc_to_dtype(mlc_randn(ctx, MLC_SHAPE(5, 7)), MLC_BF16), 1);
+        xr = mlc_requires_grad(mlc_detach(mlc_to_dtype(x, MLC_F32)), 1);
+        CHECK(x && xr && idx);
+        widened = mlc_get_stats(ctx).widened;
+        y = mlc_index_select(x, axis, idx);
+        CHECK_MSG(y && mlc_dtype(y) == MLC_BF16 && mlc_get_stats(ctx).widened == widened, "axis %d: %s", axis,
+                  mlc_error_message(ctx));
+        yr = mlc_index_select(xr, axis, idx);
+        CHECK(yr && mlc_read(y, got, (size_t)n) == MLC_OK && mlc_read(yr, want, (size_t)n) == MLC_OK);
+        for (i = 0; i < n; i++) CHECK_MSG(test_bits(got[i]) == test_bits(want[i]), "axis %d, element %d", axis, i);
+        c = mlc_randn(ctx, y->ndim, y->shape);
+        CHECK(mlc_backward(mlc_sum_all(mlc_mul(mlc_to_dtype(y, MLC_F32), c))) == MLC_OK);
+        CHECK(mlc_backward(mlc_sum_all(mlc_mul(yr, c))) == MLC_OK);
+        CHECK(mlc_get_stats(ctx).widened == widened && mlc_host_grad(x) && mlc_host_grad(xr));
+        for (i = 0; i < 35; i++)
+            CHECK_MSG(mlc_host_grad(x)[i] == mlc_host_grad(xr)[i], "axis %d: gradient %d: %g, float32's %g", axis,
+                      i, (double)mlc_host_grad(x)[i], (double)mlc_host_grad(xr)[i]);
+    }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* Whether mlc runs its bf16 kernel here: mlc.h's condition for building it (MLC__BF16_X86), and
    the CPU's AVX-512 BF16 */
 static int bf16_kernel_here(void) {
@@ -934,6 +974,7 @@ const test_case tests_dtype[] = {
     TEST(create_read_write_round)
     TEST(ops_on_half_are_float32_rounded_once)
     TEST(permute_moves_half_values)
+    TEST(index_select_moves_half_values)
     TEST(bf16_gemm_matches_double_sums)
     TEST(bf16_products_on_the_kernel)
     TEST(bf16_convolutions_on_the_kernel)
