@@ -4345,11 +4345,11 @@ static void mlc__unary_grad_avx512(mlc__unary_kind kind, size_t n, const float *
 static void mlc__unary_map(mlc__unary_kind kind, size_t n, const float *MLC__RESTRICT xs,
                            float *MLC__RESTRICT ys, float p, float q) {
 #if MLC__X86
-    if (mlc__cpu_avx2() && __builtin_cpu_supports("avx512f")) {
-        mlc__unary_map_avx512(kind, n, xs, ys, p, q);
+    if (mlc__cpu_avx2()) {
+        if (__builtin_cpu_supports("avx512f")) mlc__unary_map_avx512(kind, n, xs, ys, p, q);
+        else mlc__unary_map_avx2(kind, n, xs, ys, p, q);
         return;
     }
-    if (mlc__cpu_avx2()) { mlc__unary_map_avx2(kind, n, xs, ys, p, q); return; }
 #endif
     mlc__unary_map_lanes(kind, n, xs, ys, p, q, 4);
 }
@@ -4357,11 +4357,12 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
                             const float *MLC__RESTRICT ys, const float *MLC__RESTRICT g,
                             float *MLC__RESTRICT gx, int overwrite, float p, float q) {
 #if MLC__X86
-    if (mlc__cpu_avx2() && __builtin_cpu_supports("avx512f")) {
-        mlc__unary_grad_avx512(kind, n, xs, ys, g, gx, overwrite, p, q);
+    if (mlc__cpu_avx2()) {
+        if (__builtin_cpu_supports("avx512f"))
+            mlc__unary_grad_avx512(kind, n, xs, ys, g, gx, overwrite, p, q);
+        else mlc__unary_grad_avx2(kind, n, xs, ys, g, gx, overwrite, p, q);
         return;
     }
-    if (mlc__cpu_avx2()) { mlc__unary_grad_avx2(kind, n, xs, ys, g, gx, overwrite, p, q); return; }
 #endif
     mlc__unary_grad_lanes(kind, n, xs, ys, g, gx, overwrite, p, q, 4);
 }
@@ -6278,13 +6279,12 @@ static int mlc__matmul_cpu(mlc__node *n) {
         mlc_ctx *ctx = n->out->ctx;
         mlc_frame scratch = mlc_frame_begin(ctx);
         float *c = mlc__floats(ctx, (size_t)mm->M * mm->N + 1, n->name);
-        float *bias_f = bias ? mlc__floats(ctx, bias->size + 1, n->name) : NULL;
+        const mlc_tensor *bias_wide = bias ? mlc__widened(bias, 1) : NULL;
         int i;
-        if (bias_f) mlc__widen(MLC_BF16, bias->half, bias_f, bias->size);
-        for (i = 0; c && (bias_f || !bias) && i < mm->batches; i++)
+        for (i = 0; c && (bias_wide || !bias) && i < mm->batches; i++)
             mlc__gemm_bf16_then(ctx, mm->ta, mm->tb, mm->M, mm->N, mm->K, a->half + i * mm->step_a,
-                                b->half + i * mm->step_b, 0.0f, c, bias_f, mm->relu,
-                                n->out->half + i * mm->step_c);
+                                b->half + i * mm->step_b, 0.0f, c, bias_wide ? bias_wide->data : NULL,
+                                mm->relu, n->out->half + i * mm->step_c);
         mlc_frame_end(scratch);
         return 1;
     }
@@ -8972,13 +8972,15 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
 
 static void mlc__backward_widened(mlc__node *n);   /* (@section backward) */
 
-/* A bf16 convolution (mlc__cpu_takes_half) whose backward runs on the stand-ins: depthwise, or
-   its dx not on the fast path. Else dx runs on the bf16 path, and dW, db on float32: each image's
-   x (and y, for the activation) widened in the thread's scratch. */
-static int mlc__conv_backward_widens(mlc__node *n, mlc__conv_fast *f) {
+/* Whether a bf16 convolution (mlc__cpu_takes_half) runs on the bf16 path: the fast path takes it
+   forward and, where x wants a gradient, its dx too; else it runs on float32 stand-ins, forward
+   and backward alike. Backward on the bf16 path takes dx there, and dW, db on float32: each
+   image's x (and y, for the activation) widened in the thread's scratch. */
+static int mlc__conv_on_bf16_path(const mlc__node *n, int backward, mlc__conv_fast *f) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
-    return mlc__conv_depthwise_fits(cv)
-           || (n->in[0]->requires_grad && !mlc__conv_fast_fits(n->out->ctx, cv, 1, f));
+    mlc_ctx *ctx = n->out->ctx;
+    return !mlc__conv_depthwise_fits(cv) && mlc__conv_fast_fits(ctx, cv, 0, f)
+           && (!backward || !n->in[0]->requires_grad || mlc__conv_fast_fits(ctx, cv, 1, f));
 }
 
 static void mlc__conv2d_backward(mlc__node *n) {
@@ -8992,7 +8994,7 @@ static void mlc__conv2d_backward(mlc__node *n) {
     int by_rows = mlc__grad(w) && !mlc__conv_pointwise(cv) && mlc__conv_im2row_fits(x->ctx, cv, rows);
     float gx_beta;
     mlc__conv_fast fast;
-    if (half && mlc__conv_backward_widens(n, &fast)) {
+    if (half && !mlc__conv_on_bf16_path(n, 1, &fast)) {
         mlc__backward_widened(n);
         return;
     }
@@ -9055,7 +9057,7 @@ static int mlc__window_fits(mlc_ctx *ctx, const char *op, int H, int W, int KH, 
 static int mlc__int_setting(int v, int def) { return v == MLC_ZERO_INT ? 0 : v ? v : def; }
 
 /* float32, or bf16 (mlc__cpu_takes_half: x, w, the bias and y) on the fast path's bf16 kernel;
-   a bf16 convolution the fast path does not take runs on float32 stand-ins */
+   a bf16 convolution off that path (mlc__conv_on_bf16_path) runs on float32 stand-ins */
 static int mlc__conv2d_cpu(mlc__node *n) {
     const mlc__conv *cv = (const mlc__conv *)n->saved;
     mlc_ctx *ctx = n->out->ctx;
@@ -9064,8 +9066,7 @@ static int mlc__conv2d_cpu(mlc__node *n) {
     mlc__conv_job job;
     size_t fast_floats = 0;
     mlc__conv_fast fast;
-    if (half && (mlc__conv_depthwise_fits(cv) || !mlc__conv_fast_fits(ctx, cv, 0, &fast)))
-        return mlc__cpu_widened(n);
+    if (half && !mlc__conv_on_bf16_path(n, 0, &fast)) return mlc__cpu_widened(n);
     if (mlc__conv_depthwise_fits(cv)) {
         mlc__depthwise_job dw;
         memset(&dw, 0, sizeof dw);
@@ -9082,10 +9083,9 @@ static int mlc__conv2d_cpu(mlc__node *n) {
     if (!mlc__conv_plan(&job, ctx, cv, 0, fast_floats, n->name)) return 0;
     job.fast = fast_floats ? &fast : NULL;
     if (half) {
-        float *bias_wide = bias ? mlc__floats(ctx, bias->size, n->name) : NULL;
+        const mlc_tensor *bias_wide = bias ? mlc__widened(bias, 1) : NULL;
         if (bias && !bias_wide) return 0;
-        if (bias) mlc__widen(MLC_BF16, bias->half, bias_wide, bias->size);
-        job.x16 = n->in[0]->half; job.bias = bias_wide; job.y16 = n->out->half;
+        job.x16 = n->in[0]->half; job.bias = bias_wide ? bias_wide->data : NULL; job.y16 = n->out->half;
     } else {
         job.x = n->in[0]->data; job.w = n->in[1]->data; job.bias = bias ? bias->data : NULL;
         job.y = n->out->data;

@@ -237,18 +237,33 @@ static int ops_on_half_are_float32_rounded_once(void) {
     return 1;
 }
 
+/* A gemm hook that counts its calls: with it set, bf16 products take the widened path that a
+   CPU without AVX-512 BF16 takes */
+static void counting_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B,
+                               float beta, float *C, void *user) {
+    (*(int *)user)++;
+    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
+}
+
+static mlc_ctx *cpu_ctx_hooked(unsigned long long seed, int *calls) {
+    mlc_config c;
+    memset(&c, 0, sizeof c);
+    c.seed = seed;
+    c.quiet = 1;
+    c.device = "cpu";
+    c.gemm = calls ? counting_reference : NULL;
+    c.gemm_user = calls;
+    return mlc_create(&c);
+}
+
 /* A permute of a half tensor on the CPU moves its 16-bit values as they are (no float32 stand-in:
    nothing widened), and its gradient (float32) comes back to where each value came from */
 static int permute_moves_half_values(void) {
-    mlc_config cfg;
-    mlc_ctx *ctx;
+    mlc_ctx *ctx = cpu_ctx_hooked(0, NULL);
     mlc_tensor *x32, *c, *x, *xr, *y, *yr;
     float got[30], want[30];
     size_t widened;
     int i;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.quiet = 1; cfg.device = "cpu";
-    ctx = mlc_create(&cfg);
     x32 = mlc_randn(ctx, MLC_SHAPE(2, 3, 5)); c = mlc_randn(ctx, MLC_SHAPE(5, 2, 3));
     x = mlc_requires_grad(mlc_to_dtype(x32, MLC_BF16), 1);
     xr = mlc_requires_grad(mlc_detach(mlc_to_dtype(x, MLC_F32)), 1);   /* the same values, float32 */
@@ -273,15 +288,11 @@ static int permute_moves_half_values(void) {
    values bit for bit, along either axis, and the gradient (float32) added back at each index,
    twice where an index repeats */
 static int index_select_moves_half_values(void) {
-    mlc_config cfg;
-    mlc_ctx *ctx;
+    mlc_ctx *ctx = cpu_ctx_hooked(0, NULL);
     mlc_tensor *x, *xr, *idx, *y, *yr, *c;
     float got[28], want[28];
     size_t widened;
     int axis, i;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.quiet = 1; cfg.device = "cpu";
-    ctx = mlc_create(&cfg);
     idx = mlc_from_data(ctx, MLC_SHAPE(4), ((const float[]){ 3, 0, 3, 4 }));
     for (axis = 0; axis < 2; axis++) {
         const int n = axis ? 20 : 28;
@@ -317,25 +328,6 @@ static int bf16_kernel_here(void) {
 #else
     return 0;
 #endif
-}
-
-/* A gemm hook that counts its calls: with it set, bf16 products take the widened path that a
-   CPU without AVX-512 BF16 takes */
-static void counting_reference(int ta, int tb, int M, int N, int K, const float *A, const float *B,
-                               float beta, float *C, void *user) {
-    (*(int *)user)++;
-    mlc_gemm_reference(ta, tb, M, N, K, A, B, beta, C);
-}
-
-static mlc_ctx *cpu_ctx_hooked(unsigned long long seed, int *calls) {
-    mlc_config c;
-    memset(&c, 0, sizeof c);
-    c.seed = seed;
-    c.quiet = 1;
-    c.device = "cpu";
-    c.gemm = calls ? counting_reference : NULL;
-    c.gemm_user = calls;
-    return mlc_create(&c);
 }
 
 /* mlc_gemm_bf16 against a double sum of the same bf16 values, within the worst case of K float32
