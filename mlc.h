@@ -3042,20 +3042,27 @@ static int mlc__has_half(const mlc__node *n) {
 
 static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) */
 
-/* Whether the node's CPU forward and backward take its half tensors as they are, without float32
-   stand-ins: a permute or an index_select (the values moved as they are; gradients are float32 in
-   any case), a copy that converts to or from float32 (mlc__copy_cpu), or a product or
-   convolution of bf16 tensors (bias bf16 or none) where mlc's bf16 kernel runs (a convolution
-   off its fast path makes the stand-ins itself, mlc__conv2d_cpu).
-   mlc__matmul_cpu then sums in float32 scratch and rounds into the output once, as the
-   stand-ins would; only the order of the float32 sums differs (and subnormals, see
-   mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products (a
+/* Values an elementwise op with half tensors widens on the stack at a time (mlc__cpu_takes_half) */
+#define MLC__HALF_BLOCK 256
+
+/* Whether the node's CPU forward (backward 0) or backward (1) takes its half tensors as they
+   are, without float32 stand-ins: the forward of a map, an add, sub, mul or div, a layer norm,
+   or a softmax along the last axis (a block or a row at a time in float32, mlc__unary_map_half,
+   mlc__binary_half_row, mlc__layer_norm_rows, mlc__softmax_rows: the stand-ins' values), a permute
+   or an index_select (the values moved as they are; gradients are float32 in any case), a copy
+   that converts to or from float32 (mlc__copy_cpu), or a product or convolution of bf16 tensors
+   (bias bf16 or none) where mlc's bf16 kernel runs (a convolution off its fast path makes the
+   stand-ins itself, mlc__conv2d_cpu). mlc__matmul_cpu then sums in float32 scratch and rounds
+   into the output once, as the stand-ins would; only the order of the float32 sums differs (and
+   subnormals, see mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products (a
    convolution's for dx; its dW sums float32 products of the widened values). */
-static int mlc__cpu_takes_half(const mlc__node *n) {
+static int mlc__cpu_takes_half(const mlc__node *n, int backward) {
     if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
         return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
     if (n->op == MLC__OP_PERMUTE) return n->in[0]->dtype == n->out->dtype;
     if (n->op == MLC__OP_INDEX_SELECT) return n->in[0]->dtype == n->out->dtype && n->in[1]->dtype == MLC_F32;
+    if (n->op == MLC__OP_LAYER_NORM || n->op == MLC__OP_UNARY || n->op == MLC__OP_BINARY) return !backward;
+    if (n->op == MLC__OP_SOFTMAX) return !backward && n->args.softmax.inner == 1;
     return (n->op == MLC__OP_MATMUL || n->op == MLC__OP_CONV2D) && n->in[0]->dtype == MLC_BF16
            && n->in[1]->dtype == MLC_BF16 && (!n->in[2] || n->in[2]->dtype == MLC_BF16)
            && n->out->dtype == MLC_BF16 && mlc__bf16_kernel_usable(n->out->ctx);
@@ -3212,7 +3219,7 @@ static int mlc__run(mlc_ctx *ctx, mlc__node *call) {
     for (k = 0; k < call->n_in && call->op != MLC__OP_LINEAR_INT8; k++)   /* (optional inputs too) */
         if (!mlc__not_int8(ctx, call->name, call->in[k])) return 0;
     where = mlc__dispatch(ctx, call);
-    if (where == 0 && !(mlc__has_half(call) && !mlc__cpu_takes_half(call) ? mlc__cpu_widened(call)
+    if (where == 0 && !(mlc__has_half(call) && !mlc__cpu_takes_half(call, 0) ? mlc__cpu_widened(call)
                                                                           : mlc__cpu_of[call->op](call)))
         return 0;
     return where >= 0 && !ctx->error;
@@ -3987,22 +3994,56 @@ static void mlc__binary_backward(mlc__node *n) {
     }
 }
 
+/* o = a op b over count values, a's sa apart and b's sb apart (1, or 0 where stretched) */
+static void mlc__binary_values(int kind, size_t count, const float *pa, size_t sa, const float *pb,
+                               size_t sb, float *o) {
+    size_t j;
+    switch (kind) {
+    case MLC__BINARY_ADD: for (j = 0; j < count; j++) o[j] = pa[j * sa] + pb[j * sb]; break;
+    case MLC__BINARY_SUB: for (j = 0; j < count; j++) o[j] = pa[j * sa] - pb[j * sb]; break;
+    case MLC__BINARY_MUL: for (j = 0; j < count; j++) o[j] = pa[j * sa] * pb[j * sb]; break;
+    default:       for (j = 0; j < count; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
+    }
+}
+
+/* A half operand's values [at, at + count) of a row (`stride` apart, one where stretched)
+   widened into buf; a float32 operand's own */
+static const float *mlc__binary_operand(const mlc_tensor *t, size_t at, size_t stride, size_t count,
+                                        float *buf) {
+    if (!mlc__is_half(t->dtype)) return t->data + at;
+    mlc__widen(t->dtype, t->half + at, buf, stride ? count : 1);
+    return buf;
+}
+
+/* Output row r of an op with half tensors (mlc__cpu_takes_half, forward), a block at a time
+   widened on the stack and rounded back: the stand-ins' values */
+static void mlc__binary_half_row(const mlc__node *n, const mlc__bcast *bc, size_t r) {
+    float xa[MLC__HALF_BLOCK], xb[MLC__HALF_BLOCK], y[MLC__HALF_BLOCK];
+    const size_t oa = mlc__bcast_row(bc, 0, r), ob = mlc__bcast_row(bc, 1, r);
+    const size_t sa = bc->last[0], sb = bc->last[1];
+    const int half_out = mlc__is_half(n->out->dtype);
+    size_t j, count;
+    for (j = 0; j < bc->inner; j += count) {
+        const float *pa, *pb;
+        count = bc->inner - j < MLC__HALF_BLOCK ? bc->inner - j : MLC__HALF_BLOCK;
+        pa = mlc__binary_operand(n->in[0], oa + j * sa, sa, count, xa);
+        pb = mlc__binary_operand(n->in[1], ob + j * sb, sb, count, xb);
+        mlc__binary_values(n->args.binary.kind, count, pa, sa, pb, sb,
+                           half_out ? y : n->out->data + r * bc->inner + j);
+        if (half_out) mlc__narrow(n->out->dtype, y, n->out->half + r * bc->inner + j, count);
+    }
+}
+
 static int mlc__binary_cpu(mlc__node *n) {
     const mlc_tensor *a = n->in[0], *b = n->in[1];
     mlc__bcast bc;
-    size_t r, j;
+    size_t r;
     mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
-    for (r = 0; r < bc.rows; r++) {
-        const float *pa = a->data + mlc__bcast_row(&bc, 0, r), *pb = b->data + mlc__bcast_row(&bc, 1, r);
-        size_t sa = bc.last[0], sb = bc.last[1];
-        float *o = n->out->data + r * bc.inner;
-        switch (n->args.binary.kind) {
-        case MLC__BINARY_ADD: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] + pb[j * sb]; break;
-        case MLC__BINARY_SUB: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] - pb[j * sb]; break;
-        case MLC__BINARY_MUL: for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] * pb[j * sb]; break;
-        default:       for (j = 0; j < bc.inner; j++) o[j] = pa[j * sa] / pb[j * sb]; break;
-        }
-    }
+    for (r = 0; r < bc.rows; r++)
+        if (mlc__has_half(n)) mlc__binary_half_row(n, &bc, r);
+        else mlc__binary_values(n->args.binary.kind, bc.inner, a->data + mlc__bcast_row(&bc, 0, r),
+                                bc.last[0], b->data + mlc__bcast_row(&bc, 1, r), bc.last[1],
+                                n->out->data + r * bc.inner);
     return 1;
 }
 
@@ -4367,13 +4408,27 @@ static void mlc__unary_grad(mlc__unary_kind kind, size_t n, const float *MLC__RE
     mlc__unary_grad_lanes(kind, n, xs, ys, g, gx, overwrite, p, q, 4);
 }
 
+/* The map over values [begin, end) of a half x into y (mlc__cpu_takes_half, forward), a block at
+   a time widened on the stack and rounded back: the stand-ins' values */
+static void mlc__unary_map_half(const mlc__node *n, size_t begin, size_t end) {
+    float xs[MLC__HALF_BLOCK], ys[MLC__HALF_BLOCK];
+    size_t at, count;
+    for (at = begin; at < end; at += count) {
+        count = end - at < MLC__HALF_BLOCK ? end - at : MLC__HALF_BLOCK;
+        mlc__widen(n->in[0]->dtype, n->in[0]->half + at, xs, count);
+        mlc__unary_map((mlc__unary_kind)n->args.unary.kind, count, xs, ys, n->args.unary.p, n->args.unary.q);
+        mlc__narrow(n->out->dtype, ys, n->out->half + at, count);
+    }
+}
+
 /* The two maps over a slice [begin, end) of the node's tensors, for mlc__parallel (backward:
    onto x's gradient, or over it when beta is 0). */
 static void mlc__unary_map_slice(void *node, int slot, size_t begin, size_t end) {
     const mlc__node *n = (const mlc__node *)node;
     (void)slot;
-    mlc__unary_map((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
-                       n->out->data + begin, n->args.unary.p, n->args.unary.q);
+    if (mlc__is_half(n->out->dtype)) mlc__unary_map_half(n, begin, end);
+    else mlc__unary_map((mlc__unary_kind)n->args.unary.kind, end - begin, n->in[0]->data + begin,
+                        n->out->data + begin, n->args.unary.p, n->args.unary.q);
 }
 typedef struct mlc__unary_grad_job { const mlc__node *n; float *gx, beta; } mlc__unary_grad_job;
 static void mlc__unary_grad_slice(void *arg, int slot, size_t begin, size_t end) {
@@ -6612,19 +6667,26 @@ static mlc__sum_t mlc__exp_shifted(int n, size_t stride, float *e, float m) {
     return s;
 }
 
-/* rows [begin, end) of the op: row r is (o, k) = (r / inner, r % inner), len floats inner apart */
-static void mlc__softmax_rows(void *node, int slot, size_t begin, size_t end) {
-    const mlc__node *n = (const mlc__node *)node;
+/* rows [begin, end) of the op: row r is (o, k) = (r / inner, r % inner), len floats inner apart;
+   a half x and y (mlc__cpu_takes_half, forward: rows of inner 1) widened and rounded a row at a
+   time in the thread's scratch (2 len floats), the stand-ins' values */
+typedef struct mlc__softmax_job { const mlc__node *n; float *rows; } mlc__softmax_job;
+static void mlc__softmax_rows(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__softmax_job *job = (const mlc__softmax_job *)arg;
+    const mlc__node *n = job->n;
     const int len = n->args.softmax.len, is_log = n->args.softmax.is_log;
     const size_t inner = (size_t)n->args.softmax.inner;
+    float *x_row = job->rows ? job->rows + (size_t)slot * 2 * (size_t)len : NULL;
+    float *y_row = x_row ? x_row + len : NULL;
     size_t r;
     int i;
-    (void)slot;
     for (r = begin; r < end; r++) {
         const size_t at = r / inner * (size_t)len * inner + r % inner;
-        const float *p = n->in[0]->data + at;
-        float *q = n->out->data + at, m = p[0], log_s, inverse_s;
+        const float *p = x_row ? x_row : n->in[0]->data + at;
+        float *q = y_row ? y_row : n->out->data + at, m, log_s, inverse_s;
         mlc__sum_t s;
+        if (x_row) mlc__widen(n->in[0]->dtype, n->in[0]->half + at, x_row, (size_t)len);
+        m = p[0];
         for (i = 1; i < len; i++) if (p[(size_t)i * inner] > m) m = p[(size_t)i * inner];
         for (i = 0; i < len; i++) q[(size_t)i * inner] = p[(size_t)i * inner];
         s = mlc__exp_shifted(len, inner, q, m);
@@ -6634,13 +6696,22 @@ static void mlc__softmax_rows(void *node, int slot, size_t begin, size_t end) {
             const size_t j = (size_t)i * inner;
             q[j] = is_log ? p[j] - m - log_s : q[j] * inverse_s;
         }
+        if (y_row) mlc__narrow(n->out->dtype, y_row, n->out->half + at, (size_t)len);
     }
 }
 
 static int mlc__softmax_cpu(mlc__node *n) {
-    const size_t len = (size_t)n->args.softmax.len;
-    mlc__parallel(n->out->ctx, n->out->size / len, MLC__MAP_PARALLEL / len + 1, mlc__softmax_rows, n);
-    return 1;
+    mlc_ctx *ctx = n->out->ctx;
+    const size_t len = (size_t)n->args.softmax.len, rows = n->out->size / len;
+    const size_t from = MLC__MAP_PARALLEL / len + 1;
+    const int half = mlc__is_half(n->out->dtype);
+    mlc__softmax_job job;
+    mlc_frame scratch = mlc_frame_begin(ctx);            /* a half op's rows go at once */
+    job.n = n;
+    job.rows = half ? mlc__floats(ctx, 2 * len * (size_t)mlc__slots(ctx, rows, from), n->name) : NULL;
+    if (job.rows || !half) mlc__parallel(ctx, rows, from, mlc__softmax_rows, &job);
+    mlc_frame_end(scratch);
+    return job.rows || !half;
 }
 
 static mlc_tensor *mlc__softmax(const char *op, int is_log, mlc_tensor *x, int axis) {
@@ -7378,108 +7449,7 @@ MLCDEF mlc_tensor *mlc_dropout(mlc_tensor *x, float p, int training) {
     return out;
 }
 
-static void mlc__layer_norm_backward(mlc__node *n) {
-    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
-    const float *stats = (const float *)n->saved, *g = n->out->grad;
-    int D = n->args.layer_norm.D, j;
-    size_t rows = D ? x->size / (size_t)D : 0, r;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x->data + r * D, *gr = g + r * D;
-        float mu = stats[2 * r], rs = stats[2 * r + 1];
-        mlc__sum_t mean_gh = 0, mean_ghx = 0;
-        for (j = 0; j < D; j++) {
-            float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
-            mean_gh += (mlc__sum_t)gh; mean_ghx += (mlc__sum_t)(gh * xh);
-            if (gw) gw[j] += gr[j] * xh;
-            if (gb) gb[j] += gr[j];
-        }
-        mean_gh /= (mlc__sum_t)D; mean_ghx /= (mlc__sum_t)D;
-        if (gx)
-            for (j = 0; j < D; j++) {
-                float xh = (xr[j] - mu) * rs, gh = gr[j] * (w ? w->data[j] : 1.0f);
-                gx[r * D + j] += rs * (gh - (float)mean_gh - xh * (float)mean_ghx);
-            }
-    }
-}
-
-static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
-                                   mlc_tensor *bias, float eps);
-MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
-    return mlc__layer_norm("mlc_layer_norm", x, 1, weight, bias, eps);
-}
-
-/* weight or bias of x's trailing `dims` dimensions, or NULL */
-static int mlc__fits_last_dims(const mlc_tensor *t, const mlc_tensor *x, int dims) {
-    return !t
-        || (t->ndim == dims && memcmp(t->shape, x->shape + x->ndim - dims, (size_t)dims * sizeof(int)) == 0);
-}
-
-/* Each row's mean and 1/σ are kept for backward (stats: [rows, 2]). */
-static int mlc__layer_norm_cpu(mlc__node *n) {
-    const mlc_tensor *x = n->in[0], *weight = n->in[1], *bias = n->in[2];
-    const int D = n->args.layer_norm.D;
-    const float eps = n->args.layer_norm.eps;
-    const size_t rows = D ? x->size / (size_t)D : 0;
-    float *stats = mlc__floats(n->out->ctx, 2 * rows + 1, n->name);
-    size_t r;
-    int j;
-    if (!stats) return 0;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x->data + r * D;
-        mlc__sum_t s = 0, v = 0, mu, d;
-        for (j = 0; j < D; j++) s += (mlc__sum_t)xr[j];
-        mu = s / (mlc__sum_t)D;
-        for (j = 0; j < D; j++) { d = (mlc__sum_t)xr[j] - mu; v += d * d; }
-        stats[2 * r] = (float)mu;
-        stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(v / (mlc__sum_t)D + (mlc__sum_t)eps));
-        for (j = 0; j < D; j++)
-            n->out->data[r * D + j] = (xr[j] - stats[2 * r]) * stats[2 * r + 1]
-                                          * (weight ? weight->data[j] : 1.0f)
-                                      + (bias ? bias->data[j] : 0.0f);
-    }
-    n->saved = stats;
-    return 1;
-}
-
-MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
-                                       float eps) {
-    return mlc__layer_norm("mlc_layer_norm_dims", x, dims, weight, bias, eps);
-}
-static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
-                                   mlc_tensor *bias, float eps) {
-    mlc_tensor *out;
-    mlc__node call;
-    int D, j;
-    size_t per_row = 1;
-    x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
-    MLC__ENTER(op, x);
-    if (!mlc__same_device(ctx, op, x, weight) || !mlc__same_device(ctx, op, x, bias))
-        return NULL;
-    if (dims < 1 || dims > x->ndim)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
-                                       "mlc_layer_norm: x %T has no %d last axes to normalise", x, dims);
-    for (j = x->ndim - dims; j < x->ndim; j++) per_row *= (size_t)x->shape[j];   /* <= x->size */
-    if (per_row > 2147483647u)
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: %zu values per row of x %T",
-                                       per_row, x);
-    D = (int)per_row;
-    if (!mlc__fits_last_dims(weight, x, dims) || !mlc__fits_last_dims(bias, x, dims))
-        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
-                                       "mlc_layer_norm: weight %T and bias %T must be x's last %d dimensions "
-                                       "for x %T", weight, bias, dims, x);
-    eps = mlc__setting(eps, 1e-5f);
-    if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
-    out = mlc__like(x, "mlc_layer_norm");
-    if (!out) return NULL;
-    mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
-    call.args.layer_norm.eps = eps; call.args.layer_norm.D = D;
-    if (!mlc__run(ctx, &call)) return NULL;
-    mlc__record(&call);
-    return out;
-}
-
-/* Batch norm's sums over n floats, in eight running sums of mlc__sum_t (double unless
+/* The norms' sums over n floats, in eight running sums of mlc__sum_t (double unless
    MLC_FLOAT_ONLY, as every long sum in mlc): lanes a[k] += u and b[k] += u·v for values k, k + 8,
    ..., where (u, v) are
      MLC__LANES_SUM       (x, -)                 a block's mean (b untouched)
@@ -7559,23 +7529,20 @@ static mlc__sum_t mlc__lanes_total(const mlc__sum_t *a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
-/* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
-   are N runs of `inner` floats, one per image), and reads a channel once for its statistics:
-   each run is cut into blocks of at most MLC__BN_BLOCK floats (still in L1 for a second look),
-   a block's mean and its squares about that mean taken in two passes (mlc__lanes8), and the
-   blocks combined in mlc__sum_t (Chan, Golub and LeVeque's update:
-   merging counts n_a, n_b with means m_a, m_b adds n_a n_b / (n_a + n_b) (m_b - m_a)² to the
-   sum of squares). */
-#define MLC__BN_BLOCK 1024
-#define MLC__BN_PARALLEL 16384          /* values from which threads share out the channels */
+/* A norm's statistics (a layer norm's row, a batch norm channel's runs): the values are cut
+   into blocks of at most MLC__NORM_BLOCK floats (still in L1 for a second look), a block's mean
+   and its squares about that mean taken in two passes (mlc__lanes8), and the blocks combined in
+   mlc__sum_t (Chan, Golub and LeVeque's update: merging counts n_a, n_b with means m_a, m_b adds
+   n_a n_b / (n_a + n_b) (m_b - m_a)² to the sum of squares). */
+#define MLC__NORM_BLOCK 1024
 
-typedef struct mlc__bn_stats { mlc__sum_t count, mean, squares; } mlc__bn_stats;
+typedef struct mlc__norm_stats { mlc__sum_t count, mean, squares; } mlc__norm_stats;
 
 /* st takes in the n floats at x */
-static void mlc__bn_stats_add(mlc__bn_stats *st, const float *x, size_t n) {
+static void mlc__norm_stats_add(mlc__norm_stats *st, const float *x, size_t n) {
     size_t at;
-    for (at = 0; at < n; at += MLC__BN_BLOCK) {
-        const size_t count = n - at < MLC__BN_BLOCK ? n - at : MLC__BN_BLOCK;
+    for (at = 0; at < n; at += MLC__NORM_BLOCK) {
+        const size_t count = n - at < MLC__NORM_BLOCK ? n - at : MLC__NORM_BLOCK;
         mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
         mlc__sum_t d, squares, block_mean, delta, total = st->count + (mlc__sum_t)count;
         float mean;
@@ -7594,12 +7561,154 @@ static void mlc__bn_stats_add(mlc__bn_stats *st, const float *x, size_t n) {
 }
 
 /* sum_g += Σ g, sum_gx += Σ g x̂ over n floats, x̂ = (x - mu) rs (one pass: no blocks needed) */
-static void mlc__bn_grad_sums(const float *x, const float *g, size_t n, float mu, float rs, mlc__sum_t *sum_g,
-                              mlc__sum_t *sum_gx) {
+static void mlc__norm_grad_sums(const float *x, const float *g, size_t n, float mu, float rs,
+                                mlc__sum_t *sum_g, mlc__sum_t *sum_gx) {
     mlc__sum_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, b[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
     mlc__lanes8(MLC__LANES_GRAD, x, g, n, mu, rs, a, b);
     *sum_g += mlc__lanes_total(a); *sum_gx += mlc__lanes_total(b);
 }
+
+/* dx = (overwrite ? 0 : dx) + scale (g - mean_g - x̂ mean_gx) over n floats, x̂ = (x - mu) rs */
+static void mlc__norm_grad_x(size_t n, const float *MLC__RESTRICT x, const float *MLC__RESTRICT g,
+                             float *MLC__RESTRICT dx, int overwrite, float mu, float rs, float scale,
+                             float mean_g, float mean_gx) {
+    size_t k;
+    if (overwrite)
+        MLC__VECTOR_LOOP(k, 0, n, { dx[k] = scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
+    else MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
+}
+
+/* Row by row: ĝ = g w in scratch, its two means in eight running sums (mlc__norm_grad_sums) */
+static void mlc__layer_norm_backward(mlc__node *n) {
+    mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
+    const float *stats = (const float *)n->saved, *g = n->out->grad;
+    const size_t D = (size_t)n->args.layer_norm.D, rows = D ? x->size / D : 0;
+    mlc_frame scratch = mlc_frame_begin(n->out->ctx);
+    float *gh = mlc__floats(n->out->ctx, D + 1, n->name);
+    size_t r, j;
+    for (r = 0; gh && r < rows; r++) {
+        const float *xr = x->data + r * D, *gr = g + r * D, mu = stats[2 * r], rs = stats[2 * r + 1];
+        mlc__sum_t sum_gh = 0, sum_ghx = 0;
+        if (w) MLC__VECTOR_LOOP(j, 0, D, { gh[j] = gr[j] * w->data[j]; });
+        else memcpy(gh, gr, D * sizeof(float));
+        mlc__norm_grad_sums(xr, gh, D, mu, rs, &sum_gh, &sum_ghx);
+        if (gw) MLC__VECTOR_LOOP(j, 0, D, { gw[j] += gr[j] * ((xr[j] - mu) * rs); });
+        if (gb) MLC__VECTOR_LOOP(j, 0, D, { gb[j] += gr[j]; });
+        if (gx)
+            mlc__norm_grad_x(D, xr, gh, gx + r * D, 0, mu, rs, rs, (float)(sum_gh / (mlc__sum_t)D),
+                             (float)(sum_ghx / (mlc__sum_t)D));
+    }
+    mlc_frame_end(scratch);
+}
+
+static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
+                                   mlc_tensor *bias, float eps);
+MLCDEF mlc_tensor *mlc_layer_norm(mlc_tensor *x, mlc_tensor *weight, mlc_tensor *bias, float eps) {
+    return mlc__layer_norm("mlc_layer_norm", x, 1, weight, bias, eps);
+}
+
+/* weight or bias of x's trailing `dims` dimensions, or NULL */
+static int mlc__fits_last_dims(const mlc_tensor *t, const mlc_tensor *x, int dims) {
+    return !t
+        || (t->ndim == dims && memcmp(t->shape, x->shape + x->ndim - dims, (size_t)dims * sizeof(int)) == 0);
+}
+
+/* The threads share out the rows. Each row's mean and 1/σ (mlc__norm_stats_add: eight running
+   sums) are kept for backward (stats: [rows, 2]). A half x and y (mlc__cpu_takes_half, forward)
+   are widened and rounded a row at a time in the thread's scratch, a half weight and bias once:
+   the float32 op's values, rounded once, as the stand-ins give. */
+typedef struct mlc__layer_norm_job {
+    const mlc__node *n;
+    const float *w, *b;                 /* float32 weight and bias, or NULL */
+    float *stats, *rows;                /* rows: a half x and y, 2 D floats per thread (else NULL) */
+} mlc__layer_norm_job;
+
+static void mlc__layer_norm_rows(void *arg, int slot, size_t begin, size_t end) {
+    const mlc__layer_norm_job *job = (const mlc__layer_norm_job *)arg;
+    const mlc_tensor *x = job->n->in[0], *out = job->n->out;
+    const float *w = job->w, *b = job->b;
+    const size_t D = (size_t)job->n->args.layer_norm.D;
+    float *x_row = job->rows ? job->rows + (size_t)slot * 2 * D : NULL, *y_row = x_row ? x_row + D : NULL;
+    size_t r, j;
+    for (r = begin; r < end; r++) {
+        mlc__norm_stats st = { 0, 0, 0 };
+        const float *xr = x_row ? x_row : x->data + r * D;
+        float *y = y_row ? y_row : out->data + r * D, mu, rs;
+        if (x_row) mlc__widen(x->dtype, x->half + r * D, x_row, D);
+        mlc__norm_stats_add(&st, xr, D);
+        mu = job->stats[2 * r] = (float)st.mean;
+        rs = job->stats[2 * r + 1] = (float)(1 / MLC__SUM_SQRT(st.squares / (mlc__sum_t)D
+                                                                + (mlc__sum_t)job->n->args.layer_norm.eps));
+        if (w && b) MLC__VECTOR_LOOP(j, 0, D, { y[j] = (xr[j] - mu) * rs * w[j] + b[j]; });
+        else if (w) MLC__VECTOR_LOOP(j, 0, D, { y[j] = (xr[j] - mu) * rs * w[j]; });
+        else if (b) MLC__VECTOR_LOOP(j, 0, D, { y[j] = (xr[j] - mu) * rs + b[j]; });
+        else MLC__VECTOR_LOOP(j, 0, D, { y[j] = (xr[j] - mu) * rs; });
+        if (y_row) mlc__narrow(out->dtype, y_row, out->half + r * D, D);
+    }
+}
+
+static int mlc__layer_norm_cpu(mlc__node *n) {
+    mlc_ctx *ctx = n->out->ctx;
+    mlc_tensor *weight = n->in[1], *bias = n->in[2];
+    const size_t D = (size_t)n->args.layer_norm.D, rows = D ? n->out->size / D : 0,
+                 from = MLC__MAP_PARALLEL / (D + 1) + 1;
+    mlc__layer_norm_job job;
+    mlc_frame scratch;
+    int ok;
+    job.n = n;
+    if (!(job.stats = mlc__floats(ctx, 2 * rows + 1, n->name))) return 0;
+    scratch = mlc_frame_begin(ctx);                      /* the half rows and weights go at once */
+    if (weight && mlc__is_half(weight->dtype)) weight = mlc__widened(weight, 1);
+    if (bias && mlc__is_half(bias->dtype)) bias = mlc__widened(bias, 1);
+    job.w = weight ? weight->data : NULL;
+    job.b = bias ? bias->data : NULL;
+    job.rows = mlc__is_half(n->out->dtype)
+                 ? mlc__floats(ctx, 2 * D * (size_t)mlc__slots(ctx, rows, from), n->name) : NULL;
+    ok = (weight || !n->in[1]) && (bias || !n->in[2]) && (job.rows || !mlc__is_half(n->out->dtype));
+    if (ok) mlc__parallel(ctx, rows, from, mlc__layer_norm_rows, &job);
+    mlc_frame_end(scratch);
+    n->saved = job.stats;
+    return ok;
+}
+
+MLCDEF mlc_tensor *mlc_layer_norm_dims(mlc_tensor *x, int dims, mlc_tensor *weight, mlc_tensor *bias,
+                                       float eps) {
+    return mlc__layer_norm("mlc_layer_norm_dims", x, dims, weight, bias, eps);
+}
+static mlc_tensor *mlc__layer_norm(const char *op, mlc_tensor *x, int dims, mlc_tensor *weight,
+                                   mlc_tensor *bias, float eps) {
+    mlc_tensor *out;
+    mlc__node call;
+    int D, j;
+    size_t per_row = 1;
+    x = mlc__autocast_f32(x); weight = mlc__autocast_f32(weight); bias = mlc__autocast_f32(bias);
+    MLC__ENTER(op, x);
+    if (!mlc__same_device(ctx, op, x, weight) || !mlc__same_device(ctx, op, x, bias))
+        return NULL;
+    if (dims < 1 || dims > x->ndim)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_layer_norm: x %T has no %d last axes to normalise", x, dims);
+    for (j = x->ndim - dims; j < x->ndim; j++) per_row *= (size_t)x->shape[j];   /* <= x->size */
+    if (per_row > 2147483647u)
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE, "mlc_layer_norm: %zu values per row of x %T",
+                                       per_row, x);
+    D = (int)per_row;
+    if (!mlc__fits_last_dims(weight, x, dims) || !mlc__fits_last_dims(bias, x, dims))
+        return (mlc_tensor *)mlc__fail(ctx, MLC_ERR_SHAPE,
+                                       "mlc_layer_norm: weight %T and bias %T must be x's last %d dimensions "
+                                       "for x %T", weight, bias, dims, x);
+    eps = mlc__setting(eps, 1e-5f);
+    if (!mlc__in_range(ctx, "mlc_layer_norm", "eps", eps, 0.0f, FLT_MAX, 0)) return NULL;
+    out = mlc__like(x, "mlc_layer_norm");
+    if (!out) return NULL;
+    mlc__call(&call, MLC__OP_LAYER_NORM, "mlc_layer_norm", out, x, weight, bias, NULL);
+    call.args.layer_norm.eps = eps; call.args.layer_norm.D = D;
+    if (!mlc__run(ctx, &call)) return NULL;
+    mlc__record(&call);
+    return out;
+}
+
 
 /* y = (x - mu) rs w + b over n floats */
 static void mlc__bn_normalise(size_t n, const float *MLC__RESTRICT x, float *MLC__RESTRICT y, float mu,
@@ -7608,15 +7717,10 @@ static void mlc__bn_normalise(size_t n, const float *MLC__RESTRICT x, float *MLC
     MLC__VECTOR_LOOP(k, 0, n, { y[k] = (x[k] - mu) * rs * w + b; });
 }
 
-/* dx = (overwrite ? 0 : dx) + scale (g - mean_g - x̂ mean_gx) over n floats, x̂ = (x - mu) rs */
-static void mlc__bn_grad_x(size_t n, const float *MLC__RESTRICT x, const float *MLC__RESTRICT g,
-                           float *MLC__RESTRICT dx, int overwrite, float mu, float rs, float scale,
-                           float mean_g, float mean_gx) {
-    size_t k;
-    if (overwrite)
-        MLC__VECTOR_LOOP(k, 0, n, { dx[k] = scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
-    else MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
-}
+/* Batch norm runs channel by channel, the threads sharing out the channels (a channel's values
+   are N runs of `inner` floats, one per image), and reads a channel once for its statistics
+   (mlc__norm_stats_add over its runs). */
+#define MLC__BN_PARALLEL 16384          /* values from which threads share out the channels */
 
 /* A channel's values as runs: in place, N runs of `inner` floats C·inner apart; or, where runs
    are shorter than MLC__BN_GATHER floats (a [N, C] batch has runs of one), first copied into one
@@ -7707,15 +7811,15 @@ static void mlc__batch_norm_backward_channels(void *arg, int slot, size_t begin,
             mlc__bn_gather(n->out->grad, buf + G, x, c, mlc__bn_group(job, c, end), 0, 0);
         }
         for (i = 0; i < runs; i++)
-            mlc__bn_grad_sums(xc + i * step, gc + i * step, len, mu, rs, &sum_g, &sum_gx);
+            mlc__norm_grad_sums(xc + i * step, gc + i * step, len, mu, rs, &sum_g, &sum_gx);
         if (job->gw) job->gw[c] += (float)sum_gx;
         if (job->gb) job->gb[c] += (float)sum_g;
         if (job->gx) {
             mean_g = training ? (float)(sum_g / (mlc__sum_t)M) : 0.0f;
             mean_gx = training ? (float)(sum_gx / (mlc__sum_t)M) : 0.0f;
             for (i = 0; i < runs; i++)
-                mlc__bn_grad_x(len, xc + i * step, gc + i * step, dx + i * step, buf || job->gx_overwrite, mu,
-                               rs, scale, mean_g, mean_gx);
+                mlc__norm_grad_x(len, xc + i * step, gc + i * step, dx + i * step, buf || job->gx_overwrite,
+                                 mu, rs, scale, mean_g, mean_gx);
         }
         if (buf && (c + 1 == end || k + 1 == (size_t)job->group)) {   /* the group out */
             if (job->gx)
@@ -7756,8 +7860,8 @@ static void mlc__batch_norm_channels(void *arg, int slot, size_t begin, size_t e
         if (buf && c == first)                           /* the next group in */
             mlc__bn_gather(x->data, buf, x, c, mlc__bn_group(job, c, end), 0, 0);
         if (training) {
-            mlc__bn_stats st = { 0, 0, 0 };
-            for (i = 0; i < runs; i++) mlc__bn_stats_add(&st, xc + i * step, len);
+            mlc__norm_stats st = { 0, 0, 0 };
+            for (i = 0; i < runs; i++) mlc__norm_stats_add(&st, xc + i * step, len);
             if (running_mean)
                 running_mean->data[c] = (1.0f - momentum) * running_mean->data[c] + momentum * (float)st.mean;
             if (running_var)
@@ -10775,7 +10879,7 @@ MLCDEF mlc_result mlc_backward_with(mlc_tensor *out, mlc_tensor *grad_out) {
             if (n->in[k]->requires_grad && !mlc__grad_made(n->in[k])) break;
         }
         if (ctx->error) break;
-        if (mlc__has_half(n) && !mlc__cpu_takes_half(n)) mlc__backward_widened(n);
+        if (mlc__has_half(n) && !mlc__cpu_takes_half(n, 1)) mlc__backward_widened(n);
         else mlc__backward_of[n->op](n);
         for (k = 0; k < n->n_in; k++) if (n->in[k] && n->in[k]->requires_grad) mlc__host_wrote_grad(n->in[k]);
     }

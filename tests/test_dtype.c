@@ -319,6 +319,84 @@ static int index_select_moves_half_values(void) {
     return 1;
 }
 
+/* Maps, add/sub/mul/div (stretched operands, mixed dtypes), layer norm and softmax along the
+   last axis of half tensors run on their values a block or a row at a time, no float32 stand-in
+   made (mlc_stats.widened unchanged): the float32 op's values rounded once, bit for bit, in bf16
+   and f16, on 1 and 2 threads (tensors past the size the threads share, rows past a block of
+   256 values). A softmax along another axis still takes the stand-ins, with the same values.
+   Gradients of the ops recorded on the tape (their backward on stand-ins) are float32's where
+   the backward reads only the inputs (layer norm, add, mul). */
+typedef mlc_tensor *(*half_op_fn)(mlc_tensor **in);
+static mlc_tensor *ho_gelu(mlc_tensor **in) { return mlc_gelu(in[0]); }
+static mlc_tensor *ho_scale(mlc_tensor **in) { return mlc_mul_scalar(in[0], 0.37f); }
+static mlc_tensor *ho_add_row(mlc_tensor **in) { return mlc_add(in[0], in[2]); }           /* [300] */
+static mlc_tensor *ho_mul_column(mlc_tensor **in) { return mlc_mul(in[0], in[3]); }       /* [300, 1] */
+static mlc_tensor *ho_sub(mlc_tensor **in) { return mlc_sub(in[1], in[0]); }
+static mlc_tensor *ho_div(mlc_tensor **in) { return mlc_div(in[0], in[1]); }
+static mlc_tensor *ho_add_float(mlc_tensor **in) { return mlc_add(in[0], in[4]); }        /* float32 b */
+static mlc_tensor *ho_layer_norm(mlc_tensor **in) { return mlc_layer_norm(in[0], in[2], in[5], 1e-5f); }
+static mlc_tensor *ho_layer_norm_plain(mlc_tensor **in) { return mlc_layer_norm(in[1], NULL, NULL, 1e-5f); }
+static mlc_tensor *ho_softmax(mlc_tensor **in) { return mlc_softmax(in[0], -1); }
+static mlc_tensor *ho_log_softmax(mlc_tensor **in) { return mlc_log_softmax(in[1], 1); }
+static mlc_tensor *ho_softmax_columns(mlc_tensor **in) { return mlc_softmax(in[0], 0); }
+static int elementwise_ops_take_half_values(void) {
+    static const struct { const char *name; half_op_fn fn; int stand_ins, same_grads; } ops[] = {
+        { "gelu", ho_gelu, 0, 0 }, { "mul_scalar", ho_scale, 0, 1 }, { "add (a row)", ho_add_row, 0, 1 },
+        { "mul (a column)", ho_mul_column, 0, 1 }, { "sub", ho_sub, 0, 1 }, { "div", ho_div, 0, 0 },
+        { "add (float32 b)", ho_add_float, 0, 1 }, { "layer_norm", ho_layer_norm, 0, 1 },
+        { "layer_norm (no weights)", ho_layer_norm_plain, 0, 1 }, { "softmax", ho_softmax, 0, 0 },
+        { "log_softmax", ho_log_softmax, 0, 0 }, { "softmax (axis 0)", ho_softmax_columns, 1, 0 } };
+    static const mlc_scalar_type dtypes[2] = { MLC_BF16, MLC_F16 };
+    mlc_ctx *ctx = cpu_ctx_hooked(7, NULL);
+    float *got = (float *)malloc(90000 * sizeof(float)), *want = (float *)malloc(90000 * sizeof(float));
+    size_t o, i, widened;
+    int d, k, threads;
+    CHECK(ctx && got && want);
+    for (threads = 1; threads <= 2; threads++)
+        for (d = 0; d < 2; d++)
+            for (o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+                mlc_frame f = mlc_frame_begin(ctx);
+                mlc_tensor *half[6], *wide[6], *y, *yr, *c;
+                mlc_set_threads(ctx, threads);
+                for (k = 0; k < 6; k++) {  /* x, x2 [300, 300]; w [300]; column [300, 1]; float32; bias */
+                    mlc_tensor *r = k < 2 || k == 4 ? mlc_randn(ctx, MLC_SHAPE(300, 300))
+                                  : k == 3 ? mlc_randn(ctx, MLC_SHAPE(300, 1)) : mlc_randn(ctx, MLC_SHAPE(300));
+                    half[k] = k == 4 ? r : mlc_requires_grad(mlc_detach(mlc_to_dtype(r, dtypes[d])), 1);
+                    wide[k] = mlc_requires_grad(mlc_detach(mlc_to_dtype(half[k], MLC_F32)), 1);
+                }
+                widened = mlc_get_stats(ctx).widened;
+                y = ops[o].fn(half);
+                CHECK_MSG(y && mlc_get_stats(ctx).widened == widened + (size_t)ops[o].stand_ins,
+                          "%s in %s, %d threads: %s (%zu widened)", ops[o].name, mlc_dtype_name(dtypes[d]),
+                          threads, mlc_error_message(ctx), mlc_get_stats(ctx).widened - widened);
+                yr = ops[o].fn(wide);
+                CHECK(yr && mlc_dtype(y) == (ops[o].fn == ho_add_float ? MLC_F32 : dtypes[d]));
+                CHECK(mlc_read(y, got, y->size) == MLC_OK
+                      && mlc_read(mlc_to_dtype(yr, mlc_dtype(y)), want, y->size) == MLC_OK);
+                for (i = 0; i < y->size; i++)
+                    CHECK_MSG(test_bits(got[i]) == test_bits(want[i]), "%s in %s, %d threads: element %zu: %g, "
+                              "float32's rounded %g", ops[o].name, mlc_dtype_name(dtypes[d]), threads, i,
+                              (double)got[i], (double)want[i]);
+                c = mlc_randn(ctx, y->ndim, y->shape);
+                CHECK(mlc_backward(mlc_sum_all(mlc_mul(mlc_to_dtype(y, MLC_F32), c))) == MLC_OK);
+                CHECK(mlc_backward(mlc_sum_all(mlc_mul(yr, c))) == MLC_OK);
+                for (k = 0; ops[o].same_grads && k < 6; k++)
+                    if (k != 4 && half[k]->grad) {
+                        CHECK(wide[k]->grad != NULL);
+                        for (i = 0; i < half[k]->size; i++)
+                            CHECK_MSG(test_bits(half[k]->grad[i]) == test_bits(wide[k]->grad[i]),
+                                      "%s in %s: input %d's gradient %zu: %g, float32's %g", ops[o].name,
+                                      mlc_dtype_name(dtypes[d]), k, i, (double)half[k]->grad[i],
+                                      (double)wide[k]->grad[i]);
+                    }
+                mlc_frame_end(f);
+            }
+    CHECK(mlc_error(ctx) == MLC_OK);
+    free(got); free(want);
+    mlc_destroy(ctx);
+    return 1;
+}
+
 /* Whether mlc runs its bf16 kernel here: mlc.h's condition for building it (MLC__BF16_X86), and
    the CPU's AVX-512 BF16 */
 static int bf16_kernel_here(void) {
@@ -967,6 +1045,7 @@ const test_case tests_dtype[] = {
     TEST(ops_on_half_are_float32_rounded_once)
     TEST(permute_moves_half_values)
     TEST(index_select_moves_half_values)
+    TEST(elementwise_ops_take_half_values)
     TEST(bf16_gemm_matches_double_sums)
     TEST(bf16_products_on_the_kernel)
     TEST(bf16_convolutions_on_the_kernel)
