@@ -4038,9 +4038,10 @@ static int mlc__binary_cpu(mlc__node *n) {
     const mlc_tensor *a = n->in[0], *b = n->in[1];
     mlc__bcast bc;
     size_t r;
+    const int half = mlc__has_half(n);
     mlc__broadcast(n->out->ctx, n->name, &bc, 2, n->in);
     for (r = 0; r < bc.rows; r++)
-        if (mlc__has_half(n)) mlc__binary_half_row(n, &bc, r);
+        if (half) mlc__binary_half_row(n, &bc, r);
         else mlc__binary_values(n->args.binary.kind, bc.inner, a->data + mlc__bcast_row(&bc, 0, r),
                                 bc.last[0], b->data + mlc__bcast_row(&bc, 1, r), bc.last[1],
                                 n->out->data + r * bc.inner);
