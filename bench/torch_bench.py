@@ -238,7 +238,7 @@ def gpt_tokens_per_s(threads):
     lookup = torch.zeros(256, dtype=torch.long)
     lookup[torch.tensor(chars)] = torch.arange(len(chars))
     ids = lookup[torch.frombuffer(bytearray(text), dtype=torch.uint8).long()]
-    torch.set_num_threads(threads)
+    set_threads(threads)
     model = GPT(len(chars))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     g = torch.Generator().manual_seed(1)
@@ -254,7 +254,7 @@ def gpt_tokens_per_s(threads):
         opt.step()
 
     tokens_s = GPT_BATCH * GPT_BLOCK / seconds_per_call(step, 0.5, 5)
-    torch.set_num_threads(ALL_THREADS)
+    set_threads(ALL_THREADS)
     return tokens_s
 
 
@@ -446,7 +446,7 @@ def minilm_main(model, ids_file, runs, amp):
                         torch.tensor([[1.0] * len(s) + [0.0] * (t - len(s)) for s in group])))
     start = cpu_mark()
     for threads in (1, 2):
-        torch.set_num_threads(threads)
+        set_threads(threads)                          # OpenBLAS's threads too (float32's products)
         took = []
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
             for r in range(runs + 1):                 # the first pass warms up
