@@ -2290,11 +2290,8 @@ static int mlc__cpu_avx512bw(void) {
 __attribute__((target(MLC__BF16_AVX512_TARGET)))
 static void mlc__bf16_widen_avx512(const uint16_t *MLC__RESTRICT src, float *MLC__RESTRICT dst, size_t n) {
     size_t i;
-    for (i = 0; i + 16 <= n; i += 16)
-        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                                           (const __m256i *)(const void *)(src + i))), 16));
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    for (i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i)), 16);
         _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(b));
     }
@@ -3054,8 +3051,8 @@ static int mlc__bf16_kernel_usable(const mlc_ctx *ctx);   /* (@section matmul) *
    (bias bf16 or none) where mlc's bf16 kernel runs (a convolution off its fast path makes the
    stand-ins itself, mlc__conv2d_cpu). mlc__matmul_cpu then sums in float32 scratch and rounds
    into the output once, as the stand-ins would; only the order of the float32 sums differs (and
-   subnormals, see mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the products (a
-   convolution's for dx; its dW sums float32 products of the widened values). */
+   subnormals, see mlc_gemm_bf16). Its backward rounds the output's gradient to bf16 for the
+   products (a convolution's for dx; its dW sums float32 products of the widened values). */
 static int mlc__cpu_takes_half(const mlc__node *n, int backward) {
     if (n->op == MLC__OP_COPY)           /* mlc_to_dtype: from or to float32, or a half copy */
         return n->in[0]->dtype == n->out->dtype || n->in[0]->dtype == MLC_F32 || n->out->dtype == MLC_F32;
@@ -7579,20 +7576,21 @@ static void mlc__norm_grad_x(size_t n, const float *MLC__RESTRICT x, const float
     else MLC__VECTOR_LOOP(k, 0, n, { dx[k] += scale * (g[k] - mean_g - (x[k] - mu) * rs * mean_gx); });
 }
 
-/* Row by row: ĝ = g w in scratch, its two means in eight running sums (mlc__norm_grad_sums) */
+/* Row by row: ĝ = g w (in scratch; g itself without a weight), its two means in eight running
+   sums (mlc__norm_grad_sums) */
 static void mlc__layer_norm_backward(mlc__node *n) {
     mlc_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     float *gx = mlc__grad(x), *gw = mlc__grad(w), *gb = mlc__grad(b);
     const float *stats = (const float *)n->saved, *g = n->out->grad;
     const size_t D = (size_t)n->args.layer_norm.D, rows = D ? x->size / D : 0;
     mlc_frame scratch = mlc_frame_begin(n->out->ctx);
-    float *gh = mlc__floats(n->out->ctx, D + 1, n->name);
+    float *gh_row = w ? mlc__floats(n->out->ctx, D + 1, n->name) : NULL;
     size_t r, j;
-    for (r = 0; gh && r < rows; r++) {
+    for (r = 0; (gh_row || !w) && r < rows; r++) {
         const float *xr = x->data + r * D, *gr = g + r * D, mu = stats[2 * r], rs = stats[2 * r + 1];
+        const float *gh = w ? gh_row : gr;
         mlc__sum_t sum_gh = 0, sum_ghx = 0;
-        if (w) MLC__VECTOR_LOOP(j, 0, D, { gh[j] = gr[j] * w->data[j]; });
-        else memcpy(gh, gr, D * sizeof(float));
+        if (w) MLC__VECTOR_LOOP(j, 0, D, { gh_row[j] = gr[j] * w->data[j]; });
         mlc__norm_grad_sums(xr, gh, D, mu, rs, &sum_gh, &sum_ghx);
         if (gw) MLC__VECTOR_LOOP(j, 0, D, { gw[j] += gr[j] * ((xr[j] - mu) * rs); });
         if (gb) MLC__VECTOR_LOOP(j, 0, D, { gb[j] += gr[j]; });
@@ -9018,7 +9016,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
         o;
     float *col = job->scratch + (size_t)slot * job->slot_floats,
           *work = job->work_floats ? col + job->col_floats : NULL;
-    float *xt = col + job->rows_at, *gw_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
+    float *xt = col + job->rows_at, *gh_rows = xt + (size_t)cv->C * cv->H * cv->W;   /* (by_rows) */
     float *dy_relu = col + job->relu_at;                 /* (relu) the image's g·(y > 0) */
     float *x_wide = col + job->wide_at, *y_wide = x_wide + (size_t)cv->C * cv->H * cv->W;   /* (bf16) */
     const size_t sum_floats = (size_t)cv->O * rows + cv->O;
@@ -9030,7 +9028,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
         const size_t first = mlc__piece_begin((size_t)cv->N, (int)s, job->sums),
                      last = mlc__piece_begin((size_t)cv->N, (int)s + 1, job->sums);
         if (job->sums > 1) memset(gw, 0, sum_floats * sizeof(float));
-        if (job->by_rows) memset(gw_rows, 0, (size_t)cv->O * rows * sizeof(float));
+        if (job->by_rows) memset(gh_rows, 0, (size_t)cv->O * rows * sizeof(float));
         for (i = first; i < last; i++) {
             const size_t x_at = i * cv->C * cv->H * cv->W, y_at = i * cv->O * P;
             const float *dy_image = job->dy + y_at, *x_image = job->x16 ? x_wide : job->x + x_at;
@@ -9046,7 +9044,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
                 const float *dy = dy_image + (size_t)g * Og * P;
                 if (job->by_rows) {
                     mlc__im2row(cv, x_image, xt, col);
-                    mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gw_rows, work);
+                    mlc__gemm(job->ctx, 0, 0, Og, rows, P, dy, col, 1.0f, gh_rows, work);
                 } else if (job->gw) {
                     const float *x = x_image + (size_t)g * Cg * cv->H * cv->W;
                     if (!mlc__conv_pointwise(cv)) mlc__im2col_threads(job->ctx, cv, Cg, x, col);
@@ -9071,7 +9069,7 @@ static void mlc__conv2d_backward_images(void *arg, int slot, size_t begin, size_
         for (o = 0; job->by_rows && o < cv->O; o++)        /* (i, j, c) back to (c, i, j) */
             for (c = 0; c < cv->C; c++)
                 for (t = 0; t < T; t++)
-                    gw[((size_t)o * cv->C + c) * T + t] += gw_rows[((size_t)o * T + t) * cv->C + c];
+                    gw[((size_t)o * cv->C + c) * T + t] += gh_rows[((size_t)o * T + t) * cv->C + c];
     }
 }
 
