@@ -8062,7 +8062,9 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
    mlc__conv_span. Forward shares the planes (n, c) out between threads; backward shares the
    channels, each thread going through every image of its own, so dw and db are summed in one
    order whatever the thread count. A fused activation is applied row by row, and backward takes
-   each plane's g·activation' into the thread's scratch. */
+   each plane's g·activation' into the thread's scratch. With AVX-512 a 3x3 forward copies each
+   plane into the thread's scratch with its zero padding around it, so that every output is the
+   same nine FMAs, with no edges to treat apart. */
 #define MLC__DEPTHWISE_MAX_K 16             /* kernel rows and columns the fast path takes */
 static int mlc__conv_depthwise_fits(const mlc__conv *cv) {
     return cv->groups == cv->C && cv->O == cv->C && cv->KH <= MLC__DEPTHWISE_MAX_K
@@ -8077,7 +8079,8 @@ typedef struct mlc__depthwise_job {
                                            forward on small planes, the input plane zero-padded */
     size_t padded_floats;               /* forward: a padded plane (Hp x Wp) and 64 + 2·dw floats beside */
     int gx_overwrite;                   /* backward: gx is fresh, each plane written over */
-    int avx512;                         /* forward: 3-wide kernels through mlc__depthwise_3_avx512 */
+    int avx512;                         /* 3x3 kernels: forward through a zero-padded copy of each plane
+                                           (mlc__depthwise_3_padded), backward in 16 lanes */
     size_t small_floats;                /* backward on small planes (mlc__depthwise_small_backward):
                                            per thread, its padded planes and a masked dy */
     int first[MLC__DEPTHWISE_MAX_K], last[MLC__DEPTHWISE_MAX_K];   /* column j's span */
@@ -8122,86 +8125,90 @@ static inline __m512 mlc__load16_whole(const float *p, int s) {
                   : _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
 }
 
-/* row[ow] = b + Σ_{r < rows} Σ_{j < 3} w[r][j] in[r][ow·s + off + j·d] for ow in [lo, hi) (s 1 or
-   2; input rows of W), then relu (1) or relu6 (6): whole blocks of 16 with plain loads (two at a
-   time), the rest with masked ones. (max(0, v) and min(6, v) keep a NaN v, as the maps do.) */
-__attribute__((target("avx512f,avx2,fma")))
-static void mlc__depthwise_3_avx512(float *row, int lo, int hi, float b, const float *const *in,
-                                    const float *const *w, int rows, int s, int off, int d, int W, int relu) {
-    const int whole = mlc__depthwise_whole_end(lo, hi, s, off + 2 * d, W);
-    int ow, r, j;
-    for (ow = lo; ow + 32 <= whole; ow += 32) {            /* two whole blocks: two chains of FMAs */
-        __m512 acc0 = _mm512_set1_ps(b), acc1 = acc0;
-        for (r = 0; r < rows; r++)
-            for (j = 0; j < 3; j++) {
-                const float *p = in[r] + ow * s + off + j * d;
-                const __m512 wv = _mm512_set1_ps(w[r][j]);
-                acc0 = _mm512_fmadd_ps(wv, mlc__load16_whole(p, s), acc0);
-                acc1 = _mm512_fmadd_ps(wv, mlc__load16_whole(p + 16 * s, s), acc1);
-            }
-        if (relu) {
-            acc0 = _mm512_max_ps(_mm512_setzero_ps(), acc0);
-            acc1 = _mm512_max_ps(_mm512_setzero_ps(), acc1);
+/* A plane's 3x3 outputs y [OH, OW] from its zero-padded copy (rows Wp apart, read past their ends:
+   mlc__depthwise_job's padded_floats; lanes past OW are not stored), four output rows at a time
+   (past OH: the last again, stored twice) a block of 16 columns at a time: four chains of FMAs side
+   by side, the nine weights in registers. Each sum in mlc__depthwise_row's order (b, then w[i][j] by
+   row and column; the padding adds zeros). Stride s is a constant in each of the two copies. */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline void mlc__depthwise_3_strips(const mlc__conv *cv, const float *padded, int Wp, const float *w,
+                                           float b, float *y, const int s) {
+    const int OH = cv->OH, OW = cv->OW, row_step = cv->sh * Wp;
+    __m512 wv[9];
+    int oh, ow, t, k;
+    for (t = 0; t < 9; t++) wv[t] = _mm512_set1_ps(w[t]);
+    for (oh = 0; oh < OH; oh += 4) {
+        const float *in[4];
+        float *out[4];
+        _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {
+            const int v = oh + k < OH ? oh + k : OH - 1;
+            in[k] = padded + (size_t)v * row_step;
+            out[k] = y + (size_t)v * OW;
         }
-        if (relu == 6) {
-            acc0 = _mm512_min_ps(_mm512_set1_ps(6.0f), acc0);
-            acc1 = _mm512_min_ps(_mm512_set1_ps(6.0f), acc1);
-        }
-        _mm512_storeu_ps(row + ow, acc0);
-        _mm512_storeu_ps(row + ow + 16, acc1);
-    }
-    for (; ow < hi; ow += 16) {
-        const int n = hi - ow < 16 ? hi - ow : 16;
-        __m512 acc = _mm512_set1_ps(b);
-        for (r = 0; r < rows; r++)
-            for (j = 0; j < 3; j++) {
-                const float *p = in[r] + ow * s + off + j * d;
-                const __m512 v = ow < whole ? mlc__load16_whole(p, s) : mlc__load16_strided(p, n, s);
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), v, acc);
+        for (ow = 0; ow < OW; ow += 16) {
+            __m512 acc[4];
+            _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) acc[k] = _mm512_set1_ps(b);
+            _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {
+                const size_t tap = (size_t)(t / 3) * cv->dh * Wp + (size_t)(t % 3) * cv->dw + (size_t)ow * s;
+                _Pragma("GCC unroll 4") for (k = 0; k < 4; k++)
+                    acc[k] = _mm512_fmadd_ps(wv[t], mlc__load16_whole(in[k] + tap, s), acc[k]);
             }
-        if (relu) acc = _mm512_max_ps(_mm512_setzero_ps(), acc);
-        if (relu == 6) acc = _mm512_min_ps(_mm512_set1_ps(6.0f), acc);
-        if (n == 16) _mm512_storeu_ps(row + ow, acc);
-        else _mm512_mask_storeu_ps(row + ow, (__mmask16)((1u << n) - 1), acc);
+            _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {
+                if (cv->relu) acc[k] = _mm512_max_ps(_mm512_setzero_ps(), acc[k]);
+                if (cv->relu == 6) acc[k] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[k]);
+                if (OW - ow >= 16) _mm512_storeu_ps(out[k] + ow, acc[k]);
+                else _mm512_mask_storeu_ps(out[k] + ow, (__mmask16)((1u << (OW - ow)) - 1), acc[k]);
+            }
+        }
     }
 }
-
-/* A small plane's 3x3 outputs y [OH, OW] (OW < 32) from its zero-padded copy (rows Wp apart, read
-   past their ends: mlc__depthwise_job's padded_floats; lanes past OW are not stored), as the row
-   kernel above computes them (the same sums in the same order), its pieces (a row's block of 16
-   outputs) four at a time: four chains of FMAs side by side, where one piece alone (a whole row
-   of 14) waits on the latency of its nine */
-__attribute__((target("avx512f,avx2,fma")))
-static void mlc__depthwise_3_small(const mlc__conv *cv, const float *padded, int Wp, const float *w, float b,
-                                   float *y) {
-    const int blocks = (cv->OW + 15) / 16, pieces = cv->OH * blocks;
-    int u, k, i, j;
-    for (u = 0; u < pieces; u += 4) {
-        const int m = pieces - u < 4 ? pieces - u : 4;
-        const float *at[4];
-        int to[4], n[4];
-        __m512 acc[4];
-        _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {   /* (past the last piece: the first again,
-                                                               not stored) */
-            const int v = u + (k < m ? k : 0), oh = v / blocks, ow = v % blocks * 16;
-            at[k] = padded + (size_t)oh * cv->sh * Wp + (size_t)ow * cv->sw;
-            to[k] = oh * cv->OW + ow;
-            n[k] = cv->OW - ow < 16 ? cv->OW - ow : 16;
-            acc[k] = _mm512_set1_ps(b);
-        }
-        _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
-            _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
-                const __m512 wv = _mm512_set1_ps(w[i * 3 + j]);
-                const size_t tap = (size_t)i * cv->dh * Wp + (size_t)j * cv->dw;
-                _Pragma("GCC unroll 4") for (k = 0; k < 4; k++)
-                    acc[k] = _mm512_fmadd_ps(wv, mlc__load16_whole(at[k] + tap, cv->sw), acc[k]);
+/* The same sums where the kernel's rows are adjacent (dh 1) and OH >= 4: a strip of four output
+   rows (the last strip moved up to end at OH) reads each input row's three taps once and adds them
+   to every output row they reach, in the same order (i, then j); meanwhile it fetches the next
+   plane's x (when there is one) into the cache, a strip's share at a time, so that the copy of
+   the next plane does not wait on memory. Stride s and row stride sh are constants. */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline void mlc__depthwise_3_shared(const mlc__conv *cv, const float *padded, int Wp, const float *w,
+                                           float b, float *y, const float *next, const int s, const int sh) {
+    const int OH = cv->OH, OW = cv->OW;
+    const size_t next_floats = next ? (size_t)cv->H * cv->W : 0;
+    __m512 wv[9];
+    int oh, ow, q, i, j, k;
+    size_t f;
+    for (k = 0; k < 9; k++) wv[k] = _mm512_set1_ps(w[k]);
+    for (oh = 0; oh < OH; oh += 4) {
+        const int top = oh + 4 <= OH ? oh : OH - 4;
+        const float *in = padded + (size_t)top * sh * Wp;
+        float *out = y + (size_t)top * OW;
+        for (f = next_floats * oh / OH; f < next_floats * (oh + 4) / OH && f < next_floats; f += 16)
+            _mm_prefetch((const char *)(next + f), _MM_HINT_T0);
+        for (ow = 0; ow < OW; ow += 16) {
+            __m512 acc[4];
+            _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) acc[k] = _mm512_set1_ps(b);
+            _Pragma("GCC unroll 9") for (q = 0; q <= 3 * sh + 2; q++)
+                _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
+                    const __m512 v = mlc__load16_whole(in + (size_t)q * Wp + (size_t)j * cv->dw + (size_t)ow * s, s);
+                    _Pragma("GCC unroll 4") for (k = 0; k < 4; k++)
+                        _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
+                            if (k * sh + i == q) acc[k] = _mm512_fmadd_ps(wv[i * 3 + j], v, acc[k]);
+                }
+            _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {
+                if (cv->relu) acc[k] = _mm512_max_ps(_mm512_setzero_ps(), acc[k]);
+                if (cv->relu == 6) acc[k] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[k]);
+                if (OW - ow >= 16) _mm512_storeu_ps(out + (size_t)k * OW + ow, acc[k]);
+                else _mm512_mask_storeu_ps(out + (size_t)k * OW + ow, (__mmask16)((1u << (OW - ow)) - 1), acc[k]);
             }
-        for (k = 0; k < m; k++) {
-            if (cv->relu) acc[k] = _mm512_max_ps(_mm512_setzero_ps(), acc[k]);
-            if (cv->relu == 6) acc[k] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[k]);
-            _mm512_mask_storeu_ps(y + to[k], (__mmask16)((1u << n[k]) - 1), acc[k]);
         }
     }
+}
+__attribute__((target("avx512f,avx2,fma")))
+static void mlc__depthwise_3_padded(const mlc__conv *cv, const float *padded, int Wp, const float *w, float b,
+                                    float *y, const float *next) {
+    const int shared = cv->dh == 1 && cv->OH >= 4;
+    if (shared && cv->sw == 1 && cv->sh == 1) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 1, 1);
+    else if (shared && cv->sw == 2 && cv->sh == 2) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 2, 2);
+    else if (cv->sw == 1) mlc__depthwise_3_strips(cv, padded, Wp, w, b, y, 1);
+    else mlc__depthwise_3_strips(cv, padded, Wp, w, b, y, 2);
 }
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
@@ -8228,26 +8235,19 @@ static void mlc__depthwise_row(const mlc__depthwise_job *job, const float *const
     const mlc__conv *cv = job->cv;
     const int s = cv->sw, lo = job->lo, hi = job->hi;
     int r, j, ow;
-#if MLC__X86
-    if (job->avx512)
-        mlc__depthwise_3_avx512(row, lo, hi, b, in, w, rows, s, -cv->pw, cv->dw, cv->W, cv->relu);
-    else
-#endif
-    {
-        MLC__VECTOR_LOOP(ow, lo, hi, { row[ow] = b; });
-        for (r = 0; r < rows; r++) {
-            const float *a = in[r], *wr = w[r];
-            if (cv->KW == 3 && s == 1) {
-                const float w0 = wr[0], w1 = wr[1], w2 = wr[2];
-                const int o0 = -cv->pw, o1 = o0 + cv->dw, o2 = o1 + cv->dw;
-                MLC__VECTOR_LOOP(ow, lo, hi,
-                                 { row[ow] += w0 * a[ow + o0] + w1 * a[ow + o1] + w2 * a[ow + o2]; });
-            } else
-                for (ow = lo; ow < hi; ow++)
-                    for (j = 0; j < cv->KW; j++) row[ow] += wr[j] * a[ow * s + j * cv->dw - cv->pw];
-        }
-        mlc__conv_activate(cv, (size_t)(hi - lo), row + lo);
+    MLC__VECTOR_LOOP(ow, lo, hi, { row[ow] = b; });
+    for (r = 0; r < rows; r++) {
+        const float *a = in[r], *wr = w[r];
+        if (cv->KW == 3 && s == 1) {
+            const float w0 = wr[0], w1 = wr[1], w2 = wr[2];
+            const int o0 = -cv->pw, o1 = o0 + cv->dw, o2 = o1 + cv->dw;
+            MLC__VECTOR_LOOP(ow, lo, hi,
+                             { row[ow] += w0 * a[ow + o0] + w1 * a[ow + o1] + w2 * a[ow + o2]; });
+        } else
+            for (ow = lo; ow < hi; ow++)
+                for (j = 0; j < cv->KW; j++) row[ow] += wr[j] * a[ow * s + j * cv->dw - cv->pw];
     }
+    mlc__conv_activate(cv, (size_t)(hi - lo), row + lo);
     for (ow = 0; ow < cv->OW; ow++) {                     /* the edges */
         float sum = b;
         if (ow == lo && lo < hi) { ow = hi - 1; continue; }
@@ -8269,19 +8269,24 @@ static void mlc__depthwise_planes(void *arg, int slot, size_t begin, size_t end)
     float *padded = job->scratch ? job->scratch + (size_t)slot * job->padded_floats : NULL;
 #endif
     int oh, i, rows;
-    size_t pl;
-    (void)slot;
+    size_t pl, k;
+    (void)slot; (void)k;
     for (pl = begin; pl < end; pl++) {
         const int c = (int)(pl % (size_t)cv->C);
         const float *x = job->x + pl * cv->H * cv->W, *w = job->w + (size_t)c * cv->KH * cv->KW;
         const float b = job->bias ? job->bias[c] : 0.0f;
 #if MLC__X86
-        if (padded) {                          /* a small plane: no edges in a zero-padded copy */
-            memset(padded, 0, job->padded_floats * sizeof(float));
-            for (i = 0; i < cv->H; i++)
-                memcpy(padded + (size_t)(i + cv->ph) * Wp + cv->pw, x + (size_t)i * cv->W,
-                       (size_t)cv->W * sizeof(float));
-            mlc__depthwise_3_small(cv, padded, Wp, w, b, job->y + pl * cv->OH * cv->OW);
+        if (padded) {                          /* the zero-padded copy: top rows, rows, bottom rows */
+            float *const past = padded + job->padded_floats;
+            for (k = 0; k < (size_t)cv->ph * Wp + cv->pw; k++) padded[k] = 0.0f;
+            for (i = 0; i < cv->H; i++) {
+                float *to = padded + (size_t)(i + cv->ph) * Wp + cv->pw;
+                memcpy(to, x + (size_t)i * cv->W, (size_t)cv->W * sizeof(float));
+                for (to += cv->W, k = 0; k < (i + 1 < cv->H ? 2 * (size_t)cv->pw : (size_t)(past - to)); k++)
+                    to[k] = 0.0f;
+            }
+            mlc__depthwise_3_padded(cv, padded, Wp, w, b, job->y + pl * cv->OH * cv->OW,
+                                    pl + 1 < end ? x + (size_t)cv->H * cv->W : NULL);
             continue;
         }
 #endif
@@ -8526,7 +8531,7 @@ static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, 
             if (job->gb) job->gb[c] += mlc__sum8(dy, P);
             if (gx && job->gx_overwrite) memset(gx, 0, (size_t)cv->H * cv->W * sizeof(float));
 #if MLC__X86
-            if (job->avx512 && cv->KH == 3) {
+            if (job->avx512) {
                 mlc__depthwise_plane_backward_avx512(job, dy, x, gx, w, job->gw ? job->gw + c * T : NULL);
                 continue;
             }
@@ -8557,10 +8562,6 @@ static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, 
 /* planes (forward) or channels (backward) go to threads from this many values of y each */
 #define MLC__DEPTHWISE_PARALLEL 16384
 
-/* Small planes (narrower than this many outputs) go through a zero-padded copy on the forward
-   AVX-512 path: their edge columns would be much of each row */
-#define MLC__DEPTHWISE_PAD_BELOW 32
-
 /* 0 when out of memory (the context's error says so) */
 static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backward) {
     const mlc__conv *cv = job->cv;
@@ -8569,9 +8570,9 @@ static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backwa
                  planes_from = MLC__DEPTHWISE_PARALLEL / (plane + 1) + 1;
     mlc__depthwise_spans(cv, job);
 #if MLC__X86
-    job->avx512 = cv->KW == 3 && (cv->sw == 1 || cv->sw == 2) && __builtin_cpu_supports("avx512f");
+    job->avx512 = cv->KH == 3 && cv->KW == 3 && (cv->sw == 1 || cv->sw == 2) && __builtin_cpu_supports("avx512f");
 #endif
-    if (backward && job->avx512 && cv->KH == 3 && cv->sh == 1 && cv->sw == 1 && cv->OW <= 16
+    if (backward && job->avx512 && cv->sh == 1 && cv->sw == 1 && cv->OW <= 16
         && cv->W <= 16 && cv->ph <= 2 * cv->dh && cv->pw <= 2 * cv->dw)   /* xp, dyp, a masked dy */
         job->small_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 16
                             + (size_t)(cv->OH + 4 * cv->dh - 2 * cv->ph) * (cv->OW + 4 * cv->dw - 2 * cv->pw)
@@ -8581,7 +8582,7 @@ static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backwa
                                                  * (job->small_floats ? job->small_floats : plane) + 1,
                                         "mlc_conv2d backward")))
         return 0;
-    if (!backward && job->avx512 && cv->KH == 3 && cv->OW < MLC__DEPTHWISE_PAD_BELOW && (cv->ph || cv->pw)) {
+    if (!backward && job->avx512) {
         job->padded_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 64 + 2 * (size_t)cv->dw;
         job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->N * cv->C, planes_from)
                                             * job->padded_floats, "mlc_conv2d");

@@ -82,7 +82,10 @@ static int depthwise_matches_per_channel_convs(void) {
         && depthwise_case(2, 3, 8, 10, 3, 1, 2, 2, 1)         /* dilation 2 */
         && depthwise_case(2, 3, 5, 9, 3, 1, 0, 1, 1)          /* no padding: dx wider than dy */
         && depthwise_case(2, 3, 5, 28, 3, 1, 1, 1, 1)         /* small planes, two pieces a row: */
-        && depthwise_case(1, 3, 9, 56, 3, 2, 1, 1, 0);        /* 10, four at a time */
+        && depthwise_case(1, 3, 9, 56, 3, 2, 1, 1, 0)         /* 10, four at a time */
+        && depthwise_case(2, 3, 17, 40, 3, 2, 2, 2, 1)        /* stride 2 and dilation 2 */
+        && depthwise_case(1, 3, 5, 40, 3, 2, 1, 1, 1)         /* 3 output rows: fewer than a strip */
+        && depthwise_case(1, 2, 30, 30, 3, 1, 1, 1, 1);       /* 30 rows: the last strip moved up */
 }
 
 static mlc_tensor *f_depthwise(mlc_tensor **in, void *user) {
