@@ -8077,15 +8077,39 @@ typedef struct mlc__depthwise_job {
     float *y, *gx, *gw, *gb;
     float *scratch;                     /* per thread: backward with an activation, a plane of g·act';
                                            forward on small planes, the input plane zero-padded */
-    size_t padded_floats;               /* forward: a padded plane (Hp x Wp) and 64 + 2·dw floats beside */
+    size_t padded_floats;               /* per thread, forward: a padded plane (Hp x Wp) and 64 + 2·dw
+                                           floats beside; backward through padded planes
+                                           (mlc__depthwise_padded_backward): xp, dyp, a masked dy, dx */
     int gx_overwrite;                   /* backward: gx is fresh, each plane written over */
     int avx512;                         /* 3x3 kernels: forward through a zero-padded copy of each plane
                                            (mlc__depthwise_3_padded), backward in 16 lanes */
-    size_t small_floats;                /* backward on small planes (mlc__depthwise_small_backward):
-                                           per thread, its padded planes and a masked dy */
     int first[MLC__DEPTHWISE_MAX_K], last[MLC__DEPTHWISE_MAX_K];   /* column j's span */
     int lo, hi;                         /* the output columns every column of the kernel reaches */
 } mlc__depthwise_job;
+
+#if MLC__X86                            /* (for the AVX-512 kernels below) */
+/* dst (`rows` rows of `cols` floats, then zeros up to `floats` in all) = the plane src [R, C] with
+   its row r and column c at dst's row r + top and column c + left, zeros around it (top and left
+   may be negative: what falls outside dst is left out) */
+static void mlc__plane_place(float *dst, int rows, int cols, size_t floats, const float *src, int R, int C,
+                             int top, int left) {
+    const int c0 = left < 0 ? -left : 0, c1 = C < cols - left ? C : cols - left;   /* src's columns kept */
+    size_t k;
+    int r;
+    for (r = 0; r < rows; r++) {
+        float *to = dst + (size_t)r * cols;
+        const int from = r - top;
+        if (from < 0 || from >= R || c1 <= c0) {
+            for (k = 0; k < (size_t)cols; k++) to[k] = 0.0f;
+            continue;
+        }
+        for (k = 0; k < (size_t)(c0 + left); k++) to[k] = 0.0f;
+        memcpy(to + c0 + left, src + (size_t)from * C + c0, (size_t)(c1 - c0) * sizeof(float));
+        for (k = (size_t)(c1 + left); k < (size_t)cols; k++) to[k] = 0.0f;
+    }
+    for (k = (size_t)rows * cols; k < floats; k++) dst[k] = 0.0f;
+}
+#endif
 
 /* GCC 12 as C++ at -O2 reads the placeholder operand of its own AVX-512 max/min intrinsics as
    "may be used uninitialized" (as in the bf16 transposes): silenced for the kernels below */
@@ -8187,16 +8211,18 @@ static inline void mlc__depthwise_3_shared(const mlc__conv *cv, const float *pad
             _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) acc[k] = _mm512_set1_ps(b);
             _Pragma("GCC unroll 9") for (q = 0; q <= 3 * sh + 2; q++)
                 _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
-                    const __m512 v = mlc__load16_whole(in + (size_t)q * Wp + (size_t)j * cv->dw + (size_t)ow * s, s);
+                    const float *p = in + (size_t)q * Wp + (size_t)j * cv->dw + (size_t)ow * s;
+                    const __m512 v = mlc__load16_whole(p, s);
                     _Pragma("GCC unroll 4") for (k = 0; k < 4; k++)
                         _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
                             if (k * sh + i == q) acc[k] = _mm512_fmadd_ps(wv[i * 3 + j], v, acc[k]);
                 }
             _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {
+                float *to = out + (size_t)k * OW + ow;
                 if (cv->relu) acc[k] = _mm512_max_ps(_mm512_setzero_ps(), acc[k]);
                 if (cv->relu == 6) acc[k] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[k]);
-                if (OW - ow >= 16) _mm512_storeu_ps(out + (size_t)k * OW + ow, acc[k]);
-                else _mm512_mask_storeu_ps(out + (size_t)k * OW + ow, (__mmask16)((1u << (OW - ow)) - 1), acc[k]);
+                if (OW - ow >= 16) _mm512_storeu_ps(to, acc[k]);
+                else _mm512_mask_storeu_ps(to, (__mmask16)((1u << (OW - ow)) - 1), acc[k]);
             }
         }
     }
@@ -8204,9 +8230,9 @@ static inline void mlc__depthwise_3_shared(const mlc__conv *cv, const float *pad
 __attribute__((target("avx512f,avx2,fma")))
 static void mlc__depthwise_3_padded(const mlc__conv *cv, const float *padded, int Wp, const float *w, float b,
                                     float *y, const float *next) {
-    const int shared = cv->dh == 1 && cv->OH >= 4;
-    if (shared && cv->sw == 1 && cv->sh == 1) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 1, 1);
-    else if (shared && cv->sw == 2 && cv->sh == 2) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 2, 2);
+    const int shared = cv->dh == 1 && cv->OH >= 4 && cv->sh == cv->sw;
+    if (shared && cv->sw == 1) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 1, 1);
+    else if (shared) mlc__depthwise_3_shared(cv, padded, Wp, w, b, y, next, 2, 2);
     else if (cv->sw == 1) mlc__depthwise_3_strips(cv, padded, Wp, w, b, y, 1);
     else mlc__depthwise_3_strips(cv, padded, Wp, w, b, y, 2);
 }
@@ -8269,22 +8295,16 @@ static void mlc__depthwise_planes(void *arg, int slot, size_t begin, size_t end)
     float *padded = job->scratch ? job->scratch + (size_t)slot * job->padded_floats : NULL;
 #endif
     int oh, i, rows;
-    size_t pl, k;
-    (void)slot; (void)k;
+    size_t pl;
+    (void)slot;
     for (pl = begin; pl < end; pl++) {
         const int c = (int)(pl % (size_t)cv->C);
         const float *x = job->x + pl * cv->H * cv->W, *w = job->w + (size_t)c * cv->KH * cv->KW;
         const float b = job->bias ? job->bias[c] : 0.0f;
 #if MLC__X86
-        if (padded) {                          /* the zero-padded copy: top rows, rows, bottom rows */
-            float *const past = padded + job->padded_floats;
-            for (k = 0; k < (size_t)cv->ph * Wp + cv->pw; k++) padded[k] = 0.0f;
-            for (i = 0; i < cv->H; i++) {
-                float *to = padded + (size_t)(i + cv->ph) * Wp + cv->pw;
-                memcpy(to, x + (size_t)i * cv->W, (size_t)cv->W * sizeof(float));
-                for (to += cv->W, k = 0; k < (i + 1 < cv->H ? 2 * (size_t)cv->pw : (size_t)(past - to)); k++)
-                    to[k] = 0.0f;
-            }
+        if (padded) {
+            mlc__plane_place(padded, cv->H + 2 * cv->ph, Wp, job->padded_floats, x, cv->H, cv->W, cv->ph,
+                             cv->pw);
             mlc__depthwise_3_padded(cv, padded, Wp, w, b, job->y + pl * cv->OH * cv->OW,
                                     pl + 1 < end ? x + (size_t)cv->H * cv->W : NULL);
             continue;
@@ -8441,26 +8461,50 @@ static void mlc__depthwise_plane_backward_avx512(const mlc__depthwise_job *job, 
     }
 }
 
-/* Channel c's backward over every image, for 3x3 kernels at stride 1 on planes at most 16 wide
-   (MobileNet's 7x7 to 3x3 planes, where the path above is mostly edge columns): one vector a
-   row, no edges. With xp, x zero-padded (Hp x Wp), and dyp, dy zero-padded by q = d·2 - p
-   ((OH + 2qh) x (OW + 2qw)):
-     dW[i, j] += Σ_oh dy[oh, :] · xp[oh + i·dh, j·dw :]               (nine running vectors)
-     dx[h, :] = Σ_ij w[i, j] dyp[h + dh (2 - i), dw (2 - j) :]         (one store a row)
-   every load masked to the row's width, so nothing past it (an infinity) reaches a sum. */
+/* dW[i, j] += Σ_{oh, ow} dy[oh, ow] xp[oh + i, ow + j] (3x3, stride and dilation 1) over the R
+   output rows from oh0, into nine running vectors acc[i·3 + j], xp being x zero-padded (rows Wp
+   apart): each input row's three taps loaded once for the R rows of dy that reach it. Lanes past
+   OW are masked off in dy and xp alike (so an infinity past a row's end reaches no sum). */
+__attribute__((target("avx512f,avx2,fma"), always_inline))
+static inline void mlc__depthwise_3_gw_rows(const float *dy, int OW, const float *xp, int Wp, int oh0,
+                                            __m512 *acc, const int R) {
+    int ow, q, i, j, k;
+    for (ow = 0; ow < OW; ow += 16) {
+        __m512 g[4];
+        _Pragma("GCC unroll 4") for (k = 0; k < R; k++)
+            g[k] = mlc__load16(dy + (size_t)(oh0 + k) * OW + ow, OW - ow);
+        _Pragma("GCC unroll 6") for (q = 0; q < R + 2; q++)
+            _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
+                const __m512 v = mlc__load16(xp + (size_t)(oh0 + q) * Wp + ow + j, OW - ow);
+                _Pragma("GCC unroll 4") for (k = 0; k < R; k++)
+                    _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
+                        if (k + i == q) acc[i * 3 + j] = _mm512_fmadd_ps(g[k], v, acc[i * 3 + j]);
+            }
+    }
+}
+
+/* Channel c's backward over every image for a 3x3 kernel at stride 1 and dilation 1, through
+   zero-padded copies as the forward: with xp, x padded by p, and dyp, dy padded by 2 - p (cut
+   where p > 2; (H + 2) x (W + 2)),
+     dW[i, j] += Σ_oh dy[oh, :] · xp[oh + i, j :]                (nine running vectors, four rows of
+                                                                 dy at a time)
+     dx[h, t]  = Σ_ij w[2 - i, 2 - j] dyp[h + i, t + j]           (the forward's kernel, w flipped)
+   dx written straight into gx when gx is fresh, else into scratch and added. */
 __attribute__((target("avx512f,avx2,fma")))
-static void mlc__depthwise_small_backward(const mlc__depthwise_job *job, float *scratch, size_t c) {
+static void mlc__depthwise_padded_backward(const mlc__depthwise_job *job, float *scratch, size_t c) {
     const mlc__conv *cv = job->cv;
-    const int H = cv->H, W = cv->W, OH = cv->OH, OW = cv->OW, P = OH * OW, dh = cv->dh, dw = cv->dw;
-    const int Wp = W + 2 * cv->pw, qh = 2 * dh - cv->ph, qw = 2 * dw - cv->pw, Wq = OW + 2 * qw;
-    const size_t xp_floats = (size_t)(H + 2 * cv->ph) * Wp + 16, dyp_floats = (size_t)(OH + 2 * qh) * Wq + 16;
-    const __mmask16 out_mask = (__mmask16)((1u << OW) - 1), in_mask = (__mmask16)((1u << W) - 1);
-    float *xp = scratch, *dyp = xp + xp_floats, *masked = dyp + dyp_floats;
+    const int H = cv->H, W = cv->W, OH = cv->OH, OW = cv->OW, P = OH * OW, Wp = W + 2 * cv->pw;
+    const size_t xp_floats = (size_t)(H + 2 * cv->ph) * Wp + 64, dyp_floats = (size_t)(H + 2) * (W + 2) + 64;
+    float *xp = scratch, *dyp = xp + xp_floats, *masked = dyp + dyp_floats, *dx = masked + P;
     const float *w = job->w + c * 9;
-    __m512 acc[9], wv[9];
+    const float flipped[9] = { w[8], w[7], w[6], w[5], w[4], w[3], w[2], w[1], w[0] };
+    mlc__conv transposed = *cv;                 /* dx as a forward convolution of dyp */
+    __m512 acc[9];
     float lanes[16];
-    int n, h, oh, k;
-    for (k = 0; k < 9; k++) { acc[k] = _mm512_setzero_ps(); wv[k] = _mm512_set1_ps(w[k]); }
+    int n, oh, k;
+    size_t t;
+    transposed.OH = H; transposed.OW = W; transposed.relu = 0;
+    for (k = 0; k < 9; k++) acc[k] = _mm512_setzero_ps();
     for (n = 0; n < cv->N; n++) {
         const size_t pl = (size_t)n * cv->C + c;
         const float *dy = job->dy + pl * P, *x = job->x + pl * H * W;
@@ -8471,29 +8515,14 @@ static void mlc__depthwise_small_backward(const mlc__depthwise_job *job, float *
         }
         if (job->gb) job->gb[c] += mlc__sum8(dy, P);
         if (job->gw) {
-            memset(xp, 0, xp_floats * sizeof(float));
-            for (h = 0; h < H; h++)
-                memcpy(xp + (size_t)(h + cv->ph) * Wp + cv->pw, x + h * W, (size_t)W * sizeof(float));
-            for (oh = 0; oh < OH; oh++) {
-                const __m512 g = _mm512_maskz_loadu_ps(out_mask, dy + oh * OW);
-                for (k = 0; k < 9; k++) {
-                    const float *row = xp + (size_t)(oh + k / 3 * dh) * Wp + k % 3 * dw;
-                    acc[k] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(out_mask, row), acc[k]);
-                }
-            }
+            mlc__plane_place(xp, H + 2 * cv->ph, Wp, xp_floats, x, H, W, cv->ph, cv->pw);
+            for (oh = 0; oh + 4 <= OH; oh += 4) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 4);
+            for (; oh < OH; oh++) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 1);
         }
         if (!gx) continue;
-        memset(dyp, 0, dyp_floats * sizeof(float));
-        for (oh = 0; oh < OH; oh++)
-            memcpy(dyp + (size_t)(oh + qh) * Wq + qw, dy + oh * OW, (size_t)OW * sizeof(float));
-        for (h = 0; h < H; h++) {
-            __m512 v = job->gx_overwrite ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(in_mask, gx + h * W);
-            for (k = 0; k < 9; k++) {
-                const float *row = dyp + (size_t)(h + dh * (2 - k / 3)) * Wq + dw * (2 - k % 3);
-                v = _mm512_fmadd_ps(wv[k], _mm512_maskz_loadu_ps(in_mask, row), v);
-            }
-            _mm512_mask_storeu_ps(gx + h * W, in_mask, v);
-        }
+        mlc__plane_place(dyp, H + 2, W + 2, dyp_floats, dy, OH, OW, 2 - cv->ph, 2 - cv->pw);
+        mlc__depthwise_3_padded(&transposed, dyp, W + 2, flipped, 0.0f, job->gx_overwrite ? gx : dx, NULL);
+        if (!job->gx_overwrite) MLC__VECTOR_LOOP(t, 0, (size_t)H * W, { gx[t] += dx[t]; });
     }
     for (k = 0; job->gw && k < 9; k++) {                 /* the lanes in mlc__sum8's order */
         _mm512_storeu_ps(lanes, acc[k]);
@@ -8514,8 +8543,8 @@ static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, 
     for (c = begin; c < end; c++) {
         const float *w = job->w + c * T;
 #if MLC__X86
-        if (job->small_floats) {
-            mlc__depthwise_small_backward(job, job->scratch + (size_t)slot * job->small_floats, c);
+        if (job->padded_floats) {
+            mlc__depthwise_padded_backward(job, job->scratch + (size_t)slot * job->padded_floats, c);
             continue;
         }
 #endif
@@ -8570,16 +8599,16 @@ static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backwa
                  planes_from = MLC__DEPTHWISE_PARALLEL / (plane + 1) + 1;
     mlc__depthwise_spans(cv, job);
 #if MLC__X86
-    job->avx512 = cv->KH == 3 && cv->KW == 3 && (cv->sw == 1 || cv->sw == 2) && __builtin_cpu_supports("avx512f");
+    job->avx512 = cv->KH == 3 && cv->KW == 3 && (cv->sw == 1 || cv->sw == 2)
+                  && __builtin_cpu_supports("avx512f");
 #endif
-    if (backward && job->avx512 && cv->sh == 1 && cv->sw == 1 && cv->OW <= 16
-        && cv->W <= 16 && cv->ph <= 2 * cv->dh && cv->pw <= 2 * cv->dw)   /* xp, dyp, a masked dy */
-        job->small_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 16
-                            + (size_t)(cv->OH + 4 * cv->dh - 2 * cv->ph) * (cv->OW + 4 * cv->dw - 2 * cv->pw)
-                            + 16 + plane;
-    if (backward && (cv->relu || job->small_floats)
+    if (backward && job->avx512 && cv->sh == 1 && cv->sw == 1 && cv->dh == 1 && cv->dw == 1)
+        job->padded_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 64       /* xp */
+                             + (size_t)(cv->H + 2) * (cv->W + 2) + 64                      /* dyp */
+                             + plane + (size_t)cv->H * cv->W;                             /* dy, dx */
+    if (backward && (cv->relu || job->padded_floats)
         && !(job->scratch = mlc__floats(ctx, (size_t)mlc__slots(ctx, (size_t)cv->C, channels_from)
-                                                 * (job->small_floats ? job->small_floats : plane) + 1,
+                                                 * (job->padded_floats ? job->padded_floats : plane) + 1,
                                         "mlc_conv2d backward")))
         return 0;
     if (!backward && job->avx512) {

@@ -39,9 +39,11 @@ static int depthwise_case(int N, int C, int H, int W, int K, int stride, int pad
     mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, H, W)), *w = conv_rand(ctx, MLC_SHAPE(C, 1, K, K));
     mlc_tensor *b = bias ? conv_rand(ctx, MLC_SHAPE(C)) : NULL, *parts[16], *y, *ref, *r;
     mlc_tensor *xr = conv_twin(x), *wr = conv_twin(w), *br = conv_twin(b);
+    mlc_tensor *xf = conv_twin(x), *wf = conv_twin(w), *yf;   /* (x through an op: dx written over) */
     int c;
-    CHECK(C <= 16 && x && w && xr && wr);
+    CHECK(C <= 16 && x && w && xr && wr && xf && wf);
     y = mlc_conv2d(x, w, b, opts);
+    yf = mlc_conv2d(mlc_mul_scalar(xf, 1.0f), wf, NULL, opts);
     CHECK_MSG(y != NULL, "conv2d: %s", mlc_error_message(ctx));
     r = mlc_rand(ctx, y->ndim, y->shape);                       /* loss = Σ y r */
     for (c = 0; c < C; c++) {     /* (with a second, zero filter: one channel in and one out
@@ -58,7 +60,9 @@ static int depthwise_case(int N, int C, int H, int W, int K, int stride, int pad
     CHECK(conv_max_diff(y, mlc_host_data(ref), ref->size) <= 1e-5);
     CHECK(mlc_backward(mlc_sum_all(mlc_mul(ref, r))) == MLC_OK);
     CHECK(mlc_backward(mlc_sum_all(mlc_mul(y, r))) == MLC_OK);
+    CHECK(mlc_backward(mlc_sum_all(mlc_mul(yf, r))) == MLC_OK);
     CHECK_MSG(conv_grad_diff(x, xr) <= 1e-5, "dx differs by %g", conv_grad_diff(x, xr));
+    CHECK_MSG(conv_grad_diff(xf, xr) <= 1e-5, "dx (written over) differs by %g", conv_grad_diff(xf, xr));
     CHECK_MSG(conv_grad_diff(w, wr) <= 1e-4, "dw differs by %g", conv_grad_diff(w, wr));
     CHECK(!b || conv_grad_diff(b, br) <= 1e-4);
     test_destroy(ctx);
