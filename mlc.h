@@ -8089,18 +8089,32 @@ typedef struct mlc__depthwise_job {
 
 #if MLC__X86                            /* (for the AVX-512 kernels below) */
 /* dst (`rows` rows of `cols` floats, then zeros up to `floats` in all) = the plane src [R, C] with
-   its row r and column c at dst's row r + top and column c + left, zeros around it (top and left
-   may be negative: what falls outside dst is left out) */
+   its row r and column c at dst's row r·spread + top and column c·spread + left (spread 1, or 2:
+   a zero between each two), zeros around it (top and left may be negative: what falls outside
+   dst is left out) */
+__attribute__((target("avx512f,avx2,fma")))
 static void mlc__plane_place(float *dst, int rows, int cols, size_t floats, const float *src, int R, int C,
-                             int top, int left) {
-    const int c0 = left < 0 ? -left : 0, c1 = C < cols - left ? C : cols - left;   /* src's columns kept */
+                             int top, int left, int spread) {
+    const int c0 = left < 0 ? (-left + spread - 1) / spread : 0,            /* src's columns kept */
+              c1 = C < (cols - left + spread - 1) / spread ? C : (cols - left + spread - 1) / spread;
     size_t k;
-    int r;
+    int r, c;
     for (r = 0; r < rows; r++) {
         float *to = dst + (size_t)r * cols;
-        const int from = r - top;
-        if (from < 0 || from >= R || c1 <= c0) {
+        const int from = (r - top) / spread,
+                  inside = r >= top && (r - top) % spread == 0 && from < R && c0 < c1;
+        if (!inside || spread > 1)
             for (k = 0; k < (size_t)cols; k++) to[k] = 0.0f;
+        if (!inside) continue;
+        if (spread > 1) {                    /* eight floats at a time, a zero after each */
+            const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            for (c = c0; c < c1; c += 8) {
+                const int m = c1 - c < 8 ? c1 - c : 8;
+                const __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1),
+                                                       src + (size_t)from * C + c);
+                _mm512_mask_storeu_ps(to + 2 * c + left, (__mmask16)((1u << (2 * m - 1)) - 1),
+                                      _mm512_maskz_permutexvar_ps((__mmask16)0x5555, twice, v));
+            }
             continue;
         }
         for (k = 0; k < (size_t)(c0 + left); k++) to[k] = 0.0f;
@@ -8131,14 +8145,6 @@ static inline __m512 mlc__load16_strided(const float *p, int n, int s) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     if (s == 1) return mlc__load16(p, n);
     return _mm512_permutex2var_ps(mlc__load16(p, 2 * n - 1), even, mlc__load16(p + 16, 2 * n - 17));
-}
-
-/* The end of the whole blocks of 16 outputs from lo (below hi) whose loads need no mask: with
-   stride 2 the 32 floats of a block's last tap (offset top) must lie inside the row of W */
-static int mlc__depthwise_whole_end(int lo, int hi, int s, int top, int W) {
-    int end = lo + (hi - lo) / 16 * 16;
-    while (s == 2 && end > lo && 2 * (end - 16) + top + 31 > W - 1) end -= 16;
-    return end;
 }
 
 /* 16 outputs at p with stride s (1, or 2: the even floats of 32), whole (plain loads) */
@@ -8304,7 +8310,7 @@ static void mlc__depthwise_planes(void *arg, int slot, size_t begin, size_t end)
 #if MLC__X86
         if (padded) {
             mlc__plane_place(padded, cv->H + 2 * cv->ph, Wp, job->padded_floats, x, cv->H, cv->W, cv->ph,
-                             cv->pw);
+                             cv->pw, 1);
             mlc__depthwise_3_padded(cv, padded, Wp, w, b, job->y + pl * cv->OH * cv->OW,
                                     pl + 1 < end ? x + (size_t)cv->H * cv->W : NULL);
             continue;
@@ -8339,156 +8345,38 @@ static float mlc__dot_strided(const float *a, const float *b, int n, int s) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #if MLC__X86
-/* dx[t] += Σ_j w[j] g[ow] over t = 2·ow + off_j, stride 2, one input row: the even and the odd
-   columns apart, each a sum of g at fixed shifts (tap j adds w[j] g[k - m_j] to the columns
-   2k + p_j, off_j = 2·m_j + p_j), 16 k at a time where every tap reaches, interleaved into 32
-   columns of dx with one load and store; the other columns one at a time */
-__attribute__((target("avx512f,avx2,fma")))
-static void mlc__depthwise_dx_stride2(const mlc__depthwise_job *job, float *d, const float *g, const float *w,
-                                      const int *off) {
-    const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
-                  high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    const int W = job->cv->W;
-    int parity[3], shift[3], klo = 0, khi = W / 2, k, j;
-    for (j = 0; j < 3; j++) {
-        parity[j] = off[j] & 1;
-        shift[j] = (off[j] - parity[j]) / 2;
-        klo = job->first[j] + shift[j] > klo ? job->first[j] + shift[j] : klo;
-        khi = job->last[j] + shift[j] < khi ? job->last[j] + shift[j] : khi;
-    }
-    khi = klo + (khi > klo ? (khi - klo) / 16 * 16 : 0);      /* whole blocks only */
-    for (k = klo; k < khi; k += 16) {
-        __m512 even = _mm512_setzero_ps(), odd = even;
-        for (j = 0; j < 3; j++) {
-            const __m512 v = _mm512_mul_ps(_mm512_set1_ps(w[j]), _mm512_loadu_ps(g + k - shift[j]));
-            if (parity[j]) odd = _mm512_add_ps(odd, v);
-            else even = _mm512_add_ps(even, v);
-        }
-        _mm512_storeu_ps(d + 2 * k, _mm512_add_ps(_mm512_loadu_ps(d + 2 * k),
-                                                  _mm512_permutex2var_ps(even, low, odd)));
-        _mm512_storeu_ps(d + 2 * k + 16, _mm512_add_ps(_mm512_loadu_ps(d + 2 * k + 16),
-                                                       _mm512_permutex2var_ps(even, high, odd)));
-    }
-    for (j = 0; j < 3; j++) {                  /* the other columns: ow before a and from b, tap by tap */
-        const int x0 = 2 * klo - off[j], x1 = 2 * khi - off[j];
-        int a = x0 >= 0 ? (x0 + 1) / 2 : -(-x0 / 2), b = x1 >= 0 ? (x1 + 1) / 2 : -(-x1 / 2), ow;
-        a = a < job->first[j] ? job->first[j] : a > job->last[j] ? job->last[j] : a;
-        b = b < a ? a : b > job->last[j] ? job->last[j] : b;
-        for (ow = job->first[j]; ow < a; ow++) d[2 * ow + off[j]] += w[j] * g[ow];
-        for (ow = b; ow < job->last[j]; ow++) d[2 * ow + off[j]] += w[j] * g[ow];
-    }
-}
-
-/* One plane of a 3x3 depthwise backward (stride 1 or 2), kernel row i at a time over the plane:
-   gw[i·3 + j] += Σ g[oh, ow] x[ih, ow·s + off_j] in three running sums of 16 (whole blocks of the
-   columns every tap reaches with plain loads, the rest masked, the edges one at a time), and
-   with stride 1 dx[ih, t] += Σ_j w[i·3 + j] g[oh, t - off_j] over the columns all three taps
-   reach (one load and store of dx per 16); with stride 2, dx tap by tap. gx and gw may be NULL. */
-__attribute__((target("avx512f,avx2,fma")))
-static void mlc__depthwise_plane_backward_avx512(const mlc__depthwise_job *job, const float *dy,
-                                                 const float *x, float *gx, const float *w, float *gw) {
-    const mlc__conv *cv = job->cv;
-    const int s = cv->sw, lo = job->lo, hi = job->hi, W = cv->W;
-    int off[3], tlo = 0, thi = W, whole, oh, i, j, ow, t;
-    for (j = 0; j < 3; j++) {
-        off[j] = j * cv->dw - cv->pw;           /* dx columns t = ow + off_j that tap j reaches (stride 1) */
-        tlo = job->first[j] + off[j] > tlo ? job->first[j] + off[j] : tlo;
-        thi = job->last[j] + off[j] < thi ? job->last[j] + off[j] : thi;
-    }
-    if (tlo > thi) tlo = thi;
-    whole = mlc__depthwise_whole_end(lo, hi, s, off[2], W);
-    for (i = 0; i < 3; i++) {
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0;
-        float edge[3] = { 0.0f, 0.0f, 0.0f };
-        for (oh = 0; oh < cv->OH; oh++) {
-            const int ih = oh * cv->sh + i * cv->dh - cv->ph;
-            const float *g, *in;
-            float *d;
-            if (ih < 0 || ih >= cv->H) continue;         /* (before the row's address is formed) */
-            g = dy + (size_t)oh * cv->OW; in = x + (size_t)ih * W;
-            d = gx ? gx + (size_t)ih * W : NULL;
-            for (ow = lo; gw && ow < whole; ow += 16) {
-                const __m512 gv = _mm512_loadu_ps(g + ow);
-                acc0 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[0], s), acc0);
-                acc1 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[1], s), acc1);
-                acc2 = _mm512_fmadd_ps(gv, mlc__load16_whole(in + ow * s + off[2], s), acc2);
-            }
-            for (; gw && ow < hi; ow += 16) {
-                const int n = hi - ow < 16 ? hi - ow : 16;
-                const __m512 gv = mlc__load16(g + ow, n);
-                acc0 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[0], n, s), acc0);
-                acc1 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[1], n, s), acc1);
-                acc2 = _mm512_fmadd_ps(gv, mlc__load16_strided(in + ow * s + off[2], n, s), acc2);
-            }
-            for (ow = 0; gw && ow < cv->OW; ow++) {                 /* gw's edge columns */
-                if (ow == lo && lo < hi) { ow = hi - 1; continue; }
-                for (j = 0; j < 3; j++)
-                    if (ow >= job->first[j] && ow < job->last[j]) edge[j] += g[ow] * in[ow * s + off[j]];
-            }
-            if (d && s == 1) {
-                const __m512 w0 = _mm512_set1_ps(w[i * 3]), w1 = _mm512_set1_ps(w[i * 3 + 1]),
-                             w2 = _mm512_set1_ps(w[i * 3 + 2]);
-                for (t = tlo; t + 16 <= thi; t += 16) {
-                    __m512 v = _mm512_loadu_ps(d + t);
-                    v = _mm512_fmadd_ps(w0, _mm512_loadu_ps(g + t - off[0]), v);
-                    v = _mm512_fmadd_ps(w1, _mm512_loadu_ps(g + t - off[1]), v);
-                    v = _mm512_fmadd_ps(w2, _mm512_loadu_ps(g + t - off[2]), v);
-                    _mm512_storeu_ps(d + t, v);
-                }
-                if (t < thi) {                                       /* the last, part of 16 */
-                    __m512 v = mlc__load16(d + t, thi - t);
-                    v = _mm512_fmadd_ps(w0, mlc__load16(g + t - off[0], thi - t), v);
-                    v = _mm512_fmadd_ps(w1, mlc__load16(g + t - off[1], thi - t), v);
-                    v = _mm512_fmadd_ps(w2, mlc__load16(g + t - off[2], thi - t), v);
-                    _mm512_mask_storeu_ps(d + t, (__mmask16)((1u << (thi - t)) - 1), v);
-                }
-                for (t = 0; t < W; t++) {                            /* dx's edge columns */
-                    if (t == tlo && tlo < thi) { t = thi - 1; continue; }
-                    for (j = 0; j < 3; j++)
-                        if (t - off[j] >= job->first[j] && t - off[j] < job->last[j])
-                            d[t] += w[i * 3 + j] * g[t - off[j]];
-                }
-            } else if (d)
-                mlc__depthwise_dx_stride2(job, d, g, w + i * 3, off);
-        }
-        if (gw) {                                           /* the lanes in mlc__sum8's order */
-            float lanes[48];
-            _mm512_storeu_ps(lanes, acc0);
-            _mm512_storeu_ps(lanes + 16, acc1);
-            _mm512_storeu_ps(lanes + 32, acc2);
-            for (j = 0; j < 3; j++) gw[i * 3 + j] += mlc__sum8(lanes + 16 * j, 16) + edge[j];
-        }
-    }
-}
-
-/* dW[i, j] += Σ_{oh, ow} dy[oh, ow] xp[oh + i, ow + j] (3x3, stride and dilation 1) over the R
-   output rows from oh0, into nine running vectors acc[i·3 + j], xp being x zero-padded (rows Wp
-   apart): each input row's three taps loaded once for the R rows of dy that reach it. Lanes past
-   OW are masked off in dy and xp alike (so an infinity past a row's end reaches no sum). */
+/* dW[i, j] += Σ_{oh, ow} dy[oh, ow] xp[oh·s + i, ow·s + j] (3x3, stride s 1 or 2, dilation 1)
+   over the R output rows from oh0, into nine running vectors acc[i·3 + j], xp being x zero-padded
+   (rows Wp apart): each input row's three taps loaded once for the R rows of dy that reach it.
+   Lanes past OW are masked off in dy and xp alike (so an infinity past a row's end reaches no
+   sum). */
 __attribute__((target("avx512f,avx2,fma"), always_inline))
 static inline void mlc__depthwise_3_gw_rows(const float *dy, int OW, const float *xp, int Wp, int oh0,
-                                            __m512 *acc, const int R) {
+                                            __m512 *acc, const int R, const int s) {
     int ow, q, i, j, k;
     for (ow = 0; ow < OW; ow += 16) {
         __m512 g[4];
         _Pragma("GCC unroll 4") for (k = 0; k < R; k++)
             g[k] = mlc__load16(dy + (size_t)(oh0 + k) * OW + ow, OW - ow);
-        _Pragma("GCC unroll 6") for (q = 0; q < R + 2; q++)
+        _Pragma("GCC unroll 9") for (q = 0; q < (R - 1) * s + 3; q++)
             _Pragma("GCC unroll 3") for (j = 0; j < 3; j++) {
-                const __m512 v = mlc__load16(xp + (size_t)(oh0 + q) * Wp + ow + j, OW - ow);
+                const float *p = xp + (size_t)(oh0 * s + q) * Wp + (size_t)ow * s + j;
+                const __m512 v = OW - ow >= 16 ? mlc__load16_whole(p, s) : mlc__load16_strided(p, OW - ow, s);
                 _Pragma("GCC unroll 4") for (k = 0; k < R; k++)
                     _Pragma("GCC unroll 3") for (i = 0; i < 3; i++)
-                        if (k + i == q) acc[i * 3 + j] = _mm512_fmadd_ps(g[k], v, acc[i * 3 + j]);
+                        if (k * s + i == q) acc[i * 3 + j] = _mm512_fmadd_ps(g[k], v, acc[i * 3 + j]);
             }
     }
 }
 
-/* Channel c's backward over every image for a 3x3 kernel at stride 1 and dilation 1, through
-   zero-padded copies as the forward: with xp, x padded by p, and dyp, dy padded by 2 - p (cut
-   where p > 2; (H + 2) x (W + 2)),
-     dW[i, j] += Σ_oh dy[oh, :] · xp[oh + i, j :]                (nine running vectors, four rows of
+/* Channel c's backward over every image for a 3x3 kernel at stride s (1 or 2, the same down and
+   across) and dilation 1, through zero-padded copies as the forward: with xp, x padded by p, and
+   dyp, dy spread out by s (s - 1 zeros between neighbours) and padded by 2 - p (cut where p > 2;
+   (H + 2) x (W + 2)),
+     dW[i, j] += Σ_oh dy[oh, :] · xp[oh·s + i, j :: s]           (nine running vectors, four rows of
                                                                  dy at a time)
-     dx[h, t]  = Σ_ij w[2 - i, 2 - j] dyp[h + i, t + j]           (the forward's kernel, w flipped)
+     dx[h, t]  = Σ_ij w[2 - i, 2 - j] dyp[h + i, t + j]           (the forward's kernel at stride 1,
+                                                                 w flipped)
    dx written straight into gx when gx is fresh, else into scratch and added. */
 __attribute__((target("avx512f,avx2,fma")))
 static void mlc__depthwise_padded_backward(const mlc__depthwise_job *job, float *scratch, size_t c) {
@@ -8503,7 +8391,7 @@ static void mlc__depthwise_padded_backward(const mlc__depthwise_job *job, float 
     float lanes[16];
     int n, oh, k;
     size_t t;
-    transposed.OH = H; transposed.OW = W; transposed.relu = 0;
+    transposed.OH = H; transposed.OW = W; transposed.relu = 0; transposed.sh = transposed.sw = 1;
     for (k = 0; k < 9; k++) acc[k] = _mm512_setzero_ps();
     for (n = 0; n < cv->N; n++) {
         const size_t pl = (size_t)n * cv->C + c;
@@ -8515,12 +8403,16 @@ static void mlc__depthwise_padded_backward(const mlc__depthwise_job *job, float 
         }
         if (job->gb) job->gb[c] += mlc__sum8(dy, P);
         if (job->gw) {
-            mlc__plane_place(xp, H + 2 * cv->ph, Wp, xp_floats, x, H, W, cv->ph, cv->pw);
-            for (oh = 0; oh + 4 <= OH; oh += 4) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 4);
-            for (; oh < OH; oh++) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 1);
+            mlc__plane_place(xp, H + 2 * cv->ph, Wp, xp_floats, x, H, W, cv->ph, cv->pw, 1);
+            for (oh = 0; oh + 4 <= OH; oh += 4)
+                if (cv->sw == 1) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 4, 1);
+                else mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 4, 2);
+            for (; oh < OH; oh++)
+                if (cv->sw == 1) mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 1, 1);
+                else mlc__depthwise_3_gw_rows(dy, OW, xp, Wp, oh, acc, 1, 2);
         }
         if (!gx) continue;
-        mlc__plane_place(dyp, H + 2, W + 2, dyp_floats, dy, OH, OW, 2 - cv->ph, 2 - cv->pw);
+        mlc__plane_place(dyp, H + 2, W + 2, dyp_floats, dy, OH, OW, 2 - cv->ph, 2 - cv->pw, cv->sw);
         mlc__depthwise_3_padded(&transposed, dyp, W + 2, flipped, 0.0f, job->gx_overwrite ? gx : dx, NULL);
         if (!job->gx_overwrite) MLC__VECTOR_LOOP(t, 0, (size_t)H * W, { gx[t] += dx[t]; });
     }
@@ -8559,12 +8451,6 @@ static void mlc__depthwise_channels_backward(void *arg, int slot, size_t begin, 
             }
             if (job->gb) job->gb[c] += mlc__sum8(dy, P);
             if (gx && job->gx_overwrite) memset(gx, 0, (size_t)cv->H * cv->W * sizeof(float));
-#if MLC__X86
-            if (job->avx512) {
-                mlc__depthwise_plane_backward_avx512(job, dy, x, gx, w, job->gw ? job->gw + c * T : NULL);
-                continue;
-            }
-#endif
             for (oh = 0; oh < cv->OH; oh++)
                 for (i = 0; i < cv->KH; i++) {
                     const int ih = oh * cv->sh + i * cv->dh - cv->ph;
@@ -8602,7 +8488,7 @@ static int mlc__conv_depthwise(mlc_ctx *ctx, mlc__depthwise_job *job, int backwa
     job->avx512 = cv->KH == 3 && cv->KW == 3 && (cv->sw == 1 || cv->sw == 2)
                   && __builtin_cpu_supports("avx512f");
 #endif
-    if (backward && job->avx512 && cv->sh == 1 && cv->sw == 1 && cv->dh == 1 && cv->dw == 1)
+    if (backward && job->avx512 && cv->sh == cv->sw && cv->dh == 1 && cv->dw == 1)
         job->padded_floats = (size_t)(cv->H + 2 * cv->ph) * (cv->W + 2 * cv->pw) + 64       /* xp */
                              + (size_t)(cv->H + 2) * (cv->W + 2) + 64                      /* dyp */
                              + plane + (size_t)cv->H * cv->W;                             /* dy, dx */

@@ -103,6 +103,36 @@ static mlc_tensor *f_pointwise(mlc_tensor **in, void *user) {
     return mlc_conv2d(in[0], in[1], in[2], opts);
 }
 
+/* An infinity in x reaches the weight gradients of the taps that read it and no other: x[0, 0, 2, 0]
+   is read by kernel columns 0 and 1 only (padding 1), so dW[:, 2] stays finite, at stride 1 and
+   2, in planes wider than a vector (the lanes past a row's end read the next row's first floats) */
+static int depthwise_infinity_reaches_only_its_taps(void) {
+    for (int stride = 1; stride <= 2; stride++) {
+        mlc_ctx *ctx = test_ctx(15);
+        float xs[6 * 40];
+        for (int i = 0; i < 6 * 40; i++) xs[i] = (float)(i % 7) * 0.25f - 0.5f;
+        xs[2 * 40] = INFINITY;
+        mlc_tensor *x = mlc_from_data(ctx, MLC_SHAPE(1, 1, 6, 40), xs);
+        mlc_tensor *w = mlc_requires_grad(mlc_full(ctx, MLC_SHAPE(1, 1, 3, 3), 0.5f), 1);
+        mlc_conv_opts opts = { stride, 1, 1, 1, 0, 0, 0 };
+        CHECK(x && w);
+        CHECK(mlc_backward(mlc_sum_all(mlc_conv2d(x, w, NULL, opts))) == MLC_OK);
+        const float *gw = mlc_host_grad(w);
+        CHECK(gw != NULL);
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {     /* tap (i, j) reads x[2, 0] at output (oh, ow) = */
+                int oh = (2 + 1 - i) / stride, ow = (0 + 1 - j) / stride,
+                    reads = (2 + 1 - i) % stride == 0 && (1 - j) % stride == 0 && oh >= 0 && ow >= 0
+                            && 1 - j >= 0;
+                CHECK_MSG((!isfinite(gw[i * 3 + j])) == reads, "stride %d: dW[%d, %d] = %g", stride, i, j,
+                          gw[i * 3 + j]);
+            }
+        CHECK(isfinite(gw[2]) && isfinite(gw[5]) && isfinite(gw[8]));
+        test_destroy(ctx);
+    }
+    return 1;
+}
+
 static int depthwise_and_pointwise_gradcheck(void) {
     mlc_ctx *ctx = test_ctx(12);
     mlc_gradcheck_opts tol = { 5e-3, 2e-3, 1e-2 };
@@ -292,6 +322,7 @@ static int packed_weight_split_between_threads(void) {
 const test_case tests_conv[] = {
     TEST(conv2d_relu6_matches_conv_then_relu6)
     TEST(depthwise_matches_per_channel_convs)
+    TEST(depthwise_infinity_reaches_only_its_taps)
     TEST(depthwise_and_pointwise_gradcheck)
     TEST(pointwise_matches_matmul)
     TEST(packed_weight_follows_writes)
