@@ -67,12 +67,13 @@ BOUND_TESTS := threads.
 #     finds a NaN through its window's sum; clang folds that test), grad.grad_relu_family_at_nan
 #     (gradients at NaN: fast-math may fold "x <= 0" as if no NaN came),
 #     quant.quantize_rounds_to_nearest_even (a NaN quantizes to the zero point through a compare
-#     that fast-math may fold);
+#     that fast-math may fold), conv.depthwise_infinity_reaches_only_its_taps (isfinite is folded
+#     to true);
 #   clang only, sums reordered past the tests' 1e-6: ops.softmax_axes, optim.adam_l2_versus_adamw.
 # (mlc's tanh holds under fast-math: its tests run here.)
 FASTMATH_LEFT_OUT := ops.maps_propagate_nan_and_pow_zero_has_zero_gradient \
     ops.nan_in_max_argmax_and_max_pool ops.softmax_axes optim.adam_l2_versus_adamw grad.grad_relu_family_at_nan \
-    quant.quantize_rounds_to_nearest_even
+    quant.quantize_rounds_to_nearest_even conv.depthwise_infinity_reaches_only_its_taps
 
 $(BUILD)/test-fastmath: tests/*.c tests/test.h mlc.h examples/backend_skeleton.c examples/mobilenet_model.h | $(BUILD)
 	$(CC) $(CFLAGS) -ffast-math -g -I. -o $@ tests/*.c $(TEST_BLAS) $(LDLIBS)

@@ -8062,9 +8062,11 @@ static void mlc__col2im(const mlc__conv *cv, int channels, const float *col, flo
    mlc__conv_span. Forward shares the planes (n, c) out between threads; backward shares the
    channels, each thread going through every image of its own, so dw and db are summed in one
    order whatever the thread count. A fused activation is applied row by row, and backward takes
-   each plane's g·activation' into the thread's scratch. With AVX-512 a 3x3 forward copies each
-   plane into the thread's scratch with its zero padding around it, so that every output is the
-   same nine FMAs, with no edges to treat apart. */
+   each plane's g·activation' into the thread's scratch. With AVX-512 a 3x3 kernel at stride 1
+   or 2 copies each plane into the thread's scratch with its zero padding around it, so that every
+   output is the same nine FMAs with no edges to treat apart; its backward (dilation 1, the same
+   stride down and across) takes dW from x's padded copy and dx as a forward convolution of dy,
+   padded (and spread out by the stride), with the kernel flipped. */
 #define MLC__DEPTHWISE_MAX_K 16             /* kernel rows and columns the fast path takes */
 static int mlc__conv_depthwise_fits(const mlc__conv *cv) {
     return cv->groups == cv->C && cv->O == cv->C && cv->KH <= MLC__DEPTHWISE_MAX_K
@@ -8076,13 +8078,13 @@ typedef struct mlc__depthwise_job {
     const float *x, *w, *bias, *dy;
     float *y, *gx, *gw, *gb;
     float *scratch;                     /* per thread: backward with an activation, a plane of g·act';
-                                           forward on small planes, the input plane zero-padded */
+                                           with AVX-512, padded_floats */
     size_t padded_floats;               /* per thread, forward: a padded plane (Hp x Wp) and 64 + 2·dw
                                            floats beside; backward through padded planes
                                            (mlc__depthwise_padded_backward): xp, dyp, a masked dy, dx */
     int gx_overwrite;                   /* backward: gx is fresh, each plane written over */
-    int avx512;                         /* 3x3 kernels: forward through a zero-padded copy of each plane
-                                           (mlc__depthwise_3_padded), backward in 16 lanes */
+    int avx512;                         /* 3x3 kernels at stride 1 or 2 across: forward through a
+                                           zero-padded copy of each plane (mlc__depthwise_3_padded) */
     int first[MLC__DEPTHWISE_MAX_K], last[MLC__DEPTHWISE_MAX_K];   /* column j's span */
     int lo, hi;                         /* the output columns every column of the kernel reaches */
 } mlc__depthwise_job;
