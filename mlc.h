@@ -8160,8 +8160,8 @@ static inline __m512 mlc__load16_whole(const float *p, int s) {
 /* A plane's 3x3 outputs y [OH, OW] from its zero-padded copy (rows Wp apart, read past their ends:
    mlc__depthwise_job's padded_floats; lanes past OW are not stored), four output rows at a time
    (past OH: the last again, stored twice) a block of 16 columns at a time: four chains of FMAs side
-   by side, the nine weights in registers. Each sum in mlc__depthwise_row's order (b, then w[i][j] by
-   row and column; the padding adds zeros). Stride s is a constant in each of the two copies. */
+   by side, the nine weights in registers. Each sum b, then w[i][j] by row and column (the padding
+   adding zeros). Stride s is a constant in each of the two copies. */
 __attribute__((target("avx512f,avx2,fma"), always_inline))
 static inline void mlc__depthwise_3_strips(const mlc__conv *cv, const float *padded, int Wp, const float *w,
                                            float b, float *y, const int s) {

@@ -30,12 +30,13 @@ static double conv_grad_diff(mlc_tensor *a, mlc_tensor *b) {
     return ga && gb ? conv_max_diff(mlc_from_data(a->ctx, a->ndim, a->shape, ga), gb, b->size) : INFINITY;
 }
 
-/* One depthwise case: x [N, C, H, W], kernel K, stride, padding, dilation; bias or none */
-static int depthwise_case(int N, int C, int H, int W, int K, int stride, int padding, int dilation,
-                          int bias) {
+/* One depthwise case: x [N, C, H, W], kernel K, stride (across: stride_w, 0 for the same),
+   padding, dilation; bias or none */
+static int depthwise_case_strides(int N, int C, int H, int W, int K, int stride, int stride_w, int padding,
+                                  int dilation, int bias) {
     mlc_ctx *ctx = test_ctx(11);
-    mlc_conv_opts opts = { stride, padding, dilation, C, 0, 0, 0 };
-    mlc_conv_opts one = { stride, padding, dilation, 1, 0, 0, 0 };
+    mlc_conv_opts opts = { stride, padding, dilation, C, stride_w, 0, 0 };
+    mlc_conv_opts one = { stride, padding, dilation, 1, stride_w, 0, 0 };
     mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, H, W)), *w = conv_rand(ctx, MLC_SHAPE(C, 1, K, K));
     mlc_tensor *b = bias ? conv_rand(ctx, MLC_SHAPE(C)) : NULL, *parts[16], *y, *ref, *r;
     mlc_tensor *xr = conv_twin(x), *wr = conv_twin(w), *br = conv_twin(b);
@@ -69,6 +70,11 @@ static int depthwise_case(int N, int C, int H, int W, int K, int stride, int pad
     return 1;
 }
 
+static int depthwise_case(int N, int C, int H, int W, int K, int stride, int padding, int dilation,
+                          int bias) {
+    return depthwise_case_strides(N, C, H, W, K, stride, 0, padding, dilation, bias);
+}
+
 static int depthwise_matches_per_channel_convs(void) {
     return depthwise_case(2, 5, 9, 11, 3, 1, 1, 1, 1)          /* MobileNet's two */
         && depthwise_case(2, 5, 9, 11, 3, 2, 1, 1, 0)
@@ -89,7 +95,9 @@ static int depthwise_matches_per_channel_convs(void) {
         && depthwise_case(1, 3, 9, 56, 3, 2, 1, 1, 0)         /* 10, four at a time */
         && depthwise_case(2, 3, 17, 40, 3, 2, 2, 2, 1)        /* stride 2 and dilation 2 */
         && depthwise_case(1, 3, 5, 40, 3, 2, 1, 1, 1)         /* 3 output rows: fewer than a strip */
-        && depthwise_case(1, 2, 30, 30, 3, 1, 1, 1, 1);       /* 30 rows: the last strip moved up */
+        && depthwise_case(1, 2, 30, 30, 3, 1, 1, 1, 1)        /* 30 rows: the last strip moved up */
+        && depthwise_case_strides(2, 3, 12, 20, 3, 2, 1, 1, 1, 1)   /* 2 down, 1 across */
+        && depthwise_case_strides(2, 3, 12, 40, 3, 1, 2, 1, 1, 1);  /* 1 down, 2 across */
 }
 
 static mlc_tensor *f_depthwise(mlc_tensor **in, void *user) {
