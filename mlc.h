@@ -8194,7 +8194,8 @@ static inline void mlc__depthwise_3_strips(const mlc__conv *cv, const float *pad
         }
     }
 }
-/* The same sums where the kernel's rows are adjacent (dh 1) and OH >= 4: a strip of four output
+/* The same sums where the kernel's rows are adjacent (dh 1), the stride is the same down and across
+   and OH >= 4 (mlc__depthwise_3_padded picks; the kernel above takes the rest): a strip of four output
    rows (the last strip moved up to end at OH) reads each input row's three taps once and adds them
    to every output row they reach, in the same order (i, then j); meanwhile it fetches the next
    plane's x (when there is one) into the cache, a strip's share at a time, so that the copy of
