@@ -213,11 +213,18 @@ plaidbench: $(BUILD)/plaidbench
 	mkdir -p "$$POCL_CACHE_DIR"
 	PYTHON=$(INTEROP_PYTHON) ./$(BUILD)/plaidbench $(PLAIDBENCH_FLAGS)
 
-# mlc on a GPU through OpenCL against PyTorch's CUDA on the same GPU (bench/gpu.sh): the suite
-# on the GPU, sgemm and one training step. bench-gpu-build makes the two binaries (no OpenBLAS,
-# no OpenMP: they run on another machine too) and puts Debian's libOpenCL.so.1 beside them.
+# mlc on a GPU through OpenCL against PyTorch's CUDA on the same GPU (bench/gpu.sh): sgemm,
+# training steps, plaidbench, MobileNetV2 against torchvision, the suite on the GPU.
+# bench-gpu-build makes the binaries (no OpenBLAS, no OpenMP: they run on another machine too),
+# puts Debian's libOpenCL.so.1 beside them and, where make test-interop wrote them, the
+# MobileNetV2 reference files in $(BUILD)/gpu-data.
 bench-gpu-build: | $(BUILD)
 	$(CC) -O2 -std=c99 $(NO_PSABI) -I. -DMLC_OPENCL -o $(BUILD)/bench-gpu bench/gpu.c $(LDLIBS) $(LDL)
+	$(CC) -O2 -std=c99 $(NO_PSABI) -I. -Iexamples -DMLC_OPENCL -o $(BUILD)/plaidbench-gpu bench/plaidbench.c \
+	    $(LDLIBS) $(LDL)
+	$(CC) -O2 -std=c99 $(NO_PSABI) -I. -DMLC_OPENCL -o $(BUILD)/mobilenet-gpu examples/mobilenet.c $(LDLIBS) $(LDL)
+	mkdir -p $(BUILD)/gpu-data && cp $(BUILD)/interop-data/mobilenet035.* $(BUILD)/interop-data/mobilenet100.* \
+	    $(BUILD)/gpu-data/ 2>/dev/null || true
 	$(CC) -O2 -g -std=c99 $(NO_PSABI) -I. -DMLC_OPENCL -DMLC_OPENCL_CONV_SCRATCH=1000 \
 	    -o $(BUILD)/test-opencl-gpu tests/*.c $(LDLIBS) $(LDL)
 	mkdir -p $(BUILD)/ocl && cp -L "$$($(CC) -print-file-name=libOpenCL.so.1)" $(BUILD)/ocl/ 2>/dev/null || \

@@ -2,7 +2,8 @@
    (examples/mobilenet_model.h, torchvision's architecture, random weights), on every device mlc
    sees (the CPU on 1 thread and on all, each OpenCL device), beside PyTorch on the CPU (1 thread
    and all, bench/plaidbench_torch.py, run in the same process tree just before) and PyTorch CUDA
-   when a GPU is there. Rows:
+   when its python has a GPU (the OpenCL rows' peer; with --device opencl:N the PyTorch CPU rows
+   are left out). Rows:
      inference  MobileNetV2 1.0 at 224x224, eval, BatchNorm folded, no tape: batch 1 and batch 16,
                 the first run (warm-up: kernels built, scratch grown) and the median per image
      training   MobileNetV2 0.35 at 96x96, one step at batch 32 (cross entropy, SGD momentum 0.9):
@@ -261,7 +262,10 @@ static int run_torch_best(const char *python, const char *device, int threads, i
     int got = 0;
     for (int k = 0; k < TORCH_TRIES; k++) {
         memset(&t, 0, sizeof t);
-        if (!run_torch(python, device, threads, runs, &t)) continue;
+        if (!run_torch(python, device, threads, runs, &t)) {
+            if (got == 0) return 0;                      /* no such PyTorch here: no more tries */
+            continue;
+        }
         if (got++ == 0) { *r = t; continue; }
         double *best[] = { &r->b1_first, &r->b1, &r->b16_first, &r->b16, &r->train_first, &r->train,
                            &r->b1_cpu, &r->b16_cpu, &r->train_cpu };
@@ -296,20 +300,25 @@ int main(int argc, char **argv) {
         }
     }
     if (cpus < 1) cpus = 1;
-    row rows[MAX_ROWS], torch_rows[3];
-    int n = 0, n_torch = 0, status = 0;
+    row rows[MAX_ROWS], torch_rows[3], cuda;
+    int n = 0, n_torch = 0, status = 0, has_cuda = 0, opencl_only = only && !strncmp(only, "opencl", 6);
     mlc_device_info devices[MAX_DEVICES];
     int count = mlc_devices(devices, MAX_DEVICES);
     double load_before = load_average();
     printf("plaidbench: MobileNetV2 (torchvision's architecture, random weights); %d CPUs online; %d runs "
            "(batch 1: %d)\n", cpus, runs, 4 * runs);
-    if (with_torch)
+    if (with_torch && !opencl_only)
         for (int t = 1; t <= cpus && n_torch < 2; t = t == 1 && cpus > 1 ? cpus : cpus + 1) {
             memset(&torch_rows[n_torch], 0, sizeof(row));
             if (run_torch_best(python, "cpu", t, runs, &torch_rows[n_torch])) n_torch++;
             else printf("  (PyTorch on %d thread%s: not run; python3 with torch and torchvision?)\n", t,
                         t == 1 ? "" : "s");
         }
+    if (with_torch && (!only || opencl_only) && count > 0) {     /* the OpenCL rows' peer */
+        memset(&cuda, 0, sizeof cuda);
+        has_cuda = run_torch_best(python, "cuda", cpus, runs, &cuda);
+        if (!has_cuda) printf("  (PyTorch CUDA: not run; no GPU for this python's torch)\n");
+    }
     for (int d = -2; d < count && d < MAX_DEVICES; d++) {
         char spec[32], why[512] = "";
         int threads = d == -2 ? 1 : d == -1 ? cpus : 0;
@@ -332,6 +341,16 @@ int main(int argc, char **argv) {
            "ms/step");
     for (int i = 0; i < n; i++) print_row(&rows[i]);
     for (int i = 0; i < n_torch; i++) print_row(&torch_rows[i]);
+    if (has_cuda) print_row(&cuda);
+    if (has_cuda) {
+        printf("\n  ratios against PyTorch CUDA (latency, training: mlc / PyTorch, below 1 is mlc faster;\n"
+               "  batch-16 throughput: mlc's images/s over PyTorch's, above 1 is mlc faster)\n");
+        printf("  %-46s %12s %12s %12s\n", "mlc row", "b1 latency", "b16 thrpt", "train step");
+        for (int i = 0; i < n; i++)
+            if (rows[i].threads == 0)
+                printf("  %-46s %11.2fx %11.2fx %11.2fx\n", rows[i].label, rows[i].b1 / cuda.b1,
+                       cuda.b16 / rows[i].b16, rows[i].train / cuda.train);
+    }
     if (n_torch) {
         printf("\n  ratios against PyTorch on the CPU (latency, training: mlc / PyTorch, below 1 is mlc\n"
                "  faster; throughput: mlc / PyTorch, above 1 is mlc faster)\n");

@@ -8,8 +8,12 @@
    data/digits.bin: gather the batch on the GPU, forward, loss, zero_grad, backward, step,
    loss.item(). Median µs of 300 steps after 30 warm-up steps; CUDA kernels per step counted
    by torch.profiler over one step.
+3. the same step at batch 512 for a wide MLP 784-1024-1024-10 and the Fashion-MNIST CNN on
+   4,096 random 784-pixel images with random labels, in float32 and under
+   torch.autocast("cuda", torch.bfloat16) (keys "_bf16"); median of 100 steps after 10.
 Output: "key value" lines, keys prefixed "torch_".
 Usage: python3 bench/torch_gpu.py [data/digits.bin] [sizes, e.g. 256,512,1024] [--gemm-only]"""
+import contextlib
 import statistics
 import sys
 import time
@@ -20,6 +24,7 @@ import torch
 warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
 
 BATCH, WARMUP, TIMED = 32, 30, 300
+WIDE_BATCH, WIDE_IMAGES, WIDE_WARMUP, WIDE_TIMED = 512, 4096, 10, 100
 
 
 def gemm(n):
@@ -55,42 +60,50 @@ def model_of(kind):
     nn = torch.nn
     if kind == "mlp":
         return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    if kind == "wide_mlp":
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    if kind == "fashion_cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)),
+                             nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
     return nn.Sequential(nn.Unflatten(1, (1, 8, 8)),
                          nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Dropout(0.3), nn.Linear(128, 10))
 
 
-def step_bench(kind, x, y, fused):
+def step_bench(kind, x, y, fused, batch=BATCH, amp=None, warmup=WARMUP, timed=TIMED):
     torch.manual_seed(1)
     model = model_of(kind).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2, fused=fused)
-    n = 1500
+    n = min(1500, len(x)) if batch == BATCH else len(x)
     x, y = x[:n].cuda(), y[:n].cuda()
     order = torch.randperm(n, device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(s):
-        b = (s * BATCH) % (n - BATCH)
-        idx = order[b:b + BATCH]
-        loss = loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
+        b = (s * batch) % (n - batch)
+        idx = order[b:b + batch]
+        with torch.autocast("cuda", dtype=amp) if amp is not None else contextlib.nullcontext():
+            loss = loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
         opt.zero_grad()
         loss.backward()
         opt.step()
         return loss.item()
 
     times, first = [], None
-    for s in range(WARMUP + TIMED):
+    for s in range(warmup + timed):
         t0 = time.perf_counter()
         value = step(s)
         t1 = time.perf_counter()
         first = value if first is None else first
-        if s >= WARMUP:
+        if s >= warmup:
             times.append(t1 - t0)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step(0)
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    name = kind + ("_fused" if fused else "")
+    name = kind + ("_bf16" if amp is not None else "") + ("_fused" if fused else "")
     print(f"torch_step_{name}_us {1e6 * statistics.median(times):.1f}")
     print(f"torch_step_{name}_kernels {kernels}")
     print(f"torch_step_{name}_loss {first:.4f} -> {value:.4f}")
@@ -110,6 +123,12 @@ def main():
     for kind in ("mlp", "cnn"):
         for fused in (False, True):
             step_bench(kind, x, y, fused)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(WIDE_IMAGES, 784, generator=g), torch.randint(0, 10, (WIDE_IMAGES,), generator=g)
+    for kind in ("wide_mlp", "fashion_cnn"):
+        for amp in (None, torch.bfloat16):
+            for fused in (False, True):
+                step_bench(kind, x, y, fused, WIDE_BATCH, amp, WIDE_WARMUP, WIDE_TIMED)
 
 
 if __name__ == "__main__":
