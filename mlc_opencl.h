@@ -683,8 +683,35 @@ static const char *const mlc__cl_source[] = {
 "    if (j >= N) return;\n"
 "    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
 "    db[j] = mlc_plus(beta, db + j, s);\n"
+"}\n",
+"/* ---- sums by work-groups: a kernel launched as one work-group per slice (a channel, a weight;\n"
+"   mlc__cl_run_groups) has each work-item sum a share, compensated, then adds the shares in\n"
+"   pairs in local memory (work-groups hold at most 256 items: mlc__cl_kernel). Every item calls\n"
+"   mlc_group_sum, outside any branch: PoCL loses the items' ids after a barrier under a branch,\n"
+"   even one every item takes. ---- */\n"
+"/* a sum a = (s, c) plus v, compensated (Kahan): s - c is the sum */\n"
+"float2 mlc_kahan_add(float2 a, float v) {\n"
+"    float y = v - a.y, t = a.x + y;\n"
+"    return (float2)(t, (t - a.x) - y);\n"
 "}\n"
-"\n"
+"/* the group's Σ (s - c), returned to every work-item; ps, pc: 256 floats of local memory each */\n"
+"float mlc_group_sum(float2 a, __local float *ps, __local float *pc) {\n"
+"    int id = get_local_id(0), L = get_local_size(0), step;\n"
+"    float total;\n"
+"    ps[id] = a.x; pc[id] = a.y;\n"
+"    barrier(CLK_LOCAL_MEM_FENCE);\n"
+"    for (step = 1; step < L; step *= 2) {\n"
+"        if (id % (2 * step) == 0 && id + step < L) {\n"
+"            float u = ps[id], v = ps[id + step], t = u + v;\n"
+"            ps[id] = t;\n"
+"            pc[id] += pc[id + step] - (fabs(u) >= fabs(v) ? (u - t) + v : (v - t) + u);   /* t's loss */\n"
+"        }\n"
+"        barrier(CLK_LOCAL_MEM_FENCE);\n"
+"    }\n"
+"    total = ps[0] - pc[0];\n"
+"    barrier(CLK_LOCAL_MEM_FENCE);                    /* ps and pc free for the next sum */\n"
+"    return total;\n"
+"}\n",
 "/* ---- convolution over a chunk of nb images: im2col, one GEMM per group, col2im ---- */\n"
 "/* q: C H W KH KW OH OW; r: stride, padding, dilation (height, width) Cg nb (mlc__conv's fields and\n"
 "   the chunk's images); x_off: the chunk's first image, at the group's first channel; col is\n"
@@ -739,17 +766,21 @@ static const char *const mlc__cl_source[] = {
 "    if (to_nop) nop[nop_off + at] = onp[t] + (has_bias ? b[o] : 0.0f);\n"
 "    else onp[t] = nop[nop_off + at];\n"
 "}\n"
-"/* db[o] = Σ_{n, q} dy[n, o, q] + beta db[o] */\n"
+"/* db[o] = Σ_{n, q} dy[n, o, q] + beta db[o]; one work-group per channel o */\n"
 "__kernel void mlc_conv_bias_grad(int N, int O, int P, __global const float *dy, __global float *db,\n"
 "                                 float beta) {\n"
-"    int o = get_global_id(0), n, q;\n"
-"    float s = 0.0f;\n"
-"    if (o >= O) return;\n"
-"    for (n = 0; n < N; n++) for (q = 0; q < P; q++) s += dy[(n * O + o) * P + q];\n"
-"    db[o] = mlc_plus(beta, db + o, s);\n"
+"    __local float ps[256], pc[256];\n"
+"    int o = get_group_id(0), e;\n"
+"    float2 a = (float2)(0.0f);\n"
+"    float s;\n"
+"    for (e = get_local_id(0); e < N * P; e += get_local_size(0))\n"
+"        a = mlc_kahan_add(a, dy[(e / P * O + o) * P + e % P]);\n"
+"    s = mlc_group_sum(a, ps, pc);\n"
+"    if (get_local_id(0) == 0) db[o] = mlc_plus(beta, db + o, s);\n"
 "}\n",
-"/* ---- depthwise convolution (groups = C = O), direct: one work-item an output, an input or a\n"
-"   weight, no im2col and no GEMM per channel. q and r as mlc_im2col's, r.s7 the images N. ---- */\n"
+"/* ---- depthwise convolution (groups = C = O), direct: one work-item an output or an input, a\n"
+"   work-group a weight, no im2col and no GEMM per channel. q and r as mlc_im2col's, r.s7 the\n"
+"   images N. ---- */\n"
 "/* y[n, c, oh, ow] = Σ_{i, j} x[n, c, oh sh - ph + i dh, ow sw - pw + j dw] w[c, i, j] (+ b[c]) */\n"
 "__kernel void mlc_depthwise(int8 q, int8 r, __global const float *x, __global const float *w,\n"
 "                            __global const float *b, int has_bias, __global float *y) {\n"
@@ -795,22 +826,18 @@ static const char *const mlc__cl_source[] = {
 "                                   __global float *dw_, float beta) {\n"
 "    int C = q.s0, H = q.s1, W = q.s2, KH = q.s3, KW = q.s4, OH = q.s5, OW = q.s6, sh = r.s0, sw = r.s1;\n"
 "    int ph = r.s2, pw = r.s3, dh = r.s4, dw = r.s5, N = r.s7;\n"
-"    int at = get_global_id(0), c, i, j, n, oh, ow;\n"
+"    __local float ps[256], pc[256];\n"
+"    int at = get_group_id(0), c, i, j, e;\n"
 "    float sum = 0.0f;\n"
-"    if (at >= C * KH * KW) return;\n"
 "    j = at % KW; i = (at / KW) % KH; c = at / (KW * KH);\n"
-"    for (n = 0; n < N; n++) {\n"
-"        __global const float *xp = x + (n * C + c) * H * W, *dyp = dy + (n * C + c) * OH * OW;\n"
-"        for (oh = 0; oh < OH; oh++) {\n"
-"            int ih = oh * sh - ph + i * dh;\n"
-"            if (ih < 0 || ih >= H) continue;\n"
-"            for (ow = 0; ow < OW; ow++) {\n"
-"                int iw = ow * sw - pw + j * dw;\n"
-"                if (iw >= 0 && iw < W) sum += dyp[oh * OW + ow] * xp[ih * W + iw];\n"
-"            }\n"
-"        }\n"
+"    for (e = get_local_id(0); e < N * OH * OW; e += get_local_size(0)) {   /* image n, output (oh, ow) */\n"
+"        int ow = e % OW, oh = e / OW % OH, n = e / (OW * OH);\n"
+"        int ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;\n"
+"        if (ih >= 0 && ih < H && iw >= 0 && iw < W)\n"
+"            sum += dy[((n * C + c) * OH + oh) * OW + ow] * x[((n * C + c) * H + ih) * W + iw];\n"
 "    }\n"
-"    dw_[at] = mlc_plus(beta, dw_ + at, sum);\n"
+"    sum = mlc_group_sum((float2)(sum, 0.0f), ps, pc);\n"
+"    if (get_local_id(0) == 0) dw_[at] = mlc_plus(beta, dw_ + at, sum);\n"
 "}\n",
 "/* ---- pooling over planes [H, W]; max remembers nothing: backward finds the argmax again ---- */\n"
 "/* v: kernel KH KW, stride SH SW, padding PH PW, is_max, exclude_pad (mlc__pool_job's fields) */\n"
@@ -1121,47 +1148,45 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "    if (want_b) db[j] += sb;\n"
 "}\n"
 "\n"
-"/* batch statistics of channel c over [N, C, inner]: μ and the biased variance */\n"
-"/* s += v, compensated (Kahan): the CPU sums a channel's statistics in double */\n"
-"void mlc_kahan_add(float *s, float *c, float v) {\n"
-"    float y = v - *c, t = *s + y;\n"
-"    *c = (t - *s) - y;\n"
-"    *s = t;\n"
-"}\n"
-"void mlc_channel_stats(__global const float *x, int N, int C, int inner, int c, float *mu, float *var) {\n"
-"    int i, k;\n"
-"    float s = 0.0f, sc = 0.0f, v = 0.0f, vc = 0.0f, M = (float)N * inner;\n"
-"    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) mlc_kahan_add(&s, &sc, x[(i * C + c) * inner + k]);\n"
-"    *mu = s / M;\n"
-"    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) {\n"
-"            float d = x[(i * C + c) * inner + k] - *mu;\n"
-"            mlc_kahan_add(&v, &vc, d * d);\n"
-"        }\n"
-"    *var = v / M;\n"
+"/* [N, C, inner]'s element e of channel c's N inner (image e / inner, place e % inner) */\n"
+"int mlc_channel_at(int e, int C, int inner, int c) { return (e / inner * C + c) * inner + e % inner; }\n"
+"/* batch statistics of channel c over [N, C, inner]: (μ, the biased variance), the work-group's\n"
+"   items summing shares, compensated (the CPU sums a channel's statistics in double) */\n"
+"float2 mlc_channel_stats(__global const float *x, int N, int C, int inner, int c, __local float *ps,\n"
+"                         __local float *pc) {\n"
+"    int e, M = N * inner;\n"
+"    float2 s = (float2)(0.0f), v = (float2)(0.0f);\n"
+"    float mu;\n"
+"    for (e = get_local_id(0); e < M; e += get_local_size(0))\n"
+"        s = mlc_kahan_add(s, x[mlc_channel_at(e, C, inner, c)]);\n"
+"    mu = mlc_group_sum(s, ps, pc) / (float)M;\n"
+"    for (e = get_local_id(0); e < M; e += get_local_size(0)) {\n"
+"        float d = x[mlc_channel_at(e, C, inner, c)] - mu;\n"
+"        v = mlc_kahan_add(v, d * d);\n"
+"    }\n"
+"    return (float2)(mu, mlc_group_sum(v, ps, pc) / (float)M);\n"
 "}\n"
 "\n"
-"/* one work-item per channel: y = (x - μ) r w + b; in training, the running statistics move */\n"
+"/* one work-group per channel: y = (x - μ) r w + b; in training, the running statistics move */\n"
 "__kernel void mlc_batch_norm(int N, int C, int inner, int training, float momentum, float eps,\n"
 "                             __global const float *x, __global const float *w, int has_w, __global const"
 " float *b, int has_b,\n"
 "                             __global float *rmean, int has_rmean, __global float *rvar, int has_rvar,"
 " __global float *y) {\n"
-"    int c = get_global_id(0), i, k;\n"
+"    __local float ps[256], pc[256];\n"
+"    int c = get_group_id(0), first = get_local_id(0) == 0, e;\n"
 "    float mu, var, rs, M = (float)N * inner;\n"
-"    if (c >= C) return;\n"
+"    float2 stats = mlc_channel_stats(x, training ? N : 0, C, inner, c, ps, pc);   /* (eval: no terms) */\n"
 "    if (training) {\n"
-"        mlc_channel_stats(x, N, C, inner, c, &mu, &var);\n"
-"        if (has_rmean) rmean[c] = (1.0f - momentum) * rmean[c] + momentum * mu;\n"
-"        if (has_rvar) rvar[c] = (1.0f - momentum) * rvar[c] + momentum * var * M / (M - 1.0f);\n"
+"        mu = stats.x; var = stats.y;\n"
+"        if (first && has_rmean) rmean[c] = (1.0f - momentum) * rmean[c] + momentum * mu;\n"
+"        if (first && has_rvar) rvar[c] = (1.0f - momentum) * rvar[c] + momentum * var * M / (M - 1.0f);\n"
 "    } else { mu = rmean[c]; var = rvar[c]; }\n"
 "    rs = rsqrt(var + eps);\n"
-"    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) {\n"
-"            int at = (i * C + c) * inner + k;\n"
-"            y[at] = (x[at] - mu) * rs * (has_w ? w[c] : 1.0f) + (has_b ? b[c] : 0.0f);\n"
-"        }\n"
+"    for (e = get_local_id(0); e < N * inner; e += get_local_size(0)) {\n"
+"        int at = mlc_channel_at(e, C, inner, c);\n"
+"        y[at] = (x[at] - mu) * rs * (has_w ? w[c] : 1.0f) + (has_b ? b[c] : 0.0f);\n"
+"    }\n"
 "}\n",
 "/* training: dx = w r (g - mean g - x̂ mean(g x̂)); eval: dx = w r g;  dw = Σ g x̂;  db = Σ g; each\n"
 "   plus its beta (bx, bw, bb) times what it holds */\n"
@@ -1172,29 +1197,30 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "                                  __global float *dx, int want_x, __global float *dw, int want_w, __global"
 " float *db, int want_b,\n"
 "                                  float bx, float bw, float bb) {\n"
-"    int c = get_global_id(0), i, k;\n"
-"    float mu, var, rs, sg = 0.0f, sgx = 0.0f, cg = 0.0f, cgx = 0.0f, wc, M = (float)N * inner;\n"
-"    if (c >= C) return;\n"
-"    if (training) mlc_channel_stats(x, N, C, inner, c, &mu, &var);\n"
-"    else { mu = rmean[c]; var = rvar[c]; }\n"
+"    __local float ps[256], pc[256];\n"
+"    int c = get_group_id(0), first = get_local_id(0) == 0, e;\n"
+"    float mu, var, rs, sg, sgx, wc, M = (float)N * inner;\n"
+"    float2 g_sum = (float2)(0.0f), gx_sum = (float2)(0.0f);\n"
+"    float2 stats = mlc_channel_stats(x, training ? N : 0, C, inner, c, ps, pc);   /* (eval: no terms) */\n"
+"    if (!training) stats = (float2)(rmean[c], rvar[c]);\n"
+"    mu = stats.x; var = stats.y;\n"
 "    rs = rsqrt(var + eps);\n"
 "    wc = has_w ? w[c] : 1.0f;\n"
-"    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) {\n"
-"            int at = (i * C + c) * inner + k;\n"
-"            mlc_kahan_add(&sg, &cg, g[at]);\n"
-"            mlc_kahan_add(&sgx, &cgx, g[at] * (x[at] - mu) * rs);\n"
-"        }\n"
-"    if (want_w) dw[c] = mlc_plus(bw, dw + c, sgx);\n"
-"    if (want_b) db[c] = mlc_plus(bb, db + c, sg);\n"
+"    for (e = get_local_id(0); e < N * inner; e += get_local_size(0)) {\n"
+"        int at = mlc_channel_at(e, C, inner, c);\n"
+"        g_sum = mlc_kahan_add(g_sum, g[at]);\n"
+"        gx_sum = mlc_kahan_add(gx_sum, g[at] * (x[at] - mu) * rs);\n"
+"    }\n"
+"    sg = mlc_group_sum(g_sum, ps, pc);\n"
+"    sgx = mlc_group_sum(gx_sum, ps, pc);\n"
+"    if (first && want_w) dw[c] = mlc_plus(bw, dw + c, sgx);\n"
+"    if (first && want_b) db[c] = mlc_plus(bb, db + c, sg);\n"
 "    if (!want_x) return;\n"
-"    for (i = 0; i < N; i++)\n"
-"        for (k = 0; k < inner; k++) {\n"
-"            int at = (i * C + c) * inner + k;\n"
-"            float d = training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M)\n"
-"                               : wc * rs * g[at];\n"
-"            dx[at] = mlc_plus(bx, dx + at, d);\n"
-"        }\n"
+"    for (e = get_local_id(0); e < N * inner; e += get_local_size(0)) {\n"
+"        int at = mlc_channel_at(e, C, inner, c);\n"
+"        float d = training ? wc * rs * (g[at] - sg / M - (x[at] - mu) * rs * sgx / M) : wc * rs * g[at];\n"
+"        dx[at] = mlc_plus(bx, dx + at, d);\n"
+"    }\n"
 "}\n"
 "\n"
 "/* ---- dropout: the mask comes from a hash of (seed, i), so backward draws the same one ---- */\n"
@@ -1549,6 +1575,14 @@ static int mlc__cl_run(mlc_ctx *ctx, int kernel, size_t n, const mlc__cl_arg *ar
     return mlc__cl_check(ctx,
                          mlc__cl.EnqueueNDRangeKernel(st->queue, k, 1, NULL, &global, &local, 0, NULL, NULL),
                          "clEnqueueNDRangeKernel");
+}
+
+/* Run `kernel` as `groups` work-groups of its work-group size (mlc__cl_kernel): a kernel whose
+   groups each sum one slice (mlc_group_sum) */
+static int mlc__cl_run_groups(mlc_ctx *ctx, int kernel, size_t groups, const mlc__cl_arg *args, int count) {
+    size_t local = 1;
+    if (!ctx->error && groups && !mlc__cl_kernel(ctx, kernel, &local)) return 0;
+    return mlc__cl_run(ctx, kernel, groups * local, args, count);
 }
 
 /* ============================================================================================
@@ -1975,7 +2009,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
         mlc__cl_arg xargs[] = { MLC__CL_ARG(q),  MLC__CL_ARG(r),  MLC__CL_ARG(dy),
                                 MLC__CL_ARG(wm), MLC__CL_ARG(gx), MLC__CL_ARG(bx) };
         mlc__cl_conv_args(cv, cv->N, &q, &r);
-        if (gw && cv->N && !mlc__cl_run(ctx, MLC__CL_K_depthwise_grad_w, w->size, wargs, 6)) return 0;
+        if (gw && cv->N && !mlc__cl_run_groups(ctx, MLC__CL_K_depthwise_grad_w, w->size, wargs, 6)) return 0;
         if (gx && !mlc__cl_run(ctx, MLC__CL_K_depthwise_grad_x, x->size, xargs, 6)) return 0;
     } else if (!(col = mlc__cl_scratch(ctx, (size_t)rows * chunk * P))
                || !(dyg = mlc__cl_scratch(ctx, (size_t)cv->O * chunk * P)))
@@ -2008,7 +2042,7 @@ static int mlc__cl_conv2d_backward(mlc_ctx *ctx, mlc__node *nd) {
         mlc__cl_arg args[] = { MLC__CL_ARG(N), MLC__CL_ARG(O),  MLC__CL_ARG(PP),
                                MLC__CL_ARG(dy), MLC__CL_ARG(gb), MLC__CL_ARG(bb) };
         if (!(gb = mlc__cl_grad_over(ctx, b, &bb))) return 0;
-        if (!mlc__cl_run(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 6)) return 0;
+        if (!mlc__cl_run_groups(ctx, MLC__CL_K_conv_bias_grad, (size_t)cv->O, args, 6)) return 0;
     }
     return 1;
 }
@@ -2219,7 +2253,7 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
                                MLC__CL_ARG(has_rm),   MLC__CL_ARG(rvm),      MLC__CL_ARG(has_rv),
                                MLC__CL_ARG(ym) };
         if (!(ym = mlc__cl_out(ctx, call->out))) return 1;
-        mlc__cl_run(ctx, MLC__CL_K_batch_norm, (size_t)C, args, 16);
+        mlc__cl_run_groups(ctx, MLC__CL_K_batch_norm, (size_t)C, args, 16);
         return 1;
     }
     {
@@ -2236,7 +2270,7 @@ static int mlc__cl_batch_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
         gx = want_x ? mlc__cl_grad_over(ctx, x, &bx) : g;
         gw = want_w ? mlc__cl_grad_over(ctx, w, &bw) : g;
         gb = want_b ? mlc__cl_grad_over(ctx, b, &bb) : g;
-        return gx && gw && gb && mlc__cl_run(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 20);
+        return gx && gw && gb && mlc__cl_run_groups(ctx, MLC__CL_K_batch_norm_grad, (size_t)C, args, 20);
     }
 }
 

@@ -3,12 +3,13 @@
 # Runs bench/gpu.c and bench/torch_gpu.py (sgemm, training steps), plaidbench's MobileNetV2 on the
 # GPU beside PyTorch CUDA, the MobileNetV2 check against torchvision's outputs on the GPU (when
 # build/gpu-data holds tools/export_mobilenet.py's files), then the whole test suite on the GPU
-# (MLC_DEVICE=opencl); logs go to $OUT (default build/gpu-out). Expects the binaries built here by
+# (MLC_DEVICE); logs go to $OUT (default build/gpu-out). Expects the binaries built here by
 # `make bench-gpu-build` (build/test-opencl-gpu, build/bench-gpu, build/plaidbench-gpu,
 # build/mobilenet-gpu) and, where the machine has no OpenCL loader, Debian's libOpenCL.so.1 in
-# build/ocl. Only NVIDIA's OpenCL driver is registered (OCL_ICD_VENDORS: a folder with its entry
-# alone), so that opencl:0 is the GPU even where PoCL is installed too. Arguments go to
-# bench-gpu; with --gemm-only the suite, plaidbench and the training steps are left out.
+# build/ocl. NVIDIA's OpenCL driver is named to the loader alone (OCL_ICD_VENDORS,
+# OCL_ICD_FILENAMES), and the device is picked by kind all the same: the first GPU mlc lists
+# (on the lent H200 the loader still listed PoCL first). Arguments go to bench-gpu; with
+# --gemm-only the suite, plaidbench and the training steps are left out.
 set -u
 out=${OUT:-build/gpu-out}
 mkdir -p "$out"
@@ -21,25 +22,29 @@ lib=$(cat /etc/OpenCL/vendors/nvidia*.icd 2>/dev/null | head -1)
 [ -n "$lib" ] || lib=$(find /usr /lib /lib64 /opt -name 'libnvidia-opencl.so.1' 2>/dev/null | head -1)
 [ -n "$lib" ] || lib=$(find /usr /lib /lib64 /opt -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
 echo "OpenCL driver: ${lib:-none found (the drivers registered here)}"
-[ -z "$lib" ] || { mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd; }
-./build/test-opencl-gpu --devices 2>&1
+[ -z "$lib" ] || { mkdir -p /tmp/icd && echo "$lib" > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd \
+                   OCL_ICD_FILENAMES="$lib"; }
+./build/test-opencl-gpu --devices 2>&1 | tee /tmp/devices.txt
+gpu=$(grep -m1 '(gpu' /tmp/devices.txt | cut -d: -f1)
+export MLC_DEVICE=${MLC_DEVICE:-opencl:${gpu:-0}}
+echo "device: $MLC_DEVICE"
 gemm_only=; case " $* " in *" --gemm-only "*) gemm_only=--gemm-only;; esac
 lines="stdbuf -oL"; command -v stdbuf >/dev/null || lines=
-MLC_DEVICE=${MLC_DEVICE:-opencl} timeout 100 $lines ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1
+timeout 100 $lines ./build/bench-gpu "$@" > "$out/gpu.txt" 2>&1
 echo "bench-gpu rc $?"
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/torch_gpu.py data/digits.bin 256,512,1024,2048,4096 $gemm_only \
     > "$out/torch.txt" 2>&1
 echo "torch_gpu rc $?"
 if [ -z "$gemm_only" ]; then
-    PYTHON=python3 timeout 120 $lines ./build/plaidbench-gpu --device opencl:0 --runs 5 > "$out/plaidbench.txt" 2>&1
+    PYTHON=python3 timeout 120 $lines ./build/plaidbench-gpu --device "$MLC_DEVICE" --runs 5 > "$out/plaidbench.txt" 2>&1
     echo "plaidbench rc $?"; cat "$out/plaidbench.txt"
     for w in 035 100; do
         [ -f build/gpu-data/mobilenet$w.ref.safetensors ] || { echo "no build/gpu-data: no MobileNet check"; break; }
-        timeout 45 ./build/mobilenet-gpu --device opencl --width $(echo $w | sed 's/^0/0./; s/^100$/1.0/') \
+        timeout 45 ./build/mobilenet-gpu --device "$MLC_DEVICE" --width $(echo $w | sed 's/^0/0./; s/^100$/1.0/') \
             --check build/gpu-data/mobilenet$w 2>&1 | tee "$out/mobilenet$w.txt" | tail -12
     done
     start=$(date +%s)
-    MLC_DEVICE=${MLC_DEVICE:-opencl} timeout 200 $lines ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
+    timeout 200 $lines ./build/test-opencl-gpu > "$out/test-opencl.log" 2>&1
     echo "suite on the GPU: rc $? in $(( $(date +%s) - start )) s: $(tail -1 "$out/test-opencl.log")"
     grep -E "^FAIL|fail" "$out/test-opencl.log" | head -20
 fi

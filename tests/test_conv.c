@@ -185,6 +185,35 @@ static int pointwise_matches_matmul(void) {
     return 1;
 }
 
+/* The bias's gradient sums dy over every image and place: for L = Σ y r, db[o] = Σ_{n, p} r[n, o, p];
+   3 images of 12 x 13 places, more than a device's work-group holds and no multiple of 256, for a
+   plain and a grouped convolution */
+static int conv_bias_gradient_sums_every_place(void) {
+    enum { N = 3, C = 4, O = 6, H = 12, W = 13 };
+    mlc_ctx *ctx = test_ctx(15);
+    int groups, o, n, p;
+    for (groups = 1; groups <= 2; groups++) {
+        mlc_tensor *x = conv_rand(ctx, MLC_SHAPE(N, C, H, W));
+        mlc_tensor *w = conv_rand(ctx, MLC_SHAPE(O, C / groups, 3, 3));
+        mlc_tensor *b = conv_rand(ctx, MLC_SHAPE(O)), *r = conv_rand(ctx, MLC_SHAPE(N, O, H, W));
+        mlc_tensor *y = mlc_conv2d(x, w, b, (mlc_conv_opts){ .padding = 1, .groups = groups });
+        const float *rv, *db;
+        CHECK_MSG(y && mlc_backward(mlc_sum_all(mlc_mul(y, r))) == MLC_OK, "%s", mlc_error_message(ctx));
+        rv = mlc_host_data(r);
+        db = mlc_host_grad(b);
+        CHECK(rv && db);
+        for (o = 0; o < O; o++) {
+            double want = 0;
+            for (n = 0; n < N; n++)
+                for (p = 0; p < H * W; p++) want += rv[(n * O + o) * H * W + p];
+            CHECK_MSG(fabs(db[o] - want) <= 1e-4 * (1 + fabs(want)), "groups %d: db[%d] = %.7g, Σ r = %.7g",
+                      groups, o, (double)db[o], want);
+        }
+    }
+    test_destroy(ctx);
+    return 1;
+}
+
 /* mlc_conv2d_relu6 (the activation inside the convolution) against mlc_relu6 of mlc_conv2d, output
    and gradients, on each path: depthwise (stride 1 and 2), pointwise (1 image and 3), the stride-1
    path (3x3, 3 images), im2col (3x3 stride 2); inputs scaled so that outputs cross 0 and 6 */
@@ -333,6 +362,7 @@ const test_case tests_conv[] = {
     TEST(depthwise_infinity_reaches_only_its_taps)
     TEST(depthwise_and_pointwise_gradcheck)
     TEST(pointwise_matches_matmul)
+    TEST(conv_bias_gradient_sums_every_place)
     TEST(packed_weight_follows_writes)
     TEST(packed_weight_split_between_threads)
     { NULL, NULL }

@@ -275,17 +275,19 @@ static int same_records(const record *dev, const record *cpu, const mlc_ctx *ctx
 }
 
 /* The same, for a deep network's records, each on its own scale: within tol max(1, max |cpu|)
-   (a gradient's small entries carry the rounding of its large ones) */
-static int same_records_scaled(const record *dev, const record *cpu, const mlc_ctx *ctx, double tol) {
+   (a gradient's small entries carry the rounding of its large ones); the record named `deep`
+   within deep_tol instead */
+static int same_records_scaled(const record *dev, const record *cpu, const mlc_ctx *ctx, double tol,
+                               const char *deep, double deep_tol) {
     int k;
     size_t i;
     CHECK_MSG(dev->count == cpu->count && dev->used == cpu->used, "the runs recorded %d and %d pieces",
               dev->count, cpu->count);
     for (k = 0; k < dev->count; k++) {
-        double top = 1;
+        double top = 1, within = strcmp(dev->names[k], deep) ? tol : deep_tol;
         for (i = cpu->starts[k]; i < cpu->starts[k + 1]; i++) top = fabs(cpu->values[i]) > top ? fabs(cpu->values[i]) : top;
         for (i = dev->starts[k]; i < dev->starts[k + 1]; i++)
-            CHECK_MSG(fabs((double)dev->values[i] - cpu->values[i]) <= tol * top,
+            CHECK_MSG(fabs((double)dev->values[i] - cpu->values[i]) <= within * top,
                       "%s[%zu] on %s = %.9g, on the CPU %.9g (largest %g)", dev->names[k], i - dev->starts[k],
                       mlc_device_name(ctx), dev->values[i], cpu->values[i], top);
     }
@@ -447,7 +449,13 @@ static int fill_fixed(mlc_tensor *t, unsigned salt, float lo, float hi) {
    products summed in double differ by 7 % in a third loss), so more would compare rounding.
    Even the second loss (*loss_after, kept apart) moves by 3e-4 when only the order of the
    CPU's own batch statistics' float sums changes (which moves those statistics by 1e-7), while
-   the eval outputs after the same update agree to 4e-5: it is compared within 1e-3. */
+   the eval outputs after the same update agree to 4e-5: it is compared within 1e-3. The first
+   conv's gradient, at the far end of 52 BatchNorms' backward, is compared within 2e-3 of its
+   largest entry, the others within 2e-4: an NVIDIA H200 (bench/RESULTS.md, 2026-11-28) gave
+   1.1e-3 there and passed the rest, and its gradient of that layer in the torchvision check
+   (make test-interop's files, on the same GPU) came closer to PyTorch's than PoCL's did
+   (cosine 0.99999971 against 0.99999332): rounding carried through the BatchNorms, not a
+   kernel's mistake (which moves a gradient by its own size). */
 static int run_mobilenet(mlc_ctx *ctx, record *r, double *loss_after) {
     mobilenet_opts o = { 0.35f, 10, 0.2f };
     mlc_module *net = mobilenet_create(ctx, o);
@@ -518,7 +526,7 @@ static int onectx_mobilenet_train_eval_fold(void) {
     memset(&dev, 0, sizeof dev);
     memset(&cpu, 0, sizeof cpu);
     ok = run_mobilenet(ctx, &dev, &dev_after) && run_mobilenet(ref, &cpu, &cpu_after)
-         && same_records_scaled(&dev, &cpu, ctx, 2e-4);
+         && same_records_scaled(&dev, &cpu, ctx, 2e-4, "mobilenet grad features.0.0.weight", 2e-3);
     if (ok)
         CHECK_MSG(fabs(dev_after - cpu_after) <= 1e-3 * cpu_after,
                   "the loss after the update: %.9g on %s, %.9g on the CPU", dev_after, mlc_device_name(ctx),
