@@ -575,17 +575,20 @@ static const char *const mlc__cl_source[] = {
 "   group multiplies the current one; loads run along whichever index is contiguous in memory\n"
 "   (k for A untransposed, the row for A transposed; the column for B, k for B transposed).\n"
 "   Tiles of 64 x 64 (WM = WN = 4) and 128 x 64 (WM = 8): the larger 128 x 128 tile (8 x 8 each)\n"
-"   measured slower (figures: bench/RESULTS.md). */\n"
-"float mlc_gemm_a(__global const float *A, int ta, int M, int K, int row, int k) {\n"
-"    return row < M && k < K ? (ta ? A[k * M + row] : A[row * K + k]) : 0.0f;\n"
+"   measured slower (figures: bench/RESULTS.md). With split > 0, the third index is a slice of\n"
+"   k (split deep, from get_global_id(2) split) instead of a batch: each slice's product goes to\n"
+"   its own C, which mlc_column_sums then adds up (mlc__cl_gemm). */\n"
+"float mlc_gemm_a(__global const float *A, int ta, int M, int K, int k_end, int row, int k) {\n"
+"    return row < M && k < k_end ? (ta ? A[k * M + row] : A[row * K + k]) : 0.0f;\n"
 "}\n"
-"float mlc_gemm_b(__global const float *B, int tb, int N, int K, int col, int k) {\n"
-"    return col < N && k < K ? (tb ? B[col * K + k] : B[k * N + col]) : 0.0f;\n"
+"float mlc_gemm_b(__global const float *B, int tb, int N, int K, int k_end, int col, int k) {\n"
+"    return col < N && k < k_end ? (tb ? B[col * K + k] : B[k * N + col]) : 0.0f;\n"
 "}\n"
 "\n",
-"void mlc_gemm_tile(const int WM, const int WN, int M, int N, int K, int ta, int tb,\n"
-"                   __global const float *A, __global const float *B, __global float *C, float beta,\n"
-"                   __global const float *bias, int has_bias, __local float *As, __local float *Bs) {\n"
+"void mlc_gemm_tile(const int WM, const int WN, int M, int N, int K, int k_begin, int k_end,\n"
+"                   int ta, int tb, __global const float *A, __global const float *B, __global float *C,\n"
+"                   float beta, __global const float *bias, int has_bias, __local float *As,\n"
+"                   __local float *Bs) {\n"
 "    const int TM = 16 * WM, TN = 16 * WN;      /* As[k (TM + 1) + m] = op(A)[row0 + m, k0 + k] */\n"
 "    int lc = get_local_id(0), lr = get_local_id(1), id = lr * 16 + lc;\n"
 "    int row0 = get_group_id(1) * TM, col0 = get_group_id(0) * TN, k0, k, i, j, t;\n"
@@ -594,20 +597,20 @@ static const char *const mlc__cl_source[] = {
 "    for (t = 0; t < WM; t++) {\n"
 "        int e = t * 256 + id;\n"
 "        am[t] = ta ? e % TM : e / 16; ak[t] = ta ? e / TM : e % 16;\n"
-"        ra[t] = mlc_gemm_a(A, ta, M, K, row0 + am[t], ak[t]);\n"
+"        ra[t] = mlc_gemm_a(A, ta, M, K, k_end, row0 + am[t], k_begin + ak[t]);\n"
 "    }\n"
 "    for (t = 0; t < WN; t++) {\n"
 "        int e = t * 256 + id;\n"
 "        bn[t] = tb ? e / 16 : e % TN; bk[t] = tb ? e % 16 : e / TN;\n"
-"        rb[t] = mlc_gemm_b(B, tb, N, K, col0 + bn[t], bk[t]);\n"
+"        rb[t] = mlc_gemm_b(B, tb, N, K, k_end, col0 + bn[t], k_begin + bk[t]);\n"
 "    }\n"
 "    for (i = 0; i < WM; i++) for (j = 0; j < WN; j++) acc[i][j] = 0.0f;\n"
-"    for (k0 = 0; k0 < K; k0 += 16) {\n"
+"    for (k0 = k_begin; k0 < k_end; k0 += 16) {\n"
 "        for (t = 0; t < WM; t++) As[ak[t] * (TM + 1) + am[t]] = ra[t];\n"
 "        for (t = 0; t < WN; t++) Bs[bk[t] * (TN + 1) + bn[t]] = rb[t];\n"
 "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-"        for (t = 0; t < WM; t++) ra[t] = mlc_gemm_a(A, ta, M, K, row0 + am[t], k0 + 16 + ak[t]);\n"
-"        for (t = 0; t < WN; t++) rb[t] = mlc_gemm_b(B, tb, N, K, col0 + bn[t], k0 + 16 + bk[t]);\n"
+"        for (t = 0; t < WM; t++) ra[t] = mlc_gemm_a(A, ta, M, K, k_end, row0 + am[t], k0 + 16 + ak[t]);\n"
+"        for (t = 0; t < WN; t++) rb[t] = mlc_gemm_b(B, tb, N, K, k_end, col0 + bn[t], k0 + 16 + bk[t]);\n"
 "        for (k = 0; k < 16; k++) {\n"
 "            for (i = 0; i < WM; i++) a[i] = As[k * (TM + 1) + lr + 16 * i];\n"
 "            for (j = 0; j < WN; j++) b[j] = Bs[k * (TN + 1) + lc + 16 * j];\n"
@@ -626,8 +629,11 @@ static const char *const mlc__cl_source[] = {
 "}\n"
 "#define MLC_GEMM_ARGS int M, int N, int K, int ta, int tb, __global const float *A, ulong offA, \\\n"
 "    ulong stepA, __global const float *B, ulong offB, ulong stepB, __global float *C, ulong offC, \\\n"
-"    ulong stepC, float beta, __global const float *bias, int has_bias\n"
-"#define MLC_GEMM_TILE(WM, WN) mlc_gemm_tile(WM, WN, M, N, K, ta, tb, A + offA + get_global_id(2) * \\\n"
+"    ulong stepC, float beta, __global const float *bias, int has_bias, int split\n"
+"#define MLC_K_BEGIN (split ? (int)get_global_id(2) * split : 0)\n"
+"#define MLC_K_END (split ? min(K, (int)get_global_id(2) * split + split) : K)\n"
+"#define MLC_GEMM_TILE(WM, WN) mlc_gemm_tile(WM, WN, M, N, K, MLC_K_BEGIN, MLC_K_END, ta, tb, \\\n"
+"    A + offA + get_global_id(2) * \\\n"
 "    stepA, B + offB + get_global_id(2) * stepB, C + offC + get_global_id(2) * stepC, beta, bias, \\\n"
 "    has_bias, As, Bs)\n"
 "__kernel __attribute__((reqd_work_group_size(16, 16, 1))) void mlc_gemm_64x64(MLC_GEMM_ARGS) {\n"
@@ -645,13 +651,14 @@ static const char *const mlc__cl_source[] = {
 "                              __global const float *A, ulong offA, ulong stepA,\n"
 "                              __global const float *B, ulong offB, ulong stepB,\n"
 "                              __global float *C, ulong offC, ulong stepC, float beta,\n"
-"                              __global const float *bias, int has_bias) {\n"
+"                              __global const float *bias, int has_bias, int split) {\n"
 "    int c0 = get_global_id(0) * 8, r0 = get_global_id(1) * 4, batch = get_global_id(2), i, j, k;\n"
+"    int k_begin = MLC_K_BEGIN, k_end = MLC_K_END;\n"
 "    float8 acc[4] = { (float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f) };\n"
 "    if (r0 >= M || c0 >= N) return;\n"
 "    A += offA + batch * stepA; B += offB + batch * stepB; C += offC + batch * stepC;\n"
 "    if (r0 + 4 <= M && c0 + 8 <= N) {\n"
-"        for (k = 0; k < K; k++) {\n"
+"        for (k = k_begin; k < k_end; k++) {\n"
 "            float8 b = tb ? (float8)(B[c0 * K + k], B[(c0 + 1) * K + k], B[(c0 + 2) * K + k], B[(c0 + 3) *"
 " K + k],\n"
 "                                     B[(c0 + 4) * K + k], B[(c0 + 5) * K + k], B[(c0 + 6) * K + k], B[(c0 +"
@@ -669,18 +676,21 @@ static const char *const mlc__cl_source[] = {
 "    for (i = r0; i < M && i < r0 + 4; i++)                 /* a block on the edge of C */\n"
 "        for (j = c0; j < N && j < c0 + 8; j++) {\n"
 "            float s = 0.0f, c;\n"
-"            for (k = 0; k < K; k++) s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N"
-" + j]);\n"
+"            for (k = k_begin; k < k_end; k++)\n"
+"                s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);\n"
 "            c = s + (has_bias ? bias[j] : 0.0f);\n"
 "            C[i * N + j] = beta != 0.0f ? c + beta * C[i * N + j] : c;\n"
 "        }\n"
 "}\n"
 "\n",
-"/* db[j] = Σ_r dC[r, j] + beta db[j]  (linear's bias; beta 0: db is not read) */\n"
-"__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db, float beta) {\n"
+"/* db[j] = Σ_r dC[r, j] + beta db[j]  (linear's bias; a split product's slices, db at offset off;\n"
+"   beta 0: db is not read) */\n"
+"__kernel void mlc_column_sums(int rows, int N, __global const float *g, __global float *db, ulong off,\n"
+"                              float beta) {\n"
 "    int j = get_global_id(0), r;\n"
 "    float s = 0.0f;\n"
 "    if (j >= N) return;\n"
+"    db += off;\n"
 "    for (r = 0; r < rows; r++) s += g[r * N + j];\n"
 "    db[j] = mlc_plus(beta, db + j, s);\n"
 "}\n",
@@ -1806,7 +1816,10 @@ static int mlc__cl_run3(mlc_ctx *ctx, int kernel, const size_t *global, const si
 
 /* C[b] = op(A[b]) op(B[b]) + beta C[b] (+ bias) for b < batches, element offsets oa, ob, oc and
    steps sa, sb, sc between batches. A product that adds into one shared C (sc = 0) runs batch
-   after batch, so no two work-items add into the same element at once. */
+   after batch, so no two work-items add into the same element at once. One product of few
+   tiles over a long K (a convolution's weight gradient: 16 x 9 outputs over every image's
+   places) would leave most compute units idle while one work-group walks K: it runs in slices
+   of K, each slice's product into scratch (the third index), then summed into C. */
 static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_mem A, size_t oa, size_t sa,
                         cl_mem B, size_t ob, size_t sb, float beta, cl_mem C, size_t oc, size_t sc,
                         int batches, cl_mem bias) {
@@ -1814,29 +1827,46 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
     size_t local[3] = { 16, 16, 1 }, global[3], tile_m = (size_t)st->gemm_tile_rows;
     int b, rounds = sc == 0 && batches > 1 ? batches : 1, kernel;
     size_t tall_tiles = ((size_t)M + 127) / 128 * (((size_t)N + 63) / 64);   /* tiles of 128 x 64 */
+    size_t tiles = ((size_t)M + 63) / 64 * (((size_t)N + 63) / 64), slices = 1;
+    cl_int split = 0;
+    cl_mem out = C;
     if (rounds == 1) tall_tiles *= (size_t)batches;
     if (!tile_m) tile_m = tall_tiles >= st->compute_units ? 128 : 64;        /* enough for every unit */
+    if (batches == 1 && !bias && 2 * tiles <= st->compute_units && K >= 1024) {   /* slices of K */
+        slices = st->compute_units / tiles < (size_t)K / 512 ? st->compute_units / tiles : (size_t)K / 512;
+        split = (cl_int)(((size_t)K + slices - 1) / slices + 15) / 16 * 16;   /* whole 16-deep steps */
+        slices = ((size_t)K + (size_t)split - 1) / (size_t)split;
+        if (!(out = mlc__cl_scratch(ctx, slices * (size_t)M * (size_t)N))) return 0;
+    }
     kernel = tile_m == 128 ? MLC__CL_K_gemm_128x64 : MLC__CL_K_gemm_64x64;
     if (st->gemm_vector) {                                                     /* a 4 x 8 block each */
         kernel = MLC__CL_K_gemm_vector;
         global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4;
     } else { global[0] = ((size_t)N + 63) / 64 * 16; global[1] = ((size_t)M + tile_m - 1) / tile_m * 16; }
-    global[2] = (size_t)(rounds > 1 ? 1 : batches);
+    global[2] = split ? slices : (size_t)(rounds > 1 ? 1 : batches);
     if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
         cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
-        cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = oc, stepa = sa, stepb = sb,
-                 stepc = sc;
-        cl_float be = b ? 1.0f : beta;                 /* later rounds add to the first */
-        cl_mem bm = bias ? bias : C;
+        cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = split ? 0 : oc,
+                 stepa = split ? 0 : sa, stepb = split ? 0 : sb, stepc = split ? (size_t)M * N : sc;
+        cl_float be = split ? 0.0f : b ? 1.0f : beta;   /* later rounds add to the first; slices are fresh */
+        cl_mem bm = bias ? bias : out;
         mlc__cl_arg args[] = { MLC__CL_ARG(m),    MLC__CL_ARG(n),       MLC__CL_ARG(k),
                                MLC__CL_ARG(cta),  MLC__CL_ARG(ctb),     MLC__CL_ARG(A),
                                MLC__CL_ARG(offa), MLC__CL_ARG(stepa),   MLC__CL_ARG(B),
-                               MLC__CL_ARG(offb), MLC__CL_ARG(stepb),   MLC__CL_ARG(C),
+                               MLC__CL_ARG(offb), MLC__CL_ARG(stepb),   MLC__CL_ARG(out),
                                MLC__CL_ARG(offc), MLC__CL_ARG(stepc),   MLC__CL_ARG(be),
-                               MLC__CL_ARG(bm),   MLC__CL_ARG(has_bias) };
-        if (!mlc__cl_run3(ctx, kernel, global, st->gemm_vector ? NULL : local, args, 17))
+                               MLC__CL_ARG(bm),   MLC__CL_ARG(has_bias), MLC__CL_ARG(split) };
+        if (!mlc__cl_run3(ctx, kernel, global, st->gemm_vector ? NULL : local, args, 18))
             return 0;
+    }
+    if (split) {                                        /* C = Σ over the slices + beta C */
+        cl_int rows = (cl_int)slices, n = M * N;
+        cl_ulong off = oc;
+        cl_float be = beta;
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(out), MLC__CL_ARG(C),
+                               MLC__CL_ARG(off),  MLC__CL_ARG(be) };
+        return mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)M * N, args, 6);
     }
     return 1;
 }
@@ -1885,10 +1915,11 @@ static int mlc__cl_matmul_backward(mlc_ctx *ctx, mlc__node *nd) {
     }
     if (bias && bias->requires_grad) {
         cl_int rows = (cl_int)(nd->out->size / (size_t)mm->N), n = mm->N;
+        cl_ulong off = 0;
         mlc__cl_arg args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(n), MLC__CL_ARG(gc), MLC__CL_ARG(g),
-                               MLC__CL_ARG(beta) };
+                               MLC__CL_ARG(off),  MLC__CL_ARG(beta) };
         if (!(g = mlc__cl_grad_over(ctx, bias, &beta))) return 0;
-        if (!mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)mm->N, args, 5)) return 0;
+        if (!mlc__cl_run(ctx, MLC__CL_K_column_sums, (size_t)mm->N, args, 6)) return 0;
     }
     return 1;
 }
