@@ -633,9 +633,8 @@ static const char *const mlc__cl_source[] = {
 "#define MLC_K_BEGIN (split ? (int)get_global_id(2) * split : 0)\n"
 "#define MLC_K_END (split ? min(K, (int)get_global_id(2) * split + split) : K)\n"
 "#define MLC_GEMM_TILE(WM, WN) mlc_gemm_tile(WM, WN, M, N, K, MLC_K_BEGIN, MLC_K_END, ta, tb, \\\n"
-"    A + offA + get_global_id(2) * \\\n"
-"    stepA, B + offB + get_global_id(2) * stepB, C + offC + get_global_id(2) * stepC, beta, bias, \\\n"
-"    has_bias, As, Bs)\n"
+"    A + offA + get_global_id(2) * stepA, B + offB + get_global_id(2) * stepB, \\\n"
+"    C + offC + get_global_id(2) * stepC, beta, bias, has_bias, As, Bs)\n"
 "__kernel __attribute__((reqd_work_group_size(16, 16, 1))) void mlc_gemm_64x64(MLC_GEMM_ARGS) {\n"
 "    __local float As[16 * 65], Bs[16 * 65];\n"
 "    MLC_GEMM_TILE(4, 4);\n"
@@ -1830,6 +1829,7 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
     size_t tiles = ((size_t)M + 63) / 64 * (((size_t)N + 63) / 64), slices = 1;
     cl_int split = 0;
     cl_mem out = C;
+    if (!M || !N || !batches) return 1;
     if (rounds == 1) tall_tiles *= (size_t)batches;
     if (!tile_m) tile_m = tall_tiles >= st->compute_units ? 128 : 64;        /* enough for every unit */
     if (batches == 1 && !bias && 2 * tiles <= st->compute_units && K >= 1024) {   /* slices of K */
@@ -1844,7 +1844,6 @@ static int mlc__cl_gemm(mlc_ctx *ctx, int ta, int tb, int M, int N, int K, cl_me
         global[0] = ((size_t)N + 7) / 8; global[1] = ((size_t)M + 3) / 4;
     } else { global[0] = ((size_t)N + 63) / 64 * 16; global[1] = ((size_t)M + tile_m - 1) / tile_m * 16; }
     global[2] = split ? slices : (size_t)(rounds > 1 ? 1 : batches);
-    if (!M || !N || !batches) return 1;
     for (b = 0; b < rounds; b++) {
         cl_int m = M, n = N, k = K, cta = ta, ctb = tb, has_bias = bias != NULL;
         cl_ulong offa = oa + (size_t)b * sa, offb = ob + (size_t)b * sb, offc = split ? 0 : oc,
