@@ -341,8 +341,8 @@ int main(int argc, char **argv) {
            "ms/step");
     for (int i = 0; i < n; i++) print_row(&rows[i]);
     for (int i = 0; i < n_torch; i++) print_row(&torch_rows[i]);
-    if (has_cuda) print_row(&cuda);
     if (has_cuda) {
+        print_row(&cuda);
         printf("\n  ratios against PyTorch CUDA (latency, training: mlc / PyTorch, below 1 is mlc faster;\n"
                "  batch-16 throughput: mlc's images/s over PyTorch's, above 1 is mlc faster)\n");
         printf("  %-46s %12s %12s %12s\n", "mlc row", "b1 latency", "b16 thrpt", "train step");
