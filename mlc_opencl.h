@@ -249,8 +249,8 @@ static int mlc__cl_devices(mlc_device_info *out, int max) {
     X(conv_layout) X(conv_bias_grad) X(depthwise) X(depthwise_grad_x) X(depthwise_grad_w) X(pool) \
     X(pool_grad) X(reduce) X(reduce_grad) X(softmax) \
     X(softmax_grad) X(cumsum) X(class_loss) X(class_loss_grad) X(pointwise_loss) X(pointwise_loss_grad) \
-    X(loss_total) X(layer_norm) X(layer_norm_grad) X(layer_norm_param_grad) X(batch_norm) \
-    X(batch_norm_grad) X(dropout) X(dropout_grad) X(copy_rows) X(permute) X(index_select) \
+    X(loss_total) X(layer_norm) X(layer_norm_grad) X(layer_norm_stats) X(layer_norm_param_grad) \
+    X(batch_norm) X(batch_norm_grad) X(dropout) X(dropout_grad) X(copy_rows) X(permute) X(index_select) \
     X(index_select_grad) X(gather) X(gather_grad) X(where) X(where_grad) X(attention) X(attention_grad_q) \
     X(attention_grad_kv)
 #define MLC__CL_KERNEL_ID(name) MLC__CL_K_##name,
@@ -1135,22 +1135,30 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 " rs; }\n"
 "    mg /= D; mgx /= D;\n"
 "    for (j = 0; j < D; j++) dx[j] += rs * (g[j] * (has_w ? w[j] : 1.0f) - mg - (x[j] - mu) * rs * mgx);\n"
+"}\n",
+"/* each row's μ and r = 1 / sqrt(var + eps), as the kernels above compute them: stats[2 row],\n"
+"   stats[2 row + 1] */\n"
+"__kernel void mlc_layer_norm_stats(int rows, int D, float eps, __global const float *x,\n"
+"                                   __global float *stats) {\n"
+"    int r = get_global_id(0), j;\n"
+"    float mu = 0.0f, v = 0.0f;\n"
+"    if (r >= rows) return;\n"
+"    x += r * D;\n"
+"    for (j = 0; j < D; j++) mu += x[j];\n"
+"    mu /= D;\n"
+"    for (j = 0; j < D; j++) v += (x[j] - mu) * (x[j] - mu);\n"
+"    stats[2 * r] = mu;\n"
+"    stats[2 * r + 1] = rsqrt(v / D + eps);\n"
 "}\n"
-"\n"
-"/* dw[j] += Σ_r g x̂,  db[j] += Σ_r g  (x̂ recomputed per row) */\n"
-"__kernel void mlc_layer_norm_param_grad(int rows, int D, float eps, __global const float *x, __global const"
-" float *g,\n"
+"/* dw[j] += Σ_r g x̂,  db[j] += Σ_r g  (x̂ from the rows' stats) */\n"
+"__kernel void mlc_layer_norm_param_grad(int rows, int D, __global const float *stats,\n"
+"                                        __global const float *x, __global const float *g,\n"
 "                                        __global float *dw, int want_w, __global float *db, int want_b) {\n"
-"    int j = get_global_id(0), r, k;\n"
+"    int j = get_global_id(0), r;\n"
 "    float sw = 0.0f, sb = 0.0f;\n"
 "    if (j >= D) return;\n"
 "    for (r = 0; r < rows; r++) {\n"
-"        __global const float *xr = x + r * D;\n"
-"        float mu = 0.0f, v = 0.0f;\n"
-"        for (k = 0; k < D; k++) mu += xr[k];\n"
-"        mu /= D;\n"
-"        for (k = 0; k < D; k++) v += (xr[k] - mu) * (xr[k] - mu);\n"
-"        sw += g[r * D + j] * (xr[j] - mu) * rsqrt(v / D + eps);\n"
+"        sw += g[r * D + j] * (x[r * D + j] - stats[2 * r]) * stats[2 * r + 1];\n"
 "        sb += g[r * D + j];\n"
 "    }\n"
 "    if (want_w) dw[j] += sw;\n"
@@ -2252,15 +2260,20 @@ static int mlc__cl_layer_norm(mlc_ctx *ctx, mlc__node *call, int backward) {
             || !mlc__cl_run(ctx, MLC__CL_K_layer_norm_grad, (size_t)rows, args, 8))
             return 0;
     }
-    {
+    {   /* the rows' statistics once (scratch), then one work-item per column */
         cl_int want_w = w && w->requires_grad, want_b = b && b->requires_grad;
-        mlc__cl_arg args[] = { MLC__CL_ARG(rows),   MLC__CL_ARG(D),  MLC__CL_ARG(eps),
+        cl_mem stats;
+        mlc__cl_arg stats_args[] = { MLC__CL_ARG(rows), MLC__CL_ARG(D), MLC__CL_ARG(eps), MLC__CL_ARG(xm),
+                                     MLC__CL_ARG(stats) };
+        mlc__cl_arg args[] = { MLC__CL_ARG(rows),   MLC__CL_ARG(D),  MLC__CL_ARG(stats),
                                MLC__CL_ARG(xm),     MLC__CL_ARG(g),  MLC__CL_ARG(gw),
                                MLC__CL_ARG(want_w), MLC__CL_ARG(gb), MLC__CL_ARG(want_b) };
         if (!want_w && !want_b) return 1;
         gw = want_w ? mlc__cl_grad(ctx, w) : g;
         gb = want_b ? mlc__cl_grad(ctx, b) : g;
-        return gw && gb && mlc__cl_run(ctx, MLC__CL_K_layer_norm_param_grad, (size_t)D, args, 9);
+        return gw && gb && (stats = mlc__cl_scratch(ctx, 2 * (size_t)rows + 1))
+               && mlc__cl_run(ctx, MLC__CL_K_layer_norm_stats, (size_t)rows, stats_args, 5)
+               && mlc__cl_run(ctx, MLC__CL_K_layer_norm_param_grad, (size_t)D, args, 9);
     }
 }
 

@@ -887,6 +887,15 @@ static int layer_norm_values(void) {
     CHECK_SHAPE(r, 2, 1, 4);
     CHECK_TENSOR(r, plain, 1e-5);
     CHECK(mlc_layer_norm(T(ctx, x, 4, 2), T(ctx, w, 4), NULL, 1e-5f) == NULL && mlc_error(ctx) == MLC_ERR_SHAPE);
+    mlc_clear_error(ctx);
+    {   /* gradients of Σ y with a constant row (variance 0): eps keeps its x̂ at 0, so it adds nothing
+           to dw (0 · ∞ = NaN without eps); dw = the first row's x̂, db = 2 (two rows of g = 1) */
+        const float flat[8] = { 1, 2, 3, 4, 5, 5, 5, 5 }, twos[4] = { 2, 2, 2, 2 };
+        mlc_tensor *wt = mlc_requires_grad(T(ctx, w, 4), 1), *bt = mlc_requires_grad(T(ctx, b, 4), 1);
+        CHECK(mlc_backward(mlc_sum_all(mlc_layer_norm(T(ctx, flat, 2, 4), wt, bt, 1e-5f))) == MLC_OK);
+        CHECK_TENSOR(mlc_from_data(ctx, 1, wt->shape, mlc_host_grad(wt)), plain, 1e-5);
+        CHECK_TENSOR(mlc_from_data(ctx, 1, bt->shape, mlc_host_grad(bt)), twos, 1e-6);
+    }
     test_destroy(ctx);
     return 1;
 }
