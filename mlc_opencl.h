@@ -1100,8 +1100,15 @@ MLC__POINTWISE_LOSSES(MLC__CL_LOSS_GRAD)
 "}\n"
 "\n"
 "/* y = the sum or mean of l, by one work-item */\n"
+"/* y = Σ l (times scale for a mean), by one work-group */\n"
 "__kernel void mlc_loss_total(int n, int red, float scale, __global const float *l, __global float *y) {\n"
-"    if (get_global_id(0) == 0) y[0] = mlc_loss_sum(n, red, scale, l);\n"
+"    __local float ps[256], pc[256];\n"
+"    float2 a = (float2)(0.0f);\n"
+"    float s;\n"
+"    int i;\n"
+"    for (i = get_local_id(0); i < n; i += get_local_size(0)) a = mlc_kahan_add(a, l[i]);\n"
+"    s = mlc_group_sum(a, ps, pc);\n"
+"    if (get_local_id(0) == 0) y[0] = red == MLC_REDUCE_MEAN ? s * scale : s;\n"
 "}\n"
 "\n"
 "/* ---- normalisation ---- */\n"
@@ -2168,7 +2175,7 @@ static int mlc__cl_loss_total(mlc_ctx *ctx, mlc__node *call, cl_mem l, size_t co
     mlc__cl_arg args[] = { MLC__CL_ARG(n), MLC__CL_ARG(red), MLC__CL_ARG(scale), MLC__CL_ARG(l),
                            MLC__CL_ARG(y) };
     if (red == MLC_REDUCE_NONE || !(y = mlc__cl_out(ctx, call->out))) return 1;
-    mlc__cl_run(ctx, MLC__CL_K_loss_total, 1, args, 5);
+    mlc__cl_run_groups(ctx, MLC__CL_K_loss_total, 1, args, 5);
     return 1;
 }
 
