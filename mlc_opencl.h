@@ -942,25 +942,23 @@ static const char *const mlc__cl_source[] = {
 "    y[at] = kind == MLC__REDUCE_MEAN ? s / len : s;\n"
 "}\n"
 "\n"
+"/* pre: per output, max's argmax or var's mean (mlc_reduce's, run first), so that no work-item\n"
+"   walks the axis again */\n"
 "__kernel void mlc_reduce_grad(int kind, int outer, int len, int inner, int unbiased,\n"
-"                              __global const float *x, __global const float *g, __global float *dx) {\n"
-"    int at = get_global_id(0), o, k, i, me, best_at = 0;\n"
-"    float gv, s = 0.0f, mean, best;\n"
+"                              __global const float *x, __global const float *g, __global const float *pre,\n"
+"                              __global float *dx) {\n"
+"    int at = get_global_id(0), o, k, me;\n"
+"    float gv;\n"
 "    if (at >= outer * len * inner) return;\n"
 "    k = at % inner; me = (at / inner) % len; o = at / (inner * len);\n"
 "    gv = g[o * inner + k];\n"
 "    x += o * len * inner + k;\n"
 "    if (kind == MLC__REDUCE_MAX) {\n"
-"        best = x[0];\n"
-"        for (i = 1; i < len && !isnan(best); i++)\n"
-"            if (x[i * inner] > best || isnan(x[i * inner])) { best = x[i * inner]; best_at = i; }\n"
-"        if (best_at == me) dx[at] += gv;\n"
+"        if ((int)pre[o * inner + k] == me) dx[at] += gv;\n"
 "        return;\n"
 "    }\n"
 "    if (kind == MLC__REDUCE_VAR) {\n"
-"        for (i = 0; i < len; i++) s += x[i * inner];\n"
-"        mean = s / len;\n"
-"        dx[at] += gv * 2.0f * (x[me * inner] - mean) / (float)(len - unbiased);\n"
+"        dx[at] += gv * 2.0f * (x[me * inner] - pre[o * inner + k]) / (float)(len - unbiased);\n"
 "        return;\n"
 "    }\n"
 "    dx[at] += kind == MLC__REDUCE_MEAN ? gv / len : gv;\n"
@@ -2131,11 +2129,21 @@ static int mlc__cl_reduce(mlc_ctx *ctx, mlc__node *call, int backward) {
         return 1;
     }
     if (!x->requires_grad) return 1;
-    {
+    {   /* max and var: the argmax or the mean per output first (pre, scratch) */
+        cl_int pre_kind = kind == MLC__REDUCE_MAX ? MLC__REDUCE_ARGMAX : MLC__REDUCE_MEAN;
+        cl_mem pre = xm;
+        mlc__cl_arg pre_args[] = { MLC__CL_ARG(pre_kind), MLC__CL_ARG(outer), MLC__CL_ARG(len),
+                                   MLC__CL_ARG(inner),    MLC__CL_ARG(unbiased), MLC__CL_ARG(xm),
+                                   MLC__CL_ARG(pre) };
         mlc__cl_arg args[] = { MLC__CL_ARG(kind), MLC__CL_ARG(outer), MLC__CL_ARG(len), MLC__CL_ARG(inner),
-                               MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(gx) };
+                               MLC__CL_ARG(unbiased), MLC__CL_ARG(xm), MLC__CL_ARG(ym), MLC__CL_ARG(pre),
+                               MLC__CL_ARG(gx) };
         if (!(ym = mlc__cl_grad_in(ctx, y)) || !(gx = mlc__cl_grad(ctx, x))) return 0;
-        return mlc__cl_run(ctx, MLC__CL_K_reduce_grad, x->size, args, 8);
+        if ((kind == MLC__REDUCE_MAX || kind == MLC__REDUCE_VAR)
+            && (!(pre = mlc__cl_scratch(ctx, y->size + 1))
+                || !mlc__cl_run(ctx, MLC__CL_K_reduce, y->size, pre_args, 7)))
+            return 0;
+        return mlc__cl_run(ctx, MLC__CL_K_reduce_grad, x->size, args, 9);
     }
 }
 
